@@ -1,0 +1,21 @@
+//! The rules of valkey-sidecar as pure functions over plain data.
+//!
+//! Nothing in this crate performs I/O, reads a clock or spawns a task: adapters hand in what they
+//! observed (Valkey replies, Kubernetes objects) and the current time as data, and get back typed
+//! observations, verdicts and plans. That is what lets the rules be tested with tables and
+//! property tests instead of timing-dependent integration tests.
+//!
+//! # Layout
+//! - [`time`]: monotonic milliseconds, the only notion of time the rules know.
+//! - [`reply`]: a protocol-neutral Valkey reply tree, the input of every parser.
+//! - [`info`]: `INFO` text into key/value fields.
+//! - [`shards`]: `CLUSTER SHARDS` into shards and nodes.
+//! - [`observation`]: one tick's replies into a typed [`observation::Observation`].
+//! - [`health`]: liveness, readiness, startup and role-endpoint verdicts from the cached state.
+
+pub mod health;
+pub mod info;
+pub mod observation;
+pub mod reply;
+pub mod shards;
+pub mod time;

@@ -1,0 +1,253 @@
+//! One tick's Valkey replies into a typed [`Observation`].
+//!
+//! The adapter sends the same commands every tick (see [`Replies`]) and hands the raw replies
+//! here. Parsing is total: any reply tree yields either an observation (fields it could not read
+//! are left empty) or a [`Refusal`] naming what Valkey said instead; it never panics.
+
+use crate::info::{Info, record};
+use crate::reply::Reply;
+use crate::shards::{Shard, parse_shards};
+
+/// How Valkey is deployed beside this agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Valkey Cluster: shards and failover are Valkey's own; the agent observes and coordinates.
+    Cluster,
+    /// One primary and replicas without Cluster: the agent promotes.
+    Replication,
+}
+
+/// A node's replication role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Role {
+    Primary,
+    Replica,
+    /// Not yet known, or something the agent does not manage (e.g. a sentinel).
+    #[default]
+    Unknown,
+}
+
+impl Role {
+    /// Reads the role names Valkey uses on the wire (`master`/`slave` and the newer spellings).
+    pub fn from_wire(text: &str) -> Role {
+        match text {
+            "master" | "primary" => Role::Primary,
+            "slave" | "replica" => Role::Replica,
+            _ => Role::Unknown,
+        }
+    }
+
+    /// The name used in labels, logs and status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Primary => "primary",
+            Role::Replica => "replica",
+            Role::Unknown => "unknown",
+        }
+    }
+}
+
+/// A replica's link to its primary.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PrimaryLink {
+    pub host: String,
+    pub port: u16,
+    pub up: bool,
+    pub sync_in_progress: bool,
+    /// Seconds since the last byte from the primary; `None` while there is no link.
+    pub last_io_seconds: Option<u64>,
+    /// The replica's own position in the replication stream.
+    pub offset: u64,
+}
+
+/// A replica as its primary reports it (`slaveN:` lines).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ReplicaEntry {
+    pub ip: String,
+    pub port: u16,
+    pub state: String,
+    pub offset: u64,
+    pub lag_seconds: Option<u64>,
+}
+
+/// What the node knows of its Valkey Cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ClusterView {
+    /// `cluster_enabled:1` in INFO: the server really runs in cluster mode.
+    pub enabled: bool,
+    /// `cluster_state` from CLUSTER INFO; `None` when it could not be read (e.g. while loading).
+    pub state_ok: Option<bool>,
+    pub my_id: Option<String>,
+    pub shard_id: Option<String>,
+    pub shards: Vec<Shard>,
+}
+
+/// Everything one tick learned about the local Valkey.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Observation {
+    pub role: Role,
+    pub loading: bool,
+    /// `master_repl_offset`: this node's position in its replication stream.
+    pub repl_offset: u64,
+    pub link: Option<PrimaryLink>,
+    pub replicas: Vec<ReplicaEntry>,
+    /// `master_failover_state` (standalone `FAILOVER` progress), e.g. `no-failover`.
+    pub failover_state: Option<String>,
+    pub version: Option<String>,
+    /// Changes whenever the Valkey process restarts.
+    pub run_id: Option<String>,
+    pub availability_zone: Option<String>,
+    pub cluster: Option<ClusterView>,
+}
+
+/// The raw replies of one tick, in the order the adapter sends the commands.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Replies {
+    pub role: Option<Reply>,
+    /// `INFO replication persistence server cluster`.
+    pub info: Option<Reply>,
+    /// Cluster mode only: `CLUSTER INFO`, `CLUSTER MYID`, `CLUSTER MYSHARDID`, `CLUSTER SHARDS`.
+    pub cluster_info: Option<Reply>,
+    pub my_id: Option<Reply>,
+    pub shard_id: Option<Reply>,
+    pub shards: Option<Reply>,
+}
+
+/// Valkey answered, but not with data the agent can use (e.g. `NOAUTH`, `NOPERM`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal(pub String);
+
+/// Assembles an observation from one tick's replies.
+pub fn observe(replies: &Replies, mode: Mode) -> Result<Observation, Refusal> {
+    let info = info_of(replies.info.as_ref())?;
+    let role = role_of(replies.role.as_ref(), &info);
+    Ok(Observation {
+        role,
+        loading: info.flag("loading").unwrap_or(false),
+        repl_offset: info.u64("master_repl_offset").unwrap_or(0),
+        link: (role == Role::Replica).then(|| link_of(&info)),
+        replicas: replicas_of(&info),
+        failover_state: info.get("master_failover_state").map(str::to_owned),
+        version: info
+            .get("valkey_version")
+            .or(info.get("redis_version"))
+            .map(str::to_owned),
+        run_id: info.get("run_id").map(str::to_owned),
+        availability_zone: info
+            .get("availability_zone")
+            .filter(|z| !z.is_empty())
+            .map(str::to_owned),
+        cluster: (mode == Mode::Cluster).then(|| cluster_of(replies, &info)),
+    })
+}
+
+fn info_of(reply: Option<&Reply>) -> Result<Info, Refusal> {
+    match reply {
+        Some(Reply::Text(text)) => Ok(Info::parse(text)),
+        Some(Reply::Error(e)) => Err(Refusal(e.clone())),
+        Some(other) => Err(Refusal(format!("unexpected INFO reply: {}", kind(other)))),
+        None => Err(Refusal("no INFO reply".into())),
+    }
+}
+
+fn kind(reply: &Reply) -> &'static str {
+    match reply {
+        Reply::Nil => "nil",
+        Reply::Int(_) => "integer",
+        Reply::Text(_) => "string",
+        Reply::Error(_) => "error",
+        Reply::Array(_) => "array",
+        Reply::Map(_) => "map",
+    }
+}
+
+/// ROLE is authoritative; INFO's `role` is the fallback when ROLE is denied by ACL.
+fn role_of(role: Option<&Reply>, info: &Info) -> Role {
+    let from_role = role
+        .and_then(Reply::as_array)
+        .and_then(|items| items.first())
+        .and_then(Reply::as_text)
+        .map(Role::from_wire);
+    from_role.unwrap_or_else(|| info.get("role").map_or(Role::Unknown, Role::from_wire))
+}
+
+fn link_of(info: &Info) -> PrimaryLink {
+    let up = info.get("master_link_status") == Some("up");
+    PrimaryLink {
+        host: info.get("master_host").unwrap_or_default().to_owned(),
+        port: info
+            .get("master_port")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0),
+        up,
+        sync_in_progress: info.flag("master_sync_in_progress").unwrap_or(false),
+        last_io_seconds: info
+            .i64("master_last_io_seconds_ago")
+            .and_then(|s| u64::try_from(s).ok()),
+        offset: info
+            .u64("slave_repl_offset")
+            .or(info.u64("master_repl_offset"))
+            .unwrap_or(0),
+    }
+}
+
+fn replicas_of(info: &Info) -> Vec<ReplicaEntry> {
+    info.with_prefix("slave")
+        .filter(|(k, _)| is_replica_key(k))
+        .map(|(_, v)| replica_entry(v))
+        .collect()
+}
+
+/// `slave0`, `slave1`, … but not `slave_repl_offset` and friends.
+fn is_replica_key(key: &str) -> bool {
+    let digits = key.trim_start_matches("slave");
+    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+}
+
+fn replica_entry(value: &str) -> ReplicaEntry {
+    let r = record(value);
+    let num = |k: &str| r.get(k).and_then(|v| v.parse::<u64>().ok());
+    ReplicaEntry {
+        ip: r.get("ip").copied().unwrap_or_default().to_owned(),
+        port: r.get("port").and_then(|p| p.parse().ok()).unwrap_or(0),
+        state: r.get("state").copied().unwrap_or_default().to_owned(),
+        offset: num("offset").unwrap_or(0),
+        lag_seconds: num("lag"),
+    }
+}
+
+fn cluster_of(replies: &Replies, info: &Info) -> ClusterView {
+    let text = |r: &Option<Reply>| r.as_ref().and_then(Reply::as_text).map(str::to_owned);
+    let state = text(&replies.cluster_info).map(|t| Info::parse(&t));
+    ClusterView {
+        enabled: info.flag("cluster_enabled").unwrap_or(false),
+        state_ok: state.and_then(|s| s.get("cluster_state").map(|v| v == "ok")),
+        my_id: text(&replies.my_id).filter(|s| !s.is_empty()),
+        shard_id: text(&replies.shard_id).filter(|s| !s.is_empty()),
+        shards: replies
+            .shards
+            .as_ref()
+            .map(parse_shards)
+            .unwrap_or_default(),
+    }
+}
+
+impl Observation {
+    /// The shard this node belongs to, as the node itself sees the cluster.
+    pub fn my_shard(&self) -> Option<&Shard> {
+        let cluster = self.cluster.as_ref()?;
+        let me = cluster.my_id.as_deref()?;
+        cluster.shards.iter().find(|s| s.contains(me))
+    }
+
+    /// How many bytes this replica is behind its primary, when the primary's offset is known.
+    ///
+    /// In cluster mode the primary's offset comes from gossip (`CLUSTER SHARDS`) and may be a
+    /// little old, which can only make the lag look smaller by that much, never negative.
+    pub fn lag_bytes(&self, primary_offset: Option<u64>) -> Option<u64> {
+        let link = self.link.as_ref()?;
+        let from_shard = || self.my_shard()?.primary().map(|p| p.replication_offset);
+        let primary = primary_offset.or_else(from_shard)?;
+        Some(primary.saturating_sub(link.offset))
+    }
+}

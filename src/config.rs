@@ -1,0 +1,581 @@
+//! Configuration: flags and environment variables into a validated [`Config`].
+//!
+//! Every variable is read as text first and validated in one pass, so a bad deployment gets one
+//! message naming every bad variable instead of a fix-one-rerun loop. The binary exits with
+//! code 64 (`EX_USAGE`) on any of them.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use valkey_sidecar_core::health::Bounds;
+use valkey_sidecar_core::observation::Mode;
+
+/// Exit code for bad configuration (`EX_USAGE` from sysexits.h).
+pub const EXIT_CONFIG: i32 = 64;
+
+/// Default port of the probe listener (kubelet probes, `/metrics`, role endpoints).
+pub const DEFAULT_PROBE_PORT: u16 = 9736;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "valkey-sidecar",
+    version,
+    about = "Keeps Kubernetes in step with the Valkey beside it."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub agent: RawConfig,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the agent (the default).
+    Run,
+}
+
+/// Configuration as given, before validation. Every field has a flag and an environment variable.
+#[derive(Debug, Args, Default, Clone)]
+pub struct RawConfig {
+    /// This pod's name (downward API `metadata.name`).
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
+    /// This pod's namespace (downward API `metadata.namespace`).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub pod_namespace: Option<String>,
+    /// The node the pod runs on (downward API `spec.nodeName`).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// The pod's IP (downward API `status.podIP`); the probe listener binds to it.
+    #[arg(long, env = "POD_IP")]
+    pub pod_ip: Option<String>,
+    /// Zone of this pod; overrides pod labels and the Node object.
+    #[arg(long, env = "SIDECAR_ZONE")]
+    pub zone: Option<String>,
+    /// Region of this pod; overrides pod labels and the Node object.
+    #[arg(long, env = "SIDECAR_REGION")]
+    pub region: Option<String>,
+    /// Address of the local Valkey, `host:port`.
+    #[arg(long, env = "VALKEY_ADDR", default_value = "127.0.0.1:6379")]
+    pub valkey_addr: String,
+    /// ACL user the agent authenticates as (default user when unset).
+    #[arg(long, env = "VALKEY_USERNAME")]
+    pub valkey_username: Option<String>,
+    /// File holding the Valkey password (read at every connect, so rotation needs no restart).
+    #[arg(long, env = "VALKEY_PASSWORD_FILE")]
+    pub valkey_password_file: Option<String>,
+    /// Connect to Valkey over TLS.
+    #[arg(long, env = "VALKEY_TLS", default_value = "false")]
+    pub valkey_tls: String,
+    /// PEM file of the CA that signed Valkey's certificate (required with TLS).
+    #[arg(long, env = "VALKEY_TLS_CA_FILE")]
+    pub valkey_tls_ca_file: Option<String>,
+    /// PEM client certificate, when Valkey requires client authentication.
+    #[arg(long, env = "VALKEY_TLS_CERT_FILE")]
+    pub valkey_tls_cert_file: Option<String>,
+    /// PEM private key of the client certificate.
+    #[arg(long, env = "VALKEY_TLS_KEY_FILE")]
+    pub valkey_tls_key_file: Option<String>,
+    /// Name to verify Valkey's certificate against (default: the host of VALKEY_ADDR).
+    #[arg(long, env = "VALKEY_TLS_SERVER_NAME")]
+    pub valkey_tls_server_name: Option<String>,
+    /// `cluster` (Valkey Cluster) or `replication` (one primary and replicas, no Cluster).
+    #[arg(long, env = "SIDECAR_MODE", default_value = "cluster")]
+    pub mode: String,
+    /// Listener for probes, role endpoints and metrics (default `$POD_IP:9736`, else `0.0.0.0:9736`).
+    #[arg(long, env = "SIDECAR_PROBE_ADDR")]
+    pub probe_addr: Option<String>,
+    /// Listener for admin endpoints; must be a loopback address.
+    #[arg(long, env = "SIDECAR_ADMIN_ADDR", default_value = "127.0.0.1:9737")]
+    pub admin_addr: String,
+    /// How often Valkey is observed (e.g. `250ms`).
+    #[arg(long, env = "SIDECAR_POLL_INTERVAL", default_value = "250ms")]
+    pub poll_interval: String,
+    /// How long one observation may wait for Valkey.
+    #[arg(long, env = "SIDECAR_VALKEY_TIMEOUT", default_value = "1s")]
+    pub valkey_timeout: String,
+    /// `/livez` fails after the loop stalled, or Valkey gave no answer at all, for this long.
+    #[arg(long, env = "SIDECAR_LIVENESS_WINDOW", default_value = "30s")]
+    pub liveness_window: String,
+    /// An observation older than this no longer counts for readiness or role.
+    #[arg(long, env = "SIDECAR_STALE_AFTER", default_value = "2s")]
+    pub stale_after: String,
+    /// A replica further behind than this many bytes is not ready.
+    #[arg(long, env = "SIDECAR_MAX_LAG_BYTES", default_value = "1048576")]
+    pub max_lag_bytes: String,
+    /// Log format: `auto` (JSON unless stderr is a terminal), `json` or `text`. Filter with RUST_LOG.
+    #[arg(long, env = "SIDECAR_LOG_FORMAT", default_value = "auto")]
+    pub log_format: String,
+}
+
+/// Who and where the agent is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Identity {
+    pub pod_name: Option<String>,
+    pub namespace: Option<String>,
+    pub node_name: Option<String>,
+    pub pod_ip: Option<IpAddr>,
+    pub zone: Option<String>,
+    pub region: Option<String>,
+}
+
+/// How to reach Valkey.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValkeyConfig {
+    pub host: String,
+    pub port: u16,
+    pub username: Option<String>,
+    pub password_file: Option<PathBuf>,
+    pub tls: Option<TlsConfig>,
+    pub timeout: Duration,
+}
+
+/// TLS to Valkey; files are read when the agent starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsConfig {
+    pub ca_file: PathBuf,
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+    pub server_name: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Auto,
+    Json,
+    Text,
+}
+
+/// Validated configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub identity: Identity,
+    pub valkey: ValkeyConfig,
+    pub mode: Mode,
+    pub probe_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub poll_interval: Duration,
+    pub bounds: Bounds,
+    pub log_format: LogFormat,
+}
+
+/// One bad variable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    pub var: &'static str,
+    pub value: String,
+    pub problem: String,
+}
+
+/// Every bad variable found in one pass.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigError(pub Vec<Invalid>);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "invalid configuration ({} problem(s)):", self.0.len())?;
+        for i in &self.0 {
+            writeln!(f, "  {}={:?}: {}", i.var, i.value, i.problem)?;
+        }
+        Ok(())
+    }
+}
+
+/// Collects problems while each field is validated.
+#[derive(Default)]
+struct Checker {
+    problems: Vec<Invalid>,
+}
+
+impl Checker {
+    fn check<T>(&mut self, var: &'static str, value: &str, parsed: Result<T, String>) -> Option<T> {
+        parsed
+            .map_err(|problem| {
+                self.problems.push(Invalid {
+                    var,
+                    value: value.to_owned(),
+                    problem,
+                })
+            })
+            .ok()
+    }
+
+    fn opt<T>(
+        &mut self,
+        var: &'static str,
+        value: &Option<String>,
+        f: impl Fn(&str) -> Result<T, String>,
+    ) -> Option<T> {
+        let v = value.as_deref()?;
+        self.check(var, v, f(v))
+    }
+}
+
+impl RawConfig {
+    /// Validates everything, reporting every bad variable at once.
+    pub fn validate(&self) -> Result<Config, ConfigError> {
+        let mut c = Checker::default();
+        let identity = self.identity(&mut c);
+        let valkey = self.valkey(&mut c);
+        let mode = c.check("SIDECAR_MODE", &self.mode, parse_mode(&self.mode));
+        let probe = self.probe_addr(&mut c, identity.pod_ip);
+        let admin = c.check(
+            "SIDECAR_ADMIN_ADDR",
+            &self.admin_addr,
+            parse_loopback(&self.admin_addr),
+        );
+        let poll = c.check(
+            "SIDECAR_POLL_INTERVAL",
+            &self.poll_interval,
+            parse_duration_in(&self.poll_interval, 10, 60_000),
+        );
+        let bounds = self.bounds(&mut c, poll);
+        let log = c.check(
+            "SIDECAR_LOG_FORMAT",
+            &self.log_format,
+            parse_log_format(&self.log_format),
+        );
+        match (valkey, mode, probe, admin, poll, bounds, log) {
+            (
+                Some(valkey),
+                Some(mode),
+                Some(probe_addr),
+                Some(admin_addr),
+                Some(poll_interval),
+                Some(bounds),
+                Some(log_format),
+            ) if c.problems.is_empty() => Ok(Config {
+                identity,
+                valkey,
+                mode,
+                probe_addr,
+                admin_addr,
+                poll_interval,
+                bounds,
+                log_format,
+            }),
+            _ => Err(ConfigError(c.problems)),
+        }
+    }
+
+    fn identity(&self, c: &mut Checker) -> Identity {
+        Identity {
+            pod_name: c.opt("POD_NAME", &self.pod_name, parse_dns_name),
+            namespace: c.opt("POD_NAMESPACE", &self.pod_namespace, parse_dns_name),
+            node_name: c.opt("NODE_NAME", &self.node_name, parse_dns_name),
+            pod_ip: c.opt("POD_IP", &self.pod_ip, |v| {
+                v.parse().map_err(|_| "not an IP address".into())
+            }),
+            zone: c.opt("SIDECAR_ZONE", &self.zone, parse_label_value),
+            region: c.opt("SIDECAR_REGION", &self.region, parse_label_value),
+        }
+    }
+
+    fn valkey(&self, c: &mut Checker) -> Option<ValkeyConfig> {
+        let addr = c.check(
+            "VALKEY_ADDR",
+            &self.valkey_addr,
+            parse_host_port(&self.valkey_addr),
+        );
+        let password_file = c.opt(
+            "VALKEY_PASSWORD_FILE",
+            &self.valkey_password_file,
+            readable_file,
+        );
+        let username = c.opt("VALKEY_USERNAME", &self.valkey_username, parse_username);
+        let timeout = c.check(
+            "SIDECAR_VALKEY_TIMEOUT",
+            &self.valkey_timeout,
+            parse_duration_in(&self.valkey_timeout, 10, 60_000),
+        );
+        let tls = self.tls(c, addr.as_ref().map(|(h, _)| h.as_str()));
+        let (host, port) = addr?;
+        Some(ValkeyConfig {
+            host,
+            port,
+            username,
+            password_file,
+            tls: tls?,
+            timeout: timeout?,
+        })
+    }
+
+    /// `Some(None)`: TLS off; `None`: a TLS variable was bad.
+    fn tls(&self, c: &mut Checker, host: Option<&str>) -> Option<Option<TlsConfig>> {
+        let on = c.check("VALKEY_TLS", &self.valkey_tls, parse_bool(&self.valkey_tls))?;
+        let ca = c.opt(
+            "VALKEY_TLS_CA_FILE",
+            &self.valkey_tls_ca_file,
+            readable_file,
+        );
+        let cert = c.opt(
+            "VALKEY_TLS_CERT_FILE",
+            &self.valkey_tls_cert_file,
+            readable_file,
+        );
+        let key = c.opt(
+            "VALKEY_TLS_KEY_FILE",
+            &self.valkey_tls_key_file,
+            readable_file,
+        );
+        if !on {
+            return Some(None);
+        }
+        let ca = ca.or_else(|| {
+            c.check::<PathBuf>(
+                "VALKEY_TLS_CA_FILE",
+                "",
+                Err("required when VALKEY_TLS=true".into()),
+            )
+        });
+        let client_cert = match (cert, key) {
+            (Some(cert), Some(key)) => Some(Some((cert, key))),
+            (None, None) => Some(None),
+            (Some(_), None) => c.check(
+                "VALKEY_TLS_KEY_FILE",
+                "",
+                Err("required with VALKEY_TLS_CERT_FILE".into()),
+            ),
+            (None, Some(_)) => c.check(
+                "VALKEY_TLS_CERT_FILE",
+                "",
+                Err("required with VALKEY_TLS_KEY_FILE".into()),
+            ),
+        };
+        let server_name = self
+            .valkey_tls_server_name
+            .clone()
+            .or(host.map(str::to_owned))?;
+        Some(Some(TlsConfig {
+            ca_file: ca?,
+            client_cert: client_cert?,
+            server_name,
+        }))
+    }
+
+    fn probe_addr(&self, c: &mut Checker, pod_ip: Option<IpAddr>) -> Option<SocketAddr> {
+        let default_ip = pod_ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+        match &self.probe_addr {
+            Some(v) => c.check("SIDECAR_PROBE_ADDR", v, parse_socket_addr(v)),
+            None => Some(SocketAddr::new(default_ip, DEFAULT_PROBE_PORT)),
+        }
+    }
+
+    fn bounds(&self, c: &mut Checker, poll: Option<Duration>) -> Option<Bounds> {
+        let poll_ms = poll.map_or(10, |p| p.as_millis() as u64);
+        let live = c.check(
+            "SIDECAR_LIVENESS_WINDOW",
+            &self.liveness_window,
+            parse_duration_in(&self.liveness_window, poll_ms * 2, 3_600_000),
+        );
+        let stale = c.check(
+            "SIDECAR_STALE_AFTER",
+            &self.stale_after,
+            parse_duration_in(&self.stale_after, poll_ms, 3_600_000),
+        );
+        let lag = c.check(
+            "SIDECAR_MAX_LAG_BYTES",
+            &self.max_lag_bytes,
+            self.max_lag_bytes
+                .parse::<u64>()
+                .map_err(|_| "not a number of bytes".into()),
+        );
+        Some(Bounds {
+            liveness_window_ms: live?.as_millis() as u64,
+            stale_after_ms: stale?.as_millis() as u64,
+            max_lag_bytes: lag?,
+        })
+    }
+}
+
+fn parse_mode(v: &str) -> Result<Mode, String> {
+    match v {
+        "cluster" => Ok(Mode::Cluster),
+        "replication" => Ok(Mode::Replication),
+        _ => Err("must be `cluster` or `replication`".into()),
+    }
+}
+
+fn parse_log_format(v: &str) -> Result<LogFormat, String> {
+    match v {
+        "auto" => Ok(LogFormat::Auto),
+        "json" => Ok(LogFormat::Json),
+        "text" => Ok(LogFormat::Text),
+        _ => Err("must be `auto`, `json` or `text`".into()),
+    }
+}
+
+fn parse_bool(v: &str) -> Result<bool, String> {
+    match v {
+        "true" | "1" | "yes" => Ok(true),
+        "false" | "0" | "no" => Ok(false),
+        _ => Err("must be `true` or `false`".into()),
+    }
+}
+
+/// A duration with a unit (`ms`, `s`, `m`), between `min_ms` and `max_ms`.
+pub fn parse_duration_in(v: &str, min_ms: u64, max_ms: u64) -> Result<Duration, String> {
+    let ms = parse_millis(v)?;
+    if ms < min_ms || ms > max_ms {
+        return Err(format!("must be between {min_ms}ms and {max_ms}ms"));
+    }
+    Ok(Duration::from_millis(ms))
+}
+
+fn parse_millis(v: &str) -> Result<u64, String> {
+    let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
+    let (num, unit) = v.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| "not a duration such as 250ms, 2s or 1m".to_owned())?;
+    let scale = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        _ => return Err("needs a unit: ms, s or m".into()),
+    };
+    n.checked_mul(scale).ok_or_else(|| "too large".into())
+}
+
+fn parse_host_port(v: &str) -> Result<(String, u16), String> {
+    let (host, port) = v.rsplit_once(':').ok_or("must be host:port")?;
+    let port: u16 = port
+        .parse()
+        .map_err(|_| "port must be 1-65535".to_owned())?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() || port == 0 {
+        return Err("must be host:port".into());
+    }
+    Ok((host.to_owned(), port))
+}
+
+fn parse_socket_addr(v: &str) -> Result<SocketAddr, String> {
+    v.parse().map_err(|_| "must be ip:port".into())
+}
+
+fn parse_loopback(v: &str) -> Result<SocketAddr, String> {
+    let addr = parse_socket_addr(v)?;
+    if !addr.ip().is_loopback() {
+        return Err("admin endpoints must listen on a loopback address".into());
+    }
+    Ok(addr)
+}
+
+fn readable_file(v: &str) -> Result<PathBuf, String> {
+    std::fs::File::open(v).map_err(|e| format!("cannot read: {e}"))?;
+    Ok(PathBuf::from(v))
+}
+
+fn parse_username(v: &str) -> Result<String, String> {
+    if v.is_empty() || v.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("must be a non-empty ACL user name without spaces".into());
+    }
+    Ok(v.to_owned())
+}
+
+/// RFC 1123 subdomain, as Kubernetes object names are.
+fn parse_dns_name(v: &str) -> Result<String, String> {
+    let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.';
+    let edges_ok = v.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && v.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if v.len() > 253 || !edges_ok || !v.chars().all(ok_char) {
+        return Err("must be a lowercase RFC 1123 name".into());
+    }
+    Ok(v.to_owned())
+}
+
+/// A Kubernetes label value: at most 63 characters of `[A-Za-z0-9._-]`, alphanumeric at both ends.
+fn parse_label_value(v: &str) -> Result<String, String> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    let edges_ok = v.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && v.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if v.len() > 63 || !edges_ok || !v.chars().all(ok_char) {
+        return Err("must be a valid label value (≤ 63 chars of A-Z a-z 0-9 . _ -)".into());
+    }
+    Ok(v.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_need_units_and_bounds() {
+        assert_eq!(
+            parse_duration_in("250ms", 10, 1000),
+            Ok(Duration::from_millis(250))
+        );
+        assert_eq!(
+            parse_duration_in("2s", 10, 5000),
+            Ok(Duration::from_secs(2))
+        );
+        assert_eq!(
+            parse_duration_in("1m", 10, 60_000),
+            Ok(Duration::from_secs(60))
+        );
+        assert!(parse_duration_in("250", 10, 1000).is_err());
+        assert!(parse_duration_in("5ms", 10, 1000).is_err());
+        assert!(parse_duration_in("-1s", 10, 1000).is_err());
+        assert!(parse_duration_in("99999999999999999999s", 10, 1000).is_err());
+    }
+
+    #[test]
+    fn host_port_accepts_names_and_ipv6() {
+        assert_eq!(parse_host_port("valkey:6379"), Ok(("valkey".into(), 6379)));
+        assert_eq!(parse_host_port("[::1]:6380"), Ok(("::1".into(), 6380)));
+        assert!(parse_host_port("valkey").is_err());
+        assert!(parse_host_port(":6379").is_err());
+        assert!(parse_host_port("h:0").is_err());
+    }
+
+    #[test]
+    fn defaults_validate() {
+        let raw = Cli::parse_from(["valkey-sidecar"]).agent;
+        let config = raw.validate().map_err(|e| e.to_string());
+        let config = config
+            .as_ref()
+            .map(|c| (c.mode, c.probe_addr.port(), c.poll_interval));
+        assert_eq!(
+            config,
+            Ok((
+                Mode::Cluster,
+                DEFAULT_PROBE_PORT,
+                Duration::from_millis(250)
+            ))
+        );
+    }
+
+    #[test]
+    fn every_bad_variable_is_named() {
+        let mut raw = Cli::parse_from(["valkey-sidecar"]).agent;
+        raw.mode = "sentinel".into();
+        raw.poll_interval = "fast".into();
+        raw.admin_addr = "0.0.0.0:9737".into();
+        raw.zone = Some("not a zone".into());
+        let err = raw
+            .validate()
+            .err()
+            .map(|e| e.0.iter().map(|i| i.var).collect::<Vec<_>>());
+        assert_eq!(
+            err,
+            Some(vec![
+                "SIDECAR_ZONE",
+                "SIDECAR_MODE",
+                "SIDECAR_ADMIN_ADDR",
+                "SIDECAR_POLL_INTERVAL"
+            ])
+        );
+    }
+
+    #[test]
+    fn label_values_follow_kubernetes_rules() {
+        assert!(parse_label_value("eu-west-1a").is_ok());
+        assert!(parse_label_value(&"a".repeat(64)).is_err());
+        assert!(parse_label_value("-a").is_err());
+        assert!(parse_dns_name("valkey-0").is_ok());
+        assert!(parse_dns_name("Valkey").is_err());
+    }
+}

@@ -1,0 +1,142 @@
+//! Request routing: a path to a verdict or a document.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::CONTENT_TYPE;
+use hyper::{Method, Request, Response, StatusCode};
+use tokio::sync::watch;
+use valkey_sidecar_core::health::{Bounds, HealthState, Verdict};
+use valkey_sidecar_core::observation::Mode;
+
+use super::status;
+use crate::clock::Clock;
+use crate::config::Identity;
+use crate::metrics::Metrics;
+
+/// What the handlers read.
+pub struct App {
+    pub state: watch::Receiver<HealthState>,
+    pub clock: Clock,
+    pub bounds: Bounds,
+    pub mode: Mode,
+    pub identity: Identity,
+    pub metrics: Arc<Metrics>,
+}
+
+type Body = Full<Bytes>;
+
+impl App {
+    /// Answers one request.
+    pub fn handle<B>(&self, req: &Request<B>) -> Response<Body> {
+        let path = known_path(req.uri().path());
+        let resp = if req.method() != Method::GET && req.method() != Method::HEAD {
+            text(StatusCode::METHOD_NOT_ALLOWED, "only GET and HEAD\n".into())
+        } else {
+            self.route(path, req.uri().query())
+        };
+        self.metrics.http(path, resp.status().as_u16());
+        resp
+    }
+
+    fn route(&self, path: &'static str, query: Option<&str>) -> Response<Body> {
+        let state = self.state.borrow();
+        let now = self.clock.now();
+        let b = &self.bounds;
+        match path {
+            "/livez" => verdict(state.liveness(now, b)),
+            "/readyz" => verdict(state.readiness(now, b, self.mode)),
+            "/startupz" => verdict(state.startup()),
+            "/primary" => verdict(state.primary(now, b)),
+            "/replica" => match lag_param(query) {
+                Ok(lag) => verdict(state.replica(now, b, lag)),
+                Err(msg) => text(StatusCode::BAD_REQUEST, msg),
+            },
+            "/status" => json(status::render(&state, self, now)),
+            "/metrics" => metrics(self.metrics.encode()),
+            _ => text(StatusCode::NOT_FOUND, "not found\n".into()),
+        }
+    }
+}
+
+/// Maps a request path onto the fixed set used as a metric label.
+fn known_path(path: &str) -> &'static str {
+    const PATHS: [&str; 7] = [
+        "/livez",
+        "/readyz",
+        "/startupz",
+        "/primary",
+        "/replica",
+        "/status",
+        "/metrics",
+    ];
+    PATHS.into_iter().find(|p| *p == path).unwrap_or("other")
+}
+
+fn lag_param(query: Option<&str>) -> Result<Option<u64>, String> {
+    let Some(v) = query
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .find_map(|kv| kv.strip_prefix("lag="))
+    else {
+        return Ok(None);
+    };
+    v.parse()
+        .map(Some)
+        .map_err(|_| format!("lag must be a number of bytes, got {v:?}\n"))
+}
+
+fn verdict(v: Verdict) -> Response<Body> {
+    let code = if v.ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    text(code, format!("{}\n", v.reason))
+}
+
+fn text(code: StatusCode, body: String) -> Response<Body> {
+    respond(code, "text/plain; charset=utf-8", body)
+}
+
+fn json(body: String) -> Response<Body> {
+    respond(StatusCode::OK, "application/json", body)
+}
+
+fn metrics(body: String) -> Response<Body> {
+    respond(
+        StatusCode::OK,
+        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        body,
+    )
+}
+
+fn respond(code: StatusCode, content_type: &'static str, body: String) -> Response<Body> {
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = code;
+    resp.headers_mut().insert(
+        CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(content_type),
+    );
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lag_parameter() {
+        assert_eq!(lag_param(None), Ok(None));
+        assert_eq!(lag_param(Some("lag=100")), Ok(Some(100)));
+        assert_eq!(lag_param(Some("x=1&lag=5")), Ok(Some(5)));
+        assert!(lag_param(Some("lag=-1")).is_err());
+    }
+
+    #[test]
+    fn unknown_paths_share_one_label() {
+        assert_eq!(known_path("/readyz"), "/readyz");
+        assert_eq!(known_path("/secret/../x"), "other");
+    }
+}

@@ -1,0 +1,22 @@
+//! valkey-sidecar: a small agent beside every Valkey pod that keeps Kubernetes in step with Valkey.
+//!
+//! # Layout
+//! - [`config`]: flags and environment into a validated configuration (exit 64 on bad input).
+//! - [`valkey`]: the self-healing connection and the per-tick observation pipeline.
+//! - [`observer`]: the loop that records each tick into the shared health state.
+//! - [`http`]: probes, role endpoints, `/status` and `/metrics`, answered from that state.
+//! - [`metrics`], [`telemetry`], [`lifecycle`], [`clock`]: the usual plumbing.
+//! - [`agent`] wires them together.
+//!
+//! The rules themselves (parsing, health verdicts, later lease and planning) live in the
+//! dependency-free `valkey-sidecar-core` crate.
+
+pub mod agent;
+pub mod clock;
+pub mod config;
+pub mod http;
+pub mod lifecycle;
+pub mod metrics;
+pub mod observer;
+pub mod telemetry;
+pub mod valkey;

@@ -1,0 +1,161 @@
+//! Prometheus metrics, all prefixed `valkey_sidecar_`.
+
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use valkey_sidecar_core::health::{Bounds, HealthState};
+use valkey_sidecar_core::observation::Role;
+use valkey_sidecar_core::time::Millis;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RoleLabel {
+    role: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HttpLabel {
+    path: &'static str,
+    code: u16,
+}
+
+/// Every metric the agent exports.
+pub struct Metrics {
+    registry: Registry,
+    role: Family<RoleLabel, Gauge>,
+    repl_offset: Gauge,
+    lag_bytes: Gauge,
+    valkey_up: Gauge,
+    ready: Gauge,
+    observation_errors: Family<KindLabel, Counter>,
+    observations: Counter,
+    loop_seconds: Histogram,
+    http_requests: Family<HttpLabel, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut m = Metrics {
+            registry: Registry::with_prefix("valkey_sidecar"),
+            role: Family::default(),
+            repl_offset: Gauge::default(),
+            lag_bytes: Gauge::default(),
+            valkey_up: Gauge::default(),
+            ready: Gauge::default(),
+            observation_errors: Family::default(),
+            observations: Counter::default(),
+            loop_seconds: Histogram::new(exponential_buckets(0.0002, 2.0, 14)),
+            http_requests: Family::default(),
+        };
+        m.register();
+        m
+    }
+
+    fn register(&mut self) {
+        let r = &mut self.registry;
+        r.register(
+            "role",
+            "1 for the role Valkey has now (primary, replica, unknown)",
+            self.role.clone(),
+        );
+        r.register(
+            "repl_offset_bytes",
+            "Valkey's master_repl_offset",
+            self.repl_offset.clone(),
+        );
+        r.register(
+            "replica_lag_bytes",
+            "Bytes this replica is behind its primary (-1 unknown)",
+            self.lag_bytes.clone(),
+        );
+        r.register(
+            "valkey_up",
+            "1 while the latest observation is fresh",
+            self.valkey_up.clone(),
+        );
+        r.register("ready", "1 while /readyz passes", self.ready.clone());
+        r.register(
+            "observation_errors",
+            "Ticks that got no usable answer, by kind",
+            self.observation_errors.clone(),
+        );
+        r.register(
+            "observations",
+            "Ticks of the observation loop",
+            self.observations.clone(),
+        );
+        r.register(
+            "observation_duration_seconds",
+            "Time one tick took",
+            self.loop_seconds.clone(),
+        );
+        r.register(
+            "http_requests",
+            "HTTP requests served, by path and status",
+            self.http_requests.clone(),
+        );
+    }
+
+    /// Counts one tick and its error kind, if any.
+    pub fn tick(&self, took: Duration, error_kind: Option<&'static str>) {
+        self.observations.inc();
+        self.loop_seconds.observe(took.as_secs_f64());
+        if let Some(kind) = error_kind {
+            self.observation_errors
+                .get_or_create(&KindLabel { kind })
+                .inc();
+        }
+    }
+
+    /// Sets the gauges from the health state after a tick.
+    pub fn update(&self, state: &HealthState, now: Millis, bounds: &Bounds, ready: bool) {
+        let role = state.role(now, bounds);
+        for r in [Role::Primary, Role::Replica, Role::Unknown] {
+            self.role
+                .get_or_create(&RoleLabel { role: r.as_str() })
+                .set(i64::from(r == role));
+        }
+        let current = state.current(now, bounds);
+        self.valkey_up.set(i64::from(current.is_some()));
+        self.ready.set(i64::from(ready));
+        let offset = current.map_or(0, |o| o.repl_offset);
+        self.repl_offset
+            .set(i64::try_from(offset).unwrap_or(i64::MAX));
+        let lag = current.and_then(|o| o.lag_bytes(None));
+        self.lag_bytes
+            .set(lag.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX)));
+    }
+
+    /// Counts one HTTP request; `path` must come from a fixed set so cardinality stays bounded.
+    pub fn http(&self, path: &'static str, code: u16) {
+        self.http_requests
+            .get_or_create(&HttpLabel { path, code })
+            .inc();
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail; an error would only mean a bug in a label encoder.
+        if encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}

@@ -1,0 +1,90 @@
+//! The observation loop: one tick per poll interval, results into the shared health state.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::{Instant, MissedTickBehavior};
+use valkey_sidecar_core::health::{Bounds, HealthState, Outcome};
+use valkey_sidecar_core::observation::{Mode, Role};
+
+use crate::clock::Clock;
+use crate::metrics::Metrics;
+use crate::valkey::{Session, ValkeyError, observe};
+
+/// Everything the loop needs.
+pub struct Observer {
+    pub session: Session,
+    pub mode: Mode,
+    pub interval: Duration,
+    pub bounds: Bounds,
+    pub clock: Clock,
+    pub state: watch::Sender<HealthState>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Observer {
+    /// Ticks until shutdown. A tick blocked on Valkey is abandoned at shutdown, not awaited.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        let pipe = observe::pipeline(self.mode);
+        let mut ticker = tokio::time::interval(self.interval);
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut log = LogOnChange::default();
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = shutdown.changed() => return,
+            }
+            let started = Instant::now();
+            let (outcome, error) = tokio::select! {
+                r = observe::tick(&mut self.session, &pipe, self.mode) => r,
+                _ = shutdown.changed() => return,
+            };
+            self.metrics
+                .tick(started.elapsed(), error.as_ref().map(ValkeyError::kind));
+            log.outcome(&outcome);
+            self.record(outcome);
+        }
+    }
+
+    fn record(&self, outcome: Outcome) {
+        let now = self.clock.now();
+        self.state.send_modify(|h| h.record(now, outcome));
+        let state = self.state.borrow();
+        let ready = state.readiness(now, &self.bounds, self.mode).ok;
+        self.metrics.update(&state, now, &self.bounds, ready);
+    }
+}
+
+/// Logs transitions, not every tick: a Valkey that is down for an hour writes one line, not 14,400.
+#[derive(Default)]
+struct LogOnChange {
+    role: Option<Role>,
+    error: Option<String>,
+}
+
+impl LogOnChange {
+    fn outcome(&mut self, outcome: &Outcome) {
+        match outcome {
+            Outcome::Observed(obs) => {
+                if let Some(e) = self.error.take() {
+                    tracing::info!(previous_error = %e, "valkey observed again");
+                }
+                if self.role != Some(obs.role) {
+                    tracing::info!(from = ?self.role.map(Role::as_str), to = obs.role.as_str(), "valkey role");
+                    self.role = Some(obs.role);
+                }
+            }
+            Outcome::Refused(e) | Outcome::Unreachable(e) => self.failed(e),
+        }
+    }
+
+    fn failed(&mut self, e: &str) {
+        // Backoff messages change every tick (the remaining delay); compare the cause only.
+        let cause = e.split_once(" after: ").map_or(e, |(_, c)| c);
+        if self.error.as_deref() != Some(cause) {
+            tracing::warn!(error = %e, "valkey observation failed");
+            self.error = Some(cause.to_owned());
+        }
+    }
+}

@@ -1,0 +1,258 @@
+//! The one connection to the local Valkey, re-established with backoff whenever it breaks.
+//!
+//! A restart of Valkey, a refused connection or a broken TLS handshake never ends the agent: the
+//! session reports the error for this tick and tries again after a delay from `backon`'s
+//! exponential schedule (with jitter), so a crash-looping Valkey is not hammered and a restarted
+//! one is seen again within one delay.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, RedisConnectionInfo};
+use tokio::net::TcpStream;
+use tokio::time::{Instant, timeout};
+
+use super::tls::Tls;
+
+/// Why a tick got no answer from Valkey.
+#[derive(Debug, thiserror::Error)]
+pub enum ValkeyError {
+    #[error("connect to {addr}: {source}")]
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("TLS handshake with {addr}: {source}")]
+    Tls {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("reading password file {path}: {source}")]
+    Password {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("authentication or setup refused: {0}")]
+    Setup(redis::RedisError),
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    #[error("valkey: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("reconnecting in {0:?} after: {1}")]
+    Backoff(Duration, String),
+}
+
+impl ValkeyError {
+    /// A short stable label for the metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ValkeyError::Connect { .. } => "connect",
+            ValkeyError::Tls { .. } => "tls",
+            ValkeyError::Password { .. } => "password_file",
+            ValkeyError::Setup(_) => "auth",
+            ValkeyError::Timeout(_) => "timeout",
+            ValkeyError::Redis(_) => "protocol",
+            ValkeyError::Backoff(..) => "backoff",
+        }
+    }
+
+    /// Valkey answered (with an error) — it is alive even though the agent cannot use the answer.
+    pub fn valkey_answered(&self) -> bool {
+        match self {
+            ValkeyError::Setup(e) | ValkeyError::Redis(e) => e.code().is_some(),
+            _ => false,
+        }
+    }
+}
+
+/// How to open a connection.
+#[derive(Clone)]
+pub struct Connector {
+    pub host: String,
+    pub port: u16,
+    pub username: Option<String>,
+    pub password_file: Option<PathBuf>,
+    pub tls: Option<Tls>,
+    pub timeout: Duration,
+}
+
+impl Connector {
+    fn addr(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+
+    /// Dials, starts TLS if configured, authenticates; the connection's driver runs as a task.
+    pub async fn connect(&self) -> Result<MultiplexedConnection, ValkeyError> {
+        let addr = self.addr();
+        let tcp = timeout(
+            self.timeout,
+            TcpStream::connect((self.host.as_str(), self.port)),
+        )
+        .await
+        .map_err(|_| ValkeyError::Timeout(self.timeout))?
+        .map_err(|source| ValkeyError::Connect {
+            addr: addr.clone(),
+            source,
+        })?;
+        tcp.set_nodelay(true)
+            .map_err(|source| ValkeyError::Connect {
+                addr: addr.clone(),
+                source,
+            })?;
+        let info = self.redis_info().await?;
+        match &self.tls {
+            Some(tls) => {
+                let stream = timeout(
+                    self.timeout,
+                    tls.connector.connect(tls.server_name.clone(), tcp),
+                )
+                .await
+                .map_err(|_| ValkeyError::Timeout(self.timeout))?
+                .map_err(|source| ValkeyError::Tls { addr, source })?;
+                self.handshake(&info, stream).await
+            }
+            None => self.handshake(&info, tcp).await,
+        }
+    }
+
+    async fn handshake<S>(
+        &self,
+        info: &RedisConnectionInfo,
+        stream: S,
+    ) -> Result<MultiplexedConnection, ValkeyError>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let config = AsyncConnectionConfig::new().set_response_timeout(Some(self.timeout));
+        let setup = MultiplexedConnection::new_with_config(info, stream, config);
+        let (conn, driver) = timeout(self.timeout, setup)
+            .await
+            .map_err(|_| ValkeyError::Timeout(self.timeout))?
+            .map_err(ValkeyError::Setup)?;
+        tokio::spawn(driver);
+        Ok(conn)
+    }
+
+    /// Credentials are read at every connect so a rotated password file needs no restart; they
+    /// are never logged.
+    async fn redis_info(&self) -> Result<RedisConnectionInfo, ValkeyError> {
+        let mut info = RedisConnectionInfo::default();
+        if let Some(user) = &self.username {
+            info = info.set_username(user);
+        }
+        if let Some(path) = &self.password_file {
+            let text =
+                tokio::fs::read_to_string(path)
+                    .await
+                    .map_err(|source| ValkeyError::Password {
+                        path: path.display().to_string(),
+                        source,
+                    })?;
+            info = info.set_password(text.trim_end_matches(['\r', '\n']));
+        }
+        Ok(info)
+    }
+}
+
+/// Consecutive timeouts after which a connection is presumed dead rather than Valkey busy.
+const TIMEOUTS_BEFORE_RECONNECT: u32 = 3;
+
+/// A connection that heals itself.
+pub struct Session {
+    connector: Connector,
+    conn: Option<MultiplexedConnection>,
+    backoff: ExponentialBackoff,
+    retry_at: Option<(Instant, String)>,
+    timeouts: u32,
+}
+
+fn backoff() -> ExponentialBackoff {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(50))
+        .with_max_delay(Duration::from_secs(2))
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
+impl Session {
+    pub fn new(connector: Connector) -> Session {
+        Session {
+            connector,
+            conn: None,
+            backoff: backoff(),
+            retry_at: None,
+            timeouts: 0,
+        }
+    }
+
+    /// Sends a pipeline and returns every reply, error replies included.
+    pub async fn query(
+        &mut self,
+        pipe: &redis::Pipeline,
+    ) -> Result<Vec<redis::Value>, ValkeyError> {
+        let limit = self.connector.timeout;
+        let conn = self.connection().await?;
+        match timeout(limit, pipe.query_async::<Vec<redis::Value>>(conn)).await {
+            Ok(Ok(values)) => {
+                self.timeouts = 0;
+                Ok(values)
+            }
+            Ok(Err(e)) if e.is_timeout() => Err(self.timed_out(limit)),
+            Ok(Err(e)) => Err(self.failed(e)),
+            Err(_) => Err(self.timed_out(limit)),
+        }
+    }
+
+    /// The live connection, dialling first if there is none and the backoff delay has passed.
+    pub async fn connection(&mut self) -> Result<&mut MultiplexedConnection, ValkeyError> {
+        if self.conn.is_none() {
+            self.reconnect().await?;
+        }
+        self.conn
+            .as_mut()
+            .ok_or_else(|| ValkeyError::Backoff(Duration::ZERO, "no connection".into()))
+    }
+
+    async fn reconnect(&mut self) -> Result<(), ValkeyError> {
+        if let Some((at, why)) = &self.retry_at {
+            let now = Instant::now();
+            if now < *at {
+                return Err(ValkeyError::Backoff(*at - now, why.clone()));
+            }
+        }
+        match self.connector.connect().await {
+            Ok(conn) => {
+                self.conn = Some(conn);
+                self.retry_at = None;
+                self.backoff = backoff();
+                Ok(())
+            }
+            Err(e) => {
+                let delay = self.backoff.next().unwrap_or(Duration::from_secs(2));
+                self.retry_at = Some((Instant::now() + delay, e.to_string()));
+                Err(e)
+            }
+        }
+    }
+
+    fn failed(&mut self, e: redis::RedisError) -> ValkeyError {
+        if e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() {
+            self.conn = None;
+        }
+        ValkeyError::Redis(e)
+    }
+
+    /// A blocked Valkey (`DEBUG SLEEP`, a slow script) answers late, so one timeout keeps the
+    /// connection; several in a row mean a dead peer, and the next tick dials again.
+    fn timed_out(&mut self, limit: Duration) -> ValkeyError {
+        self.timeouts += 1;
+        if self.timeouts >= TIMEOUTS_BEFORE_RECONNECT {
+            self.conn = None;
+            self.timeouts = 0;
+        }
+        ValkeyError::Timeout(limit)
+    }
+}
