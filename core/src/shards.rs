@@ -10,6 +10,8 @@ use crate::reply::Reply;
 /// One shard: a primary and its replicas, and the slot ranges they serve.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Shard {
+    /// The shard id (`CLUSTER MYSHARDID` of its members).
+    pub id: String,
     pub slots: Vec<(u16, u16)>,
     pub nodes: Vec<ShardNode>,
 }
@@ -68,7 +70,12 @@ fn parse_shard(reply: &Reply) -> Shard {
         .iter()
         .filter_map(parse_node)
         .collect();
-    Shard { slots, nodes }
+    let id = reply
+        .get("id")
+        .and_then(Reply::as_text)
+        .unwrap_or_default()
+        .to_owned();
+    Shard { id, slots, nodes }
 }
 
 fn parse_slots(reply: &Reply) -> Vec<(u16, u16)> {

@@ -1,0 +1,261 @@
+//! Parsers and health rules on replies captured from a real valkey-server 9.1.2
+//! (`scripts/capture-fixtures.py`; see `fixtures/README.md` for how each state was produced).
+
+use std::path::PathBuf;
+
+use serde_json::Value as Json;
+use valkey_sidecar_core::health::{Bounds, HealthState, Outcome};
+use valkey_sidecar_core::observation::{Mode, Observation, Replies, Role, observe};
+use valkey_sidecar_core::reply::Reply;
+use valkey_sidecar_core::shards::NodeHealth;
+use valkey_sidecar_core::time::Millis;
+
+const BOUNDS: Bounds = Bounds {
+    liveness_window_ms: 30_000,
+    stale_after_ms: 2_000,
+    max_lag_bytes: 1 << 20,
+};
+
+fn path(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn json_reply(v: &Json) -> Reply {
+    match v {
+        Json::Null => Reply::Nil,
+        Json::Number(n) => Reply::Int(n.as_i64().unwrap()),
+        Json::String(s) => Reply::Text(s.clone()),
+        Json::Array(items) => Reply::Array(items.iter().map(json_reply).collect()),
+        Json::Object(o) if o.contains_key("error") => {
+            Reply::Error(o["error"].as_str().unwrap().into())
+        }
+        Json::Object(o) => Reply::Text(o["status"].as_str().unwrap().into()),
+        Json::Bool(b) => Reply::Int(i64::from(*b)),
+    }
+}
+
+fn load(name: &str) -> Option<Reply> {
+    let p = path(name);
+    let text = std::fs::read_to_string(&p).ok()?;
+    Some(if name.ends_with(".txt") {
+        Reply::Text(text)
+    } else {
+        json_reply(&serde_json::from_str(&text).unwrap())
+    })
+}
+
+fn replies(state: &str) -> Replies {
+    Replies {
+        role: load(&format!("{state}.role.json")),
+        info: load(&format!("{state}.info.txt")),
+        cluster_info: load(&format!("{state}.cluster-info.txt")),
+        my_id: load(&format!("{state}.cluster-myid.json")),
+        shard_id: load(&format!("{state}.cluster-myshardid.json")),
+        shards: load(&format!("{state}.cluster-shards.json")),
+    }
+}
+
+fn obs(state: &str, mode: Mode) -> Observation {
+    observe(&replies(state), mode).unwrap_or_else(|e| panic!("{state}: {e:?}"))
+}
+
+/// A health state that has seen `states` in order, one poll apart, and the time of the last.
+fn health(states: &[&str], mode: Mode) -> (HealthState, Millis) {
+    let mut h = HealthState::new(Millis(0));
+    let mut now = Millis(0);
+    for s in states {
+        now = now.plus(250);
+        h.record(now, Outcome::Observed(Box::new(obs(s, mode))));
+    }
+    (h, now)
+}
+
+#[test]
+fn standalone_primary() {
+    let o = obs("standalone-primary", Mode::Replication);
+    assert_eq!(o.role, Role::Primary);
+    assert!(!o.loading);
+    assert!(o.repl_offset > 0);
+    assert_eq!(o.replicas.len(), 2);
+    assert!(o.replicas.iter().all(|r| r.state == "online" && r.port > 0));
+    assert_eq!(o.version.as_deref(), Some("9.1.2"));
+    assert_eq!(o.failover_state.as_deref(), Some("no-failover"));
+    assert!(o.cluster.is_none());
+    let (h, now) = health(&["standalone-primary"], Mode::Replication);
+    assert!(h.readiness(now, &BOUNDS, Mode::Replication).ok);
+    assert!(h.primary(now, &BOUNDS).ok);
+    assert!(!h.replica(now, &BOUNDS, None).ok);
+}
+
+#[test]
+fn replica_link_up_is_ready() {
+    let o = obs("replica-link-up", Mode::Replication);
+    assert_eq!(o.role, Role::Replica);
+    let link = o.link.as_ref().unwrap();
+    assert!(link.up && !link.sync_in_progress);
+    assert!(link.port > 0 && !link.host.is_empty());
+    let (h, now) = health(&["replica-link-up"], Mode::Replication);
+    assert!(h.readiness(now, &BOUNDS, Mode::Replication).ok);
+    assert!(
+        h.replica(now, &BOUNDS, Some(0)).ok,
+        "lag unknown in replication mode: link decides"
+    );
+    assert!(!h.primary(now, &BOUNDS).ok);
+}
+
+#[test]
+fn replica_link_down_is_not_ready() {
+    let (h, now) = health(&["replica-link-down"], Mode::Replication);
+    let v = h.readiness(now, &BOUNDS, Mode::Replication);
+    assert!(!v.ok);
+    assert_eq!(v.reason, "link to primary is down");
+    assert_eq!(
+        h.role(now, &BOUNDS),
+        Role::Replica,
+        "a disconnected replica is still a replica"
+    );
+    assert!(h.liveness(now, &BOUNDS).ok);
+}
+
+#[test]
+fn replica_syncing_is_not_ready() {
+    for state in [
+        "replica-sync-in-progress",
+        "replica-sync-in-progress-diskless",
+    ] {
+        let o = obs(state, Mode::Replication);
+        assert!(o.link.as_ref().unwrap().sync_in_progress, "{state}");
+        let (h, now) = health(&[state], Mode::Replication);
+        let v = h.readiness(now, &BOUNDS, Mode::Replication);
+        assert!(!v.ok, "{state}");
+        assert_eq!(h.role(now, &BOUNDS), Role::Replica);
+    }
+}
+
+#[test]
+fn loading_is_alive_but_not_ready_and_role_unknown() {
+    let o = obs("loading", Mode::Replication);
+    assert!(o.loading);
+    // ROLE says master while loading; the agent must not believe it.
+    assert_eq!(o.role, Role::Primary);
+    let (h, now) = health(&["loading"], Mode::Replication);
+    assert_eq!(h.role(now, &BOUNDS), Role::Unknown);
+    assert_eq!(
+        h.readiness(now, &BOUNDS, Mode::Replication).reason,
+        "loading dataset"
+    );
+    assert!(h.liveness(now, &BOUNDS).ok);
+    assert!(h.startup().ok);
+    assert!(!h.primary(now, &BOUNDS).ok);
+}
+
+#[test]
+fn cluster_primary_sees_its_shard() {
+    let o = obs("cluster-primary", Mode::Cluster);
+    assert_eq!(o.role, Role::Primary);
+    let c = o.cluster.as_ref().unwrap();
+    assert!(c.enabled);
+    assert_eq!(c.state_ok, Some(true));
+    let shard_id = c.shard_id.as_deref().unwrap();
+    assert_eq!(shard_id.len(), 40);
+    assert_eq!(c.shards.len(), 3);
+    let mine = o.my_shard().unwrap();
+    assert_eq!(mine.id, shard_id);
+    assert_eq!(mine.primary().map(|p| p.id.as_str()), c.my_id.as_deref());
+    assert_eq!(mine.slots, vec![(0, 5460)]);
+    assert_eq!(o.availability_zone.as_deref(), Some("zone-a"));
+    assert!(
+        c.shards
+            .iter()
+            .flat_map(|s| &s.nodes)
+            .all(|n| n.health == NodeHealth::Online && n.availability_zone.is_some())
+    );
+    let (h, now) = health(&["cluster-primary"], Mode::Cluster);
+    assert!(h.readiness(now, &BOUNDS, Mode::Cluster).ok);
+}
+
+#[test]
+fn cluster_replica_knows_its_lag() {
+    let o = obs("cluster-replica", Mode::Cluster);
+    assert_eq!(o.role, Role::Replica);
+    let lag = o.lag_bytes(None).unwrap();
+    assert!(lag < 1024, "synced replica, lag {lag}");
+    let (h, now) = health(&["cluster-replica"], Mode::Cluster);
+    assert!(h.readiness(now, &BOUNDS, Mode::Cluster).ok);
+    let tight = Bounds {
+        max_lag_bytes: 0,
+        ..BOUNDS
+    };
+    assert_eq!(h.readiness(now, &tight, Mode::Cluster).ok, lag == 0);
+}
+
+#[test]
+fn cluster_fail_is_sticky_once_joined() {
+    let o = obs("cluster-fail", Mode::Cluster);
+    assert_eq!(o.cluster.as_ref().unwrap().state_ok, Some(false));
+    let failed: Vec<_> = o
+        .cluster
+        .as_ref()
+        .unwrap()
+        .shards
+        .iter()
+        .flat_map(|s| &s.nodes)
+        .filter(|n| n.health == NodeHealth::Failed)
+        .collect();
+    assert_eq!(
+        failed.len(),
+        2,
+        "both nodes of the killed shard are marked fail"
+    );
+    // A node that never saw the cluster healthy is not ready…
+    let (fresh, now) = health(&["cluster-fail"], Mode::Cluster);
+    assert!(!fresh.readiness(now, &BOUNDS, Mode::Cluster).ok);
+    // …but a joined node stays ready when another shard fails, so PDBs do not see every pod drop.
+    let (joined, now) = health(&["cluster-primary", "cluster-fail"], Mode::Cluster);
+    assert!(joined.readiness(now, &BOUNDS, Mode::Cluster).ok);
+}
+
+#[test]
+fn cluster_failover_flips_roles() {
+    let promoted = obs("cluster-promoted", Mode::Cluster);
+    let demoted = obs("cluster-demoted", Mode::Cluster);
+    assert_eq!(promoted.role, Role::Primary);
+    assert_eq!(demoted.role, Role::Replica);
+    let (p, d) = (promoted.cluster.unwrap(), demoted.cluster.unwrap());
+    assert_eq!(p.shard_id, d.shard_id, "a failover keeps the shard id");
+}
+
+#[test]
+fn cluster_replica_loading_has_unknown_role() {
+    let (h, now) = health(&["cluster-replica-loading"], Mode::Cluster);
+    assert_eq!(h.role(now, &BOUNDS), Role::Unknown);
+    assert!(!h.readiness(now, &BOUNDS, Mode::Cluster).ok);
+}
+
+#[test]
+fn noauth_is_a_refusal() {
+    let error = load("noauth.error.json").unwrap();
+    let r = Replies {
+        role: Some(error.clone()),
+        info: Some(error),
+        ..Replies::default()
+    };
+    let refusal = observe(&r, Mode::Cluster).unwrap_err();
+    assert!(refusal.0.starts_with("NOAUTH"), "{refusal:?}");
+}
+
+#[test]
+fn stale_observations_lose_role_and_readiness() {
+    let (mut h, now) = health(&["replica-link-up"], Mode::Replication);
+    let later = now.plus(BOUNDS.stale_after_ms + 1);
+    assert_eq!(h.role(later, &BOUNDS), Role::Unknown);
+    h.record(later, Outcome::Unreachable("connect: refused".into()));
+    let v = h.readiness(later, &BOUNDS, Mode::Replication);
+    assert!(!v.ok && v.reason.contains("refused"), "{v:?}");
+    assert!(h.liveness(later, &BOUNDS).ok, "within the liveness window");
+    let dead = later.plus(BOUNDS.liveness_window_ms);
+    h.record(dead, Outcome::Unreachable("connect: refused".into()));
+    assert!(!h.liveness(dead, &BOUNDS).ok);
+}
