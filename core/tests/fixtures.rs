@@ -1,5 +1,6 @@
 //! Parsers and health rules on replies captured from a real valkey-server 9.1.2
 //! (`scripts/capture-fixtures.py`; see `fixtures/README.md` for how each state was produced).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
 

@@ -1,5 +1,6 @@
 //! Property tests: parsers are total on arbitrary input, and the health rules keep their
 //! promises whatever sequence of outcomes they see.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use proptest::prelude::*;
 use valkey_sidecar_core::health::{Bounds, HealthState, Outcome};

