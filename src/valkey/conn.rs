@@ -34,7 +34,7 @@ pub enum ValkeyError {
         path: String,
         source: std::io::Error,
     },
-    #[error("authentication or setup refused: {0}")]
+    #[error("connection setup (hello, auth) failed: {0}")]
     Setup(redis::RedisError),
     #[error("no answer within {0:?}")]
     Timeout(Duration),
@@ -61,7 +61,9 @@ impl ValkeyError {
     /// Valkey answered (with an error) — it is alive even though the agent cannot use the answer.
     pub fn valkey_answered(&self) -> bool {
         match self {
-            ValkeyError::Setup(e) | ValkeyError::Redis(e) => e.code().is_some(),
+            ValkeyError::Setup(e) | ValkeyError::Redis(e) => {
+                e.code().is_some() || e.kind() == redis::ErrorKind::AuthenticationFailed
+            }
             _ => false,
         }
     }

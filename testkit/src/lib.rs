@@ -69,6 +69,7 @@ mod net;
 mod process;
 mod replication;
 mod server;
+mod sidecar;
 mod tls;
 
 pub use binaries::{
@@ -80,6 +81,7 @@ pub use net::{free_port, loopback_ip, wait_for, wait_until};
 pub use process::KEEP_DIRS_ENV;
 pub use replication::{ReplicationOptions, ReplicationSet};
 pub use server::{DEFAULT_CLUSTER_NODE_TIMEOUT_MS, ServerOptions, ValkeyServer};
+pub use sidecar::{Sidecar, SidecarOptions, http_get};
 pub use tls::{TLS_SERVER_NAME, TlsCerts, TlsClientAuth, TlsOptions, TlsServer};
 
 /// Re-exported so tests use the same `redis` version as the harness (`redis::Value`, `redis::Role`).

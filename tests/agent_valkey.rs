@@ -1,0 +1,357 @@
+//! The agent binary against real valkey-server processes on loopback.
+//!
+//! Durations are printed (run with `--nocapture` to see them) but asserted only loosely, against
+//! bounds far above the expected value: timing figures belong to the benchmarks.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use valkey_sidecar_testkit::{
+    ClusterOptions, ReplicationSet, ServerOptions, Sidecar, SidecarOptions, TlsOptions, TlsServer,
+    ValkeyCluster, ValkeyServer, http_get, wait_for,
+};
+
+const BIN: &str = env!("CARGO_BIN_EXE_valkey-sidecar");
+const SECOND: Duration = Duration::from_secs(1);
+
+fn sidecar(valkey: impl ToString, mode: &str) -> SidecarOptions {
+    SidecarOptions::new(BIN, valkey, mode).arg("--poll-interval", "100ms")
+}
+
+#[test]
+fn replica_readiness_follows_its_primary() {
+    let set = ReplicationSet::start(1, ServerOptions::default()).unwrap();
+    let replica = &set.replicas()[0];
+    let agent = Sidecar::start(sidecar(replica.addr(), "replication")).unwrap();
+    agent.wait_code("/readyz", 200, 5 * SECOND).unwrap();
+    assert_eq!(agent.get("/replica").unwrap().0, 200);
+    assert_eq!(agent.get("/primary").unwrap().0, 503);
+
+    let killed = Instant::now();
+    set.primary().kill().unwrap();
+    let unready = agent.wait_code("/readyz", 503, 5 * SECOND).unwrap();
+    println!(
+        "replica /readyz 503 {:?} after its primary was killed (poll 100ms)",
+        killed.elapsed()
+    );
+    assert!(unready < 5 * SECOND);
+    let (_, reason) = agent.get("/readyz").unwrap();
+    assert_eq!(reason.trim(), "link to primary is down");
+    assert_eq!(
+        agent.get("/livez").unwrap().0,
+        200,
+        "a replica without primary is alive"
+    );
+    assert_eq!(
+        agent.status().unwrap()["role"],
+        "replica",
+        "still a replica, not unknown"
+    );
+
+    set.primary().restart().unwrap();
+    let back = agent.wait_code("/readyz", 200, 10 * SECOND).unwrap();
+    println!("replica /readyz 200 again {back:?} after the primary restarted");
+}
+
+#[test]
+fn liveness_holds_while_valkey_is_blocked_and_probes_stay_fast() {
+    let server = ValkeyServer::start(ServerOptions::default()).unwrap();
+    let agent = Sidecar::start(sidecar(server.addr(), "replication")).unwrap();
+    agent.wait_code("/readyz", 200, 5 * SECOND).unwrap();
+
+    let addr = server.addr();
+    let sleeper = std::thread::spawn(move || {
+        let mut c = valkey_sidecar_testkit::redis::Client::open(format!("redis://{addr}"))
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let _: () = valkey_sidecar_testkit::redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg(5)
+            .query(&mut c)
+            .unwrap();
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let start = Instant::now();
+    let mut slowest = Duration::ZERO;
+    let mut readiness = Vec::new();
+    while !sleeper.is_finished() {
+        let t = Instant::now();
+        let (live, _) = agent.get("/livez").unwrap();
+        slowest = slowest.max(t.elapsed());
+        assert_eq!(
+            live,
+            200,
+            "liveness must hold during DEBUG SLEEP ({:?} in)",
+            start.elapsed()
+        );
+        readiness.push(agent.get("/readyz").unwrap().0);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    sleeper.join().unwrap();
+    println!(
+        "during DEBUG SLEEP 5: slowest /livez {slowest:?}; readyz codes seen {:?}",
+        dedup(&readiness)
+    );
+    assert!(slowest < SECOND, "a probe waited on Valkey: {slowest:?}");
+    assert!(
+        readiness.contains(&503),
+        "a 5 s stall exceeds the 2 s staleness bound"
+    );
+    agent.wait_code("/readyz", 200, 5 * SECOND).unwrap();
+}
+
+fn dedup(codes: &[u16]) -> Vec<u16> {
+    let mut v = codes.to_vec();
+    v.dedup();
+    v
+}
+
+#[test]
+fn liveness_holds_while_valkey_loads_a_dataset() {
+    // Slow loading on purpose: a real dataset, loaded with a per-key delay.
+    let server = ValkeyServer::start(
+        ServerOptions::default()
+            .arg("key-load-delay", "20")
+            .arg("loading-process-events-interval-bytes", "1024"),
+    )
+    .unwrap();
+    server
+        .cmd(&["DEBUG", "POPULATE", "50000", "key", "100"])
+        .unwrap();
+    server.cmd(&["SAVE"]).unwrap();
+    let agent = Sidecar::start(sidecar(server.addr(), "replication")).unwrap();
+    agent.wait_code("/readyz", 200, 5 * SECOND).unwrap();
+
+    server.restart().unwrap();
+    agent.wait_code("/readyz", 503, 5 * SECOND).unwrap();
+    let (_, reason) = agent.get("/readyz").unwrap();
+    assert_eq!(reason.trim(), "loading dataset");
+    let status = agent.status().unwrap();
+    assert_eq!(
+        status["role"], "unknown",
+        "a loading node reports master; the agent must not"
+    );
+    assert_eq!(status["valkey"]["loading"], true);
+    assert_eq!(agent.get("/livez").unwrap().0, 200);
+    assert_eq!(agent.get("/primary").unwrap().0, 503);
+    let loaded = agent.wait_code("/readyz", 200, 60 * SECOND).unwrap();
+    println!("loading took {loaded:?}; /livez was 200 throughout the checks");
+}
+
+#[test]
+fn cluster_failover_shows_in_status_within_a_poll() {
+    let cluster = ValkeyCluster::start(3, 1, ClusterOptions::default()).unwrap();
+    let primary = &cluster.primaries()[0];
+    let replica = &cluster.replicas_of(0)[0];
+    let on_primary = Sidecar::start(sidecar(primary.addr(), "cluster")).unwrap();
+    let on_replica = Sidecar::start(sidecar(replica.addr(), "cluster")).unwrap();
+    on_primary.wait_code("/readyz", 200, 5 * SECOND).unwrap();
+    on_replica.wait_code("/readyz", 200, 5 * SECOND).unwrap();
+    let status = on_replica.status().unwrap();
+    assert_eq!(status["role"], "replica");
+    let shard = status["valkey"]["shard_id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        on_primary.status().unwrap()["valkey"]["shard_id"],
+        shard.as_str()
+    );
+    assert!(status["valkey"]["lag_bytes"].as_u64().unwrap() < 1024);
+
+    replica.cmd(&["CLUSTER", "FAILOVER"]).unwrap();
+    let flipped = Instant::now();
+    wait_for(
+        "replica reports primary",
+        5 * SECOND,
+        Duration::from_millis(2),
+        || Ok(replica.is_primary()?),
+    )
+    .unwrap();
+    let valkey_flip = flipped.elapsed();
+    let promoted = on_replica
+        .wait_status("/role", "primary", 5 * SECOND)
+        .unwrap();
+    let demoted = on_primary
+        .wait_status("/role", "replica", 5 * SECOND)
+        .unwrap();
+    println!(
+        "CLUSTER FAILOVER: valkey flipped in {valkey_flip:?}; /status primary after {promoted:?}, replica after {demoted:?} (poll 100ms)"
+    );
+    assert_eq!(on_replica.get("/primary").unwrap().0, 200);
+    assert_eq!(
+        on_replica.status().unwrap()["valkey"]["shard_id"],
+        shard.as_str(),
+        "same shard after failover"
+    );
+}
+
+#[test]
+fn cluster_metrics_and_status_describe_the_node() {
+    let cluster = ValkeyCluster::start(3, 0, ClusterOptions::default()).unwrap();
+    let agent = Sidecar::start(
+        sidecar(cluster.primaries()[1].addr(), "cluster")
+            .arg("--zone", "zone-b")
+            .arg("--node-name", "node-1")
+            .arg("--pod-name", "valkey-1-0"),
+    )
+    .unwrap();
+    agent.wait_code("/readyz", 200, 5 * SECOND).unwrap();
+    let (code, metrics) = agent.get("/metrics").unwrap();
+    assert_eq!(code, 200);
+    for line in [
+        "valkey_sidecar_role{role=\"primary\"} 1",
+        "valkey_sidecar_ready 1",
+        "valkey_sidecar_valkey_up 1",
+    ] {
+        assert!(metrics.contains(line), "missing {line:?} in\n{metrics}");
+    }
+    assert!(metrics.contains("valkey_sidecar_http_requests_total{path=\"/readyz\",code=\"200\"}"));
+    let status = agent.status().unwrap();
+    assert_eq!(
+        (
+            status["zone"].as_str(),
+            status["node"].as_str(),
+            status["pod"].as_str()
+        ),
+        (Some("zone-b"), Some("node-1"), Some("valkey-1-0"))
+    );
+    assert_eq!(status["valkey"]["cluster_state_ok"], true);
+    assert_eq!(status["valkey"]["version"], "9.1.2");
+    assert_eq!(agent.get("/nope").unwrap().0, 404);
+}
+
+#[test]
+fn wrong_password_is_a_clear_error_and_rotation_recovers() {
+    let server = ValkeyServer::start(
+        ServerOptions::default()
+            .requirepass("right")
+            .user("sidecar on >agentpw ~* &* +@all"),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pw = dir.path().join("password");
+    std::fs::write(&pw, "wrong\n").unwrap();
+    let agent = Sidecar::start(
+        sidecar(server.addr(), "replication")
+            .arg("--valkey-username", "sidecar")
+            .arg("--valkey-password-file", pw.display()),
+    )
+    .unwrap();
+    wait_for(
+        "auth error in status",
+        5 * SECOND,
+        Duration::from_millis(20),
+        || {
+            Ok(agent.status()?["last_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("authentication failed")))
+        },
+    )
+    .unwrap();
+    assert_eq!(agent.get("/readyz").unwrap().0, 503);
+    assert_eq!(
+        agent.get("/livez").unwrap().0,
+        200,
+        "Valkey answers; restarting it would not help"
+    );
+    assert!(agent.is_running());
+    assert!(
+        !agent.log().contains("wrong\n") && !agent.log().contains("\"wrong\""),
+        "password leaked into logs"
+    );
+
+    std::fs::write(&pw, "agentpw\n").unwrap();
+    agent.wait_code("/readyz", 200, 10 * SECOND).unwrap();
+}
+
+#[test]
+fn missing_password_shows_noauth() {
+    let server = ValkeyServer::start(ServerOptions::default().requirepass("secret")).unwrap();
+    let agent = Sidecar::start(sidecar(server.addr(), "replication")).unwrap();
+    wait_for(
+        "NOAUTH in status",
+        5 * SECOND,
+        Duration::from_millis(20),
+        || {
+            Ok(agent.status()?["last_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("NOAUTH")))
+        },
+    )
+    .unwrap();
+    assert_eq!(agent.get("/startupz").unwrap().0, 503);
+    assert_eq!(agent.get("/livez").unwrap().0, 200);
+}
+
+#[test]
+fn tls_with_the_right_ca_client_cert_and_server_name() {
+    let server = TlsServer::start(TlsOptions::default()).unwrap();
+    let opts = sidecar(format!("127.0.0.1:{}", server.port()), "replication")
+        .arg("--valkey-tls", "true")
+        .arg("--valkey-tls-ca-file", server.ca_file().display())
+        .arg("--valkey-tls-cert-file", server.client_cert().display())
+        .arg("--valkey-tls-key-file", server.client_key().display())
+        .arg("--valkey-tls-server-name", "valkey.test");
+    let agent = Sidecar::start(opts).unwrap();
+    agent.wait_code("/readyz", 200, 5 * SECOND).unwrap();
+    assert_eq!(agent.status().unwrap()["role"], "primary");
+}
+
+#[test]
+fn tls_mismatches_are_clear_errors_without_panic() {
+    let server = TlsServer::start(TlsOptions::default()).unwrap();
+    let addr = format!("127.0.0.1:{}", server.port());
+    let cases = [
+        (
+            "wrong CA",
+            sidecar(&addr, "replication")
+                .arg("--valkey-tls", "true")
+                .arg("--valkey-tls-ca-file", server.wrong_ca_file().display()),
+            "certificate",
+        ),
+        (
+            "wrong name",
+            sidecar(&addr, "replication")
+                .arg("--valkey-tls", "true")
+                .arg("--valkey-tls-ca-file", server.ca_file().display())
+                .arg("--valkey-tls-server-name", "other.test"),
+            "certificate",
+        ),
+        (
+            "plaintext to a TLS port",
+            sidecar(&addr, "replication").arg("--valkey-timeout", "300ms"),
+            "",
+        ),
+    ];
+    for (what, opts, expect) in cases {
+        let agent = Sidecar::start(opts).unwrap();
+        wait_for(what, 5 * SECOND, Duration::from_millis(20), || {
+            Ok(agent.status()?["last_error"]
+                .as_str()
+                .is_some_and(|e| e.contains(expect)))
+        })
+        .unwrap();
+        let err = agent.status().unwrap()["last_error"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        println!("{what}: {err}");
+        assert_eq!(agent.get("/readyz").unwrap().0, 503, "{what}");
+        assert!(agent.is_running(), "{what}");
+        assert!(!agent.log().contains("panicked"), "{what}");
+    }
+}
+
+#[test]
+fn sigterm_stops_gracefully() {
+    let server = ValkeyServer::start(ServerOptions::default()).unwrap();
+    let agent = Sidecar::start(sidecar(server.addr(), "replication")).unwrap();
+    agent.wait_code("/readyz", 200, 5 * SECOND).unwrap();
+    let start = Instant::now();
+    agent.terminate(5 * SECOND).unwrap();
+    println!("SIGTERM to exit: {:?}", start.elapsed());
+    assert_eq!(agent.exit_status().and_then(|s| s.code()), Some(0));
+    assert!(
+        http_get(agent.probe_addr(), "/livez").is_err(),
+        "listener closed"
+    );
+}
