@@ -5,10 +5,12 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use valkey_sidecar_core::health::HealthState;
+use valkey_sidecar_core::placement::Placement;
 
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::http::{self, App};
+use crate::kube::labeler::Labeler;
 use crate::metrics::Metrics;
 use crate::observer::Observer;
 use crate::valkey::{Connector, Session, tls};
@@ -25,13 +27,15 @@ pub enum StartError {
     },
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
+    #[error(transparent)]
+    Kube(#[from] crate::kube::KubeError),
 }
 
 impl StartError {
     /// Exit code: 64 for configuration the user must fix, 69 (`EX_UNAVAILABLE`) otherwise.
     pub fn exit_code(&self) -> i32 {
         match self {
-            StartError::Tls(_) => crate::config::EXIT_CONFIG,
+            StartError::Tls(_) | StartError::Kube(_) => crate::config::EXIT_CONFIG,
             _ => 69,
         }
     }
@@ -43,6 +47,12 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     let clock = Clock::start();
     let metrics = Arc::new(Metrics::new());
     let (state_tx, state_rx) = watch::channel(HealthState::new(clock.now()));
+    let configured = Placement {
+        zone: config.identity.zone.clone(),
+        region: config.identity.region.clone(),
+    };
+    let (placement_tx, placement_rx) = watch::channel(configured);
+    let labeler = labeler(&config, clock, &state_rx, placement_tx, &metrics).await?;
     let probe = listen(config.probe_addr).await?;
     let admin = listen(config.admin_addr).await?;
     let observer = Observer {
@@ -53,6 +63,7 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         clock,
         state: state_tx,
         metrics: metrics.clone(),
+        placement: placement_rx,
     };
     let app = Arc::new(App {
         state: state_rx,
@@ -63,13 +74,44 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         metrics,
     });
     tracing::info!(probe = %config.probe_addr, admin = %config.admin_addr, valkey = %format!("{}:{}", config.valkey.host, config.valkey.port), mode = ?config.mode, "valkey-sidecar started");
+    let labels_shutdown = shutdown.clone();
+    let labels = async move {
+        if let Some(labeler) = labeler {
+            labeler.run(labels_shutdown).await;
+        }
+    };
     tokio::join!(
         observer.run(shutdown.clone()),
+        labels,
         http::serve(probe, app.clone(), shutdown.clone()),
         http::serve(admin, app, shutdown),
     );
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The pod labeler, when the agent keeps labels (SIDECAR_LABELS).
+async fn labeler(
+    config: &Config,
+    clock: Clock,
+    state: &watch::Receiver<HealthState>,
+    placement: watch::Sender<Placement>,
+    metrics: &Arc<Metrics>,
+) -> Result<Option<Labeler>, StartError> {
+    let Some(kube) = config.kube.clone() else {
+        return Ok(None);
+    };
+    Ok(Some(Labeler {
+        client: crate::kube::client().await?,
+        config: kube,
+        identity: config.identity.clone(),
+        mode: config.mode,
+        bounds: config.bounds,
+        clock,
+        state: state.clone(),
+        placement,
+        metrics: metrics.clone(),
+    }))
 }
 
 fn connector(config: &Config) -> Result<Connector, StartError> {

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use valkey_sidecar_core::health::Bounds;
+use valkey_sidecar_core::labels::{LabelPolicy, check_key, check_value};
 use valkey_sidecar_core::observation::Mode;
 
 /// Exit code for bad configuration (`EX_USAGE` from sysexits.h).
@@ -107,6 +108,34 @@ pub struct RawConfig {
     /// A replica further behind than this many bytes is not ready.
     #[arg(long, env = "SIDECAR_MAX_LAG_BYTES", default_value = "1048576")]
     pub max_lag_bytes: String,
+    /// Keep labels on the own pod: `auto` (when POD_NAME and POD_NAMESPACE are set), `true`, `false`.
+    #[arg(long, env = "SIDECAR_LABELS", default_value = "auto")]
+    pub labels: String,
+    /// Label key for the role.
+    #[arg(long, env = "SIDECAR_ROLE_LABEL", default_value = "valkey.io/role")]
+    pub role_label: String,
+    /// Role label values for primary and replica, comma-separated (e.g. `master,slave`).
+    #[arg(long, env = "SIDECAR_ROLE_VALUES", default_value = "primary,replica")]
+    pub role_values: String,
+    /// Label key for the shard (Valkey's shard id in cluster mode, SIDECAR_SHARD_NAME otherwise).
+    #[arg(
+        long,
+        env = "SIDECAR_SHARD_LABEL",
+        default_value = "valkey.io/shard-id"
+    )]
+    pub shard_label: String,
+    /// Shard name for the shard label in replication mode.
+    #[arg(long, env = "SIDECAR_SHARD_NAME")]
+    pub shard_name: Option<String>,
+    /// Label key for the zone.
+    #[arg(long, env = "SIDECAR_ZONE_LABEL", default_value = "valkey.io/zone")]
+    pub zone_label: String,
+    /// Label key for the region.
+    #[arg(long, env = "SIDECAR_REGION_LABEL", default_value = "valkey.io/region")]
+    pub region_label: String,
+    /// Publish Events (events.k8s.io) on the pod for role changes.
+    #[arg(long, env = "SIDECAR_EVENTS", default_value = "true")]
+    pub events: String,
     /// Log format: `auto` (JSON unless stderr is a terminal), `json` or `text`. Filter with RUST_LOG.
     #[arg(long, env = "SIDECAR_LOG_FORMAT", default_value = "auto")]
     pub log_format: String,
@@ -149,10 +178,21 @@ pub enum LogFormat {
     Text,
 }
 
+/// Kubernetes side of the agent: present when it keeps labels on its pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeConfig {
+    pub pod_name: String,
+    pub namespace: String,
+    pub policy: LabelPolicy,
+    pub shard_name: Option<String>,
+    pub events: bool,
+}
+
 /// Validated configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     pub identity: Identity,
+    pub kube: Option<KubeConfig>,
     pub valkey: ValkeyConfig,
     pub mode: Mode,
     pub probe_addr: SocketAddr,
@@ -218,10 +258,18 @@ impl RawConfig {
     /// Validates everything, reporting every bad variable at once.
     pub fn validate(&self) -> Result<Config, ConfigError> {
         let mut c = Checker::default();
-        let identity = self.identity(&mut c);
-        let valkey = self.valkey(&mut c);
+        match self.build(&mut c) {
+            Some(config) if c.problems.is_empty() => Ok(config),
+            _ => Err(ConfigError(c.problems)),
+        }
+    }
+
+    /// Validates every field (recording problems in `c`) and assembles the config if all passed.
+    fn build(&self, c: &mut Checker) -> Option<Config> {
+        let identity = self.identity(c);
+        let valkey = self.valkey(c);
         let mode = c.check("SIDECAR_MODE", &self.mode, parse_mode(&self.mode));
-        let probe = self.probe_addr(&mut c, identity.pod_ip);
+        let probe = self.probe_addr(c, identity.pod_ip);
         let admin = c.check(
             "SIDECAR_ADMIN_ADDR",
             &self.admin_addr,
@@ -232,33 +280,24 @@ impl RawConfig {
             &self.poll_interval,
             parse_duration_in(&self.poll_interval, 10, 60_000),
         );
-        let bounds = self.bounds(&mut c, poll);
+        let bounds = self.bounds(c, poll);
         let log = c.check(
             "SIDECAR_LOG_FORMAT",
             &self.log_format,
             parse_log_format(&self.log_format),
         );
-        match (valkey, mode, probe, admin, poll, bounds, log) {
-            (
-                Some(valkey),
-                Some(mode),
-                Some(probe_addr),
-                Some(admin_addr),
-                Some(poll_interval),
-                Some(bounds),
-                Some(log_format),
-            ) if c.problems.is_empty() => Ok(Config {
-                identity,
-                valkey,
-                mode,
-                probe_addr,
-                admin_addr,
-                poll_interval,
-                bounds,
-                log_format,
-            }),
-            _ => Err(ConfigError(c.problems)),
-        }
+        let kube = self.kube(c, &identity);
+        Some(Config {
+            identity,
+            kube: kube?,
+            valkey: valkey?,
+            mode: mode?,
+            probe_addr: probe?,
+            admin_addr: admin?,
+            poll_interval: poll?,
+            bounds: bounds?,
+            log_format: log?,
+        })
     }
 
     fn identity(&self, c: &mut Checker) -> Identity {
@@ -272,6 +311,72 @@ impl RawConfig {
             zone: c.opt("SIDECAR_ZONE", &self.zone, parse_label_value),
             region: c.opt("SIDECAR_REGION", &self.region, parse_label_value),
         }
+    }
+
+    /// `Some(None)`: labels off; `None`: a label variable was bad.
+    fn kube(&self, c: &mut Checker, id: &Identity) -> Option<Option<KubeConfig>> {
+        let mode = c.check(
+            "SIDECAR_LABELS",
+            &self.labels,
+            parse_auto_bool(&self.labels),
+        );
+        let policy = self.policy(c);
+        let shard_name = c.opt("SIDECAR_SHARD_NAME", &self.shard_name, |v| {
+            check_value(v).map(|_| v.to_owned()).map_err(str::to_owned)
+        });
+        let events = c.check("SIDECAR_EVENTS", &self.events, parse_bool(&self.events));
+        let known = id.pod_name.clone().zip(id.namespace.clone());
+        let on = match mode? {
+            Some(on) => on,
+            None => known.is_some(),
+        };
+        if !on {
+            return Some(None);
+        }
+        let Some((pod_name, namespace)) = known else {
+            let missing = if id.pod_name.is_none() {
+                "POD_NAME"
+            } else {
+                "POD_NAMESPACE"
+            };
+            c.check::<()>(missing, "", Err("required when SIDECAR_LABELS=true".into()));
+            return None;
+        };
+        Some(Some(KubeConfig {
+            pod_name,
+            namespace,
+            policy: policy?,
+            shard_name,
+            events: events?,
+        }))
+    }
+
+    fn policy(&self, c: &mut Checker) -> Option<LabelPolicy> {
+        let key = |c: &mut Checker, var, v: &String| {
+            c.check(
+                var,
+                v,
+                check_key(v).map(|_| v.clone()).map_err(str::to_owned),
+            )
+        };
+        let role_key = key(c, "SIDECAR_ROLE_LABEL", &self.role_label);
+        let shard_key = key(c, "SIDECAR_SHARD_LABEL", &self.shard_label);
+        let zone_key = key(c, "SIDECAR_ZONE_LABEL", &self.zone_label);
+        let region_key = key(c, "SIDECAR_REGION_LABEL", &self.region_label);
+        let values = c.check(
+            "SIDECAR_ROLE_VALUES",
+            &self.role_values,
+            parse_role_values(&self.role_values),
+        );
+        let (primary_value, replica_value) = values?;
+        Some(LabelPolicy {
+            role_key: role_key?,
+            primary_value,
+            replica_value,
+            shard_key: shard_key?,
+            zone_key: zone_key?,
+            region_key: region_key?,
+        })
     }
 
     fn valkey(&self, c: &mut Checker) -> Option<ValkeyConfig> {
@@ -406,6 +511,25 @@ fn parse_log_format(v: &str) -> Result<LogFormat, String> {
         "text" => Ok(LogFormat::Text),
         _ => Err("must be `auto`, `json` or `text`".into()),
     }
+}
+
+/// `auto` → `None` (decide from other settings).
+fn parse_auto_bool(v: &str) -> Result<Option<bool>, String> {
+    if v == "auto" {
+        return Ok(None);
+    }
+    parse_bool(v)
+        .map(Some)
+        .map_err(|_| "must be `auto`, `true` or `false`".into())
+}
+
+fn parse_role_values(v: &str) -> Result<(String, String), String> {
+    let (p, r) = v.split_once(',').ok_or("must be `<primary>,<replica>`")?;
+    check_value(p).and(check_value(r)).map_err(str::to_owned)?;
+    if p.is_empty() || r.is_empty() || p == r {
+        return Err("two different non-empty label values".into());
+    }
+    Ok((p.to_owned(), r.to_owned()))
 }
 
 fn parse_bool(v: &str) -> Result<bool, String> {

@@ -5,6 +5,7 @@
 //! - [`valkey`]: the self-healing connection and the per-tick observation pipeline.
 //! - [`observer`]: the loop that records each tick into the shared health state.
 //! - [`http`]: probes, role endpoints, `/status` and `/metrics`, answered from that state.
+//! - [`kube`]: the own pod's labels and Events, zone from the Node.
 //! - [`metrics`], [`telemetry`], [`lifecycle`], [`clock`]: the usual plumbing.
 //! - [`agent`] wires them together.
 //!
@@ -15,6 +16,7 @@ pub mod agent;
 pub mod clock;
 pub mod config;
 pub mod http;
+pub mod kube;
 pub mod lifecycle;
 pub mod metrics;
 pub mod observer;

@@ -24,6 +24,17 @@ struct KindLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EventLabel {
+    reason: &'static str,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HttpLabel {
     path: &'static str,
     code: u16,
@@ -41,6 +52,10 @@ pub struct Metrics {
     observations: Counter,
     loop_seconds: Histogram,
     http_requests: Family<HttpLabel, Counter>,
+    label_writes: Family<ResultLabel, Counter>,
+    label_write_seconds: Histogram,
+    events: Family<EventLabel, Counter>,
+    zone_pushes: Family<ResultLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -62,6 +77,10 @@ impl Metrics {
             observations: Counter::default(),
             loop_seconds: Histogram::new(exponential_buckets(0.0002, 2.0, 14)),
             http_requests: Family::default(),
+            label_writes: Family::default(),
+            label_write_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+            events: Family::default(),
+            zone_pushes: Family::default(),
         };
         m.register();
         m
@@ -140,6 +159,31 @@ impl Metrics {
         let lag = current.and_then(|o| o.lag_bytes(None));
         self.lag_bytes
             .set(lag.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX)));
+    }
+
+    /// Counts one label write; `error` is the error kind when it failed.
+    pub fn label_write(&self, took: Duration, error: Option<&'static str>) {
+        self.label_writes
+            .get_or_create(&ResultLabel {
+                result: error.unwrap_or("ok"),
+            })
+            .inc();
+        self.label_write_seconds.observe(took.as_secs_f64());
+    }
+
+    /// Counts one Event (published, failed or suppressed by the rate limit).
+    pub fn event(&self, reason: &'static str, result: &'static str) {
+        self.events
+            .get_or_create(&EventLabel { reason, result })
+            .inc();
+    }
+
+    /// Counts one attempt to set Valkey's availability zone.
+    pub fn zone_push(&self, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.zone_pushes
+            .get_or_create(&ResultLabel { result })
+            .inc();
     }
 
     /// Counts one HTTP request; `path` must come from a fixed set so cardinality stays bounded.

@@ -6,7 +6,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 use valkey_sidecar_core::health::{Bounds, HealthState, Outcome};
-use valkey_sidecar_core::observation::{Mode, Role};
+use valkey_sidecar_core::observation::{Mode, Observation, Role};
+use valkey_sidecar_core::placement::{Placement, zone_to_push};
 
 use crate::clock::Clock;
 use crate::metrics::Metrics;
@@ -21,7 +22,12 @@ pub struct Observer {
     pub clock: Clock,
     pub state: watch::Sender<HealthState>,
     pub metrics: Arc<Metrics>,
+    /// Where the pod is; its zone is pushed into Valkey's `availability-zone`.
+    pub placement: watch::Receiver<Placement>,
 }
+
+/// After a failed `CONFIG SET availability-zone` (e.g. the ACL denies it), wait this long.
+const ZONE_RETRY: Duration = Duration::from_secs(30);
 
 impl Observer {
     /// Ticks until shutdown. A tick blocked on Valkey is abandoned at shutdown, not awaited.
@@ -30,6 +36,7 @@ impl Observer {
         let mut ticker = tokio::time::interval(self.interval);
         ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut log = LogOnChange::default();
+        let mut zone_retry_at = None;
         loop {
             tokio::select! {
                 _ = ticker.tick() => {}
@@ -43,7 +50,32 @@ impl Observer {
             self.metrics
                 .tick(started.elapsed(), error.as_ref().map(ValkeyError::kind));
             log.outcome(&outcome);
+            if let Outcome::Observed(obs) = &outcome {
+                self.push_zone(obs, &mut zone_retry_at).await;
+            }
             self.record(outcome);
+        }
+    }
+
+    /// Valkey forgets `CONFIG SET` on restart, so the zone is compared on every observation.
+    async fn push_zone(&mut self, obs: &Observation, retry_at: &mut Option<Instant>) {
+        let zone = self.placement.borrow().zone.clone();
+        let Some(zone) = zone_to_push(zone.as_deref(), obs.availability_zone.as_deref()) else {
+            return;
+        };
+        if retry_at.is_some_and(|t| Instant::now() < t) {
+            return;
+        }
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("SET").arg("availability-zone").arg(zone);
+        let result = self.session.command(&cmd).await;
+        self.metrics.zone_push(result.is_ok());
+        match result {
+            Ok(_) => tracing::info!(zone, "availability-zone set in valkey"),
+            Err(e) => {
+                tracing::warn!(zone, error = %e, "cannot set availability-zone in valkey");
+                *retry_at = Some(Instant::now() + ZONE_RETRY);
+            }
         }
     }
 

@@ -150,6 +150,27 @@ fn tls_ca_that_is_not_pem_exits_64() {
 }
 
 #[test]
+fn bad_label_settings() {
+    assert_rejected(
+        &[
+            ("SIDECAR_LABELS", "true"),
+            ("SIDECAR_ROLE_LABEL", "Valkey.io/Role"),
+            ("SIDECAR_ROLE_VALUES", "primary"),
+            ("SIDECAR_SHARD_NAME", "shard one"),
+            ("SIDECAR_EVENTS", "sometimes"),
+        ],
+        // Labels on without a pod to label: POD_NAME is named too.
+        &[
+            "SIDECAR_ROLE_LABEL",
+            "SIDECAR_ROLE_VALUES",
+            "SIDECAR_SHARD_NAME",
+            "SIDECAR_EVENTS",
+            "POD_NAME",
+        ],
+    );
+}
+
+#[test]
 fn unknown_flag_is_a_usage_error() {
     let out = run(&[], &["--no-such-flag"]);
     assert_eq!(out.status.code(), Some(64));

@@ -12,10 +12,16 @@
 //! - [`shards`]: `CLUSTER SHARDS` into shards and nodes.
 //! - [`observation`]: one tick's replies into a typed [`observation::Observation`].
 //! - [`health`]: liveness, readiness, startup and role-endpoint verdicts from the cached state.
+//! - [`placement`]: zone and region from configuration, pod labels or the Node.
+//! - [`labels`]: the labels the agent keeps on its pod.
+//! - [`ratelimit`]: a token bucket for Events.
 
 pub mod health;
 pub mod info;
+pub mod labels;
 pub mod observation;
+pub mod placement;
+pub mod ratelimit;
 pub mod reply;
 pub mod shards;
 pub mod time;

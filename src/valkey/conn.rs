@@ -208,6 +208,17 @@ impl Session {
         }
     }
 
+    /// Sends one command (e.g. `CONFIG SET`) on the session's connection.
+    pub async fn command(&mut self, cmd: &redis::Cmd) -> Result<redis::Value, ValkeyError> {
+        let limit = self.connector.timeout;
+        let conn = self.connection().await?;
+        match timeout(limit, cmd.query_async::<redis::Value>(conn)).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(self.failed(e)),
+            Err(_) => Err(self.timed_out(limit)),
+        }
+    }
+
     /// The live connection, dialling first if there is none and the backoff delay has passed.
     pub async fn connection(&mut self) -> Result<&mut MultiplexedConnection, ValkeyError> {
         if self.conn.is_none() {

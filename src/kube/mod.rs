@@ -1,0 +1,67 @@
+//! The Kubernetes adapter: the agent's own pod (labels, Events) and the Node it runs on.
+
+pub mod labeler;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+
+/// The field manager of every server-side apply the agent makes.
+pub const FIELD_MANAGER: &str = "valkey-sidecar";
+
+/// Why a Kubernetes call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    #[error("no Kubernetes credentials (KUBECONFIG or in-cluster service account): {0}")]
+    Credentials(#[source] kube::Error),
+    #[error("kubernetes API: {0}")]
+    Api(#[from] kube::Error),
+    #[error("kubernetes API did not answer within {0:?}")]
+    Timeout(std::time::Duration),
+}
+
+impl KubeError {
+    /// A short stable label for the metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            KubeError::Credentials(_) => "credentials",
+            KubeError::Api(kube::Error::Api(s)) if s.code == 409 => "conflict",
+            KubeError::Api(kube::Error::Api(s)) if s.code == 403 => "forbidden",
+            KubeError::Api(kube::Error::Api(s)) if s.code == 422 => "invalid",
+            KubeError::Api(kube::Error::Api(s)) if s.code == 429 => "throttled",
+            KubeError::Api(kube::Error::Api(s)) if s.code >= 500 => "server",
+            KubeError::Api(_) => "transport",
+            KubeError::Timeout(_) => "timeout",
+        }
+    }
+}
+
+/// A client from KUBECONFIG, else the in-cluster service account.
+pub async fn client() -> Result<kube::Client, KubeError> {
+    kube::Client::try_default()
+        .await
+        .map_err(KubeError::Credentials)
+}
+
+/// The labels of an object, or none.
+pub fn labels_of(meta: &kube::api::ObjectMeta) -> BTreeMap<String, String> {
+    meta.labels.clone().unwrap_or_default()
+}
+
+/// The Node's labels, or `None` when it cannot be read (no `get nodes` permission is a normal,
+/// least-privilege setup: the zone then comes from configuration or pod labels only).
+pub async fn node_labels(client: &kube::Client, node: &str) -> Option<BTreeMap<String, String>> {
+    match Api::<Node>::all(client.clone()).get(node).await {
+        Ok(n) => Some(labels_of(&n.metadata)),
+        Err(e) => {
+            tracing::info!(node, error = %e, "cannot read the Node object; zone only from configuration or pod labels");
+            None
+        }
+    }
+}
+
+/// The agent's own pod.
+pub fn pods(client: &kube::Client, namespace: &str) -> Api<Pod> {
+    Api::namespaced(client.clone(), namespace)
+}
