@@ -15,10 +15,12 @@
 //! - [`placement`]: zone and region from configuration, pod labels or the Node.
 //! - [`labels`]: the labels the agent keeps on its pod.
 //! - [`ratelimit`]: a token bucket for Events.
+//! - [`lease`]: Lease election with client-go semantics (monotonic expiry, renew deadline).
 
 pub mod health;
 pub mod info;
 pub mod labels;
+pub mod lease;
 pub mod observation;
 pub mod placement;
 pub mod ratelimit;

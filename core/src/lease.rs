@@ -1,0 +1,337 @@
+//! Lease election with client-go semantics, as a pure state machine.
+//!
+//! The adapter reads the Lease, feeds the record to [`Elector::observe`] with the local monotonic
+//! time, asks [`Elector::decide`] what to do, performs the write (carrying the record's
+//! `resourceVersion`, so a concurrent writer gets 409) and reports back with
+//! [`Elector::written`] or [`Elector::write_failed`].
+//!
+//! Safety rests on three rules, each tested here:
+//! - a candidate takes over only after it has seen the record *unchanged* for a full lease
+//!   duration on its own monotonic clock — `renewTime` is never compared with a wall clock, so
+//!   clock skew between pods cannot shorten a lease;
+//! - a holder counts its renew deadline from the moment it *sent* its last successful write (the
+//!   server applied it no earlier), and stops acting the instant the deadline passes;
+//! - `lease > renew deadline`, so the old holder has stopped acting before anyone can take over.
+
+use crate::time::Millis;
+
+/// Durations of the election; see [`LeaseTimings::validate`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseTimings {
+    pub lease_ms: u64,
+    pub renew_deadline_ms: u64,
+    pub retry_ms: u64,
+}
+
+impl Default for LeaseTimings {
+    /// client-go's defaults: 15 s lease, 10 s renew deadline, 2 s retry.
+    fn default() -> Self {
+        LeaseTimings {
+            lease_ms: 15_000,
+            renew_deadline_ms: 10_000,
+            retry_ms: 2_000,
+        }
+    }
+}
+
+impl LeaseTimings {
+    /// client-go's invariant: `lease > renew deadline > 1.2 × retry`.
+    pub fn validate(&self) -> Result<(), &'static str> {
+        if self.lease_ms <= self.renew_deadline_ms {
+            return Err("lease duration must be longer than the renew deadline");
+        }
+        if self.renew_deadline_ms * 5 <= self.retry_ms * 6 {
+            return Err("renew deadline must be longer than 1.2 × the retry period");
+        }
+        if self.retry_ms == 0 {
+            return Err("retry period must be positive");
+        }
+        Ok(())
+    }
+}
+
+/// The parts of a Lease the election reads.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LeaseRecord {
+    /// `None` or empty: released.
+    pub holder: Option<String>,
+    pub lease_ms: u64,
+    pub transitions: u32,
+    /// `resourceVersion`: any write changes it, so it tells a renewal from a stale read.
+    pub version: String,
+}
+
+impl LeaseRecord {
+    fn holder(&self) -> Option<&str> {
+        self.holder.as_deref().filter(|h| !h.is_empty())
+    }
+}
+
+/// What the adapter should do next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseAction {
+    /// Read the Lease (nothing known yet, or time to look again).
+    Read,
+    /// Create or take over the Lease (carrying the observed `resourceVersion`).
+    Acquire,
+    /// Renew our own Lease.
+    Renew,
+    /// Nothing to do before `until`.
+    Wait { until: Millis },
+}
+
+/// One candidate's view of the election.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Elector {
+    pub identity: String,
+    pub timings: LeaseTimings,
+    /// The last record read or written, and when (local time) it was first seen in that form.
+    seen: Option<(LeaseRecord, Millis)>,
+    /// Whether the Lease object exists at all (create vs update).
+    exists: bool,
+    /// Send time of our last successful acquire/renew, while we hold the lease.
+    renewed_at: Option<Millis>,
+    /// When we last tried a write, and last read: each is paced by the retry period.
+    last_write: Option<Millis>,
+    last_read: Option<Millis>,
+}
+
+impl Elector {
+    pub fn new(identity: impl Into<String>, timings: LeaseTimings) -> Elector {
+        Elector {
+            identity: identity.into(),
+            timings,
+            seen: None,
+            exists: false,
+            renewed_at: None,
+            last_write: None,
+            last_read: None,
+        }
+    }
+
+    /// Records a read of the Lease (`None`: it does not exist).
+    pub fn observe(&mut self, record: Option<LeaseRecord>, now: Millis) {
+        self.last_read = Some(now);
+        self.exists = record.is_some();
+        let record = record.unwrap_or_default();
+        if record.holder() != Some(self.identity.as_str()) {
+            self.renewed_at = None;
+        }
+        self.remember(record, now);
+    }
+
+    fn remember(&mut self, record: LeaseRecord, now: Millis) {
+        let unchanged = self.seen.as_ref().is_some_and(|(r, _)| *r == record);
+        if !unchanged {
+            self.seen = Some((record, now));
+        }
+    }
+
+    /// A write we sent at `sent_at` succeeded and produced `record`.
+    pub fn written(&mut self, record: LeaseRecord, sent_at: Millis) {
+        self.exists = true;
+        self.last_write = Some(sent_at);
+        if record.holder() == Some(self.identity.as_str()) {
+            self.renewed_at = Some(sent_at);
+        }
+        self.remember(record, sent_at);
+    }
+
+    /// A write failed (conflict, timeout, server error). The holder keeps its old `renewed_at`, so
+    /// the renew deadline runs on; a conflict means the record moved, so it is read again.
+    pub fn write_failed(&mut self, at: Millis) {
+        self.last_write = Some(at);
+        self.last_read = None;
+    }
+
+    /// We released the Lease on shutdown.
+    pub fn released(&mut self) {
+        self.renewed_at = None;
+    }
+
+    /// Whether we hold the Lease and may act now. False from the moment the renew deadline passes.
+    pub fn is_leader(&self, now: Millis) -> bool {
+        self.renewed_at
+            .is_some_and(|at| now.since(at) < self.timings.renew_deadline_ms)
+    }
+
+    /// The latest time at which this holder may still issue an action, if it leads.
+    pub fn acting_deadline(&self) -> Option<Millis> {
+        self.renewed_at
+            .map(|at| at.plus(self.timings.renew_deadline_ms))
+    }
+
+    /// Who holds the Lease as far as we know.
+    pub fn holder(&self) -> Option<&str> {
+        self.seen.as_ref().and_then(|(r, _)| r.holder())
+    }
+
+    /// The next step.
+    pub fn decide(&self, now: Millis) -> LeaseAction {
+        let Some((record, seen_at)) = &self.seen else {
+            return LeaseAction::Read;
+        };
+        let retry = self.timings.retry_ms;
+        let write_at = self.last_write.map_or(now, |t| t.plus(retry));
+        let read_at = self.last_read.map_or(now, |t| t.plus(retry));
+        if self.renewed_at.is_some() {
+            return at_or_wait(LeaseAction::Renew, now, write_at);
+        }
+        match record.holder() {
+            // Released, missing, or ours from a previous life: take it.
+            None => at_or_wait(LeaseAction::Acquire, now, write_at),
+            Some(h) if h == self.identity => at_or_wait(LeaseAction::Acquire, now, write_at),
+            // Someone else's: take over only after a full lease duration without change.
+            Some(_) => {
+                let expires = seen_at.plus(record.lease_ms.max(self.timings.lease_ms));
+                if now >= expires {
+                    at_or_wait(LeaseAction::Acquire, now, write_at)
+                } else {
+                    at_or_wait(LeaseAction::Read, now, read_at.min(expires))
+                }
+            }
+        }
+    }
+
+    /// The record to write for an acquire or renew at `now`: holder = us, transitions bumped when
+    /// the holder changes.
+    pub fn record_to_write(&self) -> LeaseRecord {
+        let (current, _) = self.seen.clone().unwrap_or_default();
+        let changes_hands = current.holder() != Some(self.identity.as_str());
+        LeaseRecord {
+            holder: Some(self.identity.clone()),
+            lease_ms: self.timings.lease_ms,
+            transitions: current.transitions
+                + u32::from(changes_hands && current.holder().is_some()),
+            version: current.version,
+        }
+    }
+
+    /// Whether the Lease exists (the adapter creates it otherwise).
+    pub fn exists(&self) -> bool {
+        self.exists
+    }
+}
+
+fn at_or_wait(action: LeaseAction, now: Millis, at: Millis) -> LeaseAction {
+    if now >= at {
+        action
+    } else {
+        LeaseAction::Wait { until: at }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: LeaseTimings = LeaseTimings {
+        lease_ms: 15_000,
+        renew_deadline_ms: 10_000,
+        retry_ms: 2_000,
+    };
+
+    fn held_by(h: &str, version: &str) -> LeaseRecord {
+        LeaseRecord {
+            holder: Some(h.into()),
+            lease_ms: 15_000,
+            transitions: 0,
+            version: version.into(),
+        }
+    }
+
+    #[test]
+    fn timings_follow_client_go() {
+        assert!(T.validate().is_ok());
+        assert!(
+            LeaseTimings {
+                lease_ms: 10_000,
+                ..T
+            }
+            .validate()
+            .is_err()
+        );
+        assert!(
+            LeaseTimings {
+                retry_ms: 9_000,
+                ..T
+            }
+            .validate()
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn acquires_a_missing_lease() {
+        let mut e = Elector::new("a", T);
+        assert_eq!(e.decide(Millis(0)), LeaseAction::Read);
+        e.observe(None, Millis(0));
+        assert!(!e.exists());
+        assert_eq!(e.decide(Millis(0)), LeaseAction::Acquire);
+        e.written(held_by("a", "1"), Millis(0));
+        assert!(e.is_leader(Millis(1)));
+        assert_eq!(
+            e.decide(Millis(1_000)),
+            LeaseAction::Wait {
+                until: Millis(2_000)
+            }
+        );
+        assert_eq!(e.decide(Millis(2_000)), LeaseAction::Renew);
+    }
+
+    #[test]
+    fn takes_over_only_after_a_full_lease_without_change() {
+        let mut e = Elector::new("b", T);
+        e.observe(Some(held_by("a", "1")), Millis(0));
+        assert_eq!(
+            e.decide(Millis(1_000)),
+            LeaseAction::Wait {
+                until: Millis(2_000)
+            }
+        );
+        assert_eq!(e.decide(Millis(14_999)), LeaseAction::Read);
+        // The holder renewed at 10 s (new version): the clock starts again.
+        e.observe(Some(held_by("a", "2")), Millis(10_000));
+        assert_eq!(e.decide(Millis(20_000)), LeaseAction::Read);
+        e.observe(Some(held_by("a", "2")), Millis(20_000));
+        assert_eq!(e.decide(Millis(25_000)), LeaseAction::Acquire);
+        assert_eq!(e.record_to_write().transitions, 1);
+    }
+
+    #[test]
+    fn holder_steps_down_at_the_renew_deadline() {
+        let mut e = Elector::new("a", T);
+        e.observe(None, Millis(0));
+        e.written(held_by("a", "1"), Millis(0));
+        e.write_failed(Millis(2_000));
+        e.write_failed(Millis(9_999));
+        assert!(e.is_leader(Millis(9_999)));
+        assert!(!e.is_leader(Millis(10_000)));
+        assert_eq!(e.acting_deadline(), Some(Millis(10_000)));
+    }
+
+    #[test]
+    fn reading_someone_else_as_holder_ends_leadership() {
+        let mut e = Elector::new("a", T);
+        e.observe(None, Millis(0));
+        e.written(held_by("a", "1"), Millis(0));
+        e.observe(Some(held_by("b", "5")), Millis(100));
+        assert!(!e.is_leader(Millis(100)));
+    }
+
+    #[test]
+    fn released_lease_is_taken_at_once() {
+        let mut e = Elector::new("b", T);
+        e.observe(Some(held_by("a", "1")), Millis(0));
+        // The holder released it: holder emptied, new version.
+        e.observe(
+            Some(LeaseRecord {
+                holder: Some(String::new()),
+                version: "2".into(),
+                ..LeaseRecord::default()
+            }),
+            Millis(500),
+        );
+        assert_eq!(e.decide(Millis(500)), LeaseAction::Acquire);
+    }
+}
