@@ -15,6 +15,7 @@
 //! - [`placement`]: zone and region from configuration, pod labels or the Node.
 //! - [`labels`]: the labels the agent keeps on its pod.
 //! - [`ratelimit`]: a token bucket for Events.
+//! - [`plan`]: the coordinator's `decide(&World, &Policy) -> Plan` (hand-over, fail-back, balance).
 //! - [`lease`]: Lease election with client-go semantics (monotonic expiry, renew deadline).
 
 pub mod health;
@@ -23,6 +24,7 @@ pub mod labels;
 pub mod lease;
 pub mod observation;
 pub mod placement;
+pub mod plan;
 pub mod ratelimit;
 pub mod reply;
 pub mod shards;

@@ -1,0 +1,434 @@
+//! The coordinator's rules: `decide(&World, &Policy) -> Plan`.
+//!
+//! Only the Lease holder acts on a plan. The planner is pure: the adapter gathers the [`World`]
+//! (Valkey's view of the shards, the pods and nodes from Kubernetes, what is already in flight,
+//! the local time) and executes the returned actions. Every action carries its reason, so Events
+//! and logs say why.
+//!
+//! Precedence, highest first (so the policies never fight):
+//! 1. **Hand-over** of a primary whose pod or node is going away (terminating pod, cordoned or
+//!    NotReady node) — safety, no quiet period, no cooldown.
+//! 2. **Fail-back** of a primary to its shard's preferred zone (off by default) — only after the
+//!    shard has been steady for the quiet period.
+//! 3. **Balance** of primaries across nodes — never moves a primary out of its preferred zone, never
+//!    onto a node that would then exceed the cap, one move at a time with a cooldown.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::observation::Role;
+use crate::shards::NodeHealth;
+use crate::time::Millis;
+
+/// A pod as the coordinator sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PodInfo {
+    pub name: String,
+    pub node: Option<String>,
+    pub ready: bool,
+    /// `deletionTimestamp` is set: the pod is going away.
+    pub terminating: bool,
+    /// valkey-operator's `valkey.io/node-index` (0 = the intended primary).
+    pub node_index: Option<u32>,
+}
+
+/// A Kubernetes node.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeInfo {
+    pub zone: Option<String>,
+    pub ready: bool,
+    pub unschedulable: bool,
+}
+
+impl NodeInfo {
+    /// A node that can keep carrying Valkey.
+    pub fn usable(&self) -> bool {
+        self.ready && !self.unschedulable
+    }
+}
+
+/// One Valkey node, matched to its pod by address.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Member {
+    pub id: String,
+    pub shard: String,
+    pub role: Role,
+    pub offset: u64,
+    pub health: NodeHealth,
+    pub pod: Option<PodInfo>,
+}
+
+/// An action the coordinator started and has not seen finish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InFlight {
+    pub shard: String,
+    pub started: Millis,
+}
+
+/// Everything the planner looks at.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct World {
+    pub now: Millis,
+    /// Whether this agent holds the coordinator Lease *now* (before its renew deadline).
+    pub leader: bool,
+    pub members: Vec<Member>,
+    pub nodes: BTreeMap<String, NodeInfo>,
+    /// Per shard: since when it has been steady (same primary, all replicas synced).
+    pub steady_since: BTreeMap<String, Millis>,
+    pub in_flight: Vec<InFlight>,
+    /// When the last fail-back or balance move started (for the cooldown).
+    pub last_move: Option<Millis>,
+}
+
+/// Knobs, from configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    pub max_lag_bytes: u64,
+    pub failback: bool,
+    pub quiet_period_ms: u64,
+    pub balance: bool,
+    pub cooldown_ms: u64,
+    pub max_concurrent: usize,
+    /// Configured preferred zone per shard id; otherwise the zone of the shard's node-index-0 pod.
+    pub preferred_zones: BTreeMap<String, String>,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            max_lag_bytes: 1 << 20,
+            failback: false,
+            quiet_period_ms: 60_000,
+            balance: true,
+            cooldown_ms: 30_000,
+            max_concurrent: 1,
+            preferred_zones: BTreeMap::new(),
+        }
+    }
+}
+
+/// What a move is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Handover,
+    FailBack,
+    Rebalance,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Handover => "Handover",
+            Kind::FailBack => "FailBack",
+            Kind::Rebalance => "Rebalance",
+        }
+    }
+}
+
+/// Make `to` the primary of `shard` with a coordinated (lossless) failover.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Action {
+    pub kind: Kind,
+    pub shard: String,
+    pub from: String,
+    pub to: String,
+    pub reason: String,
+}
+
+/// A placement fact the user should see (status conditions, Events, metrics).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Drift {
+    pub shard: String,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// The planner's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Plan {
+    pub actions: Vec<Action>,
+    /// Why something that should happen cannot (no candidate, concurrency limit, …).
+    pub blocked: Vec<String>,
+    pub drift: Vec<Drift>,
+}
+
+/// Decides what to do now.
+pub fn decide(world: &World, policy: &Policy) -> Plan {
+    let mut plan = Plan {
+        drift: drift(world, policy),
+        ..Plan::default()
+    };
+    if !world.leader {
+        return plan;
+    }
+    let mut busy: BTreeSet<&str> = world.in_flight.iter().map(|f| f.shard.as_str()).collect();
+    let budget = policy.max_concurrent.saturating_sub(world.in_flight.len());
+    for shard in shards(world) {
+        if plan.actions.len() >= budget {
+            break;
+        }
+        if busy.contains(shard) {
+            continue;
+        }
+        if let Some(action) = handover(world, policy, shard, &mut plan.blocked) {
+            busy.insert(shard);
+            plan.actions.push(action);
+        }
+    }
+    if plan.actions.is_empty() && world.in_flight.is_empty() && cooled_down(world, policy) {
+        let moved = failback(world, policy).or_else(|| rebalance(world, policy));
+        plan.actions.extend(moved);
+    }
+    plan
+}
+
+fn shards(world: &World) -> BTreeSet<&str> {
+    world.members.iter().map(|m| m.shard.as_str()).collect()
+}
+
+fn members<'a, 'b>(
+    world: &'a World,
+    shard: &'b str,
+) -> impl Iterator<Item = &'a Member> + use<'a, 'b> {
+    world.members.iter().filter(move |m| m.shard == shard)
+}
+
+fn primary<'a>(world: &'a World, shard: &str) -> Option<&'a Member> {
+    members(world, shard).find(|m| m.role == Role::Primary && m.health != NodeHealth::Failed)
+}
+
+fn node_of<'a>(world: &'a World, m: &Member) -> Option<&'a NodeInfo> {
+    world.nodes.get(m.pod.as_ref()?.node.as_ref()?)
+}
+
+/// The zone a member runs in (its node's zone).
+pub fn zone_of<'a>(world: &'a World, m: &Member) -> Option<&'a str> {
+    node_of(world, m)?.zone.as_deref()
+}
+
+/// Why the primary must leave its pod, if it must.
+fn at_risk(world: &World, m: &Member) -> Option<String> {
+    let pod = m.pod.as_ref()?;
+    if pod.terminating {
+        return Some(format!("pod {} is terminating", pod.name));
+    }
+    let name = pod.node.as_deref()?;
+    let node = world.nodes.get(name)?;
+    if node.unschedulable {
+        return Some(format!("node {name} is cordoned"));
+    }
+    if !node.ready {
+        return Some(format!("node {name} is not ready"));
+    }
+    None
+}
+
+/// Replicas that may become primary: synced, Ready, on a usable node, not going away.
+/// Best first: highest offset, then the preferred zone, then the node id (a fixed tie-break).
+pub fn candidates<'a>(
+    world: &'a World,
+    policy: &Policy,
+    shard: &str,
+    zone: Option<&str>,
+) -> Vec<&'a Member> {
+    let Some(p) = primary(world, shard) else {
+        return Vec::new();
+    };
+    let mut c: Vec<&Member> = members(world, shard)
+        .filter(|m| eligible(world, policy, p, m))
+        .collect();
+    c.sort_by(|a, b| {
+        let pref = |m: &Member| zone.is_some() && zone_of(world, m) == zone;
+        b.offset
+            .cmp(&a.offset)
+            .then(pref(b).cmp(&pref(a)))
+            .then(a.id.cmp(&b.id))
+    });
+    c
+}
+
+fn eligible(world: &World, policy: &Policy, primary: &Member, m: &Member) -> bool {
+    let pod_ok = m.pod.as_ref().is_some_and(|p| p.ready && !p.terminating);
+    let node_ok = node_of(world, m).is_some_and(NodeInfo::usable);
+    let synced = primary.offset.saturating_sub(m.offset) <= policy.max_lag_bytes;
+    m.role == Role::Replica && m.health == NodeHealth::Online && pod_ok && node_ok && synced
+}
+
+/// The preferred zone of a shard: configured, else the zone of its node-index-0 pod.
+pub fn preferred_zone<'a>(world: &'a World, policy: &'a Policy, shard: &str) -> Option<&'a str> {
+    if let Some(z) = policy.preferred_zones.get(shard) {
+        return Some(z);
+    }
+    let intended =
+        members(world, shard).find(|m| m.pod.as_ref().is_some_and(|p| p.node_index == Some(0)))?;
+    zone_of(world, intended)
+}
+
+fn handover(
+    world: &World,
+    policy: &Policy,
+    shard: &str,
+    blocked: &mut Vec<String>,
+) -> Option<Action> {
+    let p = primary(world, shard)?;
+    let why = at_risk(world, p)?;
+    let zone = preferred_zone(world, policy, shard).or_else(|| zone_of(world, p));
+    let Some(to) = candidates(world, policy, shard, zone).into_iter().next() else {
+        blocked.push(format!(
+            "shard {shard}: {why}, but no synced replica can take over"
+        ));
+        return None;
+    };
+    Some(Action {
+        kind: Kind::Handover,
+        shard: shard.into(),
+        from: p.id.clone(),
+        to: to.id.clone(),
+        reason: why,
+    })
+}
+
+fn cooled_down(world: &World, policy: &Policy) -> bool {
+    world
+        .last_move
+        .is_none_or(|t| world.now.since(t) >= policy.cooldown_ms)
+}
+
+fn steady(world: &World, policy: &Policy, shard: &str) -> bool {
+    world
+        .steady_since
+        .get(shard)
+        .is_some_and(|t| world.now.since(*t) >= policy.quiet_period_ms)
+}
+
+fn failback(world: &World, policy: &Policy) -> Option<Action> {
+    if !policy.failback {
+        return None;
+    }
+    shards(world).into_iter().find_map(|shard| {
+        let zone = preferred_zone(world, policy, shard)?;
+        let p = primary(world, shard)?;
+        if zone_of(world, p) == Some(zone) || !steady(world, policy, shard) {
+            return None;
+        }
+        let to = candidates(world, policy, shard, Some(zone))
+            .into_iter()
+            .find(|m| zone_of(world, m) == Some(zone))?;
+        let reason = format!(
+            "primary is in zone {}, the shard prefers {zone}",
+            zone_of(world, p).unwrap_or("unknown")
+        );
+        Some(Action {
+            kind: Kind::FailBack,
+            shard: shard.into(),
+            from: p.id.clone(),
+            to: to.id.clone(),
+            reason,
+        })
+    })
+}
+
+/// Primaries per node, over the nodes that can carry Valkey.
+fn primaries_per_node(world: &World) -> BTreeMap<&str, usize> {
+    let mut count: BTreeMap<&str, usize> = world
+        .nodes
+        .iter()
+        .filter(|(_, n)| n.usable())
+        .map(|(k, _)| (k.as_str(), 0))
+        .collect();
+    for m in world
+        .members
+        .iter()
+        .filter(|m| m.role == Role::Primary && m.health != NodeHealth::Failed)
+    {
+        if let Some(node) = m.pod.as_ref().and_then(|p| p.node.as_deref()) {
+            *count.entry(node).or_default() += 1;
+        }
+    }
+    count
+}
+
+/// No node carries more than ⌈primaries / usable nodes⌉.
+pub fn primary_cap(world: &World) -> usize {
+    let count = primaries_per_node(world);
+    let usable = world.nodes.values().filter(|n| n.usable()).count().max(1);
+    count.values().sum::<usize>().div_ceil(usable)
+}
+
+fn rebalance(world: &World, policy: &Policy) -> Option<Action> {
+    if !policy.balance {
+        return None;
+    }
+    let count = primaries_per_node(world);
+    let cap = primary_cap(world);
+    let crowded: BTreeSet<&str> = count
+        .iter()
+        .filter(|(_, c)| **c > cap)
+        .map(|(n, _)| *n)
+        .collect();
+    shards(world).into_iter().find_map(|shard| {
+        let p = primary(world, shard)?;
+        let node = p.pod.as_ref()?.node.as_deref()?;
+        if !crowded.contains(node) || !steady(world, policy, shard) {
+            return None;
+        }
+        let zone = preferred_zone(world, policy, shard);
+        let keep_zone =
+            |m: &&Member| zone.is_none() || zone_of(world, p) != zone || zone_of(world, m) == zone;
+        let has_room = |m: &&Member| {
+            m.pod
+                .as_ref()
+                .and_then(|p| p.node.as_deref())
+                .is_some_and(|n| count.get(n).is_some_and(|c| c + 1 <= cap))
+        };
+        let to = candidates(world, policy, shard, zone)
+            .into_iter()
+            .filter(keep_zone)
+            .find(has_room)?;
+        let reason = format!(
+            "node {node} carries {} primaries, more than the cap of {cap}",
+            count.get(node).copied().unwrap_or(0)
+        );
+        Some(Action {
+            kind: Kind::Rebalance,
+            shard: shard.into(),
+            from: p.id.clone(),
+            to: to.id.clone(),
+            reason,
+        })
+    })
+}
+
+/// Placement facts: primaries outside their preferred zone, nodes over the primary cap.
+fn drift(world: &World, policy: &Policy) -> Vec<Drift> {
+    let mut out = Vec::new();
+    for shard in shards(world) {
+        let (Some(p), Some(zone)) = (primary(world, shard), preferred_zone(world, policy, shard))
+        else {
+            continue;
+        };
+        if zone_of(world, p).is_some_and(|z| z != zone) {
+            let message = format!(
+                "primary {} runs in zone {}, preferred {zone}",
+                p.id,
+                zone_of(world, p).unwrap_or("?")
+            );
+            out.push(Drift {
+                shard: shard.into(),
+                reason: "FailoverDrift",
+                message,
+            });
+        }
+    }
+    let cap = primary_cap(world);
+    for (node, c) in primaries_per_node(world)
+        .into_iter()
+        .filter(|(_, c)| *c > cap)
+    {
+        out.push(Drift {
+            shard: String::new(),
+            reason: "PrimaryImbalance",
+            message: format!("node {node} carries {c} primaries (cap {cap})"),
+        });
+    }
+    out
+}

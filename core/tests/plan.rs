@@ -1,0 +1,404 @@
+//! The coordinator's planner: tables of scenarios and property tests of its safety rules.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+use valkey_sidecar_core::observation::Role;
+use valkey_sidecar_core::plan::{InFlight, Kind, Member, NodeInfo, PodInfo, Policy, World, decide};
+use valkey_sidecar_core::shards::NodeHealth;
+use valkey_sidecar_core::time::Millis;
+
+/// `(id, shard, role, offset, node, node_index)`; pods are Ready unless changed afterwards.
+fn member(id: &str, shard: &str, role: Role, offset: u64, node: &str, index: u32) -> Member {
+    Member {
+        id: id.into(),
+        shard: shard.into(),
+        role,
+        offset,
+        health: NodeHealth::Online,
+        pod: Some(PodInfo {
+            name: format!("pod-{id}"),
+            node: Some(node.into()),
+            ready: true,
+            terminating: false,
+            node_index: Some(index),
+        }),
+    }
+}
+
+/// Six nodes n0..n5 over zones a, b, c (n0,n3 → a; n1,n4 → b; n2,n5 → c).
+fn nodes() -> BTreeMap<String, NodeInfo> {
+    (0..6)
+        .map(|i| {
+            (
+                format!("n{i}"),
+                NodeInfo {
+                    zone: Some(["a", "b", "c"][i % 3].into()),
+                    ready: true,
+                    unschedulable: false,
+                },
+            )
+        })
+        .collect()
+}
+
+/// Three shards × 2 replicas, primaries on n0, n1, n2 (their preferred zones a, b, c).
+fn world() -> World {
+    let mut members = Vec::new();
+    for s in 0..3 {
+        let shard = format!("s{s}");
+        members.push(member(
+            &format!("p{s}"),
+            &shard,
+            Role::Primary,
+            1000,
+            &format!("n{s}"),
+            0,
+        ));
+        members.push(member(
+            &format!("r{s}a"),
+            &shard,
+            Role::Replica,
+            1000,
+            &format!("n{}", (s + 1) % 3 + 3),
+            1,
+        ));
+        members.push(member(
+            &format!("r{s}b"),
+            &shard,
+            Role::Replica,
+            1000,
+            &format!("n{}", (s + 2) % 3),
+            2,
+        ));
+    }
+    let steady_since = (0..3).map(|s| (format!("s{s}"), Millis(0))).collect();
+    World {
+        now: Millis(1_000_000),
+        leader: true,
+        members,
+        nodes: nodes(),
+        steady_since,
+        in_flight: vec![],
+        last_move: None,
+    }
+}
+
+fn find<'a>(w: &'a mut World, id: &str) -> &'a mut Member {
+    w.members.iter_mut().find(|m| m.id == id).unwrap()
+}
+
+#[test]
+fn steady_cluster_needs_nothing() {
+    let plan = decide(&world(), &Policy::default());
+    assert!(
+        plan.actions.is_empty() && plan.blocked.is_empty() && plan.drift.is_empty(),
+        "{plan:?}"
+    );
+}
+
+#[test]
+fn terminating_primary_is_handed_to_the_highest_offset_replica() {
+    let mut w = world();
+    find(&mut w, "p0").pod.as_mut().unwrap().terminating = true;
+    find(&mut w, "r0b").offset = 1001;
+    let plan = decide(&w, &Policy::default());
+    assert_eq!(plan.actions.len(), 1);
+    let a = &plan.actions[0];
+    assert_eq!(
+        (a.kind, a.shard.as_str(), a.from.as_str(), a.to.as_str()),
+        (Kind::Handover, "s0", "p0", "r0b")
+    );
+    assert!(a.reason.contains("terminating"), "{}", a.reason);
+}
+
+#[test]
+fn equal_offsets_prefer_the_shards_zone() {
+    let mut w = world();
+    find(&mut w, "p0").pod.as_mut().unwrap().terminating = true;
+    // r0a is on n4 (zone b), r0b on n2 (zone c); move r0b to n3 (zone a, the preferred zone).
+    find(&mut w, "r0b").pod.as_mut().unwrap().node = Some("n3".into());
+    let plan = decide(&w, &Policy::default());
+    assert_eq!(plan.actions[0].to, "r0b");
+}
+
+#[test]
+fn lagging_unready_or_doomed_replicas_are_never_targets() {
+    let mut w = world();
+    find(&mut w, "p0").pod.as_mut().unwrap().terminating = true;
+    find(&mut w, "r0a").offset = 0; // 1000 bytes behind…
+    find(&mut w, "r0b").pod.as_mut().unwrap().ready = false;
+    let policy = Policy {
+        max_lag_bytes: 100,
+        ..Policy::default()
+    };
+    let plan = decide(&w, &policy);
+    assert!(plan.actions.is_empty());
+    assert_eq!(plan.blocked.len(), 1, "{plan:?}");
+    assert!(plan.blocked[0].contains("no synced replica"));
+}
+
+#[test]
+fn cordoned_or_not_ready_node_triggers_handover() {
+    for (unschedulable, ready) in [(true, true), (false, false)] {
+        let mut w = world();
+        let n1 = w.nodes.get_mut("n1").unwrap();
+        n1.unschedulable = unschedulable;
+        n1.ready = ready;
+        let plan = decide(&w, &Policy::default());
+        // n1 carries p1 and r2b: p1 is handed over, never onto n1.
+        assert_eq!(plan.actions.len(), 1, "{plan:?}");
+        assert_eq!(
+            (plan.actions[0].from.as_str(), plan.actions[0].kind),
+            ("p1", Kind::Handover)
+        );
+    }
+}
+
+#[test]
+fn followers_never_act() {
+    let mut w = world();
+    w.leader = false;
+    find(&mut w, "p0").pod.as_mut().unwrap().terminating = true;
+    assert!(decide(&w, &Policy::default()).actions.is_empty());
+}
+
+#[test]
+fn concurrency_limit_and_in_flight_shards() {
+    let mut w = world();
+    for p in ["p0", "p1"] {
+        find(&mut w, p).pod.as_mut().unwrap().terminating = true;
+    }
+    assert_eq!(decide(&w, &Policy::default()).actions.len(), 1);
+    assert_eq!(
+        decide(
+            &w,
+            &Policy {
+                max_concurrent: 3,
+                ..Policy::default()
+            }
+        )
+        .actions
+        .len(),
+        2
+    );
+    w.in_flight.push(InFlight {
+        shard: "s0".into(),
+        started: Millis(0),
+    });
+    let plan = decide(
+        &w,
+        &Policy {
+            max_concurrent: 3,
+            ..Policy::default()
+        },
+    );
+    assert_eq!(plan.actions.len(), 1);
+    assert_eq!(plan.actions[0].shard, "s1");
+}
+
+/// Shard 0's primary failed over to r0a (zone b): drift, then fail-back once steady.
+fn drifted() -> World {
+    let mut w = world();
+    find(&mut w, "p0").role = Role::Replica;
+    find(&mut w, "r0a").role = Role::Primary;
+    w
+}
+
+#[test]
+fn failback_is_off_by_default_but_drift_is_reported() {
+    let plan = decide(
+        &drifted(),
+        &Policy {
+            balance: false,
+            ..Policy::default()
+        },
+    );
+    assert!(plan.actions.is_empty());
+    assert_eq!(plan.drift.len(), 1);
+    assert_eq!(plan.drift[0].reason, "FailoverDrift");
+}
+
+#[test]
+fn failback_waits_for_the_quiet_period() {
+    let policy = Policy {
+        failback: true,
+        balance: false,
+        quiet_period_ms: 60_000,
+        ..Policy::default()
+    };
+    let mut w = drifted();
+    w.steady_since.insert("s0".into(), Millis(w.now.0 - 59_999));
+    assert!(
+        decide(&w, &policy).actions.is_empty(),
+        "inside the quiet period"
+    );
+    w.steady_since.insert("s0".into(), Millis(w.now.0 - 60_000));
+    let plan = decide(&w, &policy);
+    assert_eq!(plan.actions.len(), 1);
+    let a = &plan.actions[0];
+    assert_eq!(
+        (a.kind, a.from.as_str(), a.to.as_str()),
+        (Kind::FailBack, "r0a", "p0")
+    );
+    w.last_move = Some(Millis(w.now.0 - 1));
+    assert!(decide(&w, &policy).actions.is_empty(), "cooldown");
+}
+
+#[test]
+fn crowded_node_is_rebalanced_within_the_zone() {
+    let mut w = world();
+    // Shard 1's primary moves onto n0 (zone a) next to p0: n0 carries two primaries.
+    find(&mut w, "p1").role = Role::Replica;
+    find(&mut w, "r1b").pod.as_mut().unwrap().node = Some("n0".into());
+    find(&mut w, "r1b").role = Role::Primary;
+    let plan = decide(&w, &Policy::default());
+    assert_eq!(plan.actions.len(), 1, "{plan:?}");
+    let a = &plan.actions[0];
+    assert_eq!(a.kind, Kind::Rebalance);
+    // Shard 1 prefers zone b (p1 on n1): it may leave n0, since n0 is not in its preferred zone.
+    assert_eq!((a.shard.as_str(), a.from.as_str()), ("s1", "r1b"));
+    assert!(plan.drift.iter().any(|d| d.reason == "PrimaryImbalance"));
+}
+
+// ---- properties --------------------------------------------------------------------------------
+
+fn arb_world() -> impl Strategy<Value = World> {
+    let member = (
+        0usize..3,
+        prop::bool::ANY,
+        0u64..2_000,
+        0usize..6,
+        prop::bool::ANY,
+        prop::bool::weighted(0.2),
+        prop::bool::weighted(0.1),
+    );
+    let node = (prop::bool::weighted(0.85), prop::bool::weighted(0.15));
+    (
+        prop::collection::vec(member, 1..12),
+        prop::collection::vec(node, 6),
+        prop::bool::ANY,
+        prop::collection::vec(0u64..200_000, 3),
+        prop::option::of(0usize..3),
+    )
+        .prop_map(|(ms, ns, leader, steady, in_flight)| {
+            let members = ms
+                .into_iter()
+                .enumerate()
+                .map(
+                    |(i, (shard, primary, offset, node, ready, terminating, failed))| Member {
+                        id: format!("m{i}"),
+                        shard: format!("s{shard}"),
+                        role: if primary {
+                            Role::Primary
+                        } else {
+                            Role::Replica
+                        },
+                        offset,
+                        health: if failed {
+                            NodeHealth::Failed
+                        } else {
+                            NodeHealth::Online
+                        },
+                        pod: Some(PodInfo {
+                            name: format!("pod{i}"),
+                            node: Some(format!("n{node}")),
+                            ready,
+                            terminating,
+                            node_index: Some(i as u32 % 3),
+                        }),
+                    },
+                )
+                .collect();
+            let nodes = ns
+                .into_iter()
+                .enumerate()
+                .map(|(i, (ready, unschedulable))| {
+                    (
+                        format!("n{i}"),
+                        NodeInfo {
+                            zone: Some(["a", "b", "c"][i % 3].into()),
+                            ready,
+                            unschedulable,
+                        },
+                    )
+                })
+                .collect();
+            let now = Millis(200_000);
+            let steady_since = steady
+                .into_iter()
+                .enumerate()
+                .map(|(i, t)| (format!("s{i}"), Millis(t)))
+                .collect();
+            let in_flight = in_flight
+                .map(|s| InFlight {
+                    shard: format!("s{s}"),
+                    started: Millis(0),
+                })
+                .into_iter()
+                .collect();
+            World {
+                now,
+                leader,
+                members,
+                nodes,
+                steady_since,
+                in_flight,
+                last_move: None,
+            }
+        })
+}
+
+fn arb_policy() -> impl Strategy<Value = Policy> {
+    (prop::bool::ANY, prop::bool::ANY, 1usize..4, 0u64..500).prop_map(
+        |(failback, balance, max_concurrent, lag)| Policy {
+            failback,
+            balance,
+            max_concurrent,
+            max_lag_bytes: lag,
+            quiet_period_ms: 60_000,
+            ..Policy::default()
+        },
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(3_000)))]
+
+    #[test]
+    fn planner_safety(w in arb_world(), policy in arb_policy()) {
+        let plan = decide(&w, &policy);
+        if !w.leader {
+            prop_assert!(plan.actions.is_empty(), "an action without the lease");
+        }
+        prop_assert!(plan.actions.len() + w.in_flight.len() <= policy.max_concurrent.max(w.in_flight.len()));
+        let mut shards: Vec<&str> = plan.actions.iter().map(|a| a.shard.as_str()).collect();
+        shards.extend(w.in_flight.iter().map(|f| f.shard.as_str()));
+        let before = shards.len();
+        shards.sort();
+        shards.dedup();
+        prop_assert_eq!(before, shards.len(), "two actions on one shard");
+        for a in &plan.actions {
+            let from = w.members.iter().find(|m| m.id == a.from).unwrap();
+            let to = w.members.iter().find(|m| m.id == a.to).unwrap();
+            prop_assert_eq!(from.role, Role::Primary);
+            prop_assert_eq!(&from.shard, &a.shard);
+            prop_assert_eq!(&to.shard, &a.shard);
+            prop_assert_eq!(to.role, Role::Replica);
+            prop_assert_eq!(to.health, NodeHealth::Online);
+            let pod = to.pod.as_ref().unwrap();
+            prop_assert!(pod.ready && !pod.terminating, "target not ready or terminating");
+            let node = &w.nodes[pod.node.as_ref().unwrap()];
+            prop_assert!(node.ready && !node.unschedulable, "target on a node going away");
+            prop_assert!(from.offset.saturating_sub(to.offset) <= policy.max_lag_bytes, "target not synced");
+            if a.kind != Kind::Handover {
+                let since = w.steady_since.get(&a.shard).copied().unwrap_or(w.now);
+                prop_assert!(w.now.since(since) >= policy.quiet_period_ms, "fail-back/balance inside the quiet period");
+            }
+            if a.kind == Kind::FailBack {
+                prop_assert!(policy.failback);
+            }
+        }
+    }
+}
