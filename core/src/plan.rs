@@ -378,7 +378,7 @@ fn rebalance(world: &World, policy: &Policy) -> Option<Action> {
             m.pod
                 .as_ref()
                 .and_then(|p| p.node.as_deref())
-                .is_some_and(|n| count.get(n).is_some_and(|c| c + 1 <= cap))
+                .is_some_and(|n| count.get(n).is_some_and(|c| *c < cap))
         };
         let to = candidates(world, policy, shard, zone)
             .into_iter()

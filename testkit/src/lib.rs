@@ -65,6 +65,7 @@
 mod binaries;
 mod cluster;
 mod info;
+pub mod k8s;
 mod net;
 mod process;
 mod replication;
