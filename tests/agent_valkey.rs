@@ -355,3 +355,37 @@ fn sigterm_stops_gracefully() {
         "listener closed"
     );
 }
+
+#[test]
+fn prestop_waits_until_the_primary_is_handed_over() {
+    let cluster = ValkeyCluster::start(3, 1, ClusterOptions::default()).unwrap();
+    let primary = &cluster.primaries()[0];
+    let replica = &cluster.replicas_of(0)[0];
+    let on_primary = Sidecar::start(sidecar(primary.addr(), "cluster")).unwrap();
+    let on_replica = Sidecar::start(sidecar(replica.addr(), "cluster")).unwrap();
+    on_primary.wait_code("/readyz", 200, 5 * SECOND).unwrap();
+    on_replica.wait_code("/readyz", 200, 5 * SECOND).unwrap();
+
+    // Nobody hands over: the hook gives up after its timeout.
+    let (code, body) = on_primary.get("/prestop?timeout=300ms").unwrap();
+    assert_eq!((code, body.trim()), (503, "still primary after 300ms"));
+    // A replica has nothing to hand over.
+    assert_eq!(on_replica.get("/prestop").unwrap().0, 200);
+
+    let probe = on_primary.probe_addr();
+    let started = Instant::now();
+    let hook = std::thread::spawn(move || http_get(probe, "/prestop?timeout=10s").unwrap());
+    std::thread::sleep(Duration::from_millis(300));
+    replica.cmd(&["CLUSTER", "FAILOVER"]).unwrap();
+    let (code, body) = hook.join().unwrap();
+    println!(
+        "/prestop returned after {:?}: {}",
+        started.elapsed(),
+        body.trim()
+    );
+    assert_eq!(
+        (code, body.trim()),
+        (200, "valkey is replica: nothing to hand over")
+    );
+    assert!(started.elapsed() < 5 * SECOND);
+}

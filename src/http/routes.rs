@@ -1,6 +1,7 @@
 //! Request routing: a path to a verdict or a document.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -8,7 +9,7 @@ use hyper::header::CONTENT_TYPE;
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::sync::watch;
 use valkey_sidecar_core::health::{Bounds, HealthState, Verdict};
-use valkey_sidecar_core::observation::Mode;
+use valkey_sidecar_core::observation::{Mode, Role};
 
 use super::status;
 use crate::clock::Clock;
@@ -28,7 +29,47 @@ pub struct App {
 type Body = Full<Bytes>;
 
 impl App {
-    /// Answers one request.
+    /// Answers one request; only `/prestop` waits (for the hand-over), everything else is immediate.
+    pub async fn respond<B>(&self, req: Request<B>) -> Response<Body> {
+        if req.uri().path() == "/prestop" && req.method() == Method::GET {
+            let resp = match duration_param(req.uri().query(), "timeout", DEFAULT_PRESTOP_WAIT) {
+                Ok(limit) => verdict(self.prestop(limit).await),
+                Err(msg) => text(StatusCode::BAD_REQUEST, msg),
+            };
+            self.metrics.http("/prestop", resp.status().as_u16());
+            return resp;
+        }
+        self.handle(&req)
+    }
+
+    /// `/prestop`: blocks until the local Valkey is no longer primary (the coordinator has handed
+    /// it over) or `limit` passes. Read-only: it never triggers anything itself.
+    async fn prestop(&self, limit: Duration) -> Verdict {
+        let mut state = self.state.clone();
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let role = state
+                .borrow_and_update()
+                .role(self.clock.now(), &self.bounds);
+            if role != Role::Primary {
+                return Verdict {
+                    ok: true,
+                    reason: format!("valkey is {}: nothing to hand over", role.as_str()),
+                };
+            }
+            if tokio::time::timeout_at(deadline, state.changed())
+                .await
+                .map_or(true, |r| r.is_err())
+            {
+                return Verdict {
+                    ok: false,
+                    reason: format!("still primary after {limit:?}"),
+                };
+            }
+        }
+    }
+
+    /// Answers one request that needs no waiting.
     pub fn handle<B>(&self, req: &Request<B>) -> Response<Body> {
         let path = known_path(req.uri().path());
         let resp = if req.method() != Method::GET && req.method() != Method::HEAD {
@@ -72,6 +113,21 @@ fn known_path(path: &str) -> &'static str {
         "/metrics",
     ];
     PATHS.into_iter().find(|p| *p == path).unwrap_or("other")
+}
+
+/// How long `/prestop` waits by default: under the default 30 s termination grace period.
+const DEFAULT_PRESTOP_WAIT: Duration = Duration::from_secs(25);
+
+fn duration_param(query: Option<&str>, name: &str, default: Duration) -> Result<Duration, String> {
+    let prefix = format!("{name}=");
+    let Some(v) = query
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .find_map(|kv| kv.strip_prefix(prefix.as_str()))
+    else {
+        return Ok(default);
+    };
+    crate::config::parse_duration_in(v, 0, 3_600_000).map_err(|e| format!("{name}: {e}\n"))
 }
 
 fn lag_param(query: Option<&str>) -> Result<Option<u64>, String> {
@@ -132,6 +188,17 @@ mod tests {
         assert_eq!(lag_param(Some("lag=100")), Ok(Some(100)));
         assert_eq!(lag_param(Some("x=1&lag=5")), Ok(Some(5)));
         assert!(lag_param(Some("lag=-1")).is_err());
+    }
+
+    #[test]
+    fn duration_parameter() {
+        let d = Duration::from_secs(25);
+        assert_eq!(duration_param(None, "timeout", d), Ok(d));
+        assert_eq!(
+            duration_param(Some("timeout=3s"), "timeout", d),
+            Ok(Duration::from_secs(3))
+        );
+        assert!(duration_param(Some("timeout=3"), "timeout", d).is_err());
     }
 
     #[test]

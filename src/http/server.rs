@@ -28,8 +28,8 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, mut shutdown: watch::Re
                     let _ = stream.set_nodelay(true);
                     let app = app.clone();
                     let service = service_fn(move |req: Request<Incoming>| {
-                        let resp = app.handle(&req);
-                        async move { Ok::<_, Infallible>(resp) }
+                        let app = app.clone();
+                        async move { Ok::<_, Infallible>(app.respond(req).await) }
                     });
                     let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
                     let conn = graceful.watch(conn);
