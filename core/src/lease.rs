@@ -144,6 +144,11 @@ impl Elector {
         self.last_read = None;
     }
 
+    /// A read failed: try again after the retry period (and keep the last known record).
+    pub fn read_failed(&mut self, at: Millis) {
+        self.last_read = Some(at);
+    }
+
     /// We released the Lease on shutdown.
     pub fn released(&mut self) {
         self.renewed_at = None;
@@ -317,6 +322,19 @@ mod tests {
         e.written(held_by("a", "1"), Millis(0));
         e.observe(Some(held_by("b", "5")), Millis(100));
         assert!(!e.is_leader(Millis(100)));
+    }
+
+    #[test]
+    fn failed_reads_are_paced() {
+        let mut e = Elector::new("b", T);
+        e.observe(Some(held_by("a", "1")), Millis(0));
+        e.read_failed(Millis(2_000));
+        assert_eq!(
+            e.decide(Millis(2_001)),
+            LeaseAction::Wait {
+                until: Millis(4_000)
+            }
+        );
     }
 
     #[test]

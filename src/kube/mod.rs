@@ -1,6 +1,7 @@
 //! The Kubernetes adapter: the agent's own pod (labels, Events) and the Node it runs on.
 
 pub mod labeler;
+pub mod lease;
 
 use std::collections::BTreeMap;
 

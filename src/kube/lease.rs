@@ -1,0 +1,212 @@
+//! The Lease election adapter: reads and writes one `coordination.k8s.io/v1` Lease for
+//! `core::lease::Elector`, and publishes who leads.
+//!
+//! Writes carry the `resourceVersion` of the record they were based on, so a concurrent writer
+//! gets 409 and nobody overwrites a renewal it has not seen. `renewTime` is written for humans and
+//! `kubectl`; no decision ever reads it — expiry is judged on the local monotonic clock.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::Api;
+use kube::api::{ObjectMeta, PostParams};
+use tokio::sync::watch;
+use tokio::time::timeout;
+use valkey_sidecar_core::lease::{Elector, LeaseAction, LeaseRecord, LeaseTimings};
+use valkey_sidecar_core::time::Millis;
+
+use super::KubeError;
+use crate::clock::Clock;
+
+/// Who leads, as this agent knows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Leadership {
+    /// The agent may act until this local time (its renew deadline); `None`: it does not lead.
+    pub until: Option<Millis>,
+    pub holder: Option<String>,
+}
+
+impl Leadership {
+    /// Whether the agent may issue an action at `now`.
+    pub fn may_act(&self, now: Millis) -> bool {
+        self.until.is_some_and(|u| now < u)
+    }
+}
+
+/// One Lease, read and written with optimistic concurrency.
+pub struct LeaseClient {
+    api: Api<Lease>,
+    name: String,
+    timeout: Duration,
+}
+
+impl LeaseClient {
+    pub fn new(
+        client: kube::Client,
+        namespace: &str,
+        name: &str,
+        timeout: Duration,
+    ) -> LeaseClient {
+        LeaseClient {
+            api: Api::namespaced(client, namespace),
+            name: name.to_owned(),
+            timeout,
+        }
+    }
+
+    async fn call<T>(
+        &self,
+        f: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, KubeError> {
+        timeout(self.timeout, f)
+            .await
+            .map_err(|_| KubeError::Timeout(self.timeout))?
+            .map_err(KubeError::Api)
+    }
+
+    /// The current record; `None` when the Lease does not exist.
+    pub async fn read(&self) -> Result<Option<LeaseRecord>, KubeError> {
+        let lease = self.call(self.api.get_opt(&self.name)).await?;
+        Ok(lease.as_ref().map(record_of))
+    }
+
+    /// Creates the Lease, or replaces it if it exists (409 when someone wrote in between).
+    pub async fn write(&self, rec: &LeaseRecord, exists: bool) -> Result<LeaseRecord, KubeError> {
+        let lease = self.lease_of(rec);
+        let written = if exists {
+            self.call(self.api.replace(&self.name, &PostParams::default(), &lease))
+                .await?
+        } else {
+            self.call(self.api.create(&PostParams::default(), &lease))
+                .await?
+        };
+        Ok(record_of(&written))
+    }
+
+    fn lease_of(&self, rec: &LeaseRecord) -> Lease {
+        let now = MicroTime(jiff::Timestamp::now());
+        let version = Some(rec.version.clone()).filter(|v| !v.is_empty());
+        Lease {
+            metadata: ObjectMeta {
+                name: Some(self.name.clone()),
+                resource_version: version,
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: rec.holder.clone(),
+                lease_duration_seconds: Some(
+                    i32::try_from(rec.lease_ms.div_ceil(1000)).unwrap_or(i32::MAX),
+                ),
+                lease_transitions: Some(i32::try_from(rec.transitions).unwrap_or(i32::MAX)),
+                acquire_time: Some(now.clone()),
+                renew_time: Some(now),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+}
+
+/// The parts of a Lease the election reads.
+pub fn record_of(lease: &Lease) -> LeaseRecord {
+    let spec = lease.spec.clone().unwrap_or_default();
+    LeaseRecord {
+        holder: spec.holder_identity,
+        lease_ms: spec
+            .lease_duration_seconds
+            .map_or(0, |s| u64::try_from(s).unwrap_or(0) * 1000),
+        transitions: spec
+            .lease_transitions
+            .map_or(0, |t| u32::try_from(t).unwrap_or(0)),
+        version: lease.metadata.resource_version.clone().unwrap_or_default(),
+    }
+}
+
+/// Runs the election until shutdown, publishing [`Leadership`] after every step; releases the
+/// Lease on the way out so a successor takes over at once.
+pub async fn run(
+    lease: LeaseClient,
+    identity: String,
+    timings: LeaseTimings,
+    clock: Clock,
+    tx: watch::Sender<Leadership>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut e = Elector::new(identity, timings);
+    loop {
+        let now = clock.now();
+        match e.decide(now) {
+            LeaseAction::Read => read(&lease, &mut e, &clock).await,
+            LeaseAction::Acquire | LeaseAction::Renew => write(&lease, &mut e, &clock).await,
+            LeaseAction::Wait { until } => {
+                // Wake at the acting deadline too, so leadership ends on time even while waiting.
+                let wake = e
+                    .acting_deadline()
+                    .filter(|d| *d > now)
+                    .map_or(until, |d| d.min(until));
+                let sleep = Duration::from_millis(wake.since(now).max(1));
+                tokio::select! {
+                    _ = tokio::time::sleep(sleep) => {}
+                    _ = shutdown.changed() => break,
+                }
+            }
+        }
+        publish(&tx, &e, clock.now());
+    }
+    release(&lease, &mut e, &clock).await;
+    publish(&tx, &e, clock.now());
+}
+
+fn publish(tx: &watch::Sender<Leadership>, e: &Elector, now: Millis) {
+    let until = e.is_leader(now).then(|| e.acting_deadline()).flatten();
+    let next = Leadership {
+        until,
+        holder: e.holder().map(str::to_owned),
+    };
+    tx.send_if_modified(|l| {
+        let changed = *l != next;
+        if changed {
+            tracing::info!(leader = next.until.is_some(), holder = ?next.holder, "coordinator lease");
+            *l = next;
+        }
+        changed
+    });
+}
+
+async fn read(lease: &LeaseClient, e: &mut Elector, clock: &Clock) {
+    match lease.read().await {
+        Ok(rec) => e.observe(rec, clock.now()),
+        Err(err) => {
+            tracing::warn!(error = %err, "reading the lease failed");
+            e.read_failed(clock.now());
+        }
+    }
+}
+
+async fn write(lease: &LeaseClient, e: &mut Elector, clock: &Clock) {
+    let sent = clock.now();
+    match lease.write(&e.record_to_write(), e.exists()).await {
+        Ok(rec) => e.written(rec, sent),
+        Err(err) => {
+            tracing::debug!(error = %err, "lease write failed");
+            e.write_failed(clock.now());
+            // The record moved (409) or is unknown: read before trying again.
+            read(lease, e, clock).await;
+        }
+    }
+}
+
+async fn release(lease: &LeaseClient, e: &mut Elector, clock: &Clock) {
+    if !e.is_leader(clock.now()) {
+        return;
+    }
+    let mut rec = e.record_to_write();
+    rec.holder = Some(String::new());
+    match lease.write(&rec, true).await {
+        Ok(_) => tracing::info!("lease released"),
+        Err(err) => {
+            tracing::warn!(error = %err, "releasing the lease failed; successors wait for expiry")
+        }
+    }
+    e.released();
+}
