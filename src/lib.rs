@@ -5,7 +5,8 @@
 //! - [`valkey`]: the self-healing connection and the per-tick observation pipeline.
 //! - [`observer`]: the loop that records each tick into the shared health state.
 //! - [`http`]: probes, role endpoints, `/status` and `/metrics`, answered from that state.
-//! - [`kube`]: the own pod's labels and Events, zone from the Node.
+//! - [`kube`]: the own pod's labels and Events, zone from the Node, the Lease election.
+//! - [`coordinator`]: the Lease holder's hand-overs, fail-back and balance.
 //! - [`metrics`], [`telemetry`], [`lifecycle`], [`clock`]: the usual plumbing.
 //! - [`agent`] wires them together.
 //!
@@ -15,6 +16,7 @@
 pub mod agent;
 pub mod clock;
 pub mod config;
+pub mod coordinator;
 pub mod http;
 pub mod kube;
 pub mod lifecycle;

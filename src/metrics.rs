@@ -35,6 +35,17 @@ struct EventLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ActionLabel {
+    kind: &'static str,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DriftLabel {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HttpLabel {
     path: &'static str,
     code: u16,
@@ -56,6 +67,9 @@ pub struct Metrics {
     label_write_seconds: Histogram,
     events: Family<EventLabel, Counter>,
     zone_pushes: Family<ResultLabel, Counter>,
+    actions: Family<ActionLabel, Counter>,
+    leader: Gauge,
+    drift: Family<DriftLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -81,6 +95,9 @@ impl Metrics {
             label_write_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             events: Family::default(),
             zone_pushes: Family::default(),
+            actions: Family::default(),
+            leader: Gauge::default(),
+            drift: Family::default(),
         };
         m.register();
         m
@@ -184,6 +201,30 @@ impl Metrics {
         self.zone_pushes
             .get_or_create(&ResultLabel { result })
             .inc();
+    }
+
+    /// Counts one finished coordinator move.
+    pub fn action(&self, kind: &'static str, result: &'static str) {
+        self.actions
+            .get_or_create(&ActionLabel { kind, result })
+            .inc();
+    }
+
+    pub fn coordinator_leader(&self, leader: bool) {
+        self.leader.set(i64::from(leader));
+    }
+
+    /// Sets the drift gauges to the counts of this round.
+    pub fn drift<'a>(&self, reasons: impl Iterator<Item = &'a str>) {
+        let mut counts = std::collections::BTreeMap::<&str, i64>::new();
+        for r in reasons {
+            *counts.entry(r).or_default() += 1;
+        }
+        for reason in ["FailoverDrift", "PrimaryImbalance"] {
+            self.drift
+                .get_or_create(&DriftLabel { reason })
+                .set(counts.get(reason).copied().unwrap_or(0));
+        }
     }
 
     /// Counts one HTTP request; `path` must come from a fixed set so cardinality stays bounded.

@@ -398,6 +398,55 @@ fn rebalance(world: &World, policy: &Policy) -> Option<Action> {
     })
 }
 
+/// What the coordinator remembers of a shard between observations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardMemory {
+    pub primary: Option<String>,
+    pub steady_since: Millis,
+}
+
+/// Folds one observation into the per-shard memory: a shard is steady since its primary last
+/// changed or a replica was last out of sync. The quiet period of fail-back and balance counts
+/// from there, which is what keeps them from flapping.
+pub fn track(
+    prev: &BTreeMap<String, ShardMemory>,
+    members: &[Member],
+    now: Millis,
+    max_lag: u64,
+) -> BTreeMap<String, ShardMemory> {
+    let mut next = BTreeMap::new();
+    for shard in members
+        .iter()
+        .map(|m| m.shard.as_str())
+        .collect::<BTreeSet<_>>()
+    {
+        let p = members.iter().find(|m| {
+            m.shard == shard && m.role == Role::Primary && m.health != NodeHealth::Failed
+        });
+        let synced = p.is_some_and(|p| {
+            members
+                .iter()
+                .filter(|m| m.shard == shard && m.role == Role::Replica)
+                .all(|r| {
+                    r.health == NodeHealth::Online && p.offset.saturating_sub(r.offset) <= max_lag
+                })
+        });
+        let primary = p.map(|p| p.id.clone());
+        let steady_since = match prev.get(shard) {
+            Some(old) if old.primary == primary && synced => old.steady_since,
+            _ => now,
+        };
+        next.insert(
+            shard.to_owned(),
+            ShardMemory {
+                primary,
+                steady_since,
+            },
+        );
+    }
+    next
+}
+
 /// Placement facts: primaries outside their preferred zone, nodes over the primary cap.
 fn drift(world: &World, policy: &Policy) -> Vec<Drift> {
     let mut out = Vec::new();

@@ -262,6 +262,27 @@ fn crowded_node_is_rebalanced_within_the_zone() {
     assert!(plan.drift.iter().any(|d| d.reason == "PrimaryImbalance"));
 }
 
+#[test]
+fn steadiness_restarts_on_a_new_primary_or_an_unsynced_replica() {
+    use valkey_sidecar_core::plan::track;
+    let w = world();
+    let t0 = track(&Default::default(), &w.members, Millis(0), 100);
+    let t1 = track(&t0, &w.members, Millis(5_000), 100);
+    assert_eq!(t1["s0"].steady_since, Millis(0));
+    let d = drifted();
+    let t2 = track(&t1, &d.members, Millis(6_000), 100);
+    assert_eq!(t2["s0"].steady_since, Millis(6_000), "new primary");
+    assert_eq!(t2["s1"].steady_since, Millis(0));
+    let mut lag = d.clone();
+    find(&mut lag, "p0").offset = 0;
+    let t3 = track(&t2, &lag.members, Millis(7_000), 100);
+    assert_eq!(
+        t3["s0"].steady_since,
+        Millis(7_000),
+        "a replica fell behind"
+    );
+}
+
 // ---- properties --------------------------------------------------------------------------------
 
 fn arb_world() -> impl Strategy<Value = World> {

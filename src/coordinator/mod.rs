@@ -1,0 +1,357 @@
+//! The coordinator: while this agent holds the cluster Lease, it plans with
+//! `core::plan::decide` and carries out the moves — hand-over of primaries whose pod or node is
+//! going away, fail-back to the preferred zone, balance across nodes — and clears the role label
+//! of pods whose Valkey the cluster marks failed.
+//!
+//! Every agent runs it; only the Lease holder acts, and it checks its acting deadline again right
+//! before each command it sends (`execute::failover`), so an agent that lost the Lease while
+//! planning never acts.
+
+pub mod execute;
+pub mod world;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Resource};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use valkey_sidecar_core::health::{Bounds, HealthState};
+use valkey_sidecar_core::plan::{
+    Action, InFlight, Kind, Plan, Policy, ShardMemory, World, decide, track,
+};
+use valkey_sidecar_core::shards::{NodeHealth, Shard};
+use valkey_sidecar_core::time::Millis;
+
+use crate::clock::Clock;
+use crate::kube::lease::Leadership;
+use crate::metrics::Metrics;
+use crate::valkey::Connector;
+use execute::Outcome;
+
+/// Everything the coordinator needs.
+pub struct Coordinator {
+    pub client: kube::Client,
+    pub namespace: String,
+    /// Selects the pods of this Valkey cluster (e.g. `valkey.io/cluster=my-valkey`).
+    pub selector: String,
+    pub clock: Clock,
+    pub bounds: Bounds,
+    pub state: watch::Receiver<HealthState>,
+    pub leadership: watch::Receiver<Leadership>,
+    pub policy: Policy,
+    /// How to reach other Valkey nodes: host and port are replaced per target.
+    pub connector: Connector,
+    pub handover_timeout: Duration,
+    pub role_label: String,
+    pub recorder: Option<Recorder>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// A finished move, reported back to the loop.
+struct Finished {
+    shard: String,
+    kind: Kind,
+    outcome: Outcome,
+    /// The old primary's pod, for the completion Event.
+    reference: Option<ObjectReference>,
+}
+
+/// What the loop keeps between rounds.
+#[derive(Default)]
+struct Memory {
+    shards: BTreeMap<String, ShardMemory>,
+    running: Vec<InFlight>,
+    last_move: Option<Millis>,
+    blocked: BTreeSet<String>,
+}
+
+impl Coordinator {
+    /// Runs until shutdown.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        let (pods, pods_task) = self.watch_pods();
+        let (nodes, nodes_task) = self.watch_nodes();
+        let (done_tx, mut done_rx) = mpsc::channel::<Finished>(16);
+        let mut memory = Memory::default();
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = self.leadership.changed() => {}
+                Some(done) = done_rx.recv() => self.finished(done, &mut memory),
+                _ = shutdown.changed() => break,
+            }
+            self.round(&pods, &nodes, &mut memory, &done_tx).await;
+        }
+        pods_task.abort();
+        nodes_task.abort();
+    }
+
+    fn watch_pods(&self) -> (Store<Pod>, JoinHandle<()>) {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        let (reader, writer) = reflector::store();
+        let stream = reflector::reflector(
+            writer,
+            watcher(api, watcher::Config::default().labels(&self.selector)),
+        );
+        (
+            reader,
+            tokio::spawn(stream.default_backoff().for_each(|_| async {})),
+        )
+    }
+
+    fn watch_nodes(&self) -> (Store<Node>, JoinHandle<()>) {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let (reader, writer) = reflector::store();
+        let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()));
+        (
+            reader,
+            tokio::spawn(stream.default_backoff().for_each(|_| async {})),
+        )
+    }
+
+    /// The shards as the local Valkey sees them, if the observation is fresh.
+    fn shards(&self, now: Millis) -> Option<Vec<Shard>> {
+        let state = self.state.borrow();
+        Some(
+            state
+                .current(now, &self.bounds)?
+                .cluster
+                .as_ref()?
+                .shards
+                .clone(),
+        )
+    }
+
+    async fn round(
+        &self,
+        pods: &Store<Pod>,
+        nodes: &Store<Node>,
+        memory: &mut Memory,
+        done: &mpsc::Sender<Finished>,
+    ) {
+        let now = self.clock.now();
+        let Some(shards) = self.shards(now) else {
+            return;
+        };
+        let members = world::members(&shards, &pods.state());
+        memory.shards = track(&memory.shards, &members, now, self.policy.max_lag_bytes);
+        let leader = self.leadership.borrow().may_act(now);
+        self.metrics.coordinator_leader(leader);
+        let world = World {
+            now,
+            leader,
+            members,
+            nodes: world::nodes(&nodes.state()),
+            steady_since: memory
+                .shards
+                .iter()
+                .map(|(k, v)| (k.clone(), v.steady_since))
+                .collect(),
+            in_flight: memory.running.clone(),
+            last_move: memory.last_move,
+        };
+        let plan = decide(&world, &self.policy);
+        self.report(&plan, memory);
+        for action in plan.actions {
+            self.start(action, &shards, pods, memory, done);
+        }
+        if leader {
+            self.clear_dead_labels(&world, pods).await;
+        }
+    }
+
+    /// Drift into metrics; blocked moves logged when they first appear.
+    fn report(&self, plan: &Plan, memory: &mut Memory) {
+        self.metrics.drift(plan.drift.iter().map(|d| d.reason));
+        let now_blocked: BTreeSet<String> = plan.blocked.iter().cloned().collect();
+        for b in now_blocked.difference(&memory.blocked) {
+            tracing::warn!(blocked = %b, "coordinator cannot act");
+        }
+        memory.blocked = now_blocked;
+    }
+
+    fn start(
+        &self,
+        action: Action,
+        shards: &[Shard],
+        pods: &Store<Pod>,
+        memory: &mut Memory,
+        done: &mpsc::Sender<Finished>,
+    ) {
+        let Some(target) = self.target(&action, shards) else {
+            return;
+        };
+        let now = self.clock.now();
+        memory.running.push(InFlight {
+            shard: action.shard.clone(),
+            started: now,
+        });
+        if action.kind != Kind::Handover {
+            memory.last_move = Some(now);
+        }
+        tracing::info!(kind = action.kind.as_str(), shard = %action.shard, from = %action.from, to = %action.to, reason = %action.reason, "starting");
+        let reference = self
+            .pod_of(&action.from, shards, pods)
+            .map(|p| p.object_ref(&()));
+        self.event(
+            reference.clone(),
+            EventType::Normal,
+            &format!("{}Started", action.kind.as_str()),
+            format!("{} → {}: {}", action.from, action.to, action.reason),
+        );
+        let (lead, clock, limit) = (self.leadership.clone(), self.clock, self.handover_timeout);
+        let done = done.clone();
+        tokio::spawn(async move {
+            let outcome = execute::failover(
+                &action,
+                target,
+                || lead.borrow().may_act(clock.now()),
+                limit,
+            )
+            .await;
+            let (shard, kind) = (action.shard, action.kind);
+            let _ = done
+                .send(Finished {
+                    shard,
+                    kind,
+                    outcome,
+                    reference,
+                })
+                .await;
+        });
+    }
+
+    fn finished(&self, done: Finished, memory: &mut Memory) {
+        memory.running.retain(|r| r.shard != done.shard);
+        let kind = done.kind.as_str();
+        let (result, event_type, message) = match &done.outcome {
+            Outcome::Done { took } => (
+                "ok",
+                EventType::Normal,
+                format!("shard {} has a new primary after {took:?}", done.shard),
+            ),
+            Outcome::NoLease => (
+                "no_lease",
+                EventType::Warning,
+                format!(
+                    "shard {}: lease lost before acting; nothing done",
+                    done.shard
+                ),
+            ),
+            Outcome::Failed(e) => (
+                "failed",
+                EventType::Warning,
+                format!("shard {}: {e}", done.shard),
+            ),
+        };
+        self.metrics.action(kind, result);
+        tracing::info!(kind, shard = %done.shard, result, %message, "finished");
+        let reason = if result == "ok" {
+            format!("{kind}Succeeded")
+        } else {
+            format!("{kind}Failed")
+        };
+        self.event(done.reference, event_type, &reason, message);
+    }
+
+    /// The connector for the target node's address (from `CLUSTER SHARDS`).
+    fn target(&self, action: &Action, shards: &[Shard]) -> Option<Connector> {
+        let node = shards
+            .iter()
+            .flat_map(|s| &s.nodes)
+            .find(|n| n.id == action.to)?;
+        let host = if node.ip.is_empty() {
+            node.endpoint.clone()
+        } else {
+            node.ip.clone()
+        };
+        Some(Connector {
+            host,
+            port: node.port,
+            ..self.connector.clone()
+        })
+    }
+
+    fn pod_of(&self, node_id: &str, shards: &[Shard], pods: &Store<Pod>) -> Option<Arc<Pod>> {
+        let ip = shards
+            .iter()
+            .flat_map(|s| &s.nodes)
+            .find(|n| n.id == node_id)?
+            .ip
+            .clone();
+        pods.state()
+            .into_iter()
+            .find(|p| p.status.as_ref().and_then(|s| s.pod_ip.as_deref()) == Some(ip.as_str()))
+    }
+
+    /// Events go to the old primary's pod when known, else they are only logged.
+    fn event(
+        &self,
+        reference: Option<ObjectReference>,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        let (Some(recorder), Some(reference)) = (self.recorder.clone(), reference) else {
+            return;
+        };
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: "Coordinate".into(),
+            secondary: None,
+        };
+        tokio::spawn(async move {
+            if let Err(e) = recorder.publish(&event, &reference).await {
+                tracing::warn!(error = %e, "event not published");
+            }
+        });
+    }
+
+    /// A pod whose Valkey the cluster marks failed cannot update its own label (its agent may be
+    /// gone with it), so the coordinator removes the stale role label: a Service selecting the
+    /// primary must not keep routing to it.
+    async fn clear_dead_labels(&self, world: &World, pods: &Store<Pod>) {
+        let dead = world
+            .members
+            .iter()
+            .filter(|m| m.health == NodeHealth::Failed)
+            .filter_map(|m| m.pod.as_ref());
+        for pod in dead {
+            let labelled = pods
+                .state()
+                .into_iter()
+                .find(|p| p.metadata.name.as_deref() == Some(pod.name.as_str()));
+            let has_role = labelled.is_some_and(|p| {
+                p.metadata
+                    .labels
+                    .as_ref()
+                    .is_some_and(|l| l.contains_key(&self.role_label))
+            });
+            if !has_role {
+                continue;
+            }
+            let patch =
+                serde_json::json!({ "metadata": { "labels": { self.role_label.clone(): null } } });
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+            match api
+                .patch(&pod.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => tracing::info!(pod = %pod.name, "removed the role label of a failed node"),
+                Err(e) => {
+                    tracing::warn!(pod = %pod.name, error = %e, "cannot remove a stale role label")
+                }
+            }
+        }
+    }
+}
