@@ -1,16 +1,23 @@
 //! Wiring: builds the pieces from the configuration and runs them until shutdown.
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use futures::FutureExt;
+use futures::future::{LocalBoxFuture, join_all};
+use kube::runtime::events::{Recorder, Reporter};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use valkey_sidecar_core::health::HealthState;
 use valkey_sidecar_core::placement::Placement;
 
 use crate::clock::Clock;
-use crate::config::Config;
+use crate::config::{Config, CoordinatorConfig, KubeConfig};
+use crate::coordinator::Coordinator;
 use crate::http::{self, App};
 use crate::kube::labeler::Labeler;
+use crate::kube::lease::{self, Leadership, LeaseClient};
+use crate::kube::{FIELD_MANAGER, KubeError};
 use crate::metrics::Metrics;
 use crate::observer::Observer;
 use crate::valkey::{Connector, Session, tls};
@@ -28,7 +35,7 @@ pub enum StartError {
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
     #[error(transparent)]
-    Kube(#[from] crate::kube::KubeError),
+    Kube(#[from] KubeError),
 }
 
 impl StartError {
@@ -41,77 +48,146 @@ impl StartError {
     }
 }
 
+/// What every task shares.
+struct Shared {
+    clock: Clock,
+    metrics: Arc<Metrics>,
+    state: watch::Receiver<HealthState>,
+    shutdown: watch::Receiver<bool>,
+    connector: Connector,
+}
+
+type Task = LocalBoxFuture<'static, ()>;
+
 /// Runs the agent until SIGTERM/SIGINT.
 pub async fn run(config: Config) -> Result<(), StartError> {
     let shutdown = crate::lifecycle::shutdown_on_signals().map_err(StartError::Signals)?;
     let clock = Clock::start();
-    let metrics = Arc::new(Metrics::new());
-    let (state_tx, state_rx) = watch::channel(HealthState::new(clock.now()));
+    let (state_tx, state) = watch::channel(HealthState::new(clock.now()));
     let configured = Placement {
         zone: config.identity.zone.clone(),
         region: config.identity.region.clone(),
     };
     let (placement_tx, placement_rx) = watch::channel(configured);
-    let labeler = labeler(&config, clock, &state_rx, placement_tx, &metrics).await?;
-    let probe = listen(config.probe_addr).await?;
-    let admin = listen(config.admin_addr).await?;
+    let shared = Shared {
+        clock,
+        metrics: Arc::new(Metrics::new()),
+        state,
+        shutdown,
+        connector: connector(&config)?,
+    };
+    let mut tasks = serve(&config, &shared).await?;
     let observer = Observer {
-        session: Session::new(connector(&config)?),
+        session: Session::new(shared.connector.clone()),
         mode: config.mode,
         interval: config.poll_interval,
         bounds: config.bounds,
         clock,
         state: state_tx,
-        metrics: metrics.clone(),
+        metrics: shared.metrics.clone(),
         placement: placement_rx,
     };
-    let app = Arc::new(App {
-        state: state_rx,
-        clock,
-        bounds: config.bounds,
-        mode: config.mode,
-        identity: config.identity.clone(),
-        metrics,
-    });
+    tasks.push(observer.run(shared.shutdown.clone()).boxed_local());
+    if let Some(kube) = &config.kube {
+        tasks.extend(kube_tasks(&config, kube, &shared, placement_tx).await?);
+    }
     tracing::info!(probe = %config.probe_addr, admin = %config.admin_addr, valkey = %format!("{}:{}", config.valkey.host, config.valkey.port), mode = ?config.mode, "valkey-sidecar started");
-    let labels_shutdown = shutdown.clone();
-    let labels = async move {
-        if let Some(labeler) = labeler {
-            labeler.run(labels_shutdown).await;
-        }
-    };
-    tokio::join!(
-        observer.run(shutdown.clone()),
-        labels,
-        http::serve(probe, app.clone(), shutdown.clone()),
-        http::serve(admin, app, shutdown),
-    );
+    join_all(tasks).await;
     tracing::info!("stopped");
     Ok(())
 }
 
-/// The pod labeler, when the agent keeps labels (SIDECAR_LABELS).
-async fn labeler(
+/// The probe and admin listeners.
+async fn serve(config: &Config, shared: &Shared) -> Result<Vec<Task>, StartError> {
+    let probe = listen(config.probe_addr).await?;
+    let admin = listen(config.admin_addr).await?;
+    let app = Arc::new(App {
+        state: shared.state.clone(),
+        clock: shared.clock,
+        bounds: config.bounds,
+        mode: config.mode,
+        identity: config.identity.clone(),
+        metrics: shared.metrics.clone(),
+    });
+    Ok(vec![
+        http::serve(probe, app.clone(), shared.shutdown.clone()).boxed_local(),
+        http::serve(admin, app, shared.shutdown.clone()).boxed_local(),
+    ])
+}
+
+/// The pod labeler and, when configured, the Lease election and the coordinator.
+async fn kube_tasks(
     config: &Config,
-    clock: Clock,
-    state: &watch::Receiver<HealthState>,
+    kube: &KubeConfig,
+    shared: &Shared,
     placement: watch::Sender<Placement>,
-    metrics: &Arc<Metrics>,
-) -> Result<Option<Labeler>, StartError> {
-    let Some(kube) = config.kube.clone() else {
-        return Ok(None);
-    };
-    Ok(Some(Labeler {
-        client: crate::kube::client().await?,
-        config: kube,
+) -> Result<Vec<Task>, StartError> {
+    let client = crate::kube::client().await?;
+    let labeler = Labeler {
+        client: client.clone(),
+        config: kube.clone(),
         identity: config.identity.clone(),
         mode: config.mode,
         bounds: config.bounds,
-        clock,
-        state: state.clone(),
+        clock: shared.clock,
+        state: shared.state.clone(),
         placement,
-        metrics: metrics.clone(),
-    }))
+        metrics: shared.metrics.clone(),
+    };
+    let mut tasks = vec![labeler.run(shared.shutdown.clone()).boxed_local()];
+    if let Some(co) = &kube.coordinator {
+        tasks.extend(coordinator_tasks(config, kube, co, shared, client));
+    }
+    Ok(tasks)
+}
+
+fn coordinator_tasks(
+    config: &Config,
+    kube: &KubeConfig,
+    co: &CoordinatorConfig,
+    shared: &Shared,
+    client: kube::Client,
+) -> Vec<Task> {
+    let (lead_tx, lead_rx) = watch::channel(Leadership::default());
+    // A Lease call must finish well inside the renew deadline to be of any use.
+    let call_timeout = Duration::from_millis(co.timings.retry_ms.max(500));
+    let lease = LeaseClient::new(
+        client.clone(),
+        &kube.namespace,
+        &co.lease_name,
+        call_timeout,
+    );
+    let reporter = Reporter {
+        controller: FIELD_MANAGER.into(),
+        instance: Some(kube.pod_name.clone()),
+    };
+    let coordinator = Coordinator {
+        client: client.clone(),
+        namespace: kube.namespace.clone(),
+        selector: co.pod_selector.clone(),
+        clock: shared.clock,
+        bounds: config.bounds,
+        state: shared.state.clone(),
+        leadership: lead_rx,
+        policy: co.policy.clone(),
+        connector: shared.connector.clone(),
+        handover_timeout: co.handover_timeout,
+        role_label: kube.policy.role_key.clone(),
+        recorder: kube.events.then(|| Recorder::new(client, reporter)),
+        metrics: shared.metrics.clone(),
+    };
+    vec![
+        lease::run(
+            lease,
+            kube.pod_name.clone(),
+            co.timings,
+            shared.clock,
+            lead_tx,
+            shared.shutdown.clone(),
+        )
+        .boxed_local(),
+        coordinator.run(shared.shutdown.clone()).boxed_local(),
+    ]
 }
 
 fn connector(config: &Config) -> Result<Connector, StartError> {

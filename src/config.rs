@@ -12,7 +12,9 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use valkey_sidecar_core::health::Bounds;
 use valkey_sidecar_core::labels::{LabelPolicy, check_key, check_value};
+use valkey_sidecar_core::lease::LeaseTimings;
 use valkey_sidecar_core::observation::Mode;
+use valkey_sidecar_core::plan::Policy;
 
 /// Exit code for bad configuration (`EX_USAGE` from sysexits.h).
 pub const EXIT_CONFIG: i32 = 64;
@@ -136,6 +138,46 @@ pub struct RawConfig {
     /// Publish Events (events.k8s.io) on the pod for role changes.
     #[arg(long, env = "SIDECAR_EVENTS", default_value = "true")]
     pub events: String,
+    /// Run the coordinator (Lease election, hand-overs, fail-back, balance): `auto` (cluster mode
+    /// with labels and SIDECAR_CLUSTER_NAME set), `true`, `false`.
+    #[arg(long, env = "SIDECAR_COORDINATOR", default_value = "auto")]
+    pub coordinator: String,
+    /// Name of the Valkey cluster (e.g. from the pod label `valkey.io/cluster` via the downward API).
+    #[arg(long, env = "SIDECAR_CLUSTER_NAME")]
+    pub cluster_name: Option<String>,
+    /// Name of the coordinator Lease (default `<cluster>-coordinator`).
+    #[arg(long, env = "SIDECAR_LEASE_NAME")]
+    pub lease_name: Option<String>,
+    /// Label selector of the cluster's pods (default `valkey.io/cluster=<cluster>`).
+    #[arg(long, env = "SIDECAR_POD_SELECTOR")]
+    pub pod_selector: Option<String>,
+    /// Lease duration; candidates take over after seeing the Lease unchanged this long.
+    #[arg(long, env = "SIDECAR_LEASE_DURATION", default_value = "15s")]
+    pub lease_duration: String,
+    /// The holder stops acting when it could not renew for this long.
+    #[arg(long, env = "SIDECAR_LEASE_RENEW_DEADLINE", default_value = "10s")]
+    pub lease_renew_deadline: String,
+    /// How often the Lease is renewed or retried.
+    #[arg(long, env = "SIDECAR_LEASE_RETRY_PERIOD", default_value = "2s")]
+    pub lease_retry_period: String,
+    /// Fail primaries back to their preferred zone once the shard is steady.
+    #[arg(long, env = "SIDECAR_FAILBACK", default_value = "false")]
+    pub failback: String,
+    /// How long a shard must be steady before fail-back or balance moves it.
+    #[arg(long, env = "SIDECAR_QUIET_PERIOD", default_value = "60s")]
+    pub quiet_period: String,
+    /// Keep primaries spread across nodes.
+    #[arg(long, env = "SIDECAR_BALANCE", default_value = "true")]
+    pub balance: String,
+    /// Minimum time between two fail-back or balance moves.
+    #[arg(long, env = "SIDECAR_MOVE_COOLDOWN", default_value = "30s")]
+    pub move_cooldown: String,
+    /// How long a hand-over may take before it counts as failed.
+    #[arg(long, env = "SIDECAR_HANDOVER_TIMEOUT", default_value = "10s")]
+    pub handover_timeout: String,
+    /// Preferred zone per shard id, `shard=zone,shard=zone` (default: the zone of the node-index-0 pod).
+    #[arg(long, env = "SIDECAR_PREFERRED_ZONES")]
+    pub preferred_zones: Option<String>,
     /// Log format: `auto` (JSON unless stderr is a terminal), `json` or `text`. Filter with RUST_LOG.
     #[arg(long, env = "SIDECAR_LOG_FORMAT", default_value = "auto")]
     pub log_format: String,
@@ -186,6 +228,18 @@ pub struct KubeConfig {
     pub policy: LabelPolicy,
     pub shard_name: Option<String>,
     pub events: bool,
+    pub coordinator: Option<CoordinatorConfig>,
+}
+
+/// The coordinator: present when this agent takes part in the Lease election.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CoordinatorConfig {
+    pub cluster: String,
+    pub lease_name: String,
+    pub pod_selector: String,
+    pub timings: LeaseTimings,
+    pub policy: Policy,
+    pub handover_timeout: Duration,
 }
 
 /// Validated configuration.
@@ -286,7 +340,7 @@ impl RawConfig {
             &self.log_format,
             parse_log_format(&self.log_format),
         );
-        let kube = self.kube(c, &identity);
+        let kube = self.kube(c, &identity, mode, bounds.as_ref());
         Some(Config {
             identity,
             kube: kube?,
@@ -314,7 +368,13 @@ impl RawConfig {
     }
 
     /// `Some(None)`: labels off; `None`: a label variable was bad.
-    fn kube(&self, c: &mut Checker, id: &Identity) -> Option<Option<KubeConfig>> {
+    fn kube(
+        &self,
+        c: &mut Checker,
+        id: &Identity,
+        valkey_mode: Option<Mode>,
+        bounds: Option<&Bounds>,
+    ) -> Option<Option<KubeConfig>> {
         let mode = c.check(
             "SIDECAR_LABELS",
             &self.labels,
@@ -342,13 +402,125 @@ impl RawConfig {
             c.check::<()>(missing, "", Err("required when SIDECAR_LABELS=true".into()));
             return None;
         };
+        let coordinator = self.coordinator_config(c, valkey_mode?, bounds?)?;
         Some(Some(KubeConfig {
             pod_name,
             namespace,
             policy: policy?,
             shard_name,
             events: events?,
+            coordinator,
         }))
+    }
+
+    /// `Some(None)`: no coordinator; `None`: a coordinator variable was bad.
+    fn coordinator_config(
+        &self,
+        c: &mut Checker,
+        mode: Mode,
+        bounds: &Bounds,
+    ) -> Option<Option<CoordinatorConfig>> {
+        let wanted = c.check(
+            "SIDECAR_COORDINATOR",
+            &self.coordinator,
+            parse_auto_bool(&self.coordinator),
+        )?;
+        let name = c.opt(
+            "SIDECAR_CLUSTER_NAME",
+            &self.cluster_name,
+            parse_label_value,
+        );
+        let on = wanted.unwrap_or(mode == Mode::Cluster && name.is_some());
+        if !on {
+            return Some(None);
+        }
+        // Every coordinator variable is checked before giving up on a missing cluster name.
+        let timings = self.timings(c);
+        let policy = self.planner_policy(c, bounds);
+        let handover = c.check(
+            "SIDECAR_HANDOVER_TIMEOUT",
+            &self.handover_timeout,
+            parse_duration_in(&self.handover_timeout, 100, 600_000),
+        );
+        let Some(cluster) = name else {
+            c.check::<()>(
+                "SIDECAR_CLUSTER_NAME",
+                "",
+                Err("required when SIDECAR_COORDINATOR=true".into()),
+            );
+            return None;
+        };
+        Some(Some(CoordinatorConfig {
+            lease_name: self
+                .lease_name
+                .clone()
+                .unwrap_or_else(|| format!("{cluster}-coordinator")),
+            pod_selector: self
+                .pod_selector
+                .clone()
+                .unwrap_or_else(|| format!("valkey.io/cluster={cluster}")),
+            cluster,
+            timings: timings?,
+            policy: policy?,
+            handover_timeout: handover?,
+        }))
+    }
+
+    fn timings(&self, c: &mut Checker) -> Option<LeaseTimings> {
+        let ms = |c: &mut Checker, var, v: &String| {
+            c.check(var, v, parse_duration_in(v, 100, 3_600_000))
+                .map(|d| d.as_millis() as u64)
+        };
+        let lease_ms = ms(c, "SIDECAR_LEASE_DURATION", &self.lease_duration);
+        let renew_deadline_ms = ms(
+            c,
+            "SIDECAR_LEASE_RENEW_DEADLINE",
+            &self.lease_renew_deadline,
+        );
+        let retry_ms = ms(c, "SIDECAR_LEASE_RETRY_PERIOD", &self.lease_retry_period);
+        let timings = LeaseTimings {
+            lease_ms: lease_ms?,
+            renew_deadline_ms: renew_deadline_ms?,
+            retry_ms: retry_ms?,
+        };
+        let all = format!(
+            "{}/{}/{}",
+            self.lease_duration, self.lease_renew_deadline, self.lease_retry_period
+        );
+        c.check(
+            "SIDECAR_LEASE_DURATION",
+            &all,
+            timings.validate().map(|_| timings).map_err(str::to_owned),
+        )
+    }
+
+    fn planner_policy(&self, c: &mut Checker, bounds: &Bounds) -> Option<Policy> {
+        let ms = |c: &mut Checker, var, v: &String| {
+            c.check(var, v, parse_duration_in(v, 0, 86_400_000))
+                .map(|d| d.as_millis() as u64)
+        };
+        let failback = c.check(
+            "SIDECAR_FAILBACK",
+            &self.failback,
+            parse_bool(&self.failback),
+        );
+        let balance = c.check("SIDECAR_BALANCE", &self.balance, parse_bool(&self.balance));
+        let quiet = ms(c, "SIDECAR_QUIET_PERIOD", &self.quiet_period);
+        let cooldown = ms(c, "SIDECAR_MOVE_COOLDOWN", &self.move_cooldown);
+        let zones = c.opt(
+            "SIDECAR_PREFERRED_ZONES",
+            &self.preferred_zones,
+            parse_zone_map,
+        );
+        Some(Policy {
+            max_lag_bytes: bounds.max_lag_bytes,
+            failback: failback?,
+            quiet_period_ms: quiet?,
+            balance: balance?,
+            cooldown_ms: cooldown?,
+            max_concurrent: 1,
+            preferred_zones: zones.unwrap_or_default(),
+        })
     }
 
     fn policy(&self, c: &mut Checker) -> Option<LabelPolicy> {
@@ -521,6 +693,17 @@ fn parse_auto_bool(v: &str) -> Result<Option<bool>, String> {
     parse_bool(v)
         .map(Some)
         .map_err(|_| "must be `auto`, `true` or `false`".into())
+}
+
+fn parse_zone_map(v: &str) -> Result<std::collections::BTreeMap<String, String>, String> {
+    v.split(',')
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| {
+            let (shard, zone) = kv.split_once('=').ok_or("entries must be `shard=zone`")?;
+            parse_label_value(zone)?;
+            Ok((shard.to_owned(), zone.to_owned()))
+        })
+        .collect()
 }
 
 fn parse_role_values(v: &str) -> Result<(String, String), String> {

@@ -171,6 +171,42 @@ fn bad_label_settings() {
 }
 
 #[test]
+fn bad_coordinator_settings() {
+    let base = [("POD_NAME", "valkey-0"), ("POD_NAMESPACE", "demo")];
+    let bad = [
+        ("SIDECAR_COORDINATOR", "true"),
+        ("SIDECAR_LEASE_DURATION", "5s"),
+        ("SIDECAR_FAILBACK", "perhaps"),
+        ("SIDECAR_PREFERRED_ZONES", "s1"),
+    ];
+    // Coordinator on without a cluster name; a lease shorter than its renew deadline.
+    let env: Vec<_> = base.iter().chain(bad.iter()).copied().collect();
+    assert_rejected(
+        &env,
+        &[
+            "SIDECAR_CLUSTER_NAME",
+            "SIDECAR_LEASE_DURATION",
+            "SIDECAR_FAILBACK",
+            "SIDECAR_PREFERRED_ZONES",
+        ],
+    );
+    let env: Vec<_> = base
+        .iter()
+        .chain(bad.iter())
+        .chain([("SIDECAR_CLUSTER_NAME", "c1")].iter())
+        .copied()
+        .collect();
+    assert_rejected(
+        &env,
+        &[
+            "SIDECAR_LEASE_DURATION",
+            "SIDECAR_FAILBACK",
+            "SIDECAR_PREFERRED_ZONES",
+        ],
+    );
+}
+
+#[test]
 fn unknown_flag_is_a_usage_error() {
     let out = run(&[], &["--no-such-flag"]);
     assert_eq!(out.status.code(), Some(64));
