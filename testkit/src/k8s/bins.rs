@@ -1,0 +1,84 @@
+//! Locating the Kubernetes binaries and the agent binary.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use anyhow::{Context, anyhow, bail};
+
+use crate::Result;
+
+/// A directory holding `etcd`, `kube-apiserver`, `kube-scheduler`, `kube-controller-manager` and
+/// `kubectl`; bypasses `scripts/k8s-bins.sh`.
+pub const K8S_BIN_DIR_ENV: &str = "VALKEY_TESTKIT_K8S_BIN_DIR";
+
+/// Path of the `valkey-sidecar` binary the process-backed pods run.
+pub const SIDECAR_BIN_ENV: &str = "VALKEY_SIDECAR_BIN";
+
+/// The directory with the control-plane binaries: `$VALKEY_TESTKIT_K8S_BIN_DIR`, else what
+/// `scripts/k8s-bins.sh` prints (it builds Kubernetes v1.37.2 and etcd v3.6.16 from Go modules into
+/// `~/.cache/valkey-sidecar` on first use, which takes many minutes; later calls are instant).
+///
+/// Blocking; looked up once per process.
+pub fn k8s_bin_dir() -> Result<PathBuf> {
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    DIR.get_or_init(|| find_bin_dir().map_err(|e| format!("{e:#}")))
+        .clone()
+        .map_err(|e| anyhow!(e))
+}
+
+/// The `kubectl` of the same release as the control plane.
+pub fn kubectl_bin() -> Result<PathBuf> {
+    Ok(k8s_bin_dir()?.join("kubectl"))
+}
+
+fn find_bin_dir() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os(K8S_BIN_DIR_ENV) {
+        return Ok(PathBuf::from(dir));
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/k8s-bins.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} failed ({}): {}",
+            script.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let dir = stdout
+        .lines()
+        .last()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .with_context(|| format!("{} printed no directory", script.display()))?;
+    Ok(PathBuf::from(dir))
+}
+
+/// The `valkey-sidecar` binary: `$VALKEY_SIDECAR_BIN`, else the one cargo built next to the running
+/// executable. A test binary lives in `target/<profile>/deps/` and `cargo test --workspace` puts
+/// the workspace's binaries in `target/<profile>/`; the demo binary sits in `target/<profile>/`
+/// itself. With `cargo test -p valkey-sidecar-testkit` alone the agent may be missing or stale:
+/// run `cargo build --bin valkey-sidecar` first or set the variable.
+pub fn sidecar_bin() -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os(SIDECAR_BIN_ENV) {
+        return Ok(PathBuf::from(path));
+    }
+    let exe = std::env::current_exe().context("locating the running executable")?;
+    exe.ancestors()
+        .skip(1)
+        .take(2)
+        .map(|dir| dir.join("valkey-sidecar"))
+        .find(|p| p.is_file())
+        .with_context(|| {
+            format!(
+                "no valkey-sidecar binary next to {}: run `cargo build --bin valkey-sidecar` or \
+                 set {SIDECAR_BIN_ENV}",
+                exe.display()
+            )
+        })
+}

@@ -1,0 +1,444 @@
+//! A minimal kubelet for tests: runs pods bound to the fake nodes as local processes.
+//!
+//! It watches all pods; for each one whose `spec.nodeName` is one of the [`FakeNodes`]:
+//! 1. allocates a pod IP on the loopback (`127.<b>.x.y`, `b` derived from the test process's pid
+//!    so concurrent test processes rarely meet; an address whose ports are taken is skipped;
+//!    addresses are never reused within a process),
+//! 2. requests a ServiceAccount token bound to the pod (TokenRequest API, default audience,
+//!    renewed at 80% of its lifetime) and writes a kubeconfig using it (`KUBECONFIG` of every
+//!    container),
+//! 3. starts the containers it recognises (see [`spec`] for the image → program mapping, the
+//!    downward-API environment and the pod-local loopback rule),
+//! 4. reports status like a kubelet (phase, pod/host IPs, container statuses, the
+//!    `Initialized`/`ContainersReady`/`Ready` conditions) and runs startup, liveness and readiness
+//!    probes ([`probe`]), restarting crashed containers per `restartPolicy` after a fixed short
+//!    back-off,
+//! 5. on a `deletionTimestamp`: runs the `preStop` hooks, sends SIGTERM, waits up to the grace
+//!    period, sends SIGKILL and removes the pod object (grace 0).
+//!
+//! Chaos: [`Kubelet::crash`] (SIGKILL behind Kubernetes' back; the kubelet notices and restarts),
+//! [`Kubelet::pause`]/[`Kubelet::resume`] (SIGSTOP/SIGCONT), [`Kubelet::cut_node`] (every process
+//! of the node killed and its heartbeat stopped: the node goes Unknown, its pods stay as they are
+//! in the API, as with a real dead node) and [`Kubelet::restore_node`].
+//!
+//! Not supported: init containers (skipped), volumes (so no mounted secrets), `envFrom`, gRPC
+//! probes, HTTPS probes, resource limits.
+
+mod container;
+mod ips;
+mod pod;
+mod probe;
+pub(crate) mod spec;
+mod status;
+
+use std::collections::{HashMap, HashSet};
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use self::pod::PodRuntime;
+use super::control_plane::ControlPlane;
+use super::nodes::{FakeNodes, NodesShared};
+use super::util::poll_until;
+use crate::Result;
+use crate::net::lock;
+
+/// How the [`Kubelet`] behaves.
+#[derive(Clone, Debug)]
+pub struct KubeletOptions {
+    /// The agent binary for `valkey-sidecar` images; `None`: [`super::sidecar_bin`] (if that
+    /// fails, such containers wait with reason `StartError`).
+    pub sidecar_bin: Option<PathBuf>,
+    /// Replaces every probe's `periodSeconds` (default: the probe's, else 1 s).
+    pub probe_period: Option<Duration>,
+    /// Delay before a crashed container is restarted.
+    pub restart_backoff: Duration,
+    /// How often each pod checks its processes and reports status.
+    pub sync_period: Duration,
+    /// Lifetime requested for pod ServiceAccount tokens.
+    pub token_ttl: Duration,
+}
+
+impl Default for KubeletOptions {
+    fn default() -> Self {
+        Self {
+            sidecar_bin: None,
+            probe_period: None,
+            restart_backoff: Duration::from_secs(1),
+            sync_period: Duration::from_millis(100),
+            token_ttl: Duration::from_secs(3600),
+        }
+    }
+}
+
+impl KubeletOptions {
+    /// Probes every `period` instead of the pods' `periodSeconds`.
+    pub fn probe_period(mut self, period: Duration) -> Self {
+        self.probe_period = Some(period);
+        self
+    }
+
+    pub fn sidecar_bin(mut self, path: impl Into<PathBuf>) -> Self {
+        self.sidecar_bin = Some(path.into());
+        self
+    }
+}
+
+/// A lifecycle hook the kubelet ran.
+#[derive(Clone, Debug)]
+pub struct HookRun {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+    /// `preStop` or `postStart`.
+    pub hook: &'static str,
+    /// What was done, e.g. `httpGet http://127.1.0.1:9736/livez`.
+    pub action: String,
+    /// `Ok(outcome)` (e.g. `HTTP 200`) or the failure.
+    pub result: Result<String, String>,
+    pub took: Duration,
+}
+
+/// How a container process ended when its pod was deleted.
+#[derive(Clone, Debug)]
+pub struct StopRecord {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+    /// Exited after SIGTERM within the grace period (else it got SIGKILL).
+    pub graceful: bool,
+    /// From SIGTERM to exit.
+    pub took: Duration,
+}
+
+struct PodEntry {
+    runtime: Arc<PodRuntime>,
+    updates: watch::Sender<Option<Pod>>,
+    task: JoinHandle<()>,
+}
+
+/// State shared by the watch task, the pod tasks and the [`Kubelet`] handle.
+pub(crate) struct Shared {
+    client: Client,
+    url: String,
+    ca_pem: Vec<u8>,
+    nodes: Arc<NodesShared>,
+    /// Node name → host IP, for the nodes this kubelet serves.
+    host_ips: HashMap<String, String>,
+    opts: KubeletOptions,
+    binaries: HashMap<&'static str, PathBuf>,
+    /// Why `valkey-sidecar` images cannot run, if they cannot.
+    sidecar_missing: Option<String>,
+    /// By pod uid.
+    pods: Mutex<HashMap<String, PodEntry>>,
+    cut: Mutex<HashSet<String>>,
+    hooks: Mutex<Vec<HookRun>>,
+    stops: Mutex<Vec<StopRecord>>,
+}
+
+impl Shared {
+    fn is_cut(&self, node: &str) -> bool {
+        lock(&self.cut).contains(node)
+    }
+
+    /// A new or changed pod from the watch.
+    fn observe(self: &Arc<Self>, pod: Pod) {
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+            return;
+        };
+        let Some(host_ip) = self.host_ips.get(&node).cloned() else {
+            return;
+        };
+        let Some(uid) = pod.metadata.uid.clone() else {
+            return;
+        };
+        let mut pods = lock(&self.pods);
+        if let Some(entry) = pods.get(&uid) {
+            entry.updates.send_replace(Some(pod));
+            return;
+        }
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Succeeded" | "Failed")) {
+            return;
+        }
+        match self.admit(&pod, node, host_ip) {
+            Ok(runtime) => {
+                let (updates, rx) = watch::channel(Some(pod));
+                let task = tokio::spawn(pod_task(Arc::clone(self), Arc::clone(&runtime), rx));
+                pods.insert(
+                    uid,
+                    PodEntry {
+                        runtime,
+                        updates,
+                        task,
+                    },
+                );
+            }
+            Err(e) => eprintln!("valkey-testkit kubelet: cannot admit a pod: {e:#}"),
+        }
+    }
+
+    fn admit(&self, pod: &Pod, node: String, host_ip: String) -> Result<Arc<PodRuntime>> {
+        let ip = ips::allocate(&ips::ports_of(pod))?;
+        Ok(Arc::new(PodRuntime::new(pod, node, host_ip, ip)?))
+    }
+
+    /// The pod object is gone.
+    fn removed(&self, uid: &str) {
+        if let Some(entry) = lock(&self.pods).get(uid) {
+            entry.updates.send_replace(None);
+        }
+    }
+
+    fn find(&self, namespace: &str, name: &str) -> Option<Arc<PodRuntime>> {
+        lock(&self.pods)
+            .values()
+            .map(|e| &e.runtime)
+            .find(|r| r.namespace == namespace && r.name == name)
+            .cloned()
+    }
+
+    fn runtimes(&self) -> Vec<Arc<PodRuntime>> {
+        lock(&self.pods)
+            .values()
+            .map(|e| Arc::clone(&e.runtime))
+            .collect()
+    }
+}
+
+async fn pod_task(
+    shared: Arc<Shared>,
+    runtime: Arc<PodRuntime>,
+    mut rx: watch::Receiver<Option<Pod>>,
+) {
+    pod::run(&shared, &runtime, &mut rx).await;
+    runtime.kill_all();
+    lock(&shared.pods).remove(&runtime.uid);
+}
+
+async fn watch_pods(shared: Arc<Shared>) {
+    let api: Api<Pod> = Api::all(shared.client.clone());
+    let mut stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    let mut listed: HashSet<String> = HashSet::new();
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(watcher::Event::Init) => listed.clear(),
+            Ok(watcher::Event::InitApply(pod)) => {
+                listed.extend(pod.metadata.uid.clone());
+                shared.observe(pod);
+            }
+            Ok(watcher::Event::InitDone) => {
+                // After a re-list, pods we run that were not listed have been removed.
+                let gone: Vec<String> = lock(&shared.pods)
+                    .keys()
+                    .filter(|uid| !listed.contains(*uid))
+                    .cloned()
+                    .collect();
+                gone.iter().for_each(|uid| shared.removed(uid));
+            }
+            Ok(watcher::Event::Apply(pod)) => shared.observe(pod),
+            Ok(watcher::Event::Delete(pod)) => {
+                if let Some(uid) = &pod.metadata.uid {
+                    shared.removed(uid);
+                }
+            }
+            Err(e) => eprintln!("valkey-testkit kubelet: pod watch: {e}"),
+        }
+    }
+}
+
+/// The kubelet of all fake nodes. Dropping it kills every pod process (the pod objects stay).
+pub struct Kubelet {
+    shared: Arc<Shared>,
+    watch: JoinHandle<()>,
+}
+
+impl Drop for Kubelet {
+    fn drop(&mut self) {
+        self.watch.abort();
+        let entries: Vec<PodEntry> = lock(&self.shared.pods).drain().map(|(_, e)| e).collect();
+        for entry in entries {
+            entry.task.abort();
+            entry.runtime.kill_all();
+        }
+    }
+}
+
+impl Kubelet {
+    /// Starts serving the pods bound to `nodes`, talking to `plane` as admin.
+    pub async fn start(
+        plane: &ControlPlane,
+        nodes: &FakeNodes,
+        opts: KubeletOptions,
+    ) -> Result<Self> {
+        let sidecar = match &opts.sidecar_bin {
+            Some(p) => Ok(p.clone()),
+            None => super::sidecar_bin(),
+        };
+        // Pods without the agent still run; pods with it report why it cannot start.
+        let sidecar_missing = sidecar.as_ref().err().map(|e| format!("{e:#}"));
+        let valkey = tokio::task::spawn_blocking(crate::valkey_server_bin)
+            .await?
+            .context("locating valkey-server")?;
+        let shared = Arc::new(Shared {
+            client: plane.client(),
+            url: plane.url().to_owned(),
+            ca_pem: plane.ca_pem().to_vec(),
+            nodes: nodes.shared(),
+            host_ips: nodes
+                .nodes()
+                .iter()
+                .map(|n| (n.name.clone(), n.internal_ip.to_string()))
+                .collect(),
+            binaries: pod::binaries(sidecar.ok(), Some(valkey)),
+            sidecar_missing,
+            opts,
+            pods: Mutex::new(HashMap::new()),
+            cut: Mutex::new(HashSet::new()),
+            hooks: Mutex::new(Vec::new()),
+            stops: Mutex::new(Vec::new()),
+        });
+        let watch = tokio::spawn(watch_pods(Arc::clone(&shared)));
+        Ok(Self { shared, watch })
+    }
+
+    fn pod(&self, namespace: &str, name: &str) -> Result<Arc<PodRuntime>> {
+        self.shared
+            .find(namespace, name)
+            .with_context(|| format!("the kubelet runs no pod {namespace}/{name}"))
+    }
+
+    /// The pod IP the kubelet gave the pod.
+    pub fn pod_ip(&self, namespace: &str, name: &str) -> Option<Ipv4Addr> {
+        self.shared.find(namespace, name).map(|p| p.ip)
+    }
+
+    /// Pids of the pod's running processes.
+    pub fn pids(&self, namespace: &str, name: &str) -> Vec<u32> {
+        self.shared
+            .find(namespace, name)
+            .map(|p| p.pids())
+            .unwrap_or_default()
+    }
+
+    /// Pids of every running pod process.
+    pub fn all_pids(&self) -> Vec<u32> {
+        self.shared
+            .runtimes()
+            .iter()
+            .flat_map(|p| p.pids())
+            .collect()
+    }
+
+    /// The pid of one container's process, while it runs.
+    pub fn container_pid(&self, namespace: &str, name: &str, container: &str) -> Option<u32> {
+        let pod = self.shared.find(namespace, name)?;
+        pod.containers().iter().find(|c| c.name == container)?.pid()
+    }
+
+    /// SIGKILL every process of the pod without telling Kubernetes. The kubelet notices on its
+    /// next pass, reports the containers terminated and not ready, and restarts them.
+    pub fn crash(&self, namespace: &str, name: &str) -> Result<()> {
+        self.pod(namespace, name)?.kill_all();
+        Ok(())
+    }
+
+    /// SIGKILL one container's process.
+    pub fn crash_container(&self, namespace: &str, name: &str, container: &str) -> Result<()> {
+        let pod = self.pod(namespace, name)?;
+        let c = pod
+            .containers()
+            .into_iter()
+            .find(|c| c.name == container)
+            .with_context(|| format!("pod {namespace}/{name} has no container {container}"))?;
+        c.kill()
+    }
+
+    /// SIGSTOP every process of the pod (probes then time out).
+    pub fn pause(&self, namespace: &str, name: &str) -> Result<()> {
+        self.signal_pod(namespace, name, "STOP")
+    }
+
+    /// SIGCONT after [`Self::pause`].
+    pub fn resume(&self, namespace: &str, name: &str) -> Result<()> {
+        self.signal_pod(namespace, name, "CONT")
+    }
+
+    fn signal_pod(&self, namespace: &str, name: &str, signal: &str) -> Result<()> {
+        for c in self.pod(namespace, name)?.containers() {
+            c.signal(signal)?;
+        }
+        Ok(())
+    }
+
+    /// The node dies: SIGKILL every process of its pods, stop its heartbeat, and stop acting for
+    /// it (no restarts, no status, deletions stay pending) until [`Self::restore_node`].
+    pub fn cut_node(&self, node: &str) -> Result<()> {
+        self.shared.nodes.set_beating(node, false)?;
+        lock(&self.shared.cut).insert(node.to_owned());
+        for pod in self.shared.runtimes().iter().filter(|p| p.node == node) {
+            pod.kill_all();
+        }
+        Ok(())
+    }
+
+    /// The node comes back: heartbeat resumes, its pods' containers restart.
+    pub fn restore_node(&self, node: &str) -> Result<()> {
+        lock(&self.shared.cut).remove(node);
+        self.shared.nodes.set_beating(node, true)
+    }
+
+    /// Every lifecycle hook run so far, in order.
+    pub fn hook_runs(&self) -> Vec<HookRun> {
+        lock(&self.shared.hooks).clone()
+    }
+
+    /// How each container of a deleted pod stopped, in order.
+    pub fn stops(&self) -> Vec<StopRecord> {
+        lock(&self.shared.stops).clone()
+    }
+
+    /// The kubeconfig the pod's containers get (`KUBECONFIG`): the pod's ServiceAccount token.
+    pub fn pod_kubeconfig(&self, namespace: &str, name: &str) -> Option<PathBuf> {
+        self.shared
+            .find(namespace, name)
+            .map(|p| p.kubeconfig_path())
+    }
+
+    /// The tail of a container's output (or Valkey log), for diagnostics.
+    pub fn container_log(
+        &self,
+        namespace: &str,
+        name: &str,
+        container: &str,
+        lines: usize,
+    ) -> String {
+        self.shared
+            .find(namespace, name)
+            .and_then(|p| p.containers().into_iter().find(|c| c.name == container))
+            .map(|c| c.log_tail(lines))
+            .unwrap_or_default()
+    }
+
+    /// Waits until the pod object reports `Ready=True`; returns it.
+    pub async fn wait_ready(&self, namespace: &str, name: &str, timeout: Duration) -> Result<Pod> {
+        let api: Api<Pod> = Api::namespaced(self.shared.client.clone(), namespace);
+        let what = format!("pod {namespace}/{name} Ready");
+        poll_until(&what, timeout, Duration::from_millis(50), || async {
+            Ok(super::pod_is_ready(&api.get(name).await?))
+        })
+        .await?;
+        Ok(api.get(name).await?)
+    }
+}

@@ -1,0 +1,581 @@
+//! One process-backed pod: set-up, the sync loop (crashes, restarts, probes, status) and graceful
+//! termination.
+
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures::future::join_all;
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use serde_json::Value;
+use tempfile::TempDir;
+use tokio::sync::watch;
+
+use super::container::ContainerRuntime;
+use super::probe::Action;
+use super::spec::{Kind, PodFacts, kind_of, resolve_env};
+use super::status::{PodView, Transitions, status_patch};
+use super::{HookRun, Shared, StopRecord};
+use crate::Result;
+use crate::k8s::kubeconfig::{self, Credential};
+use crate::k8s::pod_condition;
+use crate::net::lock;
+
+/// The kubelet's minimum time for SIGTERM after a preStop hook used up the grace period.
+const MIN_TERM_GRACE: Duration = Duration::from_secs(2);
+
+/// A pod the kubelet runs.
+pub(crate) struct PodRuntime {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub node: String,
+    pub ip: Ipv4Addr,
+    pub host_ip: String,
+    /// The pod's own files: service-account token and kubeconfig.
+    dir: TempDir,
+    pub containers: Mutex<Vec<Arc<ContainerRuntime>>>,
+    start_time: Timestamp,
+    transitions: Transitions,
+    token_refresh_at: Mutex<Option<Instant>>,
+    last_status: Mutex<Option<Value>>,
+}
+
+impl PodRuntime {
+    pub fn new(pod: &Pod, node: String, host_ip: String, ip: Ipv4Addr) -> Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("valkey-testkit-pod-")
+            .tempdir()
+            .context("creating a pod dir")?;
+        Ok(Self {
+            namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            node,
+            ip,
+            host_ip,
+            dir,
+            containers: Mutex::new(Vec::new()),
+            start_time: Timestamp::now(),
+            transitions: Transitions::default(),
+            token_refresh_at: Mutex::new(None),
+            last_status: Mutex::new(None),
+        })
+    }
+
+    pub fn containers(&self) -> Vec<Arc<ContainerRuntime>> {
+        lock(&self.containers).clone()
+    }
+
+    /// SIGKILL every process of the pod.
+    pub fn kill_all(&self) {
+        for c in self.containers() {
+            if let Err(e) = c.kill() {
+                eprintln!("valkey-testkit kubelet: killing {}: {e:#}", c.label);
+            }
+        }
+    }
+
+    /// Pids of the running processes.
+    pub fn pids(&self) -> Vec<u32> {
+        self.containers().iter().filter_map(|c| c.pid()).collect()
+    }
+
+    pub fn kubeconfig_path(&self) -> PathBuf {
+        self.dir.path().join("kubeconfig")
+    }
+
+    fn token_path(&self) -> PathBuf {
+        self.dir.path().join("token")
+    }
+}
+
+/// The pod's life, from its first sighting to its removal. Returns when the pod object is gone
+/// or the kubelet stops; the caller then kills what is left.
+pub(crate) async fn run(shared: &Shared, pod: &PodRuntime, rx: &mut watch::Receiver<Option<Pod>>) {
+    if let Err(e) = lifecycle(shared, pod, rx).await {
+        eprintln!(
+            "valkey-testkit kubelet: pod {}/{}: {e:#}",
+            pod.namespace, pod.name
+        );
+    }
+}
+
+async fn lifecycle(
+    shared: &Shared,
+    pod: &PodRuntime,
+    rx: &mut watch::Receiver<Option<Pod>>,
+) -> Result<()> {
+    // Set-up (token, environment) can fail until e.g. a ServiceAccount or Secret exists:
+    // retry, as a kubelet does, reporting the error in the pod status.
+    loop {
+        match next_step(shared, pod, rx) {
+            Step::Gone => return Ok(()),
+            Step::Frozen => {}
+            Step::Terminate(object) => return terminate(shared, pod, &object).await,
+            Step::Run(object) => match prepare(shared, pod, &object).await {
+                Ok(()) => break,
+                Err(e) => report_setup_error(shared, pod, &e).await,
+            },
+        }
+        if !wait_change_or(rx, Duration::from_secs(1)).await {
+            return Ok(());
+        }
+    }
+    start_containers(shared, pod).await;
+    loop {
+        match next_step(shared, pod, rx) {
+            Step::Gone => return Ok(()),
+            Step::Frozen => {}
+            Step::Terminate(object) => return terminate(shared, pod, &object).await,
+            Step::Run(object) => sync(shared, pod, &object).await,
+        }
+        if !wait_change_or(rx, shared.opts.sync_period).await {
+            return Ok(());
+        }
+    }
+}
+
+/// What the pod task does next, from the latest pod object.
+enum Step {
+    /// The object was removed (force-deleted, or finalised by us).
+    Gone,
+    /// The node is cut: nobody restarts, probes or reports, nobody finalises a deletion.
+    Frozen,
+    Terminate(Pod),
+    Run(Pod),
+}
+
+fn next_step(shared: &Shared, pod: &PodRuntime, rx: &mut watch::Receiver<Option<Pod>>) -> Step {
+    let Some(object) = rx.borrow_and_update().clone() else {
+        return Step::Gone;
+    };
+    if shared.is_cut(&pod.node) {
+        Step::Frozen
+    } else if deleting(&object) {
+        Step::Terminate(object)
+    } else {
+        Step::Run(object)
+    }
+}
+
+/// Waits for a new version of the pod or `timeout`; `false` when the kubelet is gone.
+async fn wait_change_or(rx: &mut watch::Receiver<Option<Pod>>, timeout: Duration) -> bool {
+    !matches!(
+        tokio::time::timeout(timeout, rx.changed()).await,
+        Ok(Err(_))
+    )
+}
+
+fn deleting(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_some()
+}
+
+/// Token, kubeconfig, environments and container runtimes.
+async fn prepare(shared: &Shared, pod: &PodRuntime, object: &Pod) -> Result<()> {
+    refresh_token(shared, pod, object).await?;
+    let facts = PodFacts {
+        pod: object,
+        ip: pod.ip,
+        host_ip: pod.host_ip.clone(),
+    };
+    let spec = object.spec.as_ref().context("pod without spec")?;
+    let mut containers = Vec::new();
+    for container in &spec.containers {
+        let image = container.image.clone().unwrap_or_default();
+        let kind = kind_of(&image);
+        let program = match kind {
+            Kind::Valkey => shared.binaries.get("valkey-server").cloned(),
+            Kind::Sidecar => shared.binaries.get("valkey-sidecar").cloned(),
+            Kind::Pause => Some(PathBuf::from("sleep")),
+            Kind::Unsupported => None,
+        };
+        let env = resolve_env(
+            &shared.client,
+            &facts,
+            container,
+            kind,
+            &pod.kubeconfig_path(),
+        )
+        .await?;
+        let label = format!("{}/{}/{}", pod.namespace, pod.name, container.name);
+        containers.push(Arc::new(ContainerRuntime::new(
+            container.clone(),
+            kind,
+            env,
+            label,
+            program,
+            pod.ip,
+            shared.opts.probe_period,
+        )?));
+    }
+    *lock(&pod.containers) = containers;
+    Ok(())
+}
+
+/// Requests a token for the pod's ServiceAccount bound to the pod (TokenRequest API, default
+/// audience) and (re)writes the token file the pod's kubeconfig points to.
+async fn refresh_token(shared: &Shared, pod: &PodRuntime, object: &Pod) -> Result<()> {
+    let account = object
+        .spec
+        .as_ref()
+        .and_then(|s| s.service_account_name.clone())
+        .unwrap_or_else(|| "default".into());
+    let ttl = shared.opts.token_ttl;
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            audiences: None,
+            bound_object_ref: Some(BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(pod.name.clone()),
+                uid: Some(pod.uid.clone()),
+            }),
+            expiration_seconds: i64::try_from(ttl.as_secs()).ok(),
+            ..TokenRequestSpec::default()
+        }),
+        ..TokenRequest::default()
+    };
+    let api: Api<ServiceAccount> = Api::namespaced(shared.client.clone(), &pod.namespace);
+    let issued = api
+        .create_token_request(&account, &PostParams::default(), &request)
+        .await
+        .with_context(|| {
+            format!(
+                "TokenRequest for serviceaccount {}/{account}",
+                pod.namespace
+            )
+        })?;
+    let token = issued
+        .status
+        .and_then(|s| s.token)
+        .context("TokenRequest without a token")?;
+    kubeconfig::write_atomic(&pod.token_path(), token.as_bytes())?;
+    let user = format!("system:serviceaccount:{}:{account}", pod.namespace);
+    let text = kubeconfig::render(
+        &shared.url,
+        &shared.ca_pem,
+        &user,
+        Credential::TokenFile(&pod.token_path()),
+    );
+    kubeconfig::write_atomic(&pod.kubeconfig_path(), text.as_bytes())?;
+    // Renew at 80% of the lifetime, like the kubelet's projected token volumes.
+    *lock(&pod.token_refresh_at) = Some(Instant::now() + ttl.mul_f64(0.8));
+    Ok(())
+}
+
+async fn report_setup_error(shared: &Shared, pod: &PodRuntime, e: &anyhow::Error) {
+    let message = format!("{e:#}");
+    if lock(&pod.last_status).is_none() {
+        eprintln!(
+            "valkey-testkit kubelet: pod {}/{} not started yet: {message}",
+            pod.namespace, pod.name
+        );
+    }
+    let patch = serde_json::json!({ "status": {
+        "phase": "Pending",
+        "hostIP": pod.host_ip,
+        "message": message,
+        "reason": "CreateContainerConfigError",
+    }});
+    if patch_status(shared, pod, patch.clone()).await {
+        *lock(&pod.last_status) = Some(patch);
+    }
+}
+
+async fn start_containers(shared: &Shared, pod: &PodRuntime) {
+    for c in pod.containers() {
+        if c.runnable() {
+            start_container(shared, pod, &c).await;
+            continue;
+        }
+        let why = match (c.kind, &shared.sidecar_missing) {
+            (Kind::Sidecar, Some(e)) => ("StartError", e.clone()),
+            _ => (
+                "UnsupportedImage",
+                "the valkey-testkit kubelet runs valkey, valkey-sidecar and pause images".into(),
+            ),
+        };
+        lock(&c.state).waiting = Some((why.0.into(), why.1));
+    }
+}
+
+/// Starts (or restarts) one container and runs its postStart hook.
+async fn start_container(shared: &Shared, pod: &PodRuntime, c: &ContainerRuntime) {
+    if let Err(e) = c.start() {
+        lock(&c.state).waiting = Some(("StartError".into(), format!("{e:#}")));
+        return;
+    }
+    let hook = c
+        .spec
+        .lifecycle
+        .as_ref()
+        .and_then(|l| l.post_start.as_ref());
+    if let Some(handler) = hook {
+        run_hook(
+            shared,
+            pod,
+            c,
+            "postStart",
+            handler,
+            Duration::from_secs(30),
+        )
+        .await;
+    }
+}
+
+/// One pass: exits and restarts, due probes, token renewal, status report.
+async fn sync(shared: &Shared, pod: &PodRuntime, object: &Pod) {
+    let policy = restart_policy(object);
+    for c in pod.containers() {
+        if let Some(t) = c.check_exit() {
+            schedule_restart(shared, &c, &policy, t.exit_code);
+        }
+        let due = lock(&c.state)
+            .restart_at
+            .is_some_and(|at| Instant::now() >= at);
+        if due {
+            start_container(shared, pod, &c).await;
+        }
+    }
+    run_probes(shared, pod, &policy).await;
+    let renew = lock(&pod.token_refresh_at).is_some_and(|at| Instant::now() >= at);
+    if renew && let Err(e) = refresh_token(shared, pod, object).await {
+        eprintln!(
+            "valkey-testkit kubelet: renewing the token of {}: {e:#}",
+            pod.name
+        );
+    }
+    report_status(shared, pod, object).await;
+}
+
+fn restart_policy(object: &Pod) -> String {
+    object
+        .spec
+        .as_ref()
+        .and_then(|s| s.restart_policy.clone())
+        .unwrap_or_else(|| "Always".into())
+}
+
+/// Restarts after [`super::KubeletOptions::restart_backoff`] per `restartPolicy` (the kubelet's
+/// back-off grows from 10 s to 5 min; a fixed short one keeps tests quick).
+fn schedule_restart(shared: &Shared, c: &ContainerRuntime, policy: &str, exit_code: i32) {
+    let restart = match policy {
+        "Never" => false,
+        "OnFailure" => exit_code != 0,
+        _ => true,
+    };
+    if restart {
+        lock(&c.state).restart_at = Some(Instant::now() + shared.opts.restart_backoff);
+    }
+}
+
+/// Runs every due probe of every container concurrently and records the results; a failed
+/// liveness or startup probe kills the container (it restarts per policy).
+async fn run_probes(shared: &Shared, pod: &PodRuntime, policy: &str) {
+    let now = Instant::now();
+    let mut due = Vec::new();
+    for c in pod.containers() {
+        for (index, action, timeout) in c.due_probes(now) {
+            due.push((Arc::clone(&c), index, action, timeout));
+        }
+    }
+    let runs = due
+        .into_iter()
+        .map(|(c, index, action, timeout)| async move {
+            let result = action.run(timeout, &c.env, &shared.binaries).await;
+            (c, index, result)
+        });
+    for (c, index, result) in join_all(runs).await {
+        if c.record_probe(index, result) {
+            eprintln!(
+                "valkey-testkit kubelet: {} failed its probe; restarting it",
+                c.label
+            );
+            if let Err(e) = c.kill() {
+                eprintln!("valkey-testkit kubelet: killing {}: {e:#}", c.label);
+            }
+            if let Some(t) = c.check_exit() {
+                schedule_restart(shared, &c, policy, t.exit_code);
+            }
+        }
+    }
+}
+
+/// Patches the pod status if it changed since the last report.
+async fn report_status(shared: &Shared, pod: &PodRuntime, object: &Pod) {
+    let containers = pod.containers();
+    let view = PodView {
+        object,
+        ip: pod.ip.to_string(),
+        host_ip: pod.host_ip.clone(),
+        start_time: pod.start_time,
+        transitions: &pod.transitions,
+    };
+    let refs: Vec<&ContainerRuntime> = containers.iter().map(AsRef::as_ref).collect();
+    let patch = status_patch(&view, &refs);
+    // Others write the status too (the node-lifecycle controller marks pods NotReady while their
+    // node looks dead), so "unchanged since our last report" is not enough: the object must also
+    // agree with what we would report.
+    let agrees = pod_condition(object, "Ready") == Some(patch_ready(&patch));
+    if agrees && lock(&pod.last_status).as_ref() == Some(&patch) {
+        return;
+    }
+    if patch_status(shared, pod, patch.clone()).await {
+        *lock(&pod.last_status) = Some(patch);
+    }
+}
+
+/// The `Ready` condition in a status patch.
+fn patch_ready(patch: &Value) -> bool {
+    patch["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
+        .is_some_and(|c| c["status"] == "True")
+}
+
+/// Strategic-merge patch of the status subresource; `false` on failure (retried next pass).
+async fn patch_status(shared: &Shared, pod: &PodRuntime, patch: Value) -> bool {
+    let api: Api<Pod> = Api::namespaced(shared.client.clone(), &pod.namespace);
+    match api
+        .patch_status(&pod.name, &PatchParams::default(), &Patch::Strategic(patch))
+        .await
+    {
+        Ok(_) => true,
+        Err(kube::Error::Api(e)) if e.code == 404 => false,
+        Err(e) => {
+            eprintln!(
+                "valkey-testkit kubelet: status of {}/{}: {e:#}",
+                pod.namespace, pod.name
+            );
+            false
+        }
+    }
+}
+
+/// Graceful termination: preStop hooks, SIGTERM, SIGKILL after the grace period, then the pod
+/// object is removed (delete with grace 0, only this incarnation: uid precondition).
+async fn terminate(shared: &Shared, pod: &PodRuntime, object: &Pod) -> Result<()> {
+    let grace = grace_period(object);
+    let deadline = Instant::now() + grace;
+    let containers = pod.containers();
+    let hooks = containers
+        .iter()
+        .filter(|c| c.pid().is_some())
+        .filter_map(|c| {
+            let handler = c.spec.lifecycle.as_ref()?.pre_stop.as_ref()?;
+            Some(run_hook(shared, pod, c, "preStop", handler, grace))
+        });
+    join_all(hooks).await;
+    let term_grace = deadline
+        .saturating_duration_since(Instant::now())
+        .max(MIN_TERM_GRACE);
+    let stops = containers.iter().filter(|c| c.pid().is_some()).map(|c| {
+        let c = Arc::clone(c);
+        tokio::task::spawn_blocking(move || {
+            let started = Instant::now();
+            (c.terminate_blocking(term_grace), started.elapsed(), c)
+        })
+    });
+    for stopped in join_all(stops).await {
+        match stopped {
+            Ok((graceful, took, c)) => {
+                if !graceful {
+                    eprintln!(
+                        "valkey-testkit kubelet: {} ignored SIGTERM for {term_grace:?}; killed",
+                        c.label
+                    );
+                }
+                lock(&shared.stops).push(StopRecord {
+                    namespace: pod.namespace.clone(),
+                    pod: pod.name.clone(),
+                    container: c.name.clone(),
+                    graceful,
+                    took,
+                });
+            }
+            Err(e) => eprintln!("valkey-testkit kubelet: stopping a container: {e}"),
+        }
+    }
+    let api: Api<Pod> = Api::namespaced(shared.client.clone(), &pod.namespace);
+    let params = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions {
+            uid: Some(pod.uid.clone()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&pod.name, &params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+        Err(e) => Err(e).context("removing the pod object"),
+    }
+}
+
+/// `deletionGracePeriodSeconds` (set by the delete call), else the spec's, else 30 s.
+fn grace_period(object: &Pod) -> Duration {
+    let secs = object
+        .metadata
+        .deletion_grace_period_seconds
+        .or_else(|| object.spec.as_ref()?.termination_grace_period_seconds)
+        .unwrap_or(30);
+    Duration::from_secs(u64::try_from(secs).unwrap_or(0))
+}
+
+/// Runs a lifecycle hook within `timeout` and records it.
+async fn run_hook(
+    shared: &Shared,
+    pod: &PodRuntime,
+    c: &ContainerRuntime,
+    hook: &'static str,
+    handler: &k8s_openapi::api::core::v1::LifecycleHandler,
+    timeout: Duration,
+) {
+    let started = Instant::now();
+    let (action, result) = match Action::of_hook(handler, &c.spec, pod.ip) {
+        Ok(action) => {
+            let result = action.run(timeout, &c.env, &shared.binaries).await;
+            (action.describe(), result)
+        }
+        Err(e) => ("invalid".into(), Err(e)),
+    };
+    let run = HookRun {
+        namespace: pod.namespace.clone(),
+        pod: pod.name.clone(),
+        container: c.name.clone(),
+        hook,
+        action,
+        result: result.map_err(|e| format!("{e:#}")),
+        took: started.elapsed(),
+    };
+    if let Err(e) = &run.result {
+        eprintln!(
+            "valkey-testkit kubelet: {hook} hook of {} failed: {e}",
+            c.label
+        );
+    }
+    lock(&shared.hooks).push(run);
+}
+
+/// Unused-binary lookups stay cheap: the map is built once per kubelet.
+pub(crate) fn binaries(
+    sidecar: Option<PathBuf>,
+    valkey: Option<PathBuf>,
+) -> HashMap<&'static str, PathBuf> {
+    let mut map = HashMap::new();
+    if let Some(p) = sidecar {
+        map.insert("valkey-sidecar", p);
+    }
+    if let Some(p) = valkey {
+        map.insert("valkey-server", p);
+    }
+    map
+}

@@ -1,0 +1,407 @@
+//! From a container spec to a command line: which program, which arguments, which environment.
+//!
+//! The mapping, kept deliberately small:
+//! - **Images.** An image containing `valkey-sidecar` runs the agent binary; another image
+//!   containing `valkey` runs `valkey-server`; an image containing `pause` runs `sleep infinity`
+//!   (a placeholder pod). Anything else is not run (the container waits with reason
+//!   `UnsupportedImage`).
+//! - **valkey-server arguments.** `command` + `args`, after `$(VAR)` expansion, from the first
+//!   `--name` on (a leading `valkey-server` or config-file path is skipped), are passed through
+//!   as `--name value...`. The harness first sets test-friendly defaults (no persistence,
+//!   `repl-diskless-sync-delay 0`, see [`crate::ServerOptions`]) and last forces `bind` and
+//!   `bind-source-addr` to the pod IP and `dir`/`logfile`/`daemonize` to the container's own
+//!   temp dir, whatever the pod says. Without `--port` Valkey's 6379 applies.
+//! - **Environment.** `value` (with `$(VAR)` expansion of earlier variables), and `valueFrom`:
+//!   `fieldRef` (`metadata.name|namespace|uid`, `metadata.labels['k']`,
+//!   `metadata.annotations['k']`, `spec.nodeName`, `spec.serviceAccountName`, `status.podIP`,
+//!   `status.podIPs`, `status.hostIP`), `secretKeyRef` and `configMapKeyRef` (read through the
+//!   API). `envFrom` and `resourceFieldRef` are not supported. The process gets only this
+//!   environment plus `PATH` (and `RUST_LOG`/`RUST_BACKTRACE` from the harness if the pod does not
+//!   set them) and `KUBECONFIG`.
+//! - **Pod-local loopback.** All pods share the host's loopback, so a pod's `localhost` is its own
+//!   pod IP here: an environment value or exec argument that is exactly `127.0.0.1` or
+//!   `localhost`, optionally with `:port`, is rewritten to the pod IP. The agent's admin listener
+//!   defaults to `<pod IP>:9737` (a loopback address) unless `SIDECAR_ADMIN_ADDR` is set.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, EnvVar, Pod, Secret};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{Api, Client};
+
+use crate::Result;
+
+/// What the kubelet runs for a container.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Valkey,
+    Sidecar,
+    Pause,
+    Unsupported,
+}
+
+pub(crate) fn kind_of(image: &str) -> Kind {
+    if image.contains("valkey-sidecar") {
+        Kind::Sidecar
+    } else if image.contains("valkey") {
+        Kind::Valkey
+    } else if image.contains("pause") {
+        Kind::Pause
+    } else {
+        Kind::Unsupported
+    }
+}
+
+/// Default admin port of the agent.
+const SIDECAR_ADMIN_PORT: u16 = 9737;
+
+/// Settings the harness forces on every `valkey-server`, after the pod's own arguments.
+const VALKEY_FORCED: [&str; 5] = ["bind", "bind-source-addr", "dir", "logfile", "daemonize"];
+
+/// Test-friendly defaults, before the pod's own arguments (so the pod can override them).
+const VALKEY_DEFAULTS: [(&str, &str); 5] = [
+    ("save", ""),
+    ("appendonly", "no"),
+    ("enable-debug-command", "yes"),
+    ("repl-diskless-sync-delay", "0"),
+    ("repl-diskless-load", "flush-before-load"),
+];
+
+/// The `valkey-server` arguments for a container with `tokens` (`command` + `args`, expanded).
+pub(crate) fn valkey_args(tokens: &[String], ip: Ipv4Addr, dir: &Path) -> Vec<OsString> {
+    let mut out: Vec<OsString> = Vec::new();
+    for (k, v) in VALKEY_DEFAULTS {
+        out.extend([format!("--{k}").into(), v.into()]);
+    }
+    for (name, values) in flag_groups(tokens) {
+        if VALKEY_FORCED.contains(&name.as_str()) {
+            continue;
+        }
+        out.push(format!("--{name}").into());
+        out.extend(values.into_iter().map(OsString::from));
+    }
+    let ip = ip.to_string();
+    out.extend(["--bind".into(), ip.clone().into()]);
+    out.extend(["--bind-source-addr".into(), ip.into()]);
+    out.extend(["--daemonize".into(), "no".into()]);
+    out.extend(["--dir".into(), dir.as_os_str().to_owned()]);
+    out.extend(["--logfile".into(), dir.join("valkey.log").into_os_string()]);
+    out
+}
+
+/// The `--port` of a valkey container (6379 if absent).
+pub(crate) fn valkey_port(tokens: &[String]) -> u16 {
+    flag_groups(tokens)
+        .into_iter()
+        .rev()
+        .find(|(n, _)| n == "port")
+        .and_then(|(_, v)| v.first()?.parse().ok())
+        .unwrap_or(6379)
+}
+
+/// `--name v1 v2 --other v` into `(name, values)` groups, from the first `--` token on.
+fn flag_groups(tokens: &[String]) -> Vec<(String, Vec<String>)> {
+    let mut groups: Vec<(String, Vec<String>)> = Vec::new();
+    for token in tokens.iter().skip_while(|t| !t.starts_with("--")) {
+        match token.strip_prefix("--") {
+            Some(name) if !name.is_empty() => groups.push((name.to_owned(), Vec::new())),
+            _ => {
+                if let Some((_, values)) = groups.last_mut() {
+                    values.push(token.clone());
+                }
+            }
+        }
+    }
+    groups
+}
+
+/// `command` followed by `args`, with `$(VAR)` references expanded from `env`.
+pub(crate) fn command_line(container: &Container, env: &[(String, String)]) -> Vec<String> {
+    let command = container.command.iter().flatten();
+    let args = container.args.iter().flatten();
+    command.chain(args).map(|t| expand(t, env)).collect()
+}
+
+/// Kubernetes' `$(VAR)` expansion: a defined variable is replaced, an undefined reference stays as
+/// written, `$$` is a literal `$`.
+pub(crate) fn expand(value: &str, env: &[(String, String)]) -> String {
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            rest = tail;
+        } else if let Some(close) = after.strip_prefix('(').and_then(|s| s.find(')')) {
+            let name = &after[1..=close];
+            match env.iter().rev().find(|(k, _)| k == name) {
+                Some((_, v)) => out.push_str(v),
+                None => out.push_str(&rest[at..at + close + 3]),
+            }
+            rest = &after[close + 2..];
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `127.0.0.1[:port]` or `localhost[:port]` becomes `<pod ip>[:port]` (see the module docs).
+pub(crate) fn localize(value: &str, ip: Ipv4Addr) -> String {
+    for host in ["127.0.0.1", "localhost"] {
+        if let Some(rest) = value.strip_prefix(host)
+            && (rest.is_empty() || rest.strip_prefix(':').is_some_and(is_port))
+        {
+            return format!("{ip}{rest}");
+        }
+    }
+    value.to_owned()
+}
+
+fn is_port(s: &str) -> bool {
+    !s.is_empty() && s.parse::<u16>().is_ok()
+}
+
+/// What a container's environment needs to know about its pod.
+pub(crate) struct PodFacts<'a> {
+    pub pod: &'a Pod,
+    pub ip: Ipv4Addr,
+    pub host_ip: String,
+}
+
+/// The container's environment as a real pod would see it (see the module docs), plus the
+/// harness's additions.
+pub(crate) async fn resolve_env(
+    client: &Client,
+    facts: &PodFacts<'_>,
+    container: &Container,
+    kind: Kind,
+    kubeconfig: &Path,
+) -> Result<Vec<(String, String)>> {
+    let mut env: Vec<(String, String)> = Vec::new();
+    for var in container.env.iter().flatten() {
+        let value = env_value(client, facts, var, &env)
+            .await
+            .with_context(|| format!("env {} of container {}", var.name, container.name))?;
+        env.push((var.name.clone(), localize(&value, facts.ip)));
+    }
+    let defined = |env: &[(String, String)], k: &str| env.iter().any(|(n, _)| n == k);
+    if kind == Kind::Sidecar && !defined(&env, "SIDECAR_ADMIN_ADDR") {
+        env.push((
+            "SIDECAR_ADMIN_ADDR".into(),
+            format!("{}:{SIDECAR_ADMIN_PORT}", facts.ip),
+        ));
+    }
+    for k in ["PATH", "RUST_LOG", "RUST_BACKTRACE"] {
+        if !defined(&env, k)
+            && let Ok(v) = std::env::var(k)
+        {
+            env.push((k.into(), v));
+        }
+    }
+    env.push((
+        "KUBECONFIG".into(),
+        kubeconfig.to_string_lossy().into_owned(),
+    ));
+    Ok(env)
+}
+
+async fn env_value(
+    client: &Client,
+    facts: &PodFacts<'_>,
+    var: &EnvVar,
+    earlier: &[(String, String)],
+) -> Result<String> {
+    if let Some(value) = &var.value {
+        return Ok(expand(value, earlier));
+    }
+    let Some(from) = &var.value_from else {
+        return Ok(String::new());
+    };
+    let namespace = facts.pod.metadata.namespace.as_deref().unwrap_or("default");
+    if let Some(field) = &from.field_ref {
+        return field_ref(facts, &field.field_path);
+    }
+    if let Some(key) = &from.secret_key_ref {
+        let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
+        let secret = api.get_opt(&key.name).await?;
+        let value = secret
+            .and_then(|s| s.data)
+            .and_then(|d| d.get(&key.key).cloned())
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned());
+        return optional(
+            value,
+            key.optional,
+            &format!("secret {}/{}", key.name, key.key),
+        );
+    }
+    if let Some(key) = &from.config_map_key_ref {
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+        let value = api
+            .get_opt(&key.name)
+            .await?
+            .and_then(|c| c.data)
+            .and_then(|d| d.get(&key.key).cloned());
+        return optional(
+            value,
+            key.optional,
+            &format!("configmap {}/{}", key.name, key.key),
+        );
+    }
+    bail!("only value, fieldRef, secretKeyRef and configMapKeyRef are supported")
+}
+
+fn optional(value: Option<String>, optional: Option<bool>, what: &str) -> Result<String> {
+    match value {
+        Some(v) => Ok(v),
+        None if optional == Some(true) => Ok(String::new()),
+        None => bail!("{what} not found"),
+    }
+}
+
+/// The downward API's `fieldRef` paths.
+pub(crate) fn field_ref(facts: &PodFacts<'_>, path: &str) -> Result<String> {
+    let meta = &facts.pod.metadata;
+    let spec = facts.pod.spec.as_ref();
+    let lookup = |map: &Option<std::collections::BTreeMap<String, String>>, key: &str| {
+        map.as_ref()
+            .and_then(|m| m.get(key).cloned())
+            .unwrap_or_default()
+    };
+    if let Some(key) = bracketed(path, "metadata.labels") {
+        return Ok(lookup(&meta.labels, key));
+    }
+    if let Some(key) = bracketed(path, "metadata.annotations") {
+        return Ok(lookup(&meta.annotations, key));
+    }
+    Ok(match path {
+        "metadata.name" => meta.name.clone().unwrap_or_default(),
+        "metadata.namespace" => meta.namespace.clone().unwrap_or_default(),
+        "metadata.uid" => meta.uid.clone().unwrap_or_default(),
+        "spec.nodeName" => spec.and_then(|s| s.node_name.clone()).unwrap_or_default(),
+        "spec.serviceAccountName" => spec
+            .and_then(|s| s.service_account_name.clone())
+            .unwrap_or_else(|| "default".into()),
+        "status.podIP" | "status.podIPs" => facts.ip.to_string(),
+        "status.hostIP" | "status.hostIPs" => facts.host_ip.clone(),
+        other => bail!("fieldRef {other} is not supported"),
+    })
+}
+
+/// `metadata.labels['key']` → `key`.
+fn bracketed<'a>(path: &'a str, prefix: &str) -> Option<&'a str> {
+    let inner = path
+        .strip_prefix(prefix)?
+        .strip_prefix("['")?
+        .strip_suffix("']")?;
+    Some(inner)
+}
+
+/// A probe's or hook's port: a number, or the name of one of the container's ports.
+pub(crate) fn resolve_port(port: &IntOrString, container: &Container) -> Result<u16> {
+    match port {
+        IntOrString::Int(n) => u16::try_from(*n).with_context(|| format!("bad port {n}")),
+        IntOrString::String(name) => {
+            if let Ok(n) = name.parse::<u16>() {
+                return Ok(n);
+            }
+            container
+                .ports
+                .iter()
+                .flatten()
+                .find(|p| p.name.as_deref() == Some(name))
+                .and_then(|p| u16::try_from(p.container_port).ok())
+                .with_context(|| format!("container {} has no port named {name}", container.name))
+        }
+    }
+}
+
+/// Where an exec hook's or probe's program lives on this host: the agent and `valkey-server` by
+/// their well-known names, everything else from `PATH` (absolute paths as given).
+pub(crate) fn host_program(name: &str, binaries: &HashMap<&'static str, PathBuf>) -> PathBuf {
+    let base = Path::new(name)
+        .file_name()
+        .and_then(|b| b.to_str())
+        .unwrap_or(name);
+    if let Some(path) = binaries.get(base) {
+        return path.clone();
+    }
+    PathBuf::from(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn expands_like_kubernetes() {
+        let e = env(&[("A", "1"), ("POD_IP", "127.1.1.1")]);
+        assert_eq!(expand("$(POD_IP):6379", &e), "127.1.1.1:6379");
+        assert_eq!(expand("x$(MISSING)y", &e), "x$(MISSING)y");
+        assert_eq!(expand("$$(A)", &e), "$(A)");
+        assert_eq!(expand("a$b$(A", &e), "a$b$(A");
+        assert_eq!(expand("$(A)$(A)", &e), "11");
+    }
+
+    #[test]
+    fn localhost_is_the_pod_ip() {
+        let ip = Ipv4Addr::new(127, 1, 2, 3);
+        assert_eq!(localize("127.0.0.1:6379", ip), "127.1.2.3:6379");
+        assert_eq!(localize("localhost", ip), "127.1.2.3");
+        assert_eq!(localize("localhost:x", ip), "localhost:x");
+        assert_eq!(localize("127.0.0.10:1", ip), "127.0.0.10:1");
+        assert_eq!(localize("cluster", ip), "cluster");
+    }
+
+    #[test]
+    fn valkey_args_pass_flags_and_force_addresses() {
+        let tokens: Vec<String> = [
+            "valkey-server",
+            "/etc/valkey.conf",
+            "--port",
+            "7000",
+            "--cluster-enabled",
+            "yes",
+            "--bind",
+            "0.0.0.0",
+            "--save",
+            "900",
+            "1",
+        ]
+        .map(String::from)
+        .to_vec();
+        let ip = Ipv4Addr::new(127, 1, 0, 1);
+        let args: Vec<String> = valkey_args(&tokens, ip, Path::new("/d"))
+            .into_iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let joined = args.join(" ");
+        assert!(joined.contains("--port 7000 --cluster-enabled yes --save 900 1"));
+        assert!(!joined.contains("0.0.0.0"));
+        assert!(joined.ends_with("--bind 127.1.0.1 --bind-source-addr 127.1.0.1 --daemonize no --dir /d --logfile /d/valkey.log"));
+        assert_eq!(valkey_port(&tokens), 7000);
+        assert_eq!(valkey_port(&[]), 6379);
+    }
+
+    #[test]
+    fn images_map_to_programs() {
+        assert_eq!(kind_of("ghcr.io/x/valkey-sidecar:0.1"), Kind::Sidecar);
+        assert_eq!(kind_of("valkey/valkey:9.1"), Kind::Valkey);
+        assert_eq!(kind_of("registry.k8s.io/pause:3.10"), Kind::Pause);
+        assert_eq!(kind_of("nginx"), Kind::Unsupported);
+    }
+}
