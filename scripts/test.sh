@@ -5,4 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 export VALKEY_SERVER="$(scripts/valkey-bin.sh)"
+export VALKEY_TESTKIT_K8S_BIN_DIR="$(scripts/k8s-bins.sh)"
+export HELM_BIN="$(scripts/helm-bin.sh)"
 cargo test --workspace --locked "$@"
