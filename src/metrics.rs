@@ -146,6 +146,41 @@ impl Metrics {
             "HTTP requests served, by path and status",
             self.http_requests.clone(),
         );
+        r.register(
+            "label_writes",
+            "Server-side applies of the pod labels, by result",
+            self.label_writes.clone(),
+        );
+        r.register(
+            "label_write_duration_seconds",
+            "Time one label write took",
+            self.label_write_seconds.clone(),
+        );
+        r.register(
+            "events",
+            "Kubernetes Events, by reason and result",
+            self.events.clone(),
+        );
+        r.register(
+            "zone_pushes",
+            "CONFIG SET availability-zone, by result",
+            self.zone_pushes.clone(),
+        );
+        r.register(
+            "coordinator_actions",
+            "Coordinator moves, by kind and result",
+            self.actions.clone(),
+        );
+        r.register(
+            "coordinator_leader",
+            "1 while this agent holds the coordinator Lease",
+            self.leader.clone(),
+        );
+        r.register(
+            "placement_drift",
+            "Placement facts the coordinator reports, by reason",
+            self.drift.clone(),
+        );
     }
 
     /// Counts one tick and its error kind, if any.
@@ -238,9 +273,38 @@ impl Metrics {
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail; an error would only mean a bug in a label encoder.
-        if encode(&mut out, &self.registry).is_err() {
-            out.clear();
+        if let Err(e) = encode(&mut out, &self.registry) {
+            tracing::error!(error = %e, "metrics encoding failed");
+            out.push_str("# encoding failed\n");
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_is_exported() {
+        let m = Metrics::new();
+        m.label_write(Duration::from_millis(3), None);
+        m.event("Promoted", "ok");
+        m.zone_push(true);
+        m.action("Handover", "ok");
+        m.coordinator_leader(true);
+        m.drift(["FailoverDrift"].into_iter());
+        let text = m.encode();
+        for name in [
+            "valkey_sidecar_label_writes_total{result=\"ok\"} 1",
+            "valkey_sidecar_label_write_duration_seconds_count 1",
+            "valkey_sidecar_events_total{reason=\"Promoted\",result=\"ok\"} 1",
+            "valkey_sidecar_zone_pushes_total{result=\"ok\"} 1",
+            "valkey_sidecar_coordinator_actions_total{kind=\"Handover\",result=\"ok\"} 1",
+            "valkey_sidecar_coordinator_leader 1",
+            "valkey_sidecar_placement_drift{reason=\"FailoverDrift\"} 1",
+        ] {
+            assert!(text.contains(name), "{name} missing from\n{text}");
+        }
     }
 }

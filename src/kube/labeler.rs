@@ -53,6 +53,48 @@ struct Progress {
     backoff: ExponentialBackoff,
     events: TokenBucket,
     reported_bad: bool,
+    /// `resourceVersion` of the agent's last write: watch events older than it describe the pod
+    /// before that write and must not trigger another one.
+    written: Option<u64>,
+}
+
+/// Whether a watched pod predates the agent's last write. Resource versions are etcd revisions;
+/// the API asks clients not to rely on that, so a version that is not a number never counts as
+/// stale (at worst one extra, idempotent write).
+fn predates(pod: &Pod, written: Option<u64>) -> bool {
+    let version = pod
+        .metadata
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse::<u64>().ok());
+    matches!((version, written), (Some(v), Some(w)) if v < w)
+}
+
+fn version_of(pod: &Pod) -> Option<u64> {
+    pod.metadata.resource_version.as_deref()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(version: &str) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.resource_version = Some(version.into());
+        p
+    }
+
+    #[test]
+    fn events_older_than_the_last_write_are_ignored() {
+        assert!(predates(&pod("41"), Some(42)));
+        assert!(!predates(&pod("42"), Some(42)));
+        assert!(!predates(&pod("43"), Some(42)));
+        assert!(!predates(&pod("41"), None));
+        assert!(
+            !predates(&pod("opaque"), Some(42)),
+            "non-numeric versions are never stale"
+        );
+    }
 }
 
 fn backoff() -> ExponentialBackoff {
@@ -89,13 +131,18 @@ impl Labeler {
             backoff: backoff(),
             events: TokenBucket::new(5, 12_000, self.clock.now()),
             reported_bad: false,
+            written: None,
         };
         loop {
             self.step(&mut p, recorder.as_ref(), &reference).await;
             let retry = p.retry_at;
             tokio::select! {
                 changed = self.state.changed() => if changed.is_err() { return },
-                Some(event) = pod_events.next() => if let Ok(pod) = event { p.current = labels_of(&pod.metadata) },
+                Some(event) = pod_events.next() => if let Ok(pod) = event {
+                    if !predates(&pod, p.written) {
+                        p.current = labels_of(&pod.metadata);
+                    }
+                },
                 _ = sleep_until(retry.unwrap_or_else(Instant::now)), if retry.is_some() => p.retry_at = None,
                 _ = shutdown.changed() => return,
             }
@@ -207,6 +254,7 @@ impl Labeler {
             Ok(pod) => {
                 self.metrics.label_write(started.elapsed(), None);
                 p.current = labels_of(&pod.metadata);
+                p.written = version_of(&pod);
                 p.applied = Some(want);
                 p.backoff = backoff();
                 tracing::info!(role = role.as_str(), labels = ?p.applied, "pod labels updated");
