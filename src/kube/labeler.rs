@@ -74,28 +74,6 @@ fn version_of(pod: &Pod) -> Option<u64> {
     pod.metadata.resource_version.as_deref()?.parse().ok()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn pod(version: &str) -> Pod {
-        let mut p = Pod::default();
-        p.metadata.resource_version = Some(version.into());
-        p
-    }
-
-    #[test]
-    fn events_older_than_the_last_write_are_ignored() {
-        assert!(predates(&pod("41"), Some(42)));
-        assert!(!predates(&pod("42"), Some(42)));
-        assert!(!predates(&pod("43"), Some(42)));
-        assert!(!predates(&pod("41"), None));
-        assert!(
-            !predates(&pod("opaque"), Some(42)),
-            "non-numeric versions are never stale"
-        );
-    }
-}
 
 fn backoff() -> ExponentialBackoff {
     ExponentialBuilder::default()
@@ -341,5 +319,28 @@ fn role_in(labels: &BTreeMap<String, String>, policy: &LabelPolicy) -> Option<Ro
         Some(Role::Replica)
     } else {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(version: &str) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.resource_version = Some(version.into());
+        p
+    }
+
+    #[test]
+    fn events_older_than_the_last_write_are_ignored() {
+        assert!(predates(&pod("41"), Some(42)));
+        assert!(!predates(&pod("42"), Some(42)));
+        assert!(!predates(&pod("43"), Some(42)));
+        assert!(!predates(&pod("41"), None));
+        assert!(
+            !predates(&pod("opaque"), Some(42)),
+            "non-numeric versions are never stale"
+        );
     }
 }
