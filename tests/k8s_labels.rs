@@ -6,287 +6,95 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
-use valkey_sidecar_testkit::k8s::valkey::{
-    SIDECAR_PORT, ValkeyPodTemplate, cmd, form_cluster, valkey_pod, wait_valkey_up,
-};
+use kube::api::{Api, Patch, PatchParams};
+use valkey_sidecar_testkit::k8s::valkey::{ValkeyPodTemplate, cmd};
 use valkey_sidecar_testkit::k8s::{
-    ControlPlane, ControlPlaneOptions, FakeNodes, FakeNodesOptions, Kubelet, KubeletOptions,
-    http_get, poll_until,
+    ControlPlaneOptions, ROLE_LABEL as ROLE, RoleWatch, Stage, StageOptions, poll_until,
 };
 
-const NS: &str = "labels";
-const SA: &str = "valkey";
-const CLUSTER: &str = "valkey";
-const ROLE: &str = "valkey.io/role";
 const SHARD: &str = "valkey.io/shard-id";
 const ZONE: &str = "valkey.io/zone";
+const WRITES: &str = "valkey_sidecar_label_writes_total{result=\"ok\"}";
 const SECOND: Duration = Duration::from_secs(1);
 
-/// A running stage: control plane, six nodes over three zones, the kubelet, and 3 shards × 2
-/// pods forming a Valkey Cluster. Dropped in reverse order of creation.
-struct Stage {
-    kubelet: Kubelet,
-    _nodes: FakeNodes,
-    plane: ControlPlane,
-    pods: Vec<String>,
+fn options() -> StageOptions {
+    let mut o = StageOptions::default();
+    o.namespace = "labels".into();
+    o.kubelet = o.kubelet.sidecar_bin(env!("CARGO_BIN_EXE_valkey-sidecar"));
+    // Labels only: the coordinator is tested on its own.
+    o.template.sidecar_env = vec![("SIDECAR_COORDINATOR".into(), "false".into())];
+    o
 }
 
-fn helm() -> String {
-    std::env::var("HELM_BIN").unwrap_or_else(|_| {
-        let out =
-            std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/helm-bin.sh"))
-                .output()
-                .unwrap();
-        String::from_utf8(out.stdout).unwrap().trim().to_owned()
-    })
-}
-
-/// RBAC and the admission policy exactly as the chart renders them.
-async fn install_chart_rbac(plane: &ControlPlane, read_nodes: bool) {
-    plane.kubectl(&["create", "namespace", NS]).await.unwrap();
-    let chart = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/valkey-sidecar");
-    let out = std::process::Command::new(helm())
-        .args([
-            "template",
-            CLUSTER,
-            chart,
-            "--namespace",
-            NS,
-            "--set",
-            &format!("sidecar.serviceAccount.name={SA}"),
-            "--set",
-            &format!("sidecar.readNodes={read_nodes}"),
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "helm template: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let file = plane.dir().join(format!("chart-{read_nodes}.yaml"));
-    std::fs::write(&file, &out.stdout).unwrap();
-    plane
-        .kubectl(&["apply", "--server-side", "-f", file.to_str().unwrap()])
-        .await
-        .unwrap();
-}
-
-fn template() -> ValkeyPodTemplate {
-    ValkeyPodTemplate {
-        cluster: CLUSTER.into(),
-        service_account: SA.into(),
-        // Labels only: the coordinator is tested on its own.
-        sidecar_env: vec![("SIDECAR_COORDINATOR".into(), "false".into())],
-        ..ValkeyPodTemplate::default()
-    }
-}
-
-async fn stage(kubelet_opts: KubeletOptions) -> Stage {
-    let plane = ControlPlane::start(ControlPlaneOptions::default())
-        .await
-        .unwrap();
-    let nodes = FakeNodes::start(plane.client(), FakeNodesOptions::default())
-        .await
-        .unwrap();
-    nodes.wait_ready(30 * SECOND).await.unwrap();
-    let opts = kubelet_opts
-        .sidecar_bin(env!("CARGO_BIN_EXE_valkey-sidecar"))
-        .probe_period(Duration::from_millis(200));
-    let kubelet = Kubelet::start(&plane, &nodes, opts).await.unwrap();
-    install_chart_rbac(&plane, true).await;
-    let api: Api<Pod> = Api::namespaced(plane.client(), NS);
-    let t = template();
-    let mut pods = Vec::new();
-    for shard in 0..3 {
-        for member in 0..2 {
-            let pod = valkey_pod(&t, shard, member).unwrap();
-            pods.push(
-                api.create(&PostParams::default(), &pod)
-                    .await
-                    .unwrap()
-                    .metadata
-                    .name
-                    .unwrap(),
-            );
-        }
-    }
-    let addrs = wait_valkey_up(&api, &pods, 60 * SECOND).await.unwrap();
-    form_cluster(addrs.chunks(2).map(<[_]>::to_vec).collect(), 30 * SECOND)
-        .await
-        .unwrap();
-    for p in &pods {
-        kubelet.wait_ready(NS, p, 60 * SECOND).await.unwrap();
-    }
-    Stage {
-        kubelet,
-        _nodes: nodes,
-        plane,
-        pods,
-    }
-}
-
-impl Stage {
-    fn api(&self) -> Api<Pod> {
-        Api::namespaced(self.plane.client(), NS)
-    }
-
-    fn valkey(&self, pod: &str) -> SocketAddr {
-        SocketAddr::new(self.kubelet.pod_ip(NS, pod).unwrap().into(), 6379)
-    }
-
-    fn role(&self, pod: &str) -> Option<String> {
-        let v = cmd(self.valkey(pod), &["ROLE"]).ok()?;
-        let redis::Value::Array(items) = v else {
-            return None;
-        };
-        match items.first()? {
-            redis::Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
-            _ => None,
-        }
-    }
-
-    async fn labels(&self, pod: &str) -> BTreeMap<String, String> {
-        self.api()
-            .get(pod)
-            .await
-            .unwrap()
-            .metadata
-            .labels
-            .unwrap_or_default()
-    }
-
-    /// `valkey_sidecar_label_writes_total{result="ok"}` of one pod's agent.
-    async fn label_writes(&self, pod: &str) -> u64 {
-        let addr = SocketAddr::new(self.kubelet.pod_ip(NS, pod).unwrap().into(), SIDECAR_PORT);
-        let (code, metrics) = http_get(addr, "/metrics", 2 * SECOND).await.unwrap();
-        assert_eq!(code, 200, "{metrics}");
-        let line = metrics
-            .lines()
-            .find_map(|l| l.strip_prefix("valkey_sidecar_label_writes_total{result=\"ok\"} "));
-        line.unwrap_or_else(|| panic!("no label write counter in:\n{metrics}"))
-            .trim()
-            .parse()
-            .unwrap()
-    }
-
-    /// Waits until every pod's role label equals what its Valkey says and shard/zone are set.
-    async fn wait_labels_true(&self, timeout: Duration) {
-        poll_until(
-            "labels match valkey",
-            timeout,
-            Duration::from_millis(50),
-            || async {
-                for p in &self.pods {
-                    let want = match self.role(p).as_deref() {
-                        Some("master") => "primary",
-                        Some("slave") => "replica",
-                        _ => return Ok(false),
-                    };
-                    let labels = self.labels(p).await;
-                    if labels.get(ROLE).map(String::as_str) != Some(want)
-                        || !labels.contains_key(SHARD)
-                        || !labels.contains_key(ZONE)
-                    {
-                        return Ok(false);
-                    }
+/// Waits until every pod's role label equals what its Valkey says and shard/zone are set.
+async fn wait_labels_true(s: &Stage) {
+    poll_until(
+        "labels match valkey",
+        20 * SECOND,
+        Duration::from_millis(50),
+        || async {
+            for p in &s.pods {
+                let want = match s.role(p).as_deref() {
+                    Some("master") => "primary",
+                    Some("slave") => "replica",
+                    _ => return Ok(false),
+                };
+                let labels = s.labels(p).await?;
+                if labels.get(ROLE).map(String::as_str) != Some(want)
+                    || !labels.contains_key(SHARD)
+                    || !labels.contains_key(ZONE)
+                {
+                    return Ok(false);
                 }
-                Ok(true)
-            },
-        )
-        .await
-        .unwrap();
-    }
+            }
+            Ok(true)
+        },
+    )
+    .await
+    .unwrap();
 }
 
-/// Role-label values seen through a watch, with arrival time, per pod.
-type Seen = Arc<Mutex<Vec<(Instant, String, Option<String>)>>>;
-
-fn watch_roles(api: Api<Pod>) -> (Seen, tokio::task::JoinHandle<()>) {
-    let seen: Seen = Arc::default();
-    let sink = seen.clone();
-    let task = tokio::spawn(async move {
-        let mut stream = watcher(api, watcher::Config::default())
-            .applied_objects()
-            .boxed();
-        while let Some(Ok(pod)) = stream.next().await {
-            let role = pod
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(ROLE).cloned());
-            sink.lock().unwrap().push((
-                Instant::now(),
-                pod.metadata.name.unwrap_or_default(),
-                role,
-            ));
-        }
-    });
-    (seen, task)
-}
-
-/// When the watch first showed `pod` with role `want` at or after `since`.
-fn seen_at(seen: &Seen, pod: &str, want: Option<&str>, since: Instant) -> Option<Instant> {
-    seen.lock()
-        .unwrap()
-        .iter()
-        .find(|(t, p, r)| *t >= since && p == pod && r.as_deref() == want)
-        .map(|(t, _, _)| *t)
-}
-
-async fn wait_seen(
-    seen: &Seen,
-    pod: &str,
-    want: Option<&str>,
-    since: Instant,
-    timeout: Duration,
-) -> Instant {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(t) = seen_at(seen, pod, want, since) {
-            return t;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{pod} never showed role {want:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+fn node_zone(node: &str) -> String {
+    // Fake nodes are named node-<zone letter><n>.
+    format!("zone-{}", &node[5..6])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn labels_follow_valkey_within_a_poll_and_write_once_per_change() {
-    let s = stage(KubeletOptions::default()).await;
-    s.wait_labels_true(20 * SECOND).await;
-    // Shard ids are Valkey's, zones the Node's, and Valkey got its zone.
+    let s = Stage::start(options()).await.unwrap();
+    wait_labels_true(&s).await;
     for p in &s.pods {
-        let labels = s.labels(p).await;
-        let shard_id = cmd(s.valkey(p), &["CLUSTER", "MYSHARDID"]).unwrap();
-        assert_eq!(
-            Some(&redis::from_redis_value::<String>(shard_id).unwrap()),
-            labels.get(SHARD)
-        );
-        let pod = s.api().get(p).await.unwrap();
-        let node = pod.spec.unwrap().node_name.unwrap();
-        let zone = format!("zone-{}", &node[5..6]);
-        assert_eq!(labels.get(ZONE), Some(&zone), "{p} on {node}");
+        let labels = s.labels(p).await.unwrap();
+        let shard_id: String =
+            redis::from_redis_value(cmd(s.valkey(p).unwrap(), &["CLUSTER", "MYSHARDID"]).unwrap())
+                .unwrap();
+        assert_eq!(Some(&shard_id), labels.get(SHARD));
+        let node = s
+            .api()
+            .get(p)
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .node_name
+            .unwrap();
+        assert_eq!(labels.get(ZONE), Some(&node_zone(&node)), "{p} on {node}");
         let az: Vec<String> = redis::from_redis_value(
-            cmd(s.valkey(p), &["CONFIG", "GET", "availability-zone"]).unwrap(),
+            cmd(
+                s.valkey(p).unwrap(),
+                &["CONFIG", "GET", "availability-zone"],
+            )
+            .unwrap(),
         )
         .unwrap();
-        assert_eq!(az, vec!["availability-zone".to_string(), zone]);
-        // The operator's labels are untouched.
+        assert_eq!(az[1], node_zone(&node));
         assert_eq!(
             labels.get("valkey.io/cluster").map(String::as_str),
-            Some(CLUSTER)
+            Some("valkey"),
+            "operator labels untouched"
         );
     }
     println!(
@@ -296,7 +104,7 @@ async fn labels_follow_valkey_within_a_poll_and_write_once_per_change() {
                 "get",
                 "pods",
                 "-n",
-                NS,
+                &s.namespace,
                 "-o",
                 "wide",
                 "-L",
@@ -306,25 +114,30 @@ async fn labels_follow_valkey_within_a_poll_and_write_once_per_change() {
             .unwrap()
     );
 
-    let (seen, watch) = watch_roles(s.api());
+    let (seen, watch) = RoleWatch::start(s.api(), ROLE);
     tokio::time::sleep(Duration::from_millis(500)).await;
     for flip in 0..2 {
-        let (primary, replica) = if s.role("valkey-0-0").as_deref() == Some("master") {
-            ("valkey-0-0", "valkey-0-1")
-        } else {
-            ("valkey-0-1", "valkey-0-0")
-        };
-        let writes_before = s.label_writes(primary).await + s.label_writes(replica).await;
-        cmd(s.valkey(replica), &["CLUSTER", "FAILOVER"]).unwrap();
+        let (primary, replica) = s.primary_and_replica(0).unwrap();
+        let writes_before = s.agent_counter(&primary, WRITES).await.unwrap()
+            + s.agent_counter(&replica, WRITES).await.unwrap();
+        cmd(s.valkey(&replica).unwrap(), &["CLUSTER", "FAILOVER"]).unwrap();
         let mut valkey_flip = Instant::now();
-        while s.role(replica).as_deref() != Some("master") {
+        while s.role(&replica).as_deref() != Some("master") {
             valkey_flip = Instant::now();
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        let promoted = wait_seen(&seen, replica, Some("primary"), valkey_flip, 5 * SECOND).await;
-        let demoted = wait_seen(&seen, primary, Some("replica"), valkey_flip, 5 * SECOND).await;
+        let promoted = seen
+            .wait(&replica, Some("primary"), valkey_flip, 5 * SECOND)
+            .await
+            .unwrap();
+        let demoted = seen
+            .wait(&primary, Some("replica"), valkey_flip, 5 * SECOND)
+            .await
+            .unwrap();
         tokio::time::sleep(SECOND).await;
-        let writes = s.label_writes(primary).await + s.label_writes(replica).await - writes_before;
+        let writes = s.agent_counter(&primary, WRITES).await.unwrap()
+            + s.agent_counter(&replica, WRITES).await.unwrap()
+            - writes_before;
         println!(
             "flip {flip}: label primary on {replica} {:?} and replica on {primary} {:?} after Valkey reported the new role; {writes} label writes",
             promoted.duration_since(valkey_flip),
@@ -340,7 +153,7 @@ async fn labels_follow_valkey_within_a_poll_and_write_once_per_change() {
             "get",
             "events.events.k8s.io",
             "-n",
-            NS,
+            &s.namespace,
             "-o",
             "custom-columns=REASON:.reason,POD:.regarding.name,NOTE:.note",
         ])
@@ -355,51 +168,67 @@ async fn labels_follow_valkey_within_a_poll_and_write_once_per_change() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_primary_loses_its_label_and_the_promoted_replica_gains_it() {
+    let mut o = options();
     // A long restart back-off so Valkey's own failover (node timeout 2 s) happens first.
-    let s = stage(KubeletOptions {
-        restart_backoff: 12 * SECOND,
-        ..KubeletOptions::default()
-    })
-    .await;
-    s.wait_labels_true(20 * SECOND).await;
-    let (primary, replica) = if s.role("valkey-1-0").as_deref() == Some("master") {
-        ("valkey-1-0", "valkey-1-1")
-    } else {
-        ("valkey-1-1", "valkey-1-0")
-    };
-    let (seen, watch) = watch_roles(s.api());
+    o.kubelet.restart_backoff = 12 * SECOND;
+    let s = Stage::start(o).await.unwrap();
+    wait_labels_true(&s).await;
+    let (primary, replica) = s.primary_and_replica(1).unwrap();
+    let (seen, watch) = RoleWatch::start(s.api(), ROLE);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let killed = Instant::now();
-    s.kubelet.crash_container(NS, primary, "valkey").unwrap();
-    let promoted = wait_seen(&seen, replica, Some("primary"), killed, 15 * SECOND).await;
-    let unlabelled = wait_seen(&seen, primary, None, killed, 15 * SECOND).await;
+    s.kubelet
+        .crash_container(&s.namespace, &primary, "valkey")
+        .unwrap();
+    let mut valkey_promoted = Instant::now();
+    while s.role(&replica).as_deref() != Some("master") {
+        assert!(
+            killed.elapsed() < 15 * SECOND,
+            "Valkey never promoted {replica}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        valkey_promoted = Instant::now();
+    }
+    let promoted = seen
+        .wait(&replica, Some("primary"), killed, 15 * SECOND)
+        .await
+        .unwrap();
+    let unlabelled = seen
+        .wait(&primary, None, killed, 15 * SECOND)
+        .await
+        .unwrap();
     println!(
-        "primary killed: {replica} labelled primary after {:?} (node timeout 2 s); {primary}'s role label removed after {:?}",
-        promoted.duration_since(killed),
+        "primary killed: Valkey promoted {replica} after {:?} (node timeout 2 s), its label read primary {:?} later; {primary}'s role label removed after {:?}",
+        valkey_promoted.duration_since(killed),
+        promoted.saturating_duration_since(valkey_promoted),
         unlabelled.duration_since(killed)
     );
+    assert!(promoted.saturating_duration_since(valkey_promoted) < 2 * SECOND);
     // Valkey restarts (kubelet back-off), rejoins as a replica, and the label says so.
-    let rejoined = wait_seen(&seen, primary, Some("replica"), unlabelled, 30 * SECOND).await;
+    let rejoined = seen
+        .wait(&primary, Some("replica"), unlabelled, 30 * SECOND)
+        .await
+        .unwrap();
     println!(
         "{primary} labelled replica again {:?} after the kill",
         rejoined.duration_since(killed)
     );
-    assert_eq!(s.role(primary).as_deref(), Some("slave"));
+    assert_eq!(s.role(&primary).as_deref(), Some("slave"));
     watch.abort();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pods_own_token_may_change_only_its_own_valkey_labels() {
-    let s = stage(KubeletOptions::default()).await;
-    s.wait_labels_true(20 * SECOND).await;
-    let me = "valkey-2-0";
-    let other = "valkey-2-1";
+    let s = Stage::start(options()).await.unwrap();
+    wait_labels_true(&s).await;
+    let (me, other) = ("valkey-2-0", "valkey-2-1");
     // The kubelet keeps the pod's bound token next to its kubeconfig.
-    let kubeconfig = s.kubelet.pod_kubeconfig(NS, me).unwrap();
+    let kubeconfig = s.kubelet.pod_kubeconfig(&s.namespace, me).unwrap();
     let token = std::fs::read_to_string(kubeconfig.with_file_name("token")).unwrap();
-    let client = s.plane.client_for_token(token.trim()).await.unwrap();
-    let api: Api<Pod> = Api::namespaced(client, NS);
-    let merge = |v: serde_json::Value| Patch::Merge(v);
+    let api: Api<Pod> = Api::namespaced(
+        s.plane.client_for_token(token.trim()).await.unwrap(),
+        &s.namespace,
+    );
     let code = |r: Result<Pod, kube::Error>| match r {
         Ok(_) => 200,
         Err(kube::Error::Api(s)) => s.code,
@@ -434,7 +263,7 @@ async fn the_pods_own_token_may_change_only_its_own_valkey_labels() {
         ),
     ];
     for (what, pod, body) in cases {
-        let c = code(api.patch(pod, &pp, &merge(body)).await);
+        let c = code(api.patch(pod, &pp, &Patch::Merge(body)).await);
         println!("{what}: HTTP {c}");
         assert!(c == 403 || c == 422, "{what} was allowed (HTTP {c})");
     }
@@ -444,7 +273,9 @@ async fn the_pods_own_token_may_change_only_its_own_valkey_labels() {
             api.patch(
                 me,
                 &pp,
-                &merge(serde_json::json!({"metadata": {"labels": {"valkey.io/extra": "x"}}}))
+                &Patch::Merge(
+                    serde_json::json!({"metadata": {"labels": {"valkey.io/extra": "x"}}})
+                )
             )
             .await
         ),
@@ -455,13 +286,13 @@ async fn the_pods_own_token_may_change_only_its_own_valkey_labels() {
             api.patch(
                 other,
                 &pp,
-                &merge(serde_json::json!({"metadata": {"labels": {ROLE: null}}}))
+                &Patch::Merge(serde_json::json!({"metadata": {"labels": {ROLE: null}}}))
             )
             .await
         ),
         200
     );
-    // Without the policy's exception RBAC would allow it: prove RBAC is what stops deleting pods.
+    // RBAC itself grants no deletes.
     let del = api.delete(other, &Default::default()).await;
     assert!(
         matches!(del, Err(kube::Error::Api(ref s)) if s.code == 403),
@@ -469,65 +300,52 @@ async fn the_pods_own_token_may_change_only_its_own_valkey_labels() {
     );
 }
 
-/// One standalone Valkey pod in replication mode; returns its labels once role, shard and zone
-/// are set, with the zone of the node it landed on and Valkey's `availability-zone`.
+/// One standalone Valkey pod in replication mode: its labels once role, shard and zone are set,
+/// the zone of its node, Valkey's `availability-zone`, and whether the pod carries topology labels.
 async fn single_pod_zone(
     apiserver_args: Vec<String>,
     read_nodes: bool,
 ) -> (BTreeMap<String, String>, String, String, bool) {
-    let opts = ControlPlaneOptions {
+    let mut o = options();
+    o.plane = ControlPlaneOptions {
         apiserver_args,
         ..ControlPlaneOptions::default()
     };
-    let plane = ControlPlane::start(opts).await.unwrap();
-    let nodes = FakeNodes::start(plane.client(), FakeNodesOptions::default())
-        .await
-        .unwrap();
-    nodes.wait_ready(30 * SECOND).await.unwrap();
-    let kopts = KubeletOptions::default()
-        .sidecar_bin(env!("CARGO_BIN_EXE_valkey-sidecar"))
-        .probe_period(Duration::from_millis(200));
-    let kubelet = Kubelet::start(&plane, &nodes, kopts).await.unwrap();
-    install_chart_rbac(&plane, read_nodes).await;
-    let t = ValkeyPodTemplate {
+    o.read_nodes = read_nodes;
+    o.shards = 1;
+    o.members = 1;
+    o.form_cluster = false;
+    o.template = ValkeyPodTemplate {
         mode: "replication".into(),
         sidecar_env: vec![("SIDECAR_SHARD_NAME".into(), "shard-a".into())],
-        ..template()
+        ..o.template
     };
-    let api: Api<Pod> = Api::namespaced(plane.client(), NS);
-    let pod = api
-        .create(&PostParams::default(), &valkey_pod(&t, 0, 0).unwrap())
-        .await
-        .unwrap();
-    let name = pod.metadata.name.unwrap();
-    kubelet.wait_ready(NS, &name, 60 * SECOND).await.unwrap();
+    let s = Stage::start(o).await.unwrap();
+    let name = s.pods[0].clone();
     poll_until("labels", 20 * SECOND, Duration::from_millis(50), || async {
-        let l = api.get(&name).await?.metadata.labels.unwrap_or_default();
+        let l = s.labels(&name).await?;
         Ok(l.get(ROLE).map(String::as_str) == Some("primary")
             && l.contains_key(ZONE)
             && l.contains_key(SHARD))
     })
     .await
     .unwrap();
-    let pod = api.get(&name).await.unwrap();
-    let pod_has_topology = pod
-        .metadata
-        .labels
-        .as_ref()
-        .unwrap()
-        .contains_key("topology.kubernetes.io/zone");
-    let node = pod.spec.unwrap().node_name.unwrap();
-    let addr = SocketAddr::new(kubelet.pod_ip(NS, &name).unwrap().into(), 6379);
-    let az: Vec<String> =
-        redis::from_redis_value(cmd(addr, &["CONFIG", "GET", "availability-zone"]).unwrap())
-            .unwrap();
+    let pod = s.api().get(&name).await.unwrap();
     let labels = pod.metadata.labels.unwrap();
-    drop(kubelet);
+    let az: Vec<String> = redis::from_redis_value(
+        cmd(
+            s.valkey(&name).unwrap(),
+            &["CONFIG", "GET", "availability-zone"],
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let has_topology = labels.contains_key("topology.kubernetes.io/zone");
     (
         labels,
-        format!("zone-{}", &node[5..6]),
+        node_zone(&pod.spec.unwrap().node_name.unwrap()),
         az[1].clone(),
-        pod_has_topology,
+        has_topology,
     )
 }
 
@@ -535,8 +353,8 @@ async fn single_pod_zone(
 async fn zone_from_the_pods_topology_labels_without_node_access() {
     // kube-apiserver 1.37 copies the node's topology labels onto the pod (PodTopologyLabelsAdmission,
     // beta, on by default); the agent needs no permission on Nodes then.
-    let (labels, node_zone, valkey_zone, pod_has_topology) = single_pod_zone(vec![], false).await;
-    assert!(pod_has_topology);
+    let (labels, node_zone, valkey_zone, has_topology) = single_pod_zone(vec![], false).await;
+    assert!(has_topology);
     assert_eq!(labels.get(ZONE), Some(&node_zone));
     assert_eq!(labels.get(SHARD).map(String::as_str), Some("shard-a"));
     assert_eq!(valkey_zone, node_zone);
@@ -545,9 +363,9 @@ async fn zone_from_the_pods_topology_labels_without_node_access() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zone_from_the_node_object() {
     let gates = vec!["--feature-gates=PodTopologyLabelsAdmission=false".to_string()];
-    let (labels, node_zone, valkey_zone, pod_has_topology) = single_pod_zone(gates, true).await;
+    let (labels, node_zone, valkey_zone, has_topology) = single_pod_zone(gates, true).await;
     assert!(
-        !pod_has_topology,
+        !has_topology,
         "the pod must not carry topology labels in this test"
     );
     assert_eq!(labels.get(ZONE), Some(&node_zone));

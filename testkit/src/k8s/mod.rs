@@ -36,8 +36,10 @@ pub use control_plane::{
 };
 pub use kubelet::{HookRun, Kubelet, KubeletOptions, StopRecord};
 pub use nodes::{FakeNode, FakeNodes, FakeNodesOptions, HOSTNAME_LABEL, REGION_LABEL, ZONE_LABEL};
+pub use stage::{ROLE_LABEL, RoleWatch, Stage, StageOptions, helm_bin};
 pub use util::{http_get, poll_until, process_alive};
 
+pub mod stage;
 pub mod valkey;
 
 mod bins;

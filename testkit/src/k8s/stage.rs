@@ -1,0 +1,297 @@
+//! A whole stage for end-to-end tests and benchmarks: control plane, six nodes over three zones,
+//! the kubelet, the chart's RBAC and admission policy (rendered by the real `helm`), and Valkey
+//! pods with the agent beside each, optionally formed into a Valkey Cluster.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+
+use super::valkey::{
+    SIDECAR_PORT, VALKEY_PORT, ValkeyPodTemplate, cmd, form_cluster, valkey_pod, wait_valkey_up,
+};
+use super::{
+    ControlPlane, ControlPlaneOptions, FakeNodes, FakeNodesOptions, Kubelet, KubeletOptions,
+    http_get,
+};
+use crate::Result;
+
+/// The role label key the chart and the agent use by default.
+pub const ROLE_LABEL: &str = "valkey.io/role";
+
+/// How to build a [`Stage`].
+#[derive(Clone, Debug)]
+pub struct StageOptions {
+    pub namespace: String,
+    pub plane: ControlPlaneOptions,
+    pub kubelet: KubeletOptions,
+    pub template: ValkeyPodTemplate,
+    pub shards: usize,
+    pub members: usize,
+    /// Form a Valkey Cluster across the pods (cluster mode).
+    pub form_cluster: bool,
+    /// Grant the agent `get nodes` (chart value `sidecar.readNodes`).
+    pub read_nodes: bool,
+}
+
+impl Default for StageOptions {
+    fn default() -> Self {
+        Self {
+            namespace: "valkey".into(),
+            plane: ControlPlaneOptions::default(),
+            kubelet: KubeletOptions::default().probe_period(Duration::from_millis(200)),
+            template: ValkeyPodTemplate::default(),
+            shards: 3,
+            members: 2,
+            form_cluster: true,
+            read_nodes: true,
+        }
+    }
+}
+
+/// A running stage; fields drop in declaration order: pods' processes, nodes, control plane.
+pub struct Stage {
+    pub kubelet: Kubelet,
+    pub nodes: FakeNodes,
+    pub plane: ControlPlane,
+    pub namespace: String,
+    pub pods: Vec<String>,
+}
+
+/// The `helm` binary: `$HELM_BIN`, else `scripts/helm-bin.sh` (builds it if needed).
+pub fn helm_bin() -> Result<PathBuf> {
+    if let Ok(p) = std::env::var("HELM_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/helm-bin.sh");
+    let out = std::process::Command::new(&script)
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} failed: {}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
+}
+
+impl Stage {
+    /// Starts everything and waits until every pod is Ready.
+    pub async fn start(opts: StageOptions) -> Result<Stage> {
+        let plane = ControlPlane::start(opts.plane.clone()).await?;
+        let nodes = FakeNodes::start(plane.client(), FakeNodesOptions::default()).await?;
+        nodes.wait_ready(Duration::from_secs(30)).await?;
+        let kubelet = Kubelet::start(&plane, &nodes, opts.kubelet.clone()).await?;
+        install_chart(&plane, &opts).await?;
+        let mut stage = Stage {
+            kubelet,
+            nodes,
+            plane,
+            namespace: opts.namespace.clone(),
+            pods: Vec::new(),
+        };
+        stage.create_pods(&opts).await?;
+        Ok(stage)
+    }
+
+    async fn create_pods(&mut self, opts: &StageOptions) -> Result<()> {
+        let api = self.api();
+        for shard in 0..opts.shards {
+            for member in 0..opts.members {
+                let pod = valkey_pod(&opts.template, shard, member)?;
+                let created = api.create(&PostParams::default(), &pod).await?;
+                self.pods.push(created.metadata.name.unwrap_or_default());
+            }
+        }
+        let addrs = wait_valkey_up(&api, &self.pods, Duration::from_secs(60)).await?;
+        if opts.form_cluster {
+            form_cluster(
+                addrs.chunks(opts.members).map(<[_]>::to_vec).collect(),
+                Duration::from_secs(30),
+            )
+            .await?;
+        }
+        for p in &self.pods {
+            self.kubelet
+                .wait_ready(&self.namespace, p, Duration::from_secs(60))
+                .await?;
+        }
+        Ok(())
+    }
+
+    pub fn api(&self) -> Api<Pod> {
+        Api::namespaced(self.plane.client(), &self.namespace)
+    }
+
+    /// Valkey's address in `pod`.
+    pub fn valkey(&self, pod: &str) -> Result<SocketAddr> {
+        let ip = self
+            .kubelet
+            .pod_ip(&self.namespace, pod)
+            .with_context(|| format!("no IP for {pod}"))?;
+        Ok(SocketAddr::new(ip.into(), VALKEY_PORT))
+    }
+
+    /// The agent's probe address in `pod`.
+    pub fn agent(&self, pod: &str) -> Result<SocketAddr> {
+        let ip = self
+            .kubelet
+            .pod_ip(&self.namespace, pod)
+            .with_context(|| format!("no IP for {pod}"))?;
+        Ok(SocketAddr::new(ip.into(), SIDECAR_PORT))
+    }
+
+    /// `master` / `slave` as Valkey's `ROLE` says, `None` when it does not answer.
+    pub fn role(&self, pod: &str) -> Option<String> {
+        let redis::Value::Array(items) = cmd(self.valkey(pod).ok()?, &["ROLE"]).ok()? else {
+            return None;
+        };
+        match items.first()? {
+            redis::Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+            _ => None,
+        }
+    }
+
+    /// The pod's labels now.
+    pub async fn labels(&self, pod: &str) -> Result<BTreeMap<String, String>> {
+        Ok(self
+            .api()
+            .get(pod)
+            .await?
+            .metadata
+            .labels
+            .unwrap_or_default())
+    }
+
+    /// A counter from the agent's `/metrics` in `pod` (the full sample name with labels).
+    pub async fn agent_counter(&self, pod: &str, sample: &str) -> Result<u64> {
+        let (code, text) = http_get(self.agent(pod)?, "/metrics", Duration::from_secs(2)).await?;
+        if code != 200 {
+            bail!("/metrics answered {code}");
+        }
+        let prefix = format!("{sample} ");
+        let value = text.lines().find_map(|l| l.strip_prefix(prefix.as_str()));
+        Ok(value.map(|v| v.trim().parse()).transpose()?.unwrap_or(0))
+    }
+
+    /// The primary and replica pods of a 2-member shard, by Valkey's own word.
+    pub fn primary_and_replica(&self, shard: usize) -> Result<(String, String)> {
+        let a = self.pods.get(shard * 2).context("no such shard")?.clone();
+        let b = self
+            .pods
+            .get(shard * 2 + 1)
+            .context("no such shard")?
+            .clone();
+        Ok(if self.role(&a).as_deref() == Some("master") {
+            (a, b)
+        } else {
+            (b, a)
+        })
+    }
+}
+
+/// The chart's RBAC and admission policy, rendered by `helm template` and applied server-side.
+async fn install_chart(plane: &ControlPlane, opts: &StageOptions) -> Result<()> {
+    plane
+        .kubectl(&["create", "namespace", &opts.namespace])
+        .await?;
+    let chart = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../charts/valkey-sidecar");
+    let sets = [
+        format!("clusterName={}", opts.template.cluster),
+        format!(
+            "sidecar.serviceAccount.name={}",
+            opts.template.service_account
+        ),
+        format!("sidecar.readNodes={}", opts.read_nodes),
+    ];
+    let mut args = vec![
+        "template".to_string(),
+        opts.template.cluster.clone(),
+        chart.display().to_string(),
+        "--namespace".into(),
+        opts.namespace.clone(),
+    ];
+    for s in sets {
+        args.extend(["--set".into(), s]);
+    }
+    let out = std::process::Command::new(helm_bin()?)
+        .args(&args)
+        .output()?;
+    if !out.status.success() {
+        bail!("helm template: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let file = plane.dir().join(format!("chart-{}.yaml", opts.namespace));
+    std::fs::write(&file, &out.stdout)?;
+    plane
+        .kubectl(&["apply", "--server-side", "-f", &file.display().to_string()])
+        .await?;
+    Ok(())
+}
+
+/// Role-label values seen through a watch, with their arrival time.
+#[derive(Clone, Default)]
+pub struct RoleWatch {
+    seen: Arc<Mutex<Vec<(Instant, String, Option<String>)>>>,
+}
+
+impl RoleWatch {
+    /// Starts watching the pods of `api`; abort the returned task when done.
+    pub fn start(api: Api<Pod>, role_label: &str) -> (RoleWatch, tokio::task::JoinHandle<()>) {
+        let watch = RoleWatch::default();
+        let (sink, key) = (watch.seen.clone(), role_label.to_owned());
+        let task = tokio::spawn(async move {
+            let mut stream = watcher(api, watcher::Config::default())
+                .applied_objects()
+                .boxed();
+            while let Some(Ok(pod)) = stream.next().await {
+                let role = pod
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(&key).cloned());
+                let entry = (Instant::now(), pod.metadata.name.unwrap_or_default(), role);
+                if let Ok(mut seen) = sink.lock() {
+                    seen.push(entry);
+                }
+            }
+        });
+        (watch, task)
+    }
+
+    /// When the watch first showed `pod` with role `want` at or after `since`.
+    pub fn seen_at(&self, pod: &str, want: Option<&str>, since: Instant) -> Option<Instant> {
+        let seen = self.seen.lock().ok()?;
+        seen.iter()
+            .find(|(t, p, r)| *t >= since && p == pod && r.as_deref() == want)
+            .map(|(t, _, _)| *t)
+    }
+
+    /// Waits for [`RoleWatch::seen_at`].
+    pub async fn wait(
+        &self,
+        pod: &str,
+        want: Option<&str>,
+        since: Instant,
+        timeout: Duration,
+    ) -> Result<Instant> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(t) = self.seen_at(pod, want, since) {
+                return Ok(t);
+            }
+            if Instant::now() >= deadline {
+                bail!("{pod} never showed role {want:?} within {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
