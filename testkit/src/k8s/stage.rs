@@ -237,10 +237,13 @@ async fn install_chart(plane: &ControlPlane, opts: &StageOptions) -> Result<()> 
     Ok(())
 }
 
+/// One watch event: when it arrived, the pod, and its role label.
+type Sighting = (Instant, String, Option<String>);
+
 /// Role-label values seen through a watch, with their arrival time.
 #[derive(Clone, Default)]
 pub struct RoleWatch {
-    seen: Arc<Mutex<Vec<(Instant, String, Option<String>)>>>,
+    seen: Arc<Mutex<Vec<Sighting>>>,
 }
 
 impl RoleWatch {
