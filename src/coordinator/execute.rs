@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use valkey_sidecar_core::plan::Action;
 
-use crate::valkey::{Connector, Session, ValkeyError};
+use crate::valkey::{Connector, Session};
 
 /// How one move ended.
 #[derive(Debug)]
@@ -35,6 +35,12 @@ pub async fn failover(
     if let Err(e) = session.connection().await {
         return Outcome::Failed(format!("cannot reach {}: {e}", action.to));
     }
+    // The planner works from gossip, which can lag: a target that is already primary is done.
+    if is_primary(&mut session).await {
+        return Outcome::Done {
+            took: started.elapsed(),
+        };
+    }
     if !may_act() {
         return Outcome::NoLease;
     }
@@ -51,13 +57,14 @@ pub async fn failover(
     }
 }
 
+async fn is_primary(session: &mut Session) -> bool {
+    matches!(session.command(&redis::cmd("ROLE")).await, Ok(redis::Value::Array(items)) if is_master(items.first()))
+}
+
 async fn wait_primary(session: &mut Session, deadline: Instant) -> Result<(), String> {
-    let role = redis::cmd("ROLE");
     loop {
-        match session.command(&role).await {
-            Ok(redis::Value::Array(items)) if is_master(items.first()) => return Ok(()),
-            Ok(_) | Err(ValkeyError::Timeout(_)) => {}
-            Err(e) => tracing::debug!(error = %e, "polling the target's role"),
+        if is_primary(session).await {
+            return Ok(());
         }
         if Instant::now() >= deadline {
             return Err("the target did not become primary in time".into());

@@ -55,9 +55,14 @@ pub struct Coordinator {
     pub metrics: Arc<Metrics>,
 }
 
+/// How long a finished move may take to show in the local view before the shard is planned again.
+const SETTLE_MS: u64 = 10_000;
+
 /// A finished move, reported back to the loop.
 struct Finished {
     shard: String,
+    /// The node that should now be primary.
+    to: String,
     kind: Kind,
     outcome: Outcome,
     /// The old primary's pod, for the completion Event.
@@ -69,8 +74,35 @@ struct Finished {
 struct Memory {
     shards: BTreeMap<String, ShardMemory>,
     running: Vec<InFlight>,
+    /// Moves that finished but that the local view (gossip) does not show yet: shard → (new
+    /// primary, give up waiting at). Until then the shard counts as busy, so a stale view cannot
+    /// plan the same move twice.
+    settling: BTreeMap<String, (String, Millis)>,
     last_move: Option<Millis>,
     blocked: BTreeSet<String>,
+}
+
+/// Drops settling entries once the view shows the new primary, or their time is up.
+fn settle(
+    settling: &mut BTreeMap<String, (String, Millis)>,
+    members: &[valkey_sidecar_core::plan::Member],
+    now: Millis,
+) {
+    settling.retain(|_, (to, until)| {
+        let shown = members
+            .iter()
+            .any(|m| m.id == *to && m.role == valkey_sidecar_core::observation::Role::Primary);
+        !shown && now < *until
+    });
+}
+
+/// Running and settling shards: the planner leaves both alone.
+fn busy(memory: &Memory) -> Vec<InFlight> {
+    let settling = memory.settling.keys().map(|shard| InFlight {
+        shard: shard.clone(),
+        started: Millis(0),
+    });
+    memory.running.iter().cloned().chain(settling).collect()
 }
 
 impl Coordinator {
@@ -142,6 +174,7 @@ impl Coordinator {
             return;
         };
         let members = world::members(&shards, &pods.state());
+        settle(&mut memory.settling, &members, now);
         memory.shards = track(&memory.shards, &members, now, self.policy.max_lag_bytes);
         let leader = self.leadership.borrow().may_act(now);
         self.metrics.coordinator_leader(leader);
@@ -155,7 +188,7 @@ impl Coordinator {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.steady_since))
                 .collect(),
-            in_flight: memory.running.clone(),
+            in_flight: busy(memory),
             last_move: memory.last_move,
         };
         let plan = decide(&world, &self.policy);
@@ -217,10 +250,11 @@ impl Coordinator {
                 limit,
             )
             .await;
-            let (shard, kind) = (action.shard, action.kind);
+            let (shard, kind, to) = (action.shard, action.kind, action.to);
             let _ = done
                 .send(Finished {
                     shard,
+                    to,
                     kind,
                     outcome,
                     reference,
@@ -231,6 +265,12 @@ impl Coordinator {
 
     fn finished(&self, done: Finished, memory: &mut Memory) {
         memory.running.retain(|r| r.shard != done.shard);
+        if matches!(done.outcome, Outcome::Done { .. }) {
+            let until = self.clock.now().plus(SETTLE_MS);
+            memory
+                .settling
+                .insert(done.shard.clone(), (done.to.clone(), until));
+        }
         let kind = done.kind.as_str();
         let (result, event_type, message) = match &done.outcome {
             Outcome::Done { took } => (

@@ -26,8 +26,15 @@ fn main() -> Result<()> {
         footprint(&bin)?;
     }
     if what == "labels" || what == "all" {
-        let flips = std::env::var("BENCH_FLIPS").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
-        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?.block_on(labels(&bin, flips))?;
+        let flips = std::env::var("BENCH_FLIPS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(50);
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?
+            .block_on(labels(&bin, flips))?;
     }
     Ok(())
 }
@@ -48,31 +55,62 @@ async fn labels(bin: &std::path::Path, flips: usize) -> Result<()> {
     for _ in 0..flips {
         let (primary, replica) = stage.primary_and_replica(0)?;
         tokio::time::sleep(Duration::from_millis(700)).await; // let the previous flip settle
-        let before = stage.agent_counter(&primary, WRITES).await? + stage.agent_counter(&replica, WRITES).await?;
+        let before = stage.agent_counter(&primary, WRITES).await?
+            + stage.agent_counter(&replica, WRITES).await?;
         cmd(stage.valkey(&replica)?, &["CLUSTER", "FAILOVER"])?;
         let mut flipped = Instant::now();
         while stage.role(&replica).as_deref() != Some("master") {
             tokio::time::sleep(Duration::from_millis(1)).await;
             flipped = Instant::now();
         }
-        up.push(seen.wait(&replica, Some("primary"), flipped, Duration::from_secs(10)).await?.saturating_duration_since(flipped));
-        down.push(seen.wait(&primary, Some("replica"), flipped, Duration::from_secs(10)).await?.saturating_duration_since(flipped));
+        up.push(
+            seen.wait(&replica, Some("primary"), flipped, Duration::from_secs(10))
+                .await?
+                .saturating_duration_since(flipped),
+        );
+        down.push(
+            seen.wait(&primary, Some("replica"), flipped, Duration::from_secs(10))
+                .await?
+                .saturating_duration_since(flipped),
+        );
         tokio::time::sleep(Duration::from_millis(700)).await;
-        writes.push(stage.agent_counter(&primary, WRITES).await? + stage.agent_counter(&replica, WRITES).await? - before);
+        writes.push(
+            stage.agent_counter(&primary, WRITES).await?
+                + stage.agent_counter(&replica, WRITES).await?
+                - before,
+        );
     }
     task.abort();
     up.sort();
     down.sort();
     let ms = |d: Duration| format!("{:.0}", d.as_secs_f64() * 1000.0);
-    let row = |label: &str, v: &[Duration]| format!("| {label} | {} | {} | {} | {} |", v.len(), ms(percentile(v, 0.5)), ms(percentile(v, 0.99)), ms(*v.last().unwrap_or(&Duration::ZERO)));
-    println!("### Role-label convergence after `CLUSTER FAILOVER` (real kube-apiserver v1.37.2, poll 250 ms)\n");
-    println!("From Valkey reporting the new role (`ROLE` polled every 1 ms) to the label arriving through a watch.\n");
+    let row = |label: &str, v: &[Duration]| {
+        format!(
+            "| {label} | {} | {} | {} | {} |",
+            v.len(),
+            ms(percentile(v, 0.5)),
+            ms(percentile(v, 0.99)),
+            ms(*v.last().unwrap_or(&Duration::ZERO))
+        )
+    };
+    println!(
+        "### Role-label convergence after `CLUSTER FAILOVER` (real kube-apiserver v1.37.2, poll 250 ms)\n"
+    );
+    println!(
+        "From Valkey reporting the new role (`ROLE` polled every 1 ms) to the label arriving through a watch.\n"
+    );
     println!("| pod | flips | p50 ms | p99 ms | max ms |");
     println!("|---|---|---|---|---|");
     println!("{}", row("promoted (label → primary)", &up));
     println!("{}", row("demoted (label → replica)", &down));
     let total: u64 = writes.iter().sum();
-    println!("\nLabel writes (server-side applies) per flip, both pods together: {:.2} on average over {} flips (min {}, max {}); the target is 2, one per pod whose role changed.\n", total as f64 / writes.len().max(1) as f64, writes.len(), writes.iter().min().unwrap_or(&0), writes.iter().max().unwrap_or(&0));
+    println!(
+        "\nLabel writes (server-side applies) per flip, both pods together: {:.2} on average over {} flips (min {}, max {}); the target is 2, one per pod whose role changed.\n",
+        total as f64 / writes.len().max(1) as f64,
+        writes.len(),
+        writes.iter().min().unwrap_or(&0),
+        writes.iter().max().unwrap_or(&0)
+    );
     Ok(())
 }
 

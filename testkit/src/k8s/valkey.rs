@@ -135,7 +135,7 @@ pub fn valkey_pod(t: &ValkeyPodTemplate, shard: usize, member: usize) -> Result<
                     "startupProbe": http("/startupz"),
                     "livenessProbe": liveness,
                     "readinessProbe": http("/readyz"),
-                    "lifecycle": { "preStop": { "httpGet": { "path": "/livez", "port": "probe" } } },
+                    "lifecycle": { "preStop": { "httpGet": { "path": "/prestop?timeout=20s", "port": "probe" } } },
                 },
             ],
         },

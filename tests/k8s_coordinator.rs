@@ -1,0 +1,205 @@
+//! The coordinator end to end: deleting a primary's pod makes the Lease holder hand the primary
+//! over (coordinated `CLUSTER FAILOVER`) while the pod's preStop hook waits, with a writer
+//! recording every acknowledged write.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+use valkey_sidecar_testkit::k8s::valkey::cmd;
+use valkey_sidecar_testkit::k8s::{Stage, StageOptions, poll_until};
+use valkey_sidecar_testkit::redis;
+
+const SECOND: Duration = Duration::from_secs(1);
+
+/// What a writer saw.
+struct Written {
+    acked: Vec<u64>,
+    longest_pause: Duration,
+    errors: usize,
+}
+
+/// Writes `{tag}:n` = n for n = 0, 1, … to whichever address accepts writes, following `MOVED`,
+/// and records every acknowledged write and the longest gap between two acknowledgements.
+fn writer(addrs: Vec<SocketAddr>, tag: String, stop: Arc<AtomicBool>) -> JoinHandle<Written> {
+    std::thread::spawn(move || {
+        let mut w = Written {
+            acked: Vec::new(),
+            longest_pause: Duration::ZERO,
+            errors: 0,
+        };
+        let (mut target, mut n, mut last_ok) = (0usize, 0u64, Instant::now());
+        let mut conns: Vec<Option<redis::Connection>> = addrs.iter().map(|_| None).collect();
+        while !stop.load(Ordering::Relaxed) {
+            let conn = conns[target].get_or_insert_with(|| {
+                let client = redis::Client::open(format!("redis://{}", addrs[target])).unwrap();
+                client.get_connection_with_timeout(SECOND).unwrap()
+            });
+            let result: redis::RedisResult<()> = redis::cmd("SET")
+                .arg(format!("{{{tag}}}:{n}"))
+                .arg(n)
+                .query(conn);
+            match result {
+                Ok(()) => {
+                    w.acked.push(n);
+                    w.longest_pause = w.longest_pause.max(last_ok.elapsed());
+                    last_ok = Instant::now();
+                    n += 1;
+                }
+                Err(_) => {
+                    // MOVED, READONLY, a paused or dead node: try the other member.
+                    w.errors += 1;
+                    conns[target] = None;
+                    target = (target + 1) % addrs.len();
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+        w
+    })
+}
+
+/// A hash tag whose slot the shard with `addr` serves.
+fn tag_for(addr: SocketAddr) -> String {
+    let slots: Vec<Vec<redis::Value>> =
+        redis::from_redis_value(cmd(addr, &["CLUSTER", "SHARDS"]).unwrap()).unwrap();
+    let my_id: String = redis::from_redis_value(cmd(addr, &["CLUSTER", "MYID"]).unwrap()).unwrap();
+    let mine = slots
+        .iter()
+        .find(|s| format!("{s:?}").contains(&my_id))
+        .unwrap();
+    let ranges: Vec<i64> = redis::from_redis_value(mine[1].clone()).unwrap();
+    (0..)
+        .map(|i| format!("t{i}"))
+        .find(|t| {
+            let slot: i64 =
+                redis::from_redis_value(cmd(addr, &["CLUSTER", "KEYSLOT", t]).unwrap()).unwrap();
+            ranges.chunks(2).any(|r| slot >= r[0] && slot <= r[1])
+        })
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_primary_pod_hands_over_first_and_loses_no_write() {
+    let mut o = StageOptions::default();
+    o.namespace = "coord".into();
+    o.kubelet = o.kubelet.sidecar_bin(env!("CARGO_BIN_EXE_valkey-sidecar"));
+    o.template.sidecar_env = vec![("SIDECAR_CLUSTER_NAME".into(), "valkey".into())];
+    let s = Stage::start(o).await.unwrap();
+    let leases: Api<Lease> = Api::namespaced(s.plane.client(), &s.namespace);
+    poll_until(
+        "a coordinator holds the lease",
+        30 * SECOND,
+        Duration::from_millis(100),
+        || async {
+            let lease = leases.get_opt("valkey-coordinator").await?;
+            Ok(lease
+                .and_then(|l| l.spec?.holder_identity)
+                .is_some_and(|h| !h.is_empty()))
+        },
+    )
+    .await
+    .unwrap();
+    let holder = leases
+        .get("valkey-coordinator")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .holder_identity
+        .unwrap();
+
+    let (primary, replica) = s.primary_and_replica(0).unwrap();
+    let (paddr, raddr) = (s.valkey(&primary).unwrap(), s.valkey(&replica).unwrap());
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = writer(vec![paddr, raddr], tag_for(paddr), stop.clone());
+    tokio::time::sleep(SECOND).await;
+
+    let deleted = Instant::now();
+    s.api().delete(&primary, &Default::default()).await.unwrap();
+    poll_until(
+        "the deleted pod is gone",
+        40 * SECOND,
+        Duration::from_millis(20),
+        || async { Ok(s.api().get_opt(&primary).await?.is_none()) },
+    )
+    .await
+    .unwrap();
+    let gone = deleted.elapsed();
+    tokio::time::sleep(SECOND).await;
+    stop.store(true, Ordering::Relaxed);
+    let w = writes.join().unwrap();
+
+    assert_eq!(
+        s.role(&replica).as_deref(),
+        Some("master"),
+        "the replica took over"
+    );
+    let hook = s
+        .kubelet
+        .hook_runs()
+        .into_iter()
+        .find(|h| h.pod == primary && h.hook == "preStop")
+        .unwrap();
+    println!(
+        "lease holder {holder}; {primary} deleted → gone in {gone:?}; its preStop {:?} after {:?}",
+        hook.result, hook.took
+    );
+    assert_eq!(
+        hook.result.as_deref(),
+        Ok("HTTP 200"),
+        "preStop returned because the hand-over finished, not on timeout"
+    );
+    // Every acknowledged write is on the new primary.
+    let (mut missing, tag) = (0, tag_for(raddr));
+    let mut c = redis::Client::open(format!("redis://{raddr}"))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    for chunk in w.acked.chunks(500) {
+        let keys: Vec<String> = chunk.iter().map(|n| format!("{{{tag}}}:{n}")).collect();
+        let got: Vec<Option<u64>> = redis::cmd("MGET").arg(&keys).query(&mut c).unwrap();
+        missing += got
+            .iter()
+            .zip(chunk)
+            .filter(|(g, n)| **g != Some(**n))
+            .count();
+    }
+    println!(
+        "writer: {} acknowledged writes, {missing} lost, longest pause {:?}, {} errors while switching",
+        w.acked.len(),
+        w.longest_pause,
+        w.errors
+    );
+    assert!(w.acked.len() > 100, "the writer made progress");
+    assert_eq!(
+        missing, 0,
+        "acknowledged writes lost in a planned hand-over"
+    );
+    let events = s
+        .plane
+        .kubectl(&[
+            "get",
+            "events.events.k8s.io",
+            "-n",
+            &s.namespace,
+            "-o",
+            "custom-columns=REASON:.reason,POD:.regarding.name,NOTE:.note",
+        ])
+        .await
+        .unwrap();
+    println!("{events}");
+    assert!(
+        events.contains("HandoverStarted") && events.contains("HandoverSucceeded"),
+        "{events}"
+    );
+    assert!(
+        !events.contains("HandoverFailed"),
+        "a stale view planned the move again: {events}"
+    );
+}
