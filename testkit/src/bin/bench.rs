@@ -110,7 +110,10 @@ async fn labels(bin: &std::path::Path, flips: usize) -> Result<()> {
         .filter_map(|pid| proc_stats(pid).ok())
         .map(|(kib, _)| format!("{:.1}", kib as f64 / 1024.0))
         .collect();
-    println!("Agent RSS (MiB) in this stage, labeler and its pod watch running, after the flips: {}.\n", rss.join(", "));
+    println!(
+        "Agent RSS (MiB) in this stage, labeler and its pod watch running, after the flips: {}.\n",
+        rss.join(", ")
+    );
     let total: u64 = writes.iter().sum();
     println!(
         "\nLabel writes (server-side applies) per flip, both pods together: {:.2} on average over {} flips (min {}, max {}); the target is 2, one per pod whose role changed.\n",

@@ -38,6 +38,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(90);
 #[derive(Debug, Default)]
 struct Args {
     once: bool,
+    /// Only the control plane, nodes and kubelet: a local Kubernetes to point kubectl at.
+    plane_only: bool,
     seconds: Option<u64>,
 }
 
@@ -47,12 +49,13 @@ fn parse_args() -> Result<Args> {
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--once" => args.once = true,
+            "--plane-only" => args.plane_only = true,
             "--seconds" => {
                 let n = it.next().context("--seconds needs a number")?;
                 args.seconds = Some(n.parse().with_context(|| format!("--seconds {n}"))?);
             }
             "-h" | "--help" => {
-                println!("usage: demo [--once] [--seconds N]");
+                println!("usage: demo [--once] [--seconds N] [--plane-only]");
                 std::process::exit(0);
             }
             other => bail!("unknown argument {other} (try --help)"),
@@ -121,6 +124,9 @@ async fn run(args: Args) -> Result<()> {
         "6 nodes Ready: node-a1/a2 in zone-a, node-b1/b2 in zone-b, node-c1/c2 in zone-c (region-1)",
     );
     let kubelet = Kubelet::start(&plane, &nodes, KubeletOptions::default()).await?;
+    if args.plane_only {
+        return plane_only(&plane, &args).await;
+    }
     let names = create_pods(&plane).await?;
     let pods: Api<Pod> = Api::namespaced(plane.client(), NAMESPACE);
     let created = Instant::now();
@@ -150,6 +156,19 @@ async fn run(args: Args) -> Result<()> {
     drop(kubelet);
     drop(nodes);
     drop(plane);
+    Ok(())
+}
+
+/// `--plane-only`: control plane, nodes and the process kubelet, until interrupted (or `--seconds`).
+async fn plane_only(plane: &ControlPlane, args: &Args) -> Result<()> {
+    print_kubectl_hint(plane)?;
+    say(
+        "control plane, 6 nodes and the process kubelet are up; pods you create run as local processes",
+    );
+    match args.seconds {
+        Some(s) => tokio::time::sleep(Duration::from_secs(s)).await,
+        None => std::future::pending::<()>().await,
+    }
     Ok(())
 }
 
