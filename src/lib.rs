@@ -7,7 +7,7 @@
 //! - [`http`]: probes, role endpoints, `/status` and `/metrics`, answered from that state.
 //! - [`kube`]: the own pod's labels and Events, zone from the Node, the Lease election.
 //! - [`coordinator`]: the Lease holder's hand-overs, fail-back and balance.
-//! - [`metrics`], [`telemetry`], [`lifecycle`], [`clock`]: the usual plumbing.
+//! - [`metrics`], [`telemetry`], [`lifecycle`], [`clock`], [`retry`]: the usual plumbing.
 //! - [`agent`] wires them together.
 //!
 //! The rules themselves (parsing, health verdicts, later lease and planning) live in the
@@ -22,5 +22,6 @@ pub mod kube;
 pub mod lifecycle;
 pub mod metrics;
 pub mod observer;
+pub mod retry;
 pub mod telemetry;
 pub mod valkey;

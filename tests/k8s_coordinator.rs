@@ -181,18 +181,7 @@ async fn deleting_a_primary_pod_hands_over_first_and_loses_no_write() {
         missing, 0,
         "acknowledged writes lost in a planned hand-over"
     );
-    let events = s
-        .plane
-        .kubectl(&[
-            "get",
-            "events.events.k8s.io",
-            "-n",
-            &s.namespace,
-            "-o",
-            "custom-columns=REASON:.reason,POD:.regarding.name,NOTE:.note",
-        ])
-        .await
-        .unwrap();
+    let events = s.events().await.unwrap();
     println!("{events}");
     assert!(
         events.contains("HandoverStarted") && events.contains("HandoverSucceeded"),

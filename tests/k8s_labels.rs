@@ -147,18 +147,7 @@ async fn labels_follow_valkey_within_a_poll_and_write_once_per_change() {
         assert!(promoted.duration_since(valkey_flip) < 3 * SECOND);
     }
     watch.abort();
-    let events = s
-        .plane
-        .kubectl(&[
-            "get",
-            "events.events.k8s.io",
-            "-n",
-            &s.namespace,
-            "-o",
-            "custom-columns=REASON:.reason,POD:.regarding.name,NOTE:.note",
-        ])
-        .await
-        .unwrap();
+    let events = s.events().await.unwrap();
     println!("{events}");
     assert!(
         events.contains("Promoted") && events.contains("Demoted"),

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+use backon::ExponentialBackoff;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Patch, PatchParams};
@@ -75,12 +75,7 @@ fn version_of(pod: &Pod) -> Option<u64> {
 }
 
 fn backoff() -> ExponentialBackoff {
-    ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(100))
-        .with_max_delay(Duration::from_secs(10))
-        .with_jitter()
-        .without_max_times()
-        .build()
+    crate::retry::exponential(Duration::from_millis(100), Duration::from_secs(10))
 }
 
 impl Labeler {

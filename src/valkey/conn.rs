@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+use backon::ExponentialBackoff;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisConnectionInfo};
 use tokio::net::TcpStream;
@@ -171,12 +171,7 @@ pub struct Session {
 }
 
 fn backoff() -> ExponentialBackoff {
-    ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(50))
-        .with_max_delay(Duration::from_secs(2))
-        .with_jitter()
-        .without_max_times()
-        .build()
+    crate::retry::exponential(Duration::from_millis(50), Duration::from_secs(2))
 }
 
 impl Session {

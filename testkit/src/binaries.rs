@@ -72,7 +72,15 @@ fn cached(
 }
 
 fn run_valkey_bin_script() -> Result<PathBuf> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/valkey-bin.sh");
+    path_from_script("valkey-bin.sh")
+}
+
+/// Runs `scripts/<name>` (which installs or builds something into the cache if needed) and returns
+/// the path it prints as its last stdout line; the scripts log to stderr.
+pub fn path_from_script(name: &str) -> Result<PathBuf> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../scripts")
+        .join(name);
     let out = Command::new("bash")
         .arg(&script)
         .output()
@@ -85,7 +93,6 @@ fn run_valkey_bin_script() -> Result<PathBuf> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    // The script logs to stderr; the last stdout line is the path.
     let stdout = String::from_utf8_lossy(&out.stdout);
     let path = stdout
         .lines()

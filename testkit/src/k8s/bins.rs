@@ -1,10 +1,9 @@
 //! Locating the Kubernetes binaries and the agent binary.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{Context, anyhow};
 
 use crate::Result;
 
@@ -36,27 +35,7 @@ fn find_bin_dir() -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os(K8S_BIN_DIR_ENV) {
         return Ok(PathBuf::from(dir));
     }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/k8s-bins.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .output()
-        .with_context(|| format!("running {}", script.display()))?;
-    if !out.status.success() {
-        bail!(
-            "{} failed ({}): {}",
-            script.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let dir = stdout
-        .lines()
-        .last()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .with_context(|| format!("{} printed no directory", script.display()))?;
-    Ok(PathBuf::from(dir))
+    crate::binaries::path_from_script("k8s-bins.sh")
 }
 
 /// The `valkey-sidecar` binary: `$VALKEY_SIDECAR_BIN`, else the one cargo built next to the running

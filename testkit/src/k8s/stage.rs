@@ -70,18 +70,7 @@ pub fn helm_bin() -> Result<PathBuf> {
     if let Ok(p) = std::env::var("HELM_BIN") {
         return Ok(PathBuf::from(p));
     }
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/helm-bin.sh");
-    let out = std::process::Command::new(&script)
-        .output()
-        .with_context(|| format!("running {}", script.display()))?;
-    if !out.status.success() {
-        bail!(
-            "{} failed: {}",
-            script.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
+    crate::binaries::path_from_script("helm-bin.sh")
 }
 
 impl Stage {
@@ -170,6 +159,21 @@ impl Stage {
             .metadata
             .labels
             .unwrap_or_default())
+    }
+
+    /// Events in the namespace: reason, regarding pod and note, as `kubectl` prints them.
+    pub async fn events(&self) -> Result<String> {
+        let columns = "custom-columns=REASON:.reason,POD:.regarding.name,NOTE:.note";
+        self.plane
+            .kubectl(&[
+                "get",
+                "events.events.k8s.io",
+                "-n",
+                &self.namespace,
+                "-o",
+                columns,
+            ])
+            .await
     }
 
     /// A counter from the agent's `/metrics` in `pod` (the full sample name with labels).
