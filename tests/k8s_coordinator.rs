@@ -84,57 +84,120 @@ fn tag_for(addr: SocketAddr) -> String {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn deleting_a_primary_pod_hands_over_first_and_loses_no_write() {
+/// A stage whose agents run the coordinator; returns it once some agent holds the Lease.
+async fn coordinated_stage(namespace: &str) -> (Stage, String) {
     let mut o = StageOptions::default();
-    o.namespace = "coord".into();
+    o.namespace = namespace.into();
     o.kubelet = o.kubelet.sidecar_bin(env!("CARGO_BIN_EXE_valkey-sidecar"));
     o.template.sidecar_env = vec![("SIDECAR_CLUSTER_NAME".into(), "valkey".into())];
     let s = Stage::start(o).await.unwrap();
     let leases: Api<Lease> = Api::namespaced(s.plane.client(), &s.namespace);
+    let holder = || async {
+        let lease = leases.get_opt("valkey-coordinator").await.ok().flatten();
+        lease
+            .and_then(|l| l.spec?.holder_identity)
+            .filter(|h| !h.is_empty())
+    };
     poll_until(
         "a coordinator holds the lease",
         30 * SECOND,
         Duration::from_millis(100),
-        || async {
-            let lease = leases.get_opt("valkey-coordinator").await?;
-            Ok(lease
-                .and_then(|l| l.spec?.holder_identity)
-                .is_some_and(|h| !h.is_empty()))
-        },
+        || async { Ok(holder().await.is_some()) },
     )
     .await
     .unwrap();
-    let holder = leases
-        .get("valkey-coordinator")
-        .await
+    let h = holder().await.unwrap();
+    (s, h)
+}
+
+/// How many acknowledged writes `addr` does not have.
+fn lost(addr: SocketAddr, tag: &str, acked: &[u64]) -> usize {
+    let mut c = redis::Client::open(format!("redis://{addr}"))
         .unwrap()
-        .spec
-        .unwrap()
-        .holder_identity
+        .get_connection()
         .unwrap();
+    let mut missing = 0;
+    for chunk in acked.chunks(500) {
+        let keys: Vec<String> = chunk.iter().map(|n| format!("{{{tag}}}:{n}")).collect();
+        let got: Vec<Option<u64>> = redis::cmd("MGET").arg(&keys).query(&mut c).unwrap();
+        missing += got
+            .iter()
+            .zip(chunk)
+            .filter(|(g, n)| **g != Some(**n))
+            .count();
+    }
+    missing
+}
 
-    let (primary, replica) = s.primary_and_replica(0).unwrap();
+/// Runs a writer against shard `shard` while `disrupt` runs; returns what it saw, its tag, the
+/// pods (primary, replica) as they were before, and what `disrupt` measured.
+async fn with_writer<F, Fut>(
+    s: &Stage,
+    shard: usize,
+    disrupt: F,
+) -> (Written, String, String, String, Duration)
+where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = Duration>,
+{
+    let (primary, replica) = s.primary_and_replica(shard).unwrap();
     let (paddr, raddr) = (s.valkey(&primary).unwrap(), s.valkey(&replica).unwrap());
+    let tag = tag_for(paddr);
     let stop = Arc::new(AtomicBool::new(false));
-    let writes = writer(vec![paddr, raddr], tag_for(paddr), stop.clone());
+    let writes = writer(vec![paddr, raddr], tag.clone(), stop.clone());
     tokio::time::sleep(SECOND).await;
-
-    let deleted = Instant::now();
-    s.api().delete(&primary, &Default::default()).await.unwrap();
-    poll_until(
-        "the deleted pod is gone",
-        40 * SECOND,
-        Duration::from_millis(20),
-        || async { Ok(s.api().get_opt(&primary).await?.is_none()) },
-    )
-    .await
-    .unwrap();
-    let gone = deleted.elapsed();
+    let took = disrupt(primary.clone()).await;
     tokio::time::sleep(SECOND).await;
     stop.store(true, Ordering::Relaxed);
-    let w = writes.join().unwrap();
+    (writes.join().unwrap(), tag, primary, replica, took)
+}
 
+fn report(w: &Written, missing: usize) {
+    println!(
+        "writer: {} acknowledged writes, {missing} lost, longest pause {:?}, {} errors while switching",
+        w.acked.len(),
+        w.longest_pause,
+        w.errors
+    );
+    assert!(w.acked.len() > 100, "the writer made progress");
+    assert_eq!(
+        missing, 0,
+        "acknowledged writes lost in a planned hand-over"
+    );
+}
+
+async fn assert_clean_events(s: &Stage) {
+    let events = s.events().await.unwrap();
+    println!("{events}");
+    assert!(
+        events.contains("HandoverStarted") && events.contains("HandoverSucceeded"),
+        "{events}"
+    );
+    assert!(
+        !events.contains("HandoverFailed"),
+        "a stale view planned the move again: {events}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_primary_pod_hands_over_first_and_loses_no_write() {
+    let (s, holder) = coordinated_stage("coord-delete").await;
+    // A reference the disruption closure can take along.
+    let s = &s;
+    let (w, tag, primary, replica, gone) = with_writer(s, 0, |primary| async move {
+        let deleted = Instant::now();
+        s.api().delete(&primary, &Default::default()).await.unwrap();
+        poll_until(
+            "the deleted pod is gone",
+            40 * SECOND,
+            Duration::from_millis(20),
+            || async { Ok(s.api().get_opt(&primary).await?.is_none()) },
+        )
+        .await
+        .unwrap();
+        deleted.elapsed()
+    })
+    .await;
     assert_eq!(
         s.role(&replica).as_deref(),
         Some("master"),
@@ -155,40 +218,40 @@ async fn deleting_a_primary_pod_hands_over_first_and_loses_no_write() {
         Ok("HTTP 200"),
         "preStop returned because the hand-over finished, not on timeout"
     );
-    // Every acknowledged write is on the new primary.
-    let (mut missing, tag) = (0, tag_for(raddr));
-    let mut c = redis::Client::open(format!("redis://{raddr}"))
-        .unwrap()
-        .get_connection()
+    report(&w, lost(s.valkey(&replica).unwrap(), &tag, &w.acked));
+    assert_clean_events(s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cordoning_a_primarys_node_hands_the_primary_over() {
+    let (s, holder) = coordinated_stage("coord-cordon").await;
+    // A reference the disruption closure can take along.
+    let s = &s;
+    let (w, tag, primary, replica, moved) = with_writer(s, 1, |primary| async move {
+        let node = s
+            .api()
+            .get(&primary)
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .node_name
+            .unwrap();
+        let cordoned = Instant::now();
+        s.plane.kubectl(&["cordon", &node]).await.unwrap();
+        poll_until(
+            "the primary left the cordoned node",
+            20 * SECOND,
+            Duration::from_millis(10),
+            || async { Ok(s.role(&primary).as_deref() == Some("slave")) },
+        )
+        .await
         .unwrap();
-    for chunk in w.acked.chunks(500) {
-        let keys: Vec<String> = chunk.iter().map(|n| format!("{{{tag}}}:{n}")).collect();
-        let got: Vec<Option<u64>> = redis::cmd("MGET").arg(&keys).query(&mut c).unwrap();
-        missing += got
-            .iter()
-            .zip(chunk)
-            .filter(|(g, n)| **g != Some(**n))
-            .count();
-    }
-    println!(
-        "writer: {} acknowledged writes, {missing} lost, longest pause {:?}, {} errors while switching",
-        w.acked.len(),
-        w.longest_pause,
-        w.errors
-    );
-    assert!(w.acked.len() > 100, "the writer made progress");
-    assert_eq!(
-        missing, 0,
-        "acknowledged writes lost in a planned hand-over"
-    );
-    let events = s.events().await.unwrap();
-    println!("{events}");
-    assert!(
-        events.contains("HandoverStarted") && events.contains("HandoverSucceeded"),
-        "{events}"
-    );
-    assert!(
-        !events.contains("HandoverFailed"),
-        "a stale view planned the move again: {events}"
-    );
+        cordoned.elapsed()
+    })
+    .await;
+    println!("lease holder {holder}; cordon → {primary} demoted after {moved:?}");
+    assert_eq!(s.role(&replica).as_deref(), Some("master"));
+    report(&w, lost(s.valkey(&replica).unwrap(), &tag, &w.acked));
+    assert_clean_events(s).await;
 }
