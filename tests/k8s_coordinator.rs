@@ -255,3 +255,95 @@ async fn cordoning_a_primarys_node_hands_the_primary_over() {
     report(&w, lost(s.valkey(&replica).unwrap(), &tag, &w.acked));
     assert_clean_events(s).await;
 }
+
+/// `valkey_sidecar_coordinator_leader` of every agent.
+async fn leaders(s: &Stage) -> Vec<u64> {
+    let mut out = Vec::new();
+    for p in &s.pods {
+        out.push(
+            s.agent_counter(p, "valkey_sidecar_coordinator_leader")
+                .await
+                .unwrap(),
+        );
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_holder_stops_acting_when_it_cannot_renew_and_leadership_returns() {
+    let mut o = StageOptions::default();
+    o.namespace = "coord-stepdown".into();
+    o.kubelet = o.kubelet.sidecar_bin(env!("CARGO_BIN_EXE_valkey-sidecar"));
+    o.template.sidecar_env = [
+        ("SIDECAR_CLUSTER_NAME", "valkey"),
+        ("SIDECAR_LEASE_DURATION", "6s"),
+        ("SIDECAR_LEASE_RENEW_DEADLINE", "4s"),
+        ("SIDECAR_LEASE_RETRY_PERIOD", "1s"),
+    ]
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .to_vec();
+    let s = Stage::start(o).await.unwrap();
+    poll_until(
+        "exactly one leader",
+        30 * SECOND,
+        Duration::from_millis(100),
+        || async { Ok(leaders(&s).await.iter().sum::<u64>() == 1) },
+    )
+    .await
+    .unwrap();
+    let apiserver = s
+        .plane
+        .pids()
+        .into_iter()
+        .find(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| c.contains("kube-apiserver"))
+        })
+        .unwrap();
+    let signal = |sig: &str| {
+        assert!(
+            std::process::Command::new("kill")
+                .args([sig, &apiserver.to_string()])
+                .status()
+                .unwrap()
+                .success()
+        )
+    };
+    signal("-STOP");
+    let frozen = Instant::now();
+    // The holder cannot renew: within its renew deadline (4 s) it must stop acting.
+    poll_until(
+        "the holder steps down",
+        8 * SECOND,
+        Duration::from_millis(50),
+        || async { Ok(leaders(&s).await.iter().sum::<u64>() == 0) },
+    )
+    .await
+    .unwrap();
+    let stepped_down = frozen.elapsed();
+    // Nobody may lead while the Lease cannot be written.
+    tokio::time::sleep(3 * SECOND).await;
+    assert_eq!(
+        leaders(&s).await.iter().sum::<u64>(),
+        0,
+        "a leader without a renewable lease"
+    );
+    signal("-CONT");
+    let thawed = Instant::now();
+    poll_until(
+        "leadership returns",
+        30 * SECOND,
+        Duration::from_millis(100),
+        || async { Ok(leaders(&s).await.iter().sum::<u64>() == 1) },
+    )
+    .await
+    .unwrap();
+    println!(
+        "apiserver frozen: holder stepped down after {stepped_down:?} (renew deadline 4 s); a leader again {:?} after the apiserver resumed",
+        thawed.elapsed()
+    );
+    assert!(
+        stepped_down <= Duration::from_millis(4_500),
+        "stepped down late: {stepped_down:?}"
+    );
+}
