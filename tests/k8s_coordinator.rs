@@ -291,25 +291,7 @@ async fn the_holder_stops_acting_when_it_cannot_renew_and_leadership_returns() {
     )
     .await
     .unwrap();
-    let apiserver = s
-        .plane
-        .pids()
-        .into_iter()
-        .find(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/cmdline"))
-                .is_ok_and(|c| c.contains("kube-apiserver"))
-        })
-        .unwrap();
-    let signal = |sig: &str| {
-        assert!(
-            std::process::Command::new("kill")
-                .args([sig, &apiserver.to_string()])
-                .status()
-                .unwrap()
-                .success()
-        )
-    };
-    signal("-STOP");
+    s.signal_apiserver("STOP").unwrap();
     let frozen = Instant::now();
     // The holder cannot renew: within its renew deadline (4 s) it must stop acting.
     poll_until(
@@ -328,7 +310,7 @@ async fn the_holder_stops_acting_when_it_cannot_renew_and_leadership_returns() {
         0,
         "a leader without a renewable lease"
     );
-    signal("-CONT");
+    s.signal_apiserver("CONT").unwrap();
     let thawed = Instant::now();
     poll_until(
         "leadership returns",

@@ -393,25 +393,7 @@ async fn zone_from_the_node_object() {
 async fn a_frozen_apiserver_never_stalls_probes_and_labels_catch_up() {
     let s = Stage::start(options()).await.unwrap();
     wait_labels_true(&s).await;
-    let apiserver = s
-        .plane
-        .pids()
-        .into_iter()
-        .find(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/cmdline"))
-                .is_ok_and(|c| c.contains("kube-apiserver"))
-        })
-        .unwrap();
-    let signal = |sig: &str| {
-        assert!(
-            std::process::Command::new("kill")
-                .args([sig, &apiserver.to_string()])
-                .status()
-                .unwrap()
-                .success()
-        )
-    };
-    signal("-STOP");
+    s.signal_apiserver("STOP").unwrap();
     // Valkey changes while the apiserver cannot answer.
     let (primary, replica) = s.primary_and_replica(2).unwrap();
     cmd(s.valkey(&replica).unwrap(), &["CLUSTER", "FAILOVER"]).unwrap();
@@ -443,7 +425,7 @@ async fn a_frozen_apiserver_never_stalls_probes_and_labels_catch_up() {
             .unwrap();
     assert!(status.contains("\"role\": \"primary\""), "{status}");
     println!("apiserver frozen 3 s: slowest /readyz {slowest:?}; /status already says primary");
-    signal("-CONT");
+    s.signal_apiserver("CONT").unwrap();
     let thawed = Instant::now();
     wait_labels_true(&s).await;
     println!(

@@ -161,6 +161,28 @@ impl Stage {
             .unwrap_or_default())
     }
 
+    /// Sends `signal` (e.g. `STOP`, `CONT`) to kube-apiserver: freezes or thaws the API while
+    /// everything else keeps running.
+    pub fn signal_apiserver(&self, signal: &str) -> Result<()> {
+        let is_apiserver = |p: &u32| {
+            std::fs::read_to_string(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| c.contains("kube-apiserver"))
+        };
+        let pid = self
+            .plane
+            .pids()
+            .into_iter()
+            .find(is_apiserver)
+            .context("no kube-apiserver process")?;
+        let status = std::process::Command::new("kill")
+            .args([format!("-{signal}"), pid.to_string()])
+            .status()?;
+        if !status.success() {
+            bail!("kill -{signal} {pid} failed");
+        }
+        Ok(())
+    }
+
     /// Events in the namespace: reason, regarding pod and note, as `kubectl` prints them.
     pub async fn events(&self) -> Result<String> {
         let columns = "custom-columns=REASON:.reason,POD:.regarding.name,NOTE:.note";
