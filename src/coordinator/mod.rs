@@ -170,14 +170,14 @@ impl Coordinator {
         done: &mpsc::Sender<Finished>,
     ) {
         let now = self.clock.now();
+        let leader = self.leadership.borrow().may_act(now);
+        self.metrics.coordinator_leader(leader);
         let Some(shards) = self.shards(now) else {
             return;
         };
         let members = world::members(&shards, &pods.state());
         settle(&mut memory.settling, &members, now);
         memory.shards = track(&memory.shards, &members, now, self.policy.max_lag_bytes);
-        let leader = self.leadership.borrow().may_act(now);
-        self.metrics.coordinator_leader(leader);
         let world = World {
             now,
             leader,
