@@ -329,3 +329,90 @@ async fn the_holder_stops_acting_when_it_cannot_renew_and_leadership_returns() {
         "stepped down late: {stepped_down:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_fails_back_to_its_preferred_zone_after_the_quiet_period() {
+    let mut o = StageOptions::default();
+    o.namespace = "coord-failback".into();
+    o.kubelet = o.kubelet.sidecar_bin(env!("CARGO_BIN_EXE_valkey-sidecar"));
+    o.template.sidecar_env = [
+        ("SIDECAR_CLUSTER_NAME", "valkey"),
+        ("SIDECAR_FAILBACK", "true"),
+        ("SIDECAR_QUIET_PERIOD", "3s"),
+        ("SIDECAR_MOVE_COOLDOWN", "1s"),
+    ]
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .to_vec();
+    let s = Stage::start(o).await.unwrap();
+    poll_until(
+        "a leader",
+        30 * SECOND,
+        Duration::from_millis(100),
+        || async { Ok(leaders(&s).await.iter().sum::<u64>() == 1) },
+    )
+    .await
+    .unwrap();
+    // valkey-0-0 (node-index 0) is the intended primary: its zone is the shard's preferred zone.
+    let (intended, other) = ("valkey-0-0".to_string(), "valkey-0-1".to_string());
+    assert_eq!(s.role(&intended).as_deref(), Some("master"));
+    cmd(s.valkey(&other).unwrap(), &["CLUSTER", "FAILOVER"]).unwrap();
+    let drifted = Instant::now();
+    poll_until(
+        "the failover happened",
+        5 * SECOND,
+        Duration::from_millis(5),
+        || async { Ok(s.role(&other).as_deref() == Some("master")) },
+    )
+    .await
+    .unwrap();
+    // The drift is visible while it lasts…
+    let drift = "valkey_sidecar_placement_drift{reason=\"FailoverDrift\"}";
+    poll_until(
+        "drift reported",
+        5 * SECOND,
+        Duration::from_millis(50),
+        || async {
+            let mut total = 0;
+            for p in &s.pods {
+                total += s.agent_counter(p, drift).await?;
+            }
+            Ok(total >= 1)
+        },
+    )
+    .await
+    .unwrap();
+    // …and after the quiet period the coordinator moves the primary back.
+    poll_until(
+        "failed back",
+        20 * SECOND,
+        Duration::from_millis(20),
+        || async { Ok(s.role(&intended).as_deref() == Some("master")) },
+    )
+    .await
+    .unwrap();
+    let back = drifted.elapsed();
+    println!("fail-back {back:?} after the drift (quiet period 3 s)");
+    assert!(
+        back >= 3 * SECOND,
+        "fail-back inside the quiet period: {back:?}"
+    );
+    let events = s.events().await.unwrap();
+    assert!(
+        events.contains("FailBackStarted") && events.contains("FailBackSucceeded"),
+        "{events}"
+    );
+    poll_until(
+        "drift cleared",
+        5 * SECOND,
+        Duration::from_millis(50),
+        || async {
+            let mut total = 0;
+            for p in &s.pods {
+                total += s.agent_counter(p, drift).await?;
+            }
+            Ok(total == 0)
+        },
+    )
+    .await
+    .unwrap();
+}
