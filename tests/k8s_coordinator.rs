@@ -85,11 +85,12 @@ fn tag_for(addr: SocketAddr) -> String {
 }
 
 /// A stage whose agents run the coordinator; returns it once some agent holds the Lease.
-async fn coordinated_stage(namespace: &str) -> (Stage, String) {
+async fn coordinated_stage(namespace: &str, env: &[(&str, &str)]) -> (Stage, String) {
     let mut o = StageOptions::default();
     o.namespace = namespace.into();
     o.kubelet = o.kubelet.sidecar_bin(env!("CARGO_BIN_EXE_valkey-sidecar"));
-    o.template.sidecar_env = vec![("SIDECAR_CLUSTER_NAME".into(), "valkey".into())];
+    let env = [("SIDECAR_CLUSTER_NAME", "valkey")].iter().chain(env);
+    o.template.sidecar_env = env.map(|(k, v)| (k.to_string(), v.to_string())).collect();
     let s = Stage::start(o).await.unwrap();
     let leases: Api<Lease> = Api::namespaced(s.plane.client(), &s.namespace);
     let holder = || async {
@@ -181,7 +182,7 @@ async fn assert_clean_events(s: &Stage) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_a_primary_pod_hands_over_first_and_loses_no_write() {
-    let (s, holder) = coordinated_stage("coord-delete").await;
+    let (s, holder) = coordinated_stage("coord-delete", &[]).await;
     // A reference the disruption closure can take along.
     let s = &s;
     let (w, tag, primary, replica, gone) = with_writer(s, 0, |primary| async move {
@@ -224,7 +225,7 @@ async fn deleting_a_primary_pod_hands_over_first_and_loses_no_write() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cordoning_a_primarys_node_hands_the_primary_over() {
-    let (s, holder) = coordinated_stage("coord-cordon").await;
+    let (s, holder) = coordinated_stage("coord-cordon", &[]).await;
     // A reference the disruption closure can take along.
     let s = &s;
     let (w, tag, primary, replica, moved) = with_writer(s, 1, |primary| async move {
@@ -271,22 +272,17 @@ async fn leaders(s: &Stage) -> Vec<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_holder_stops_acting_when_it_cannot_renew_and_leadership_returns() {
-    let mut o = StageOptions::default();
-    o.namespace = "coord-stepdown".into();
-    o.kubelet = o.kubelet.sidecar_bin(env!("CARGO_BIN_EXE_valkey-sidecar"));
-    o.template.sidecar_env = [
-        ("SIDECAR_CLUSTER_NAME", "valkey"),
+    let lease = [
         ("SIDECAR_LEASE_DURATION", "6s"),
         ("SIDECAR_LEASE_RENEW_DEADLINE", "4s"),
         ("SIDECAR_LEASE_RETRY_PERIOD", "1s"),
-    ]
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .to_vec();
-    let s = Stage::start(o).await.unwrap();
+    ];
+    let (s, _) = coordinated_stage("coord-stepdown", &lease).await;
+    // The gauge follows the Lease within a round (250 ms).
     poll_until(
         "exactly one leader",
-        30 * SECOND,
-        Duration::from_millis(100),
+        5 * SECOND,
+        Duration::from_millis(50),
         || async { Ok(leaders(&s).await.iter().sum::<u64>() == 1) },
     )
     .await
@@ -332,26 +328,12 @@ async fn the_holder_stops_acting_when_it_cannot_renew_and_leadership_returns() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_fails_back_to_its_preferred_zone_after_the_quiet_period() {
-    let mut o = StageOptions::default();
-    o.namespace = "coord-failback".into();
-    o.kubelet = o.kubelet.sidecar_bin(env!("CARGO_BIN_EXE_valkey-sidecar"));
-    o.template.sidecar_env = [
-        ("SIDECAR_CLUSTER_NAME", "valkey"),
+    let failback = [
         ("SIDECAR_FAILBACK", "true"),
         ("SIDECAR_QUIET_PERIOD", "3s"),
         ("SIDECAR_MOVE_COOLDOWN", "1s"),
-    ]
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .to_vec();
-    let s = Stage::start(o).await.unwrap();
-    poll_until(
-        "a leader",
-        30 * SECOND,
-        Duration::from_millis(100),
-        || async { Ok(leaders(&s).await.iter().sum::<u64>() == 1) },
-    )
-    .await
-    .unwrap();
+    ];
+    let (s, _) = coordinated_stage("coord-failback", &failback).await;
     // valkey-0-0 (node-index 0) is the intended primary: its zone is the shard's preferred zone.
     let (intended, other) = ("valkey-0-0".to_string(), "valkey-0-1".to_string());
     assert_eq!(s.role(&intended).as_deref(), Some("master"));
