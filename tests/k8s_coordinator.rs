@@ -229,15 +229,7 @@ async fn cordoning_a_primarys_node_hands_the_primary_over() {
     // A reference the disruption closure can take along.
     let s = &s;
     let (w, tag, primary, replica, moved) = with_writer(s, 1, |primary| async move {
-        let node = s
-            .api()
-            .get(&primary)
-            .await
-            .unwrap()
-            .spec
-            .unwrap()
-            .node_name
-            .unwrap();
+        let node = s.node_of(&primary).await.unwrap();
         let cordoned = Instant::now();
         s.plane.kubectl(&["cordon", &node]).await.unwrap();
         poll_until(
@@ -257,17 +249,40 @@ async fn cordoning_a_primarys_node_hands_the_primary_over() {
     assert_clean_events(s).await;
 }
 
-/// `valkey_sidecar_coordinator_leader` of every agent.
-async fn leaders(s: &Stage) -> Vec<u64> {
-    let mut out = Vec::new();
+/// How many agents report `valkey_sidecar_coordinator_leader 1`.
+async fn leader_count(s: &Stage) -> u64 {
+    let mut n = 0;
     for p in &s.pods {
-        out.push(
-            s.agent_counter(p, "valkey_sidecar_coordinator_leader")
-                .await
-                .unwrap(),
-        );
+        n += s
+            .agent_counter(p, "valkey_sidecar_coordinator_leader")
+            .await
+            .unwrap();
     }
-    out
+    n
+}
+
+/// Waits until exactly `n` agents lead.
+async fn wait_leaders(s: &Stage, n: u64, what: &str, timeout: Duration) {
+    poll_until(what, timeout, Duration::from_millis(50), || async {
+        Ok(leader_count(s).await == n)
+    })
+    .await
+    .unwrap();
+}
+
+/// The sum of one drift gauge over all agents (only the leader reports drift).
+async fn drift_total(s: &Stage) -> u64 {
+    let mut n = 0;
+    for p in &s.pods {
+        n += s
+            .agent_counter(
+                p,
+                "valkey_sidecar_placement_drift{reason=\"FailoverDrift\"}",
+            )
+            .await
+            .unwrap();
+    }
+    n
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -279,43 +294,22 @@ async fn the_holder_stops_acting_when_it_cannot_renew_and_leadership_returns() {
     ];
     let (s, _) = coordinated_stage("coord-stepdown", &lease).await;
     // The gauge follows the Lease within a round (250 ms).
-    poll_until(
-        "exactly one leader",
-        5 * SECOND,
-        Duration::from_millis(50),
-        || async { Ok(leaders(&s).await.iter().sum::<u64>() == 1) },
-    )
-    .await
-    .unwrap();
+    wait_leaders(&s, 1, "exactly one leader", 5 * SECOND).await;
     s.signal_apiserver("STOP").unwrap();
     let frozen = Instant::now();
     // The holder cannot renew: within its renew deadline (4 s) it must stop acting.
-    poll_until(
-        "the holder steps down",
-        8 * SECOND,
-        Duration::from_millis(50),
-        || async { Ok(leaders(&s).await.iter().sum::<u64>() == 0) },
-    )
-    .await
-    .unwrap();
+    wait_leaders(&s, 0, "the holder steps down", 8 * SECOND).await;
     let stepped_down = frozen.elapsed();
     // Nobody may lead while the Lease cannot be written.
     tokio::time::sleep(3 * SECOND).await;
     assert_eq!(
-        leaders(&s).await.iter().sum::<u64>(),
+        leader_count(&s).await,
         0,
         "a leader without a renewable lease"
     );
     s.signal_apiserver("CONT").unwrap();
     let thawed = Instant::now();
-    poll_until(
-        "leadership returns",
-        30 * SECOND,
-        Duration::from_millis(100),
-        || async { Ok(leaders(&s).await.iter().sum::<u64>() == 1) },
-    )
-    .await
-    .unwrap();
+    wait_leaders(&s, 1, "leadership returns", 30 * SECOND).await;
     println!(
         "apiserver frozen: holder stepped down after {stepped_down:?} (renew deadline 4 s); a leader again {:?} after the apiserver resumed",
         thawed.elapsed()
@@ -348,18 +342,11 @@ async fn a_primary_fails_back_to_its_preferred_zone_after_the_quiet_period() {
     .await
     .unwrap();
     // The drift is visible while it lasts…
-    let drift = "valkey_sidecar_placement_drift{reason=\"FailoverDrift\"}";
     poll_until(
         "drift reported",
         5 * SECOND,
         Duration::from_millis(50),
-        || async {
-            let mut total = 0;
-            for p in &s.pods {
-                total += s.agent_counter(p, drift).await?;
-            }
-            Ok(total >= 1)
-        },
+        || async { Ok(drift_total(&s).await >= 1) },
     )
     .await
     .unwrap();
@@ -387,13 +374,7 @@ async fn a_primary_fails_back_to_its_preferred_zone_after_the_quiet_period() {
         "drift cleared",
         5 * SECOND,
         Duration::from_millis(50),
-        || async {
-            let mut total = 0;
-            for p in &s.pods {
-                total += s.agent_counter(p, drift).await?;
-            }
-            Ok(total == 0)
-        },
+        || async { Ok(drift_total(&s).await == 0) },
     )
     .await
     .unwrap();

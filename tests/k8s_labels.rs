@@ -72,15 +72,7 @@ async fn labels_follow_valkey_within_a_poll_and_write_once_per_change() {
             redis::from_redis_value(cmd(s.valkey(p).unwrap(), &["CLUSTER", "MYSHARDID"]).unwrap())
                 .unwrap();
         assert_eq!(Some(&shard_id), labels.get(SHARD));
-        let node = s
-            .api()
-            .get(p)
-            .await
-            .unwrap()
-            .spec
-            .unwrap()
-            .node_name
-            .unwrap();
+        let node = s.node_of(p).await.unwrap();
         assert_eq!(labels.get(ZONE), Some(&node_zone(&node)), "{p} on {node}");
         let az: Vec<String> = redis::from_redis_value(
             cmd(
@@ -204,15 +196,7 @@ async fn a_killed_primary_loses_its_label_and_the_promoted_replica_gains_it() {
     );
     assert_eq!(s.role(&primary).as_deref(), Some("slave"));
     // The restarted Valkey forgot its zone; the agent pushed it again.
-    let node = s
-        .api()
-        .get(&primary)
-        .await
-        .unwrap()
-        .spec
-        .unwrap()
-        .node_name
-        .unwrap();
+    let node = s.node_of(&primary).await.unwrap();
     poll_until(
         "availability-zone restored",
         5 * SECOND,

@@ -283,6 +283,25 @@ fn steadiness_restarts_on_a_new_primary_or_an_unsynced_replica() {
     );
 }
 
+#[test]
+fn a_finished_move_settles_until_the_view_shows_it() {
+    use valkey_sidecar_core::plan::settle;
+    let mut settling: BTreeMap<String, (String, Millis)> =
+        [("s0".to_string(), ("r0a".to_string(), Millis(10_000)))].into();
+    let stale = world();
+    settle(&mut settling, &stale.members, Millis(5_000));
+    assert!(
+        settling.contains_key("s0"),
+        "the view still shows the old primary"
+    );
+    settle(&mut settling, &drifted().members, Millis(5_000));
+    assert!(settling.is_empty(), "the view caught up");
+    let mut expired: BTreeMap<String, (String, Millis)> =
+        [("s0".to_string(), ("r0a".to_string(), Millis(10_000)))].into();
+    settle(&mut expired, &stale.members, Millis(10_000));
+    assert!(expired.is_empty(), "given up after the deadline");
+}
+
 // ---- properties --------------------------------------------------------------------------------
 
 fn arb_world() -> impl Strategy<Value = World> {

@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use valkey_sidecar_core::health::{Bounds, HealthState};
 use valkey_sidecar_core::plan::{
-    Action, InFlight, Kind, Plan, Policy, ShardMemory, World, decide, track,
+    Action, InFlight, Kind, Plan, Policy, ShardMemory, World, decide, settle, track,
 };
 use valkey_sidecar_core::shards::{NodeHealth, Shard};
 use valkey_sidecar_core::time::Millis;
@@ -80,20 +80,6 @@ struct Memory {
     settling: BTreeMap<String, (String, Millis)>,
     last_move: Option<Millis>,
     blocked: BTreeSet<String>,
-}
-
-/// Drops settling entries once the view shows the new primary, or their time is up.
-fn settle(
-    settling: &mut BTreeMap<String, (String, Millis)>,
-    members: &[valkey_sidecar_core::plan::Member],
-    now: Millis,
-) {
-    settling.retain(|_, (to, until)| {
-        let shown = members
-            .iter()
-            .any(|m| m.id == *to && m.role == valkey_sidecar_core::observation::Role::Primary);
-        !shown && now < *until
-    });
 }
 
 /// Running and settling shards: the planner leaves both alone.

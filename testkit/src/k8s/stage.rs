@@ -150,6 +150,14 @@ impl Stage {
         }
     }
 
+    /// The node the pod was scheduled to.
+    pub async fn node_of(&self, pod: &str) -> Result<String> {
+        let p = self.api().get(pod).await?;
+        p.spec
+            .and_then(|s| s.node_name)
+            .with_context(|| format!("{pod} is not scheduled"))
+    }
+
     /// The pod's labels now.
     pub async fn labels(&self, pod: &str) -> Result<BTreeMap<String, String>> {
         Ok(self
