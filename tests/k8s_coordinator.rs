@@ -3,86 +3,15 @@
 //! recording every acknowledged write.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use valkey_sidecar_testkit::k8s::valkey::cmd;
+use valkey_sidecar_testkit::k8s::writer::{Writer, Written, lost, tag_for};
 use valkey_sidecar_testkit::k8s::{Stage, StageOptions, poll_until};
-use valkey_sidecar_testkit::redis;
 
 const SECOND: Duration = Duration::from_secs(1);
-
-/// What a writer saw.
-struct Written {
-    acked: Vec<u64>,
-    longest_pause: Duration,
-    errors: usize,
-}
-
-/// Writes `{tag}:n` = n for n = 0, 1, … to whichever address accepts writes, following `MOVED`,
-/// and records every acknowledged write and the longest gap between two acknowledgements.
-fn writer(addrs: Vec<SocketAddr>, tag: String, stop: Arc<AtomicBool>) -> JoinHandle<Written> {
-    std::thread::spawn(move || {
-        let mut w = Written {
-            acked: Vec::new(),
-            longest_pause: Duration::ZERO,
-            errors: 0,
-        };
-        let (mut target, mut n, mut last_ok) = (0usize, 0u64, Instant::now());
-        let mut conns: Vec<Option<redis::Connection>> = addrs.iter().map(|_| None).collect();
-        while !stop.load(Ordering::Relaxed) {
-            let conn = conns[target].get_or_insert_with(|| {
-                let client = redis::Client::open(format!("redis://{}", addrs[target])).unwrap();
-                client.get_connection_with_timeout(SECOND).unwrap()
-            });
-            let result: redis::RedisResult<()> = redis::cmd("SET")
-                .arg(format!("{{{tag}}}:{n}"))
-                .arg(n)
-                .query(conn);
-            match result {
-                Ok(()) => {
-                    w.acked.push(n);
-                    w.longest_pause = w.longest_pause.max(last_ok.elapsed());
-                    last_ok = Instant::now();
-                    n += 1;
-                }
-                Err(_) => {
-                    // MOVED, READONLY, a paused or dead node: try the other member.
-                    w.errors += 1;
-                    conns[target] = None;
-                    target = (target + 1) % addrs.len();
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            }
-        }
-        w
-    })
-}
-
-/// A hash tag whose slot the shard with `addr` serves.
-fn tag_for(addr: SocketAddr) -> String {
-    let slots: Vec<Vec<redis::Value>> =
-        redis::from_redis_value(cmd(addr, &["CLUSTER", "SHARDS"]).unwrap()).unwrap();
-    let my_id: String = redis::from_redis_value(cmd(addr, &["CLUSTER", "MYID"]).unwrap()).unwrap();
-    let mine = slots
-        .iter()
-        .find(|s| format!("{s:?}").contains(&my_id))
-        .unwrap();
-    let ranges: Vec<i64> = redis::from_redis_value(mine[1].clone()).unwrap();
-    (0..)
-        .map(|i| format!("t{i}"))
-        .find(|t| {
-            let slot: i64 =
-                redis::from_redis_value(cmd(addr, &["CLUSTER", "KEYSLOT", t]).unwrap()).unwrap();
-            ranges.chunks(2).any(|r| slot >= r[0] && slot <= r[1])
-        })
-        .unwrap()
-}
 
 /// A stage whose agents run the coordinator; returns it once some agent holds the Lease.
 async fn coordinated_stage(namespace: &str, env: &[(&str, &str)]) -> (Stage, String) {
@@ -111,25 +40,6 @@ async fn coordinated_stage(namespace: &str, env: &[(&str, &str)]) -> (Stage, Str
     (s, h)
 }
 
-/// How many acknowledged writes `addr` does not have.
-fn lost(addr: SocketAddr, tag: &str, acked: &[u64]) -> usize {
-    let mut c = redis::Client::open(format!("redis://{addr}"))
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    let mut missing = 0;
-    for chunk in acked.chunks(500) {
-        let keys: Vec<String> = chunk.iter().map(|n| format!("{{{tag}}}:{n}")).collect();
-        let got: Vec<Option<u64>> = redis::cmd("MGET").arg(&keys).query(&mut c).unwrap();
-        missing += got
-            .iter()
-            .zip(chunk)
-            .filter(|(g, n)| **g != Some(**n))
-            .count();
-    }
-    missing
-}
-
 /// Runs a writer against shard `shard` while `disrupt` runs; returns what it saw, its tag, the
 /// pods (primary, replica) as they were before, and what `disrupt` measured.
 async fn with_writer<F, Fut>(
@@ -143,14 +53,12 @@ where
 {
     let (primary, replica) = s.primary_and_replica(shard).unwrap();
     let (paddr, raddr) = (s.valkey(&primary).unwrap(), s.valkey(&replica).unwrap());
-    let tag = tag_for(paddr);
-    let stop = Arc::new(AtomicBool::new(false));
-    let writes = writer(vec![paddr, raddr], tag.clone(), stop.clone());
+    let writes = Writer::start(vec![paddr, raddr], tag_for(paddr).unwrap());
+    let tag = writes.tag.clone();
     tokio::time::sleep(SECOND).await;
     let took = disrupt(primary.clone()).await;
     tokio::time::sleep(SECOND).await;
-    stop.store(true, Ordering::Relaxed);
-    (writes.join().unwrap(), tag, primary, replica, took)
+    (writes.stop().unwrap(), tag, primary, replica, took)
 }
 
 fn report(w: &Written, missing: usize) {
@@ -219,7 +127,10 @@ async fn deleting_a_primary_pod_hands_over_first_and_loses_no_write() {
         Ok("HTTP 200"),
         "preStop returned because the hand-over finished, not on timeout"
     );
-    report(&w, lost(s.valkey(&replica).unwrap(), &tag, &w.acked));
+    report(
+        &w,
+        lost(s.valkey(&replica).unwrap(), &tag, &w.acked).unwrap(),
+    );
     assert_clean_events(s).await;
 }
 
@@ -245,7 +156,10 @@ async fn cordoning_a_primarys_node_hands_the_primary_over() {
     .await;
     println!("lease holder {holder}; cordon → {primary} demoted after {moved:?}");
     assert_eq!(s.role(&replica).as_deref(), Some("master"));
-    report(&w, lost(s.valkey(&replica).unwrap(), &tag, &w.acked));
+    report(
+        &w,
+        lost(s.valkey(&replica).unwrap(), &tag, &w.acked).unwrap(),
+    );
     assert_clean_events(s).await;
 }
 

@@ -41,6 +41,7 @@ pub use util::{http_get, poll_until, process_alive};
 
 pub mod stage;
 pub mod valkey;
+pub mod writer;
 
 mod bins;
 mod control_plane;

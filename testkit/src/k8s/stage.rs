@@ -62,7 +62,10 @@ pub struct Stage {
     pub nodes: FakeNodes,
     pub plane: ControlPlane,
     pub namespace: String,
+    /// Pods in creation order: shard 0's members, then shard 1's, …
     pub pods: Vec<String>,
+    /// Members per shard.
+    pub members: usize,
 }
 
 /// The `helm` binary: `$HELM_BIN`, else `scripts/helm-bin.sh` (builds it if needed).
@@ -87,6 +90,7 @@ impl Stage {
             plane,
             namespace: opts.namespace.clone(),
             pods: Vec::new(),
+            members: opts.members,
         };
         stage.create_pods(&opts).await?;
         Ok(stage)
@@ -217,19 +221,29 @@ impl Stage {
         Ok(value.map(|v| v.trim().parse()).transpose()?.unwrap_or(0))
     }
 
-    /// The primary and replica pods of a 2-member shard, by Valkey's own word.
+    /// The pods of shard `shard` (including deleted ones).
+    pub fn shard_pods(&self, shard: usize) -> &[String] {
+        let start = (shard * self.members).min(self.pods.len());
+        let end = ((shard + 1) * self.members).min(self.pods.len());
+        &self.pods[start..end]
+    }
+
+    /// The shard's primary pod by Valkey's own word, and its other members.
+    pub fn primary_and_replicas(&self, shard: usize) -> Result<(String, Vec<String>)> {
+        let pods = self.shard_pods(shard);
+        let primary = pods
+            .iter()
+            .find(|p| self.role(p).as_deref() == Some("master"))
+            .with_context(|| format!("shard {shard} has no primary"))?;
+        let others = pods.iter().filter(|p| *p != primary).cloned().collect();
+        Ok((primary.clone(), others))
+    }
+
+    /// The primary and (first) replica pods of a shard, by Valkey's own word.
     pub fn primary_and_replica(&self, shard: usize) -> Result<(String, String)> {
-        let a = self.pods.get(shard * 2).context("no such shard")?.clone();
-        let b = self
-            .pods
-            .get(shard * 2 + 1)
-            .context("no such shard")?
-            .clone();
-        Ok(if self.role(&a).as_deref() == Some("master") {
-            (a, b)
-        } else {
-            (b, a)
-        })
+        let (primary, replicas) = self.primary_and_replicas(shard)?;
+        let replica = replicas.into_iter().next().context("no replica")?;
+        Ok((primary, replica))
     }
 }
 

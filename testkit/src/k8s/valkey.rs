@@ -1,6 +1,7 @@
 //! Valkey on the harness's Kubernetes: the pod manifest a chart would render (valkey + the agent),
 //! the agent's RBAC, and forming a Valkey Cluster across pod IPs, for the demo and end-to-end tests.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -38,6 +39,9 @@ pub struct ValkeyPodTemplate {
     /// Extra environment of the agent.
     pub sidecar_env: Vec<(String, String)>,
     pub termination_grace_seconds: i64,
+    /// Pod name → node: pins a pod with a `kubernetes.io/hostname` nodeSelector (the scheduler
+    /// still binds it), for scenarios that need e.g. two primaries on one node.
+    pub pinned: BTreeMap<String, String>,
 }
 
 impl Default for ValkeyPodTemplate {
@@ -49,6 +53,7 @@ impl Default for ValkeyPodTemplate {
             cluster_node_timeout_ms: 2000,
             sidecar_env: Vec::new(),
             termination_grace_seconds: 30,
+            pinned: BTreeMap::new(),
         }
     }
 }
@@ -97,7 +102,7 @@ pub fn valkey_pod(t: &ValkeyPodTemplate, shard: usize, member: usize) -> Result<
     // A restart costs the cluster a failover: liveness is lenient.
     let mut liveness = http("/livez");
     liveness["failureThreshold"] = json!(10);
-    let pod = json!({
+    let mut pod = json!({
         "metadata": {
             "name": t.pod_name(shard, member),
             "labels": {
@@ -140,6 +145,9 @@ pub fn valkey_pod(t: &ValkeyPodTemplate, shard: usize, member: usize) -> Result<
             ],
         },
     });
+    if let Some(node) = t.pinned.get(&t.pod_name(shard, member)) {
+        pod["spec"]["nodeSelector"] = json!({ "kubernetes.io/hostname": node });
+    }
     serde_json::from_value(pod).context("building a valkey pod")
 }
 
