@@ -16,7 +16,7 @@ use crate::config::{Config, CoordinatorConfig, KubeConfig};
 use crate::coordinator::Coordinator;
 use crate::http::{self, App};
 use crate::kube::labeler::Labeler;
-use crate::kube::lease::{self, Leadership, LeaseClient};
+use crate::kube::lease::{self, Leadership, LeaseClient, StatusAnnotations};
 use crate::kube::{FIELD_MANAGER, KubeError};
 use crate::metrics::Metrics;
 use crate::observer::Observer;
@@ -149,6 +149,8 @@ fn coordinator_tasks(
     client: kube::Client,
 ) -> Vec<Task> {
     let (lead_tx, lead_rx) = watch::channel(Leadership::default());
+    // The coordinator's status rides along in the Lease holder's renewals.
+    let (status_tx, status_rx) = watch::channel(StatusAnnotations::new());
     // A Lease call must finish well inside the renew deadline to be of any use.
     let call_timeout = Duration::from_millis(co.timings.retry_ms.max(500));
     let lease = LeaseClient::new(
@@ -156,6 +158,7 @@ fn coordinator_tasks(
         &kube.namespace,
         &co.lease_name,
         call_timeout,
+        status_rx,
     );
     let reporter = Reporter {
         controller: FIELD_MANAGER.into(),
@@ -175,6 +178,7 @@ fn coordinator_tasks(
         role_label: kube.policy.role_key.clone(),
         recorder: kube.events.then(|| Recorder::new(client, reporter)),
         metrics: shared.metrics.clone(),
+        status: status_tx,
     };
     vec![
         lease::run(

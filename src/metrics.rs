@@ -69,6 +69,7 @@ pub struct Metrics {
     zone_pushes: Family<ResultLabel, Counter>,
     actions: Family<ActionLabel, Counter>,
     leader: Gauge,
+    last_decision: Gauge,
     drift: Family<DriftLabel, Gauge>,
 }
 
@@ -97,6 +98,7 @@ impl Metrics {
             zone_pushes: Family::default(),
             actions: Family::default(),
             leader: Gauge::default(),
+            last_decision: Gauge::default(),
             drift: Family::default(),
         };
         m.register();
@@ -177,6 +179,11 @@ impl Metrics {
             self.leader.clone(),
         );
         r.register(
+            "coordinator_last_decision_timestamp_seconds",
+            "Unix time at which this agent last started a coordinator move (0: never)",
+            self.last_decision.clone(),
+        );
+        r.register(
             "placement_drift",
             "Placement facts the coordinator reports, by reason",
             self.drift.clone(),
@@ -249,6 +256,12 @@ impl Metrics {
         self.leader.set(i64::from(leader));
     }
 
+    /// Records when a coordinator move started (Unix seconds), so `time() - x` is the time since
+    /// the last decision.
+    pub fn coordinator_decision(&self, unix_seconds: i64) {
+        self.last_decision.set(unix_seconds);
+    }
+
     /// Sets the drift gauges to the counts of this round.
     pub fn drift<'a>(&self, reasons: impl Iterator<Item = &'a str>) {
         let mut counts = std::collections::BTreeMap::<&str, i64>::new();
@@ -293,6 +306,7 @@ mod tests {
         m.zone_push(true);
         m.action("Handover", "ok");
         m.coordinator_leader(true);
+        m.coordinator_decision(1_700_000_000);
         m.drift(["FailoverDrift"].into_iter());
         let text = m.encode();
         for name in [
@@ -302,6 +316,7 @@ mod tests {
             "valkey_sidecar_zone_pushes_total{result=\"ok\"} 1",
             "valkey_sidecar_coordinator_actions_total{kind=\"Handover\",result=\"ok\"} 1",
             "valkey_sidecar_coordinator_leader 1",
+            "valkey_sidecar_coordinator_last_decision_timestamp_seconds 1700000000",
             "valkey_sidecar_placement_drift{reason=\"FailoverDrift\"} 1",
         ] {
             assert!(text.contains(name), "{name} missing from\n{text}");

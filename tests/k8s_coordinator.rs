@@ -9,14 +9,21 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use valkey_sidecar_testkit::k8s::valkey::cmd;
 use valkey_sidecar_testkit::k8s::writer::{Writer, Written, lost, tag_for};
-use valkey_sidecar_testkit::k8s::{Stage, StageOptions, poll_until};
+use valkey_sidecar_testkit::k8s::{ROLE_LABEL, Stage, StageOptions, poll_until};
 
 const SECOND: Duration = Duration::from_secs(1);
 
 /// A stage whose agents run the coordinator; returns it once some agent holds the Lease.
 async fn coordinated_stage(namespace: &str, env: &[(&str, &str)]) -> (Stage, String) {
-    let mut o = StageOptions::default();
-    o.namespace = namespace.into();
+    let o = StageOptions {
+        namespace: namespace.into(),
+        ..StageOptions::default()
+    };
+    coordinated(o, env).await
+}
+
+/// [`coordinated_stage`] with other stage options.
+async fn coordinated(mut o: StageOptions, env: &[(&str, &str)]) -> (Stage, String) {
     o.kubelet = o.kubelet.sidecar_bin(env!("CARGO_BIN_EXE_valkey-sidecar"));
     let env = [("SIDECAR_CLUSTER_NAME", "valkey")].iter().chain(env);
     o.template.sidecar_env = env.map(|(k, v)| (k.to_string(), v.to_string())).collect();
@@ -38,6 +45,73 @@ async fn coordinated_stage(namespace: &str, env: &[(&str, &str)]) -> (Stage, Str
     .unwrap();
     let h = holder().await.unwrap();
     (s, h)
+}
+
+/// The Lease's holder now.
+async fn lease_holder(s: &Stage) -> Option<String> {
+    let leases: Api<Lease> = Api::namespaced(s.plane.client(), &s.namespace);
+    let lease = leases.get_opt("valkey-coordinator").await.ok()??;
+    lease.spec?.holder_identity.filter(|h| !h.is_empty())
+}
+
+/// A writer on shard `shard`, trying all its members.
+fn shard_writer(s: &Stage, shard: usize) -> Writer {
+    let (primary, _) = s.primary_and_replicas(shard).unwrap();
+    let addrs = s
+        .shard_pods(shard)
+        .iter()
+        .map(|p| s.valkey(p).unwrap())
+        .collect();
+    Writer::start(addrs, tag_for(s.valkey(&primary).unwrap()).unwrap())
+}
+
+/// Stops the writers (shard, writer) and checks every acknowledged write against each shard's
+/// primary now.
+fn check_writers(s: &Stage, writers: Vec<(usize, Writer)>) {
+    for (shard, w) in writers {
+        let tag = w.tag.clone();
+        let written = w.stop().unwrap();
+        let (primary, _) = s.primary_and_replicas(shard).unwrap();
+        print!("shard {shard} (primary {primary}) ");
+        report(
+            &written,
+            lost(s.valkey(&primary).unwrap(), &tag, &written.acked).unwrap(),
+        );
+    }
+}
+
+/// Every preStop hook ran to HTTP 200: each waited for its hand-over, none timed out.
+fn assert_prestops_finished(s: &Stage) {
+    let hooks: Vec<_> = s
+        .kubelet
+        .hook_runs()
+        .into_iter()
+        .filter(|h| h.hook == "preStop")
+        .collect();
+    for h in &hooks {
+        println!("preStop {}: {:?} after {:?}", h.pod, h.result, h.took);
+        assert_eq!(h.result.as_deref(), Ok("HTTP 200"), "{}", h.pod);
+        assert!(h.took < 15 * SECOND, "{} waited {:?}", h.pod, h.took);
+    }
+    assert!(!hooks.is_empty(), "no preStop hook ran");
+}
+
+/// `kubectl drain` (the Eviction API); the pods are bare, hence `--force`.
+async fn drain(s: &Stage, node: &str) -> Duration {
+    let t = Instant::now();
+    let out = s
+        .plane
+        .kubectl(&[
+            "drain",
+            node,
+            "--force",
+            "--ignore-daemonsets",
+            "--timeout=90s",
+        ])
+        .await
+        .unwrap();
+    println!("{out}");
+    t.elapsed()
 }
 
 /// Runs a writer against shard `shard` while `disrupt` runs; returns what it saw, its tag, the
@@ -200,13 +274,17 @@ async fn drift_total(s: &Stage) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_holder_stops_acting_when_it_cannot_renew_and_leadership_returns() {
-    let lease = [
+async fn with_the_apiserver_stopped_for_30s_nothing_acts_and_everything_resumes() {
+    let env = [
         ("SIDECAR_LEASE_DURATION", "6s"),
         ("SIDECAR_LEASE_RENEW_DEADLINE", "4s"),
         ("SIDECAR_LEASE_RETRY_PERIOD", "1s"),
+        ("SIDECAR_FAILBACK", "true"),
+        ("SIDECAR_QUIET_PERIOD", "3s"),
+        ("SIDECAR_MOVE_COOLDOWN", "1s"),
     ];
-    let (s, _) = coordinated_stage("coord-stepdown", &lease).await;
+    let (s, _) = coordinated_stage("coord-stepdown", &env).await;
+    let (intended, other) = ("valkey-0-0", "valkey-0-1");
     // The gauge follows the Lease within a round (250 ms).
     wait_leaders(&s, 1, "exactly one leader", 5 * SECOND).await;
     s.signal_apiserver("STOP").unwrap();
@@ -214,18 +292,57 @@ async fn the_holder_stops_acting_when_it_cannot_renew_and_leadership_returns() {
     // The holder cannot renew: within its renew deadline (4 s) it must stop acting.
     wait_leaders(&s, 0, "the holder steps down", 8 * SECOND).await;
     let stepped_down = frozen.elapsed();
-    // Nobody may lead while the Lease cannot be written.
-    tokio::time::sleep(3 * SECOND).await;
-    assert_eq!(
-        leader_count(&s).await,
-        0,
-        "a leader without a renewable lease"
-    );
+    // A move becomes due: shard 0's primary leaves its preferred zone. With fail-back on and a
+    // 3 s quiet period the coordinator would move it back — but nobody holds a valid lease.
+    cmd(s.valkey(other).unwrap(), &["CLUSTER", "FAILOVER"]).unwrap();
+    poll_until(
+        "the failover finished",
+        5 * SECOND,
+        Duration::from_millis(5),
+        || async { Ok(s.role(intended).as_deref() == Some("slave")) },
+    )
+    .await
+    .unwrap();
+    while frozen.elapsed() < 30 * SECOND {
+        assert_eq!(
+            leader_count(&s).await,
+            0,
+            "a leader without a renewable lease"
+        );
+        assert_ne!(
+            s.role(intended).as_deref(),
+            Some("master"),
+            "an action without a valid lease"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     s.signal_apiserver("CONT").unwrap();
     let thawed = Instant::now();
     wait_leaders(&s, 1, "leadership returns", 30 * SECOND).await;
+    let leading = thawed.elapsed();
+    poll_until(
+        "the fail-back that was due happens",
+        20 * SECOND,
+        Duration::from_millis(20),
+        || async { Ok(s.role(intended).as_deref() == Some("master")) },
+    )
+    .await
+    .unwrap();
+    let failed_back = thawed.elapsed();
+    poll_until(
+        "labels match Valkey again",
+        20 * SECOND,
+        Duration::from_millis(50),
+        || async {
+            let a = s.labels(intended).await?.get(ROLE_LABEL).cloned();
+            let b = s.labels(other).await?.get(ROLE_LABEL).cloned();
+            Ok(a.as_deref() == Some("primary") && b.as_deref() == Some("replica"))
+        },
+    )
+    .await
+    .unwrap();
     println!(
-        "apiserver frozen: holder stepped down after {stepped_down:?} (renew deadline 4 s); a leader again {:?} after the apiserver resumed",
+        "apiserver stopped 30 s: holder stepped down after {stepped_down:?} (renew deadline 4 s); after it resumed: a leader again in {leading:?}, the due fail-back done in {failed_back:?}, labels true in {:?}",
         thawed.elapsed()
     );
     assert!(
@@ -241,7 +358,39 @@ async fn a_primary_fails_back_to_its_preferred_zone_after_the_quiet_period() {
         ("SIDECAR_QUIET_PERIOD", "3s"),
         ("SIDECAR_MOVE_COOLDOWN", "1s"),
     ];
-    let (s, _) = coordinated_stage("coord-failback", &failback).await;
+    let (s, holder) = coordinated_stage("coord-failback", &failback).await;
+    // The status as a user reads it with kubectl: the holder and the placement condition, which
+    // the holder writes as annotations in its renewals (every 2 s).
+    let lease = |path: &'static str| {
+        let s = &s;
+        async move {
+            let args = [
+                "get",
+                "lease",
+                "valkey-coordinator",
+                "-n",
+                &s.namespace,
+                "-o",
+                path,
+            ];
+            s.plane.kubectl(&args).await.unwrap()
+        }
+    };
+    let placement = "jsonpath={.spec.holderIdentity} {.metadata.annotations.status\\.valkey\\.io/PrimaryPlacementAligned}";
+    let shows = |want: &'static str| {
+        let lease = &lease;
+        let holder = &holder;
+        async move {
+            let out = lease(placement).await;
+            Ok(out.starts_with(&format!("{holder} {want}")))
+        }
+    };
+    let every = Duration::from_millis(100);
+    poll_until("the lease shows aligned", 10 * SECOND, every, || {
+        shows("True Aligned")
+    })
+    .await
+    .unwrap();
     // valkey-0-0 (node-index 0) is the intended primary: its zone is the shard's preferred zone.
     let (intended, other) = ("valkey-0-0".to_string(), "valkey-0-1".to_string());
     assert_eq!(s.role(&intended).as_deref(), Some("master"));
@@ -264,6 +413,17 @@ async fn a_primary_fails_back_to_its_preferred_zone_after_the_quiet_period() {
     )
     .await
     .unwrap();
+    // …on the Lease too, within a renewal (the fail-back waits the 3 s quiet period)…
+    poll_until("the lease shows the drift", 3 * SECOND, every, || {
+        shows("False FailoverDrift: shard ")
+    })
+    .await
+    .unwrap();
+    println!("while drifted, kubectl shows: {}", lease(placement).await);
+    println!(
+        "annotations: {}",
+        lease("jsonpath={.metadata.annotations}").await
+    );
     // …and after the quiet period the coordinator moves the primary back.
     poll_until(
         "failed back",
@@ -292,4 +452,184 @@ async fn a_primary_fails_back_to_its_preferred_zone_after_the_quiet_period() {
     )
     .await
     .unwrap();
+    poll_until("the lease shows aligned again", 5 * SECOND, every, || {
+        shows("True Aligned")
+    })
+    .await
+    .unwrap();
+    let decision = "jsonpath={.metadata.annotations.status\\.valkey\\.io/last-decision}";
+    poll_until(
+        "the lease shows the fail-back",
+        5 * SECOND,
+        every,
+        || async { Ok(lease(decision).await.starts_with("FailBack of shard ")) },
+    )
+    .await
+    .unwrap();
+    println!("after fail-back, kubectl shows: {}", lease(placement).await);
+    println!(
+        "annotations: {}",
+        lease("jsonpath={.metadata.annotations}").await
+    );
+    let described = lease("yaml").await;
+    println!("kubectl get lease -o yaml:\n{described}");
+}
+
+/// Pins `(pod, node)` pairs.
+fn pinned(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(p, n)| (p.to_string(), n.to_string()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_a_node_with_two_primaries_then_another_node_loses_no_write() {
+    let mut o = StageOptions {
+        namespace: "coord-drain".into(),
+        members: 3,
+        ..StageOptions::default()
+    };
+    // node-a1 carries the primaries of shards 0 and 1 (node-index 0 starts as primary).
+    o.template.pinned = pinned(&[
+        ("valkey-0-0", "node-a1"),
+        ("valkey-0-1", "node-b1"),
+        ("valkey-0-2", "node-c1"),
+        ("valkey-1-0", "node-a1"),
+        ("valkey-1-1", "node-c2"),
+        ("valkey-1-2", "node-b2"),
+        ("valkey-2-0", "node-a2"),
+        ("valkey-2-1", "node-b1"),
+        ("valkey-2-2", "node-c2"),
+    ]);
+    // Balance would move one of node-a1's primaries away before the drain.
+    let (s, holder) = coordinated(o, &[("SIDECAR_BALANCE", "false")]).await;
+    let writers: Vec<_> = (0..3).map(|k| (k, shard_writer(&s, k))).collect();
+    tokio::time::sleep(SECOND).await;
+    s.plane.kubectl(&["cordon", "node-a1"]).await.unwrap();
+    let first = drain(&s, "node-a1").await;
+    let (p0, _) = s.primary_and_replicas(0).unwrap();
+    let second_node = s.node_of(&p0).await.unwrap();
+    let second = drain(&s, &second_node).await;
+    tokio::time::sleep(SECOND).await;
+    println!(
+        "lease holder {holder}; drained node-a1 (2 primaries) in {first:?}, then {second_node} (primary {p0}) in {second:?}"
+    );
+    for k in 0..3 {
+        let (p, _) = s.primary_and_replicas(k).unwrap();
+        let node = s.node_of(&p).await.unwrap();
+        assert!(
+            node != "node-a1" && node != second_node,
+            "shard {k}: {p} on {node}"
+        );
+    }
+    check_writers(&s, writers);
+    assert_prestops_finished(&s);
+    assert_clean_events(&s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_coordinator_dies_a_successor_does_the_hand_over() {
+    let lease = [
+        ("SIDECAR_LEASE_DURATION", "4s"),
+        ("SIDECAR_LEASE_RENEW_DEADLINE", "3s"),
+        ("SIDECAR_LEASE_RETRY_PERIOD", "1s"),
+    ];
+    let (s, holder) = coordinated_stage("coord-successor", &lease).await;
+    let shard = (0..3)
+        .find(|k| !s.shard_pods(*k).contains(&holder))
+        .unwrap();
+    let s = &s;
+    let holder_node = s.node_of(&holder).await.unwrap();
+    let (w, tag, primary, replica, gone) = with_writer(s, shard, |primary| async move {
+        // The coordinator's node dies (every process of its pod killed, no restart), and at
+        // once a primary elsewhere must be handed over: only a successor can do it.
+        s.kubelet.cut_node(&holder_node).unwrap();
+        let t = Instant::now();
+        s.api().delete(&primary, &Default::default()).await.unwrap();
+        poll_until(
+            "the deleted pod is gone",
+            40 * SECOND,
+            Duration::from_millis(20),
+            || async { Ok(s.api().get_opt(&primary).await?.is_none()) },
+        )
+        .await
+        .unwrap();
+        t.elapsed()
+    })
+    .await;
+    let successor = lease_holder(s).await;
+    println!(
+        "coordinator {holder} died with its node; {primary} deleted → gone after {gone:?}; lease now held by {successor:?}"
+    );
+    assert!(successor.is_some() && successor.as_deref() != Some(holder.as_str()));
+    assert_eq!(s.role(&replica).as_deref(), Some("master"));
+    assert_prestops_finished(s);
+    report(
+        &w,
+        lost(s.valkey(&replica).unwrap(), &tag, &w.acked).unwrap(),
+    );
+    assert_clean_events(s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_two_primaries_is_rebalanced() {
+    let mut o = StageOptions {
+        namespace: "coord-balance".into(),
+        ..StageOptions::default()
+    };
+    o.template.pinned = pinned(&[
+        ("valkey-0-0", "node-a1"),
+        ("valkey-0-1", "node-b1"),
+        ("valkey-1-0", "node-b2"),
+        ("valkey-1-1", "node-a1"),
+        ("valkey-2-0", "node-c1"),
+        ("valkey-2-1", "node-c2"),
+    ]);
+    let quiet = [
+        ("SIDECAR_QUIET_PERIOD", "3s"),
+        ("SIDECAR_MOVE_COOLDOWN", "1s"),
+    ];
+    let (s, _) = coordinated(o, &quiet).await;
+    let writer = shard_writer(&s, 1);
+    // Valkey fails shard 1 over to valkey-1-1 (a recovery, say): node-a1 now carries two
+    // primaries, over the cap of ⌈3 / 6⌉ = 1.
+    cmd(s.valkey("valkey-1-1").unwrap(), &["CLUSTER", "FAILOVER"]).unwrap();
+    let crowded = Instant::now();
+    poll_until(
+        "node-a1 carries two primaries",
+        5 * SECOND,
+        Duration::from_millis(5),
+        || async {
+            // Both sides of the flip: the old primary may say `master` for a moment longer.
+            Ok(s.role("valkey-1-1").as_deref() == Some("master")
+                && s.role("valkey-1-0").as_deref() == Some("slave"))
+        },
+    )
+    .await
+    .unwrap();
+    // Shard 0's primary stays (moving it would leave its preferred zone-a); shard 1's goes back
+    // to node-b2 in its preferred zone-b.
+    poll_until(
+        "rebalanced",
+        30 * SECOND,
+        Duration::from_millis(20),
+        || async { Ok(s.role("valkey-1-0").as_deref() == Some("master")) },
+    )
+    .await
+    .unwrap();
+    let took = crowded.elapsed();
+    println!("rebalanced {took:?} after node-a1 got its second primary (quiet period 3 s)");
+    assert!(
+        took >= 3 * SECOND,
+        "moved inside the quiet period: {took:?}"
+    );
+    assert_eq!(s.role("valkey-0-0").as_deref(), Some("master"));
+    check_writers(&s, vec![(1, writer)]);
+    let events = s.events().await.unwrap();
+    assert!(
+        events.contains("RebalanceStarted") && events.contains("RebalanceSucceeded"),
+        "{events}"
+    );
+    assert!(!events.contains("RebalanceFailed"), "{events}");
 }

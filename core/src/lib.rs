@@ -17,6 +17,7 @@
 //! - [`ratelimit`]: a token bucket for Events.
 //! - [`plan`]: the coordinator's `decide(&World, &Policy) -> Plan` (hand-over, fail-back, balance).
 //! - [`lease`]: Lease election with client-go semantics (monotonic expiry, renew deadline).
+//! - [`status`]: the coordinator's conditions for humans, rendered as Lease annotations.
 
 pub mod health;
 pub mod info;
@@ -28,4 +29,5 @@ pub mod plan;
 pub mod ratelimit;
 pub mod reply;
 pub mod shards;
+pub mod status;
 pub mod time;

@@ -6,6 +6,9 @@
 //! Every agent runs it; only the Lease holder acts, and it checks its acting deadline again right
 //! before each command it sends (`execute::failover`), so an agent that lost the Lease while
 //! planning never acts.
+//!
+//! While leading it also publishes its status (`core::status`: conditions and the last decision)
+//! for the Lease writer, which carries it in its renewals as annotations on the Lease.
 
 pub mod execute;
 pub mod world;
@@ -28,10 +31,11 @@ use valkey_sidecar_core::plan::{
     Action, InFlight, Kind, Plan, Policy, ShardMemory, World, decide, settle, track,
 };
 use valkey_sidecar_core::shards::{NodeHealth, Shard};
+use valkey_sidecar_core::status::{self, Condition, Decision, Status};
 use valkey_sidecar_core::time::Millis;
 
 use crate::clock::Clock;
-use crate::kube::lease::Leadership;
+use crate::kube::lease::{Leadership, StatusAnnotations};
 use crate::metrics::Metrics;
 use crate::valkey::Connector;
 use execute::Outcome;
@@ -53,6 +57,8 @@ pub struct Coordinator {
     pub role_label: String,
     pub recorder: Option<Recorder>,
     pub metrics: Arc<Metrics>,
+    /// The status annotations for the Lease writer; emptied while this agent does not lead.
+    pub status: watch::Sender<StatusAnnotations>,
 }
 
 /// How long a finished move may take to show in the local view before the shard is planned again.
@@ -80,6 +86,16 @@ struct Memory {
     settling: BTreeMap<String, (String, Millis)>,
     last_move: Option<Millis>,
     blocked: BTreeSet<String>,
+    last_decision: Option<Decision>,
+    /// The status last published (`None`: not leading), so it is sent only when it changes.
+    status: Option<Status>,
+}
+
+/// Wall-clock time for the status: humans read it, no decision does.
+fn wall_clock() -> String {
+    jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
 }
 
 /// Running and settling shards: the planner leaves both alone.
@@ -89,6 +105,14 @@ fn busy(memory: &Memory) -> Vec<InFlight> {
         started: Millis(0),
     });
     memory.running.iter().cloned().chain(settling).collect()
+}
+
+/// The last decision shows how its move ended (unless a newer one replaced it meanwhile).
+fn ended(memory: &mut Memory, done: &Finished, result: &'static str) {
+    let last = memory.last_decision.as_mut();
+    if let Some(d) = last.filter(|d| d.shard == done.shard && d.kind == done.kind) {
+        d.result = result;
+    }
 }
 
 impl Coordinator {
@@ -159,6 +183,7 @@ impl Coordinator {
         let leader = self.leadership.borrow().may_act(now);
         self.metrics.coordinator_leader(leader);
         let Some(shards) = self.shards(now) else {
+            self.publish(leader.then(status::without_view), memory);
             return;
         };
         let members = world::members(&shards, &pods.state());
@@ -179,9 +204,11 @@ impl Coordinator {
         };
         let plan = decide(&world, &self.policy);
         self.report(&plan, memory);
+        let conditions = leader.then(|| status::conditions(&world, &self.policy, &plan));
         for action in plan.actions {
             self.start(action, &shards, pods, memory, done);
         }
+        self.publish(conditions, memory);
         if leader {
             self.clear_dead_labels(&world, pods).await;
         }
@@ -195,6 +222,23 @@ impl Coordinator {
             tracing::warn!(blocked = %b, "coordinator cannot act");
         }
         memory.blocked = now_blocked;
+    }
+
+    /// Hands the status to the Lease writer when it changed (the writer sends whatever is current
+    /// with its next renewal); `None` clears it, so a lost leadership leaves nothing stale behind.
+    fn publish(&self, conditions: Option<Vec<Condition>>, memory: &mut Memory) {
+        let next = conditions.map(|conditions| Status {
+            conditions,
+            last_decision: memory.last_decision.clone(),
+        });
+        if next == memory.status {
+            return;
+        }
+        let annotations = next.as_ref().map_or_else(StatusAnnotations::new, |s| {
+            status::annotations(s, &wall_clock())
+        });
+        memory.status = next;
+        self.status.send_replace(annotations);
     }
 
     fn start(
@@ -216,6 +260,15 @@ impl Coordinator {
         if action.kind != Kind::Handover {
             memory.last_move = Some(now);
         }
+        memory.last_decision = Some(Decision {
+            kind: action.kind,
+            shard: action.shard.clone(),
+            reason: action.reason.clone(),
+            result: "started",
+            at: wall_clock(),
+        });
+        self.metrics
+            .coordinator_decision(jiff::Timestamp::now().as_second());
         tracing::info!(kind = action.kind.as_str(), shard = %action.shard, from = %action.from, to = %action.to, reason = %action.reason, "starting");
         let reference = self
             .pod_of(&action.from, shards, pods)
@@ -279,6 +332,7 @@ impl Coordinator {
             ),
         };
         self.metrics.action(kind, result);
+        ended(memory, &done, result);
         tracing::info!(kind, shard = %done.shard, result, %message, "finished");
         let reason = if result == "ok" {
             format!("{kind}Succeeded")

@@ -4,7 +4,12 @@
 //! Writes carry the `resourceVersion` of the record they were based on, so a concurrent writer
 //! gets 409 and nobody overwrites a renewal it has not seen. `renewTime` is written for humans and
 //! `kubectl`; no decision ever reads it — expiry is judged on the local monotonic clock.
+//!
+//! The holder's writes also carry the coordinator's status as `status.valkey.io/*` annotations
+//! (`core::status`): the renewals happen anyway, so the status costs no extra write, and only the
+//! holder ever writes it. A release drops them, as a released Lease vouches for nothing.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -34,11 +39,16 @@ impl Leadership {
     }
 }
 
+/// The status annotations the holder writes with each renewal (`core::status::annotations`);
+/// empty while this agent does not lead.
+pub type StatusAnnotations = BTreeMap<String, String>;
+
 /// One Lease, read and written with optimistic concurrency.
 pub struct LeaseClient {
     api: Api<Lease>,
     name: String,
     timeout: Duration,
+    status: watch::Receiver<StatusAnnotations>,
 }
 
 impl LeaseClient {
@@ -47,11 +57,13 @@ impl LeaseClient {
         namespace: &str,
         name: &str,
         timeout: Duration,
+        status: watch::Receiver<StatusAnnotations>,
     ) -> LeaseClient {
         LeaseClient {
             api: Api::namespaced(client, namespace),
             name: name.to_owned(),
             timeout,
+            status,
         }
     }
 
@@ -84,6 +96,14 @@ impl LeaseClient {
         Ok(record_of(&written))
     }
 
+    /// The status goes only with a record that names a holder: a release carries none, and the
+    /// replace then removes what the holder wrote before.
+    fn annotations(&self, rec: &LeaseRecord) -> Option<StatusAnnotations> {
+        let holds = rec.holder.as_deref().is_some_and(|h| !h.is_empty());
+        let status = self.status.borrow();
+        (holds && !status.is_empty()).then(|| status.clone())
+    }
+
     fn lease_of(&self, rec: &LeaseRecord) -> Lease {
         let now = MicroTime(jiff::Timestamp::now());
         let version = Some(rec.version.clone()).filter(|v| !v.is_empty());
@@ -91,6 +111,7 @@ impl LeaseClient {
             metadata: ObjectMeta {
                 name: Some(self.name.clone()),
                 resource_version: version,
+                annotations: self.annotations(rec),
                 ..ObjectMeta::default()
             },
             spec: Some(LeaseSpec {
