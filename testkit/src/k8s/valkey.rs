@@ -100,6 +100,8 @@ pub fn valkey_pod(t: &ValkeyPodTemplate, shard: usize, member: usize) -> Result<
     let http =
         |path: &str| json!({ "httpGet": { "path": path, "port": "probe" }, "periodSeconds": 1 });
     // A restart costs the cluster a failover: liveness is lenient.
+    let prestop = json!({ "preStop": { "httpGet": {
+        "path": "/prestop?timeout=20s", "port": SIDECAR_PORT } } });
     let mut liveness = http("/livez");
     liveness["failureThreshold"] = json!(10);
     let mut pod = json!({
@@ -131,6 +133,9 @@ pub fn valkey_pod(t: &ValkeyPodTemplate, shard: usize, member: usize) -> Result<
                         { "name": "valkey", "containerPort": VALKEY_PORT },
                         { "name": "bus", "containerPort": VALKEY_PORT + 10000 },
                     ],
+                    // Valkey must outlive the hand-over: the kubelet sends it SIGTERM only after
+                    // this hook returns, i.e. once the agent says it is no longer primary.
+                    "lifecycle": prestop.clone(),
                 },
                 {
                     "name": "sidecar",
@@ -140,7 +145,9 @@ pub fn valkey_pod(t: &ValkeyPodTemplate, shard: usize, member: usize) -> Result<
                     "startupProbe": http("/startupz"),
                     "livenessProbe": liveness,
                     "readinessProbe": http("/readyz"),
-                    "lifecycle": { "preStop": { "httpGet": { "path": "/prestop?timeout=20s", "port": "probe" } } },
+                    // A classic sidecar gets SIGTERM when the pod is deleted, at the same moment as
+                    // Valkey's hook starts: the same wait keeps it serving until the hand-over.
+                    "lifecycle": prestop,
                 },
             ],
         },

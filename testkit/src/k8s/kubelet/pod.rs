@@ -460,49 +460,29 @@ async fn patch_status(shared: &Shared, pod: &PodRuntime, patch: Value) -> bool {
     }
 }
 
-/// Graceful termination: preStop hooks, SIGTERM, SIGKILL after the grace period, then the pod
-/// object is removed (delete with grace 0, only this incarnation: uid precondition).
+/// Graceful termination as the kubelet does it for regular containers: every container at once
+/// runs its own preStop hook and then gets SIGTERM (a container without a hook gets it at once),
+/// SIGKILL after the grace period; then the pod object is removed (delete with grace 0, only this
+/// incarnation: uid precondition).
 async fn terminate(shared: &Shared, pod: &PodRuntime, object: &Pod) -> Result<()> {
     let grace = grace_period(object);
     let deadline = Instant::now() + grace;
-    let containers = pod.containers();
-    let hooks = containers
-        .iter()
-        .filter(|c| c.pid().is_some())
-        .filter_map(|c| {
-            let handler = c.spec.lifecycle.as_ref()?.pre_stop.as_ref()?;
-            Some(run_hook(shared, pod, c, "preStop", handler, grace))
-        });
-    join_all(hooks).await;
-    let term_grace = deadline
-        .saturating_duration_since(Instant::now())
-        .max(MIN_TERM_GRACE);
-    let stops = containers.iter().filter(|c| c.pid().is_some()).map(|c| {
-        let c = Arc::clone(c);
-        tokio::task::spawn_blocking(move || {
-            let started = Instant::now();
-            (c.terminate_blocking(term_grace), started.elapsed(), c)
-        })
-    });
-    for stopped in join_all(stops).await {
-        match stopped {
-            Ok((graceful, took, c)) => {
-                if !graceful {
-                    eprintln!(
-                        "valkey-testkit kubelet: {} ignored SIGTERM for {term_grace:?}; killed",
-                        c.label
-                    );
-                }
-                lock(&shared.stops).push(StopRecord {
-                    namespace: pod.namespace.clone(),
-                    pod: pod.name.clone(),
-                    container: c.name.clone(),
-                    graceful,
-                    took,
-                });
-            }
-            Err(e) => eprintln!("valkey-testkit kubelet: stopping a container: {e}"),
+    let running = pod.containers().into_iter().filter(|c| c.pid().is_some());
+    let stops = running.map(|c| stop_container(shared, pod, c, grace, deadline));
+    for (c, graceful, took) in join_all(stops).await.into_iter().flatten() {
+        if !graceful {
+            eprintln!(
+                "valkey-testkit kubelet: {} ignored SIGTERM until the grace period ended; killed",
+                c.label
+            );
         }
+        lock(&shared.stops).push(StopRecord {
+            namespace: pod.namespace.clone(),
+            pod: pod.name.clone(),
+            container: c.name.clone(),
+            graceful,
+            took,
+        });
     }
     let api: Api<Pod> = Api::namespaced(shared.client.clone(), &pod.namespace);
     let params = DeleteParams {
@@ -528,6 +508,36 @@ fn grace_period(object: &Pod) -> Duration {
         .or_else(|| object.spec.as_ref()?.termination_grace_period_seconds)
         .unwrap_or(30);
     Duration::from_secs(u64::try_from(secs).unwrap_or(0))
+}
+
+/// One container's part of [`terminate`]: its preStop hook, then SIGTERM with what is left of
+/// the grace period (at least [`MIN_TERM_GRACE`]). Returns how it stopped.
+async fn stop_container(
+    shared: &Shared,
+    pod: &PodRuntime,
+    c: Arc<ContainerRuntime>,
+    grace: Duration,
+    deadline: Instant,
+) -> Option<(Arc<ContainerRuntime>, bool, Duration)> {
+    if let Some(handler) = c.spec.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()) {
+        run_hook(shared, pod, &c, "preStop", handler, grace).await;
+    }
+    let term_grace = deadline
+        .saturating_duration_since(Instant::now())
+        .max(MIN_TERM_GRACE);
+    let stopping = Arc::clone(&c);
+    let stopped = tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
+        (stopping.terminate_blocking(term_grace), started.elapsed())
+    })
+    .await;
+    match stopped {
+        Ok((graceful, took)) => Some((c, graceful, took)),
+        Err(e) => {
+            eprintln!("valkey-testkit kubelet: stopping a container: {e}");
+            None
+        }
+    }
 }
 
 /// Runs a lifecycle hook within `timeout` and records it.
