@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -87,6 +87,8 @@ struct Memory {
     last_move: Option<Millis>,
     blocked: BTreeSet<String>,
     last_decision: Option<Decision>,
+    /// Stale-label removals the API refused, retried with backoff rather than every round.
+    label_retry: Retries,
     /// The status last published (`None`: not leading), so it is sent only when it changes.
     status: Option<Status>,
 }
@@ -96,6 +98,53 @@ fn wall_clock() -> String {
     jiff::Timestamp::now()
         .strftime("%Y-%m-%dT%H:%M:%SZ")
         .to_string()
+}
+
+/// Per-pod exponential backoff for a write the API refused: 1 s, 2 s, 4 s … up to a minute.
+#[derive(Default)]
+struct Retries(BTreeMap<String, (u32, Millis)>);
+
+impl Retries {
+    fn due(&self, key: &str, now: Millis) -> bool {
+        self.0.get(key).is_none_or(|(_, at)| now >= *at)
+    }
+
+    /// Records a failure; returns the wait in ms before the next try.
+    fn failed(&mut self, key: &str, now: Millis) -> u64 {
+        let tries = self.0.get(key).map_or(0, |(n, _)| *n);
+        let wait = (1000u64 << tries.min(6)).min(60_000);
+        self.0.insert(key.to_owned(), (tries + 1, now.plus(wait)));
+        wait
+    }
+
+    fn succeeded(&mut self, key: &str) {
+        self.0.remove(key);
+    }
+}
+
+/// The watches of the cluster's pods and of the nodes. Only the leader runs them: a follower costs
+/// the apiserver nothing beyond its own pod's watch, and a new leader lists afresh (milliseconds).
+struct Watches {
+    pods: Store<Pod>,
+    nodes: Store<Node>,
+    tasks: [JoinHandle<()>; 2],
+}
+
+impl Watches {
+    /// Both initial lists are in: before that an empty store would read as "no pods".
+    fn ready(&self) -> bool {
+        let pods = self.pods.wait_until_ready().now_or_never();
+        let nodes = self.nodes.wait_until_ready().now_or_never();
+        matches!((pods, nodes), (Some(Ok(())), Some(Ok(()))))
+    }
+}
+
+impl Drop for Watches {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
 }
 
 /// Running and settling shards: the planner leaves both alone.
@@ -118,10 +167,9 @@ fn ended(memory: &mut Memory, done: &Finished, result: &'static str) {
 impl Coordinator {
     /// Runs until shutdown.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
-        let (pods, pods_task) = self.watch_pods();
-        let (nodes, nodes_task) = self.watch_nodes();
         let (done_tx, mut done_rx) = mpsc::channel::<Finished>(16);
         let mut memory = Memory::default();
+        let mut watches: Option<Watches> = None;
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         loop {
             tokio::select! {
@@ -130,10 +178,36 @@ impl Coordinator {
                 Some(done) = done_rx.recv() => self.finished(done, &mut memory),
                 _ = shutdown.changed() => break,
             }
-            self.round(&pods, &nodes, &mut memory, &done_tx).await;
+            if !self.leadership.borrow().may_act(self.clock.now()) {
+                watches = None;
+                self.follow(&mut memory);
+                continue;
+            }
+            let w = watches.get_or_insert_with(|| self.watch());
+            if w.ready() {
+                self.round(&w.pods, &w.nodes, &mut memory, &done_tx).await;
+            }
         }
-        pods_task.abort();
-        nodes_task.abort();
+    }
+
+    /// Starts the watches a leader plans from.
+    fn watch(&self) -> Watches {
+        let (pods, pods_task) = self.watch_pods();
+        let (nodes, nodes_task) = self.watch_nodes();
+        Watches {
+            pods,
+            nodes,
+            tasks: [pods_task, nodes_task],
+        }
+    }
+
+    /// A follower's round: it reports that it does not lead and forgets what it tracked, so that
+    /// when it leads again the quiet periods start afresh instead of from a history it did not see.
+    fn follow(&self, memory: &mut Memory) {
+        self.metrics.coordinator_leader(false);
+        self.metrics.drift(std::iter::empty());
+        self.publish(None, memory);
+        memory.shards.clear();
     }
 
     fn watch_pods(&self) -> (Store<Pod>, JoinHandle<()>) {
@@ -210,7 +284,8 @@ impl Coordinator {
         }
         self.publish(conditions, memory);
         if leader {
-            self.clear_dead_labels(&world, pods).await;
+            self.clear_dead_labels(&world, pods, &mut memory.label_retry)
+                .await;
         }
     }
 
@@ -400,7 +475,7 @@ impl Coordinator {
     /// A pod whose Valkey the cluster marks failed cannot update its own label (its agent may be
     /// gone with it), so the coordinator removes the stale role label: a Service selecting the
     /// primary must not keep routing to it.
-    async fn clear_dead_labels(&self, world: &World, pods: &Store<Pod>) {
+    async fn clear_dead_labels(&self, world: &World, pods: &Store<Pod>, retry: &mut Retries) {
         let dead = world
             .members
             .iter()
@@ -417,7 +492,7 @@ impl Coordinator {
                     .as_ref()
                     .is_some_and(|l| l.contains_key(&self.role_label))
             });
-            if !has_role {
+            if !has_role || !retry.due(&pod.name, world.now) {
                 continue;
             }
             let patch =
@@ -427,11 +502,38 @@ impl Coordinator {
                 .patch(&pod.name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
-                Ok(_) => tracing::info!(pod = %pod.name, "removed the role label of a failed node"),
+                Ok(_) => {
+                    retry.succeeded(&pod.name);
+                    tracing::info!(pod = %pod.name, "removed the role label of a failed node")
+                }
                 Err(e) => {
-                    tracing::warn!(pod = %pod.name, error = %e, "cannot remove a stale role label")
+                    let wait = retry.failed(&pod.name, world.now);
+                    tracing::warn!(pod = %pod.name, error = %e, retry_in_ms = wait, "cannot remove a stale role label")
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refused_writes_back_off_exponentially_up_to_a_minute_and_reset_on_success() {
+        let mut r = Retries::default();
+        let t = Millis(10_000);
+        assert!(r.due("p", t));
+        let waits: Vec<u64> = (0..9).map(|_| r.failed("p", t)).collect();
+        assert_eq!(
+            waits,
+            [1000, 2000, 4000, 8000, 16000, 32000, 60000, 60000, 60000]
+        );
+        assert!(!r.due("p", t.plus(59_999)));
+        assert!(r.due("p", t.plus(60_000)));
+        assert!(r.due("other", t), "backoff is per pod");
+        r.succeeded("p");
+        assert!(r.due("p", t));
+        assert_eq!(r.failed("p", t), 1000);
     }
 }
