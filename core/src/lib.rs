@@ -27,6 +27,7 @@ pub mod observation;
 pub mod placement;
 pub mod plan;
 pub mod ratelimit;
+pub mod replication;
 pub mod reply;
 pub mod shards;
 pub mod status;

@@ -1,0 +1,1164 @@
+//! Replication mode: tables of every local action, promotion and switchover step, and property
+//! tests of the safety rules (fencing before promotion, no promotion while held, lossless
+//! switchover, no bootstrap over existing data).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use proptest::prelude::*;
+use valkey_sidecar_core::lease::LeaseTimings;
+use valkey_sidecar_core::observation::Role;
+use valkey_sidecar_core::replication::{
+    Command, FailoverPolicy, HoldKind, Holding, LocalAction, LocalRole, LocalValkey, LocalView,
+    MemberValkey, Phase, SeenRecord, ShardMember, ShardRecord, ShardView, Switchover,
+    SwitchoverObservation, SwitchoverPlan, WriteOutcome, local, promote, step,
+};
+use valkey_sidecar_core::time::Millis;
+
+const T: LeaseTimings = LeaseTimings {
+    lease_ms: 15_000,
+    renew_deadline_ms: 10_000,
+    retry_ms: 2_000,
+};
+
+fn record(holder: Option<&str>, primary: Option<&str>, epoch: u64) -> ShardRecord {
+    ShardRecord {
+        holder: holder.map(str::to_owned),
+        primary: primary.map(str::to_owned),
+        epoch,
+        version: format!("v{epoch}"),
+    }
+}
+
+fn seen(record: Option<ShardRecord>, read_at: u64) -> SeenRecord {
+    SeenRecord {
+        record,
+        read_at: Millis(read_at),
+        changed_at: Millis(read_at),
+    }
+}
+
+fn master(run: &str, since: u64) -> LocalValkey {
+    LocalValkey {
+        role: LocalRole::Primary,
+        fresh: false,
+        run_id: run.into(),
+        since: Millis(since),
+    }
+}
+
+fn replica_of(of: &str, since: u64) -> LocalValkey {
+    LocalValkey {
+        role: LocalRole::Replica { of: of.into() },
+        ..master("run", since)
+    }
+}
+
+fn holding(epoch: u64, at: u64, run: &str) -> Holding {
+    Holding {
+        epoch,
+        renewed_at: Millis(at),
+        run_id: run.into(),
+    }
+}
+
+/// pod-0, node-index 0, at `now`; nothing known yet.
+fn view(now: u64) -> LocalView {
+    LocalView {
+        now: Millis(now),
+        me: "pod-0".into(),
+        node_index: Some(0),
+        timings: T,
+        valkey: None,
+        record: None,
+        holding: None,
+        fenced_until: None,
+        primary_addr: None,
+        other_master: false,
+    }
+}
+
+/// pod-0 is the primary on record (epoch 3), renewed at `renewed`, its Valkey master.
+fn holder_view(now: u64, renewed: u64) -> LocalView {
+    LocalView {
+        valkey: Some(master("run", 0)),
+        record: Some(seen(Some(record(Some("pod-0"), Some("pod-0"), 3)), renewed)),
+        holding: Some(holding(3, renewed, "run")),
+        primary_addr: Some("10.0.0.10:6379".into()),
+        ..view(now)
+    }
+}
+
+/// pod-1 is the primary on record (epoch 4), read at 5 s; pod-0's Valkey given by the caller.
+fn follower_view(valkey: LocalValkey) -> LocalView {
+    LocalView {
+        valkey: Some(valkey),
+        record: Some(seen(Some(record(Some("pod-1"), Some("pod-1"), 4)), 5_000)),
+        primary_addr: Some("10.0.0.11:6379".into()),
+        ..view(6_000)
+    }
+}
+
+fn kind(a: &LocalAction) -> &'static str {
+    match a {
+        LocalAction::Renew { .. } => "renew",
+        LocalAction::Fence { .. } => "fence",
+        LocalAction::Unfence { .. } => "unfence",
+        LocalAction::Release { .. } => "release",
+        LocalAction::Demote { .. } => "demote",
+        LocalAction::Rejoin { .. } => "rejoin",
+        LocalAction::Repoint { .. } => "repoint",
+        LocalAction::Bootstrap { .. } => "bootstrap",
+        LocalAction::Wait { .. } => "wait",
+        LocalAction::Nothing { .. } => "nothing",
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// local(): one table row per situation.
+// ------------------------------------------------------------------------------------------
+
+#[test]
+fn local_table() {
+    let fenced = |mut v: LocalView, until: u64| {
+        v.fenced_until = Some(Millis(until));
+        v
+    };
+    let fresh = |mut v: LocalValkey| {
+        v.fresh = true;
+        v
+    };
+    let rows: Vec<(&str, LocalView, &str)> = vec![
+        // The primary on record.
+        ("renewal due", holder_view(2_000, 0), "renew"),
+        ("renewed recently", holder_view(1_999, 0), "nothing"),
+        ("renew deadline passed", holder_view(10_000, 0), "fence"),
+        (
+            "fenced, renewing late",
+            fenced(holder_view(10_500, 0), 25_000),
+            "renew",
+        ),
+        (
+            "fence about to lapse",
+            fenced(holder_view(20_000, 0), 25_000),
+            "fence",
+        ),
+        (
+            "renewed again while fenced",
+            fenced(holder_view(12_000, 11_000), 25_000),
+            "unfence",
+        ),
+        (
+            "holding of an older epoch",
+            LocalView {
+                holding: Some(holding(2, 1_000, "run")),
+                ..holder_view(2_000, 1_000)
+            },
+            "fence",
+        ),
+        (
+            "Valkey restarted with data",
+            LocalView {
+                holding: Some(holding(3, 1_000, "old")),
+                ..holder_view(2_000, 1_000)
+            },
+            "fence",
+        ),
+        (
+            "Valkey restarted empty",
+            LocalView {
+                valkey: Some(fresh(master("new", 1_500))),
+                holding: Some(holding(3, 1_000, "old")),
+                ..holder_view(2_000, 1_000)
+            },
+            "release",
+        ),
+        (
+            "bootstrapped, no writes yet, renewal due",
+            LocalView {
+                valkey: Some(fresh(master("run", 0))),
+                ..holder_view(2_000, 0)
+            },
+            "renew",
+        ),
+        (
+            "Valkey does not answer",
+            LocalView {
+                valkey: None,
+                ..holder_view(2_000, 0)
+            },
+            "release",
+        ),
+        // A successor is recorded.
+        (
+            "old primary, successor recorded",
+            follower_view(master("run", 1_000)),
+            "demote",
+        ),
+        (
+            "empty master, successor recorded",
+            follower_view(fresh(master("run", 1_000))),
+            "rejoin",
+        ),
+        (
+            "became master after the last read",
+            follower_view(master("run", 5_001)),
+            "fence",
+        ),
+        (
+            "successor's address unknown",
+            LocalView {
+                primary_addr: None,
+                ..follower_view(master("run", 1_000))
+            },
+            "fence",
+        ),
+        (
+            "released by me, no successor yet",
+            LocalView {
+                record: Some(seen(Some(record(None, Some("pod-0"), 3)), 11_000)),
+                ..holder_view(11_000, 0)
+            },
+            "fence",
+        ),
+        (
+            "released by me, already fenced",
+            LocalView {
+                record: Some(seen(Some(record(None, Some("pod-0"), 3)), 11_000)),
+                fenced_until: Some(Millis(30_000)),
+                ..holder_view(11_000, 0)
+            },
+            "wait",
+        ),
+        // Replicas.
+        (
+            "following the recorded primary",
+            follower_view(replica_of("10.0.0.11:6379", 1_000)),
+            "nothing",
+        ),
+        (
+            "following the wrong primary",
+            follower_view(replica_of("10.0.0.12:6379", 1_000)),
+            "repoint",
+        ),
+        (
+            "repointed after the last read",
+            follower_view(replica_of("10.0.0.12:6379", 5_500)),
+            "wait",
+        ),
+        (
+            "named primary, not promoted yet",
+            LocalView {
+                valkey: Some(replica_of("10.0.0.11:6379", 0)),
+                holding: None,
+                ..holder_view(3_000, 0)
+            },
+            "renew",
+        ),
+        (
+            "named primary, renewed, waiting",
+            LocalView {
+                valkey: Some(replica_of("10.0.0.11:6379", 0)),
+                ..holder_view(3_000, 0)
+            },
+            "wait",
+        ),
+        (
+            "named primary, promotion never came",
+            LocalView {
+                valkey: Some(replica_of("10.0.0.11:6379", 0)),
+                ..holder_view(10_000, 0)
+            },
+            "release",
+        ),
+        (
+            "named primary but never synced",
+            LocalView {
+                valkey: Some(fresh(replica_of("10.0.0.11:6379", 0))),
+                holding: None,
+                ..holder_view(3_000, 0)
+            },
+            "release",
+        ),
+        // Before anything is known, and bootstrap.
+        (
+            "record not read, replica",
+            LocalView {
+                valkey: Some(replica_of("x:1", 0)),
+                ..view(0)
+            },
+            "wait",
+        ),
+        (
+            "record not read, master",
+            LocalView {
+                valkey: Some(master("run", 0)),
+                ..view(0)
+            },
+            "fence",
+        ),
+        ("Valkey silent, not holder", view(0), "wait"),
+        (
+            "no record, node-index 0",
+            LocalView {
+                valkey: Some(fresh(master("run", 0))),
+                record: Some(seen(None, 10)),
+                ..view(10)
+            },
+            "bootstrap",
+        ),
+        (
+            "no record, node-index 1",
+            LocalView {
+                node_index: Some(1),
+                valkey: Some(fresh(master("run", 0))),
+                record: Some(seen(None, 10)),
+                ..view(10)
+            },
+            "fence",
+        ),
+        (
+            "no record, another master has data",
+            LocalView {
+                valkey: Some(fresh(master("run", 0))),
+                record: Some(seen(None, 10)),
+                other_master: true,
+                ..view(10)
+            },
+            "fence",
+        ),
+        (
+            "no record, replica",
+            LocalView {
+                valkey: Some(replica_of("x:1", 0)),
+                record: Some(seen(None, 10)),
+                ..view(10)
+            },
+            "nothing",
+        ),
+    ];
+    for (name, v, want) in rows {
+        let got = local(&v);
+        assert_eq!(kind(&got), want, "{name}: {got:?}");
+        assert!(!got.reason().is_empty(), "{name}: no reason");
+    }
+}
+
+#[test]
+fn record_helpers() {
+    assert_eq!(ShardRecord::lease_name("cache", "s0"), "cache-s0-primary");
+    let r = ShardRecord::bootstrap("pod-0");
+    assert_eq!(
+        (r.holder(), r.recorded_primary(), r.epoch),
+        (Some("pod-0"), Some("pod-0"), 1)
+    );
+    let released = r.released();
+    assert_eq!(released.holder(), None);
+    assert_eq!(released.recorded_primary(), Some("pod-0"));
+    assert_eq!(released.epoch, 1);
+    let empty = ShardRecord {
+        holder: Some(String::new()),
+        ..released
+    };
+    assert_eq!(empty.holder(), None, "an empty holder is a release");
+}
+
+#[test]
+fn fence_pauses_for_a_lease_and_demotion_targets_the_recorded_address() {
+    assert_eq!(
+        local(&holder_view(10_000, 0)),
+        LocalAction::Fence {
+            until: Millis(25_000),
+            reason: "could not renew the record before my renew deadline".into()
+        }
+    );
+    let LocalAction::Demote { to, .. } = local(&follower_view(master("run", 1_000))) else {
+        panic!("expected a demotion")
+    };
+    assert_eq!(to, "10.0.0.11:6379");
+}
+
+// ------------------------------------------------------------------------------------------
+// promote(): the coordinator's failover decision.
+// ------------------------------------------------------------------------------------------
+
+fn member(pod: &str, role: Role, offset: u64, zone: &str) -> ShardMember {
+    ShardMember {
+        pod: pod.into(),
+        valkey: Some(MemberValkey {
+            role,
+            offset,
+            link_up: role == Role::Replica,
+            fresh: false,
+        }),
+        zone: Some(zone.into()),
+        terminating: false,
+        node_ready: true,
+        node_schedulable: true,
+    }
+}
+
+/// pod-0 holds the record (epoch 5, seen changing at 0); pod-1 and pod-2 replicate.
+fn shard(now: u64) -> ShardView {
+    ShardView {
+        now: Millis(now),
+        leader: true,
+        record: Some(seen(Some(record(Some("pod-0"), Some("pod-0"), 5)), 0)),
+        lease_ms: 15_000,
+        members: vec![
+            member("pod-0", Role::Primary, 1_000, "a"),
+            member("pod-1", Role::Replica, 900, "b"),
+            member("pod-2", Role::Replica, 950, "c"),
+        ],
+        preferred_zone: Some("a".into()),
+    }
+}
+
+#[test]
+fn promotes_the_highest_offset_once_the_lease_ran_out() {
+    let held = promote(&shard(14_999), &FailoverPolicy::default()).unwrap_err();
+    assert_eq!(held.kind, HoldKind::Held);
+    let p = promote(&shard(15_000), &FailoverPolicy::default()).unwrap();
+    assert_eq!(p.target, "pod-2");
+    assert_eq!(p.epoch, 6);
+    assert_eq!(p.version, "v5");
+    assert_eq!(p.fence, vec!["pod-0".to_string()]);
+    assert_eq!(p.repoint, vec!["pod-0".to_string(), "pod-1".to_string()]);
+    assert_eq!(
+        p.record(),
+        ShardRecord {
+            holder: Some("pod-2".into()),
+            primary: Some("pod-2".into()),
+            epoch: 6,
+            version: "v5".into()
+        }
+    );
+    assert!(p.reason.contains("did not renew"), "{}", p.reason);
+}
+
+#[test]
+fn a_released_record_is_taken_at_once() {
+    let mut v = shard(1);
+    v.record = Some(seen(Some(record(None, Some("pod-0"), 5)), 0));
+    v.members[0].valkey = None;
+    let p = promote(&v, &FailoverPolicy::default()).unwrap();
+    assert_eq!(p.target, "pod-2");
+    assert!(p.fence.is_empty());
+    assert!(p.reason.contains("released"));
+}
+
+#[test]
+fn ties_go_to_the_preferred_zone_then_the_pod_name() {
+    let mut v = shard(20_000);
+    v.members[1].valkey.as_mut().unwrap().offset = 950;
+    v.preferred_zone = Some("b".into());
+    assert_eq!(
+        promote(&v, &FailoverPolicy::default()).unwrap().target,
+        "pod-1"
+    );
+    v.preferred_zone = None;
+    assert_eq!(
+        promote(&v, &FailoverPolicy::default()).unwrap().target,
+        "pod-1"
+    );
+    v.members[1].zone = Some("c".into());
+    v.preferred_zone = Some("c".into());
+    assert_eq!(
+        promote(&v, &FailoverPolicy::default()).unwrap().target,
+        "pod-1"
+    );
+}
+
+#[test]
+fn blocked_promotions_say_why() {
+    let policy = FailoverPolicy::default();
+    let mut v = shard(20_000);
+    v.members[1].terminating = true;
+    v.members[2].valkey.as_mut().unwrap().fresh = true;
+    let h = promote(&v, &policy).unwrap_err();
+    assert_eq!(h.kind, HoldKind::NoCandidate);
+    assert!(
+        h.reason.contains("pod-0 is the recorded primary"),
+        "{}",
+        h.reason
+    );
+    assert!(h.reason.contains("pod-1 is terminating"), "{}", h.reason);
+    assert!(h.reason.contains("pod-2 never synced"), "{}", h.reason);
+
+    let mut v = shard(20_000);
+    v.members[1].node_ready = false;
+    v.members[2].valkey = None;
+    let h = promote(&v, &policy).unwrap_err();
+    assert!(h.reason.contains("pod-1 is on a node"), "{}", h.reason);
+    assert!(h.reason.contains("pod-2 does not answer"), "{}", h.reason);
+
+    let rows = [
+        (
+            ShardView {
+                leader: false,
+                ..shard(20_000)
+            },
+            HoldKind::NotLeader,
+        ),
+        (
+            ShardView {
+                record: None,
+                ..shard(20_000)
+            },
+            HoldKind::NoRecord,
+        ),
+        (
+            ShardView {
+                record: Some(seen(None, 0)),
+                ..shard(20_000)
+            },
+            HoldKind::NoRecord,
+        ),
+    ];
+    for (v, want) in rows {
+        assert_eq!(promote(&v, &policy).unwrap_err().kind, want);
+    }
+    let off = FailoverPolicy { automatic: false };
+    assert_eq!(
+        promote(&shard(20_000), &off).unwrap_err().kind,
+        HoldKind::Disabled
+    );
+}
+
+// ------------------------------------------------------------------------------------------
+// The switchover step machine.
+// ------------------------------------------------------------------------------------------
+
+fn plan() -> SwitchoverPlan {
+    SwitchoverPlan {
+        from: "pod-0".into(),
+        to: "pod-1".into(),
+        to_addr: "10.0.0.11 6379".into(),
+        others: vec!["pod-2".into()],
+        epoch: 5,
+        timeout_ms: 5_000,
+    }
+}
+
+fn obs(
+    paused: Option<u64>,
+    target: Option<u64>,
+    write: Option<WriteOutcome>,
+) -> SwitchoverObservation {
+    SwitchoverObservation {
+        paused_offset: paused,
+        target_offset: target,
+        write,
+    }
+}
+
+#[test]
+fn switchover_happy_path() {
+    let s = Switchover::new(plan(), Millis(0));
+    let (s, c) = step(&s, &obs(None, None, None), Millis(0));
+    assert_eq!(
+        c,
+        vec![Command::Pause {
+            pod: "pod-0".into(),
+            ms: 10_000
+        }]
+    );
+    let (s, c) = step(&s, &obs(Some(100), Some(90), None), Millis(10));
+    assert_eq!(s.phase, Phase::CatchingUp { offset: 100 });
+    assert!(c.is_empty());
+    let (s, c) = step(&s, &obs(Some(100), Some(100), None), Millis(20));
+    assert_eq!(s.phase, Phase::Writing);
+    assert_eq!(
+        c,
+        vec![Command::WriteRecord {
+            holder: "pod-1".into(),
+            epoch: 6,
+            expect_holder: "pod-0".into(),
+            expect_epoch: 5
+        }]
+    );
+    let (s, c) = step(
+        &s,
+        &obs(None, None, Some(WriteOutcome::Written)),
+        Millis(30),
+    );
+    assert_eq!(s.phase, Phase::Done);
+    assert!(s.finished());
+    assert_eq!(
+        c,
+        vec![
+            Command::PromoteNoOne {
+                pod: "pod-1".into()
+            },
+            Command::ReplicaOf {
+                pod: "pod-0".into(),
+                to: "10.0.0.11 6379".into()
+            },
+            Command::ReplicaOf {
+                pod: "pod-2".into(),
+                to: "10.0.0.11 6379".into()
+            },
+            Command::Unpause {
+                pod: "pod-0".into()
+            },
+        ]
+    );
+    assert_eq!(step(&s, &obs(None, None, None), Millis(40)).1, vec![]);
+}
+
+#[test]
+fn switchover_rolls_back_when_the_target_lags() {
+    let s = Switchover::new(plan(), Millis(0));
+    let (s, _) = step(&s, &obs(None, None, None), Millis(0));
+    let (s, _) = step(&s, &obs(Some(100), Some(50), None), Millis(100));
+    let (s, c) = step(&s, &obs(Some(100), Some(99), None), Millis(5_000));
+    assert!(matches!(s.phase, Phase::RolledBack { .. }), "{:?}", s.phase);
+    assert_eq!(
+        c,
+        vec![Command::Unpause {
+            pod: "pod-0".into()
+        }]
+    );
+}
+
+#[test]
+fn switchover_rolls_back_when_the_pause_never_reports() {
+    let s = Switchover::new(plan(), Millis(0));
+    let (s, _) = step(&s, &obs(None, None, None), Millis(0));
+    let (s, c) = step(&s, &obs(None, Some(100), None), Millis(5_000));
+    assert!(matches!(s.phase, Phase::RolledBack { .. }));
+    assert_eq!(
+        c,
+        vec![Command::Unpause {
+            pod: "pod-0".into()
+        }]
+    );
+}
+
+#[test]
+fn switchover_rolls_back_when_the_record_moved() {
+    let s = Switchover::new(plan(), Millis(0));
+    let (s, _) = step(&s, &obs(None, None, None), Millis(0));
+    let (s, _) = step(&s, &obs(Some(100), Some(100), None), Millis(10));
+    let (s, c) = step(
+        &s,
+        &obs(None, None, Some(WriteOutcome::Refused)),
+        Millis(20),
+    );
+    assert!(matches!(s.phase, Phase::RolledBack { .. }));
+    assert_eq!(
+        c,
+        vec![Command::Unpause {
+            pod: "pod-0".into()
+        }]
+    );
+}
+
+#[test]
+fn an_unresolved_write_keeps_the_old_primary_paused() {
+    let s = Switchover::new(plan(), Millis(0));
+    let (s, _) = step(&s, &obs(None, None, None), Millis(0));
+    let (s, _) = step(&s, &obs(Some(100), Some(100), None), Millis(4_000));
+    // Past the catch-up deadline, but the write may have landed: no rollback, the pause is kept.
+    let (s, c) = step(&s, &obs(None, None, None), Millis(4_999));
+    assert!(c.is_empty());
+    let (s, c) = step(&s, &obs(None, None, None), Millis(5_000));
+    assert_eq!(s.phase, Phase::Writing);
+    assert_eq!(
+        c,
+        vec![Command::Pause {
+            pod: "pod-0".into(),
+            ms: 10_000
+        }]
+    );
+    let (_, c) = step(&s, &obs(None, None, None), Millis(9_000));
+    assert!(c.is_empty());
+}
+
+// ------------------------------------------------------------------------------------------
+// Properties.
+// ------------------------------------------------------------------------------------------
+
+const PODS: [&str; 3] = ["pod-0", "pod-1", "pod-2"];
+
+fn pod() -> impl Strategy<Value = String> {
+    prop::sample::select(PODS.to_vec()).prop_map(str::to_owned)
+}
+
+fn shard_record() -> impl Strategy<Value = ShardRecord> {
+    (
+        prop::option::of(pod()),
+        prop::option::of(pod()),
+        0u64..1_000,
+    )
+        .prop_map(|(h, p, e)| ShardRecord {
+            holder: h,
+            primary: p,
+            epoch: e,
+            version: format!("v{e}"),
+        })
+}
+
+/// A read record; it exists with probability `exists`.
+fn seen_record(exists: f64) -> impl Strategy<Value = SeenRecord> {
+    let record = prop::option::weighted(exists, shard_record());
+    (record, 0u64..40_000, 0u64..40_000).prop_map(|(r, read, changed)| SeenRecord {
+        record: r,
+        read_at: Millis(read),
+        changed_at: Millis(changed.min(read)),
+    })
+}
+
+/// Every valid timing, built rather than filtered: retry, then a renew deadline just above
+/// 1.2 × retry plus any slack, then a lease just above that plus any slack (tight margins
+/// included).
+fn timings() -> impl Strategy<Value = LeaseTimings> {
+    (1u64..20_000, 0u64..30_000, 0u64..30_000)
+        .prop_map(|(retry_ms, rd_slack, lease_slack)| {
+            let renew_deadline_ms = retry_ms * 6 / 5 + 1 + rd_slack;
+            LeaseTimings {
+                lease_ms: renew_deadline_ms + 1 + lease_slack,
+                renew_deadline_ms,
+                retry_ms,
+            }
+        })
+        .prop_filter("client-go timings", |t| t.validate().is_ok())
+}
+
+fn member_strategy() -> impl Strategy<Value = ShardMember> {
+    let valkey = (
+        prop_oneof![1 => Just(Role::Primary), 4 => Just(Role::Replica), 1 => Just(Role::Unknown)],
+        0u64..2_000,
+        any::<bool>(),
+        prop::bool::weighted(0.2),
+    )
+        .prop_map(|(role, offset, link_up, fresh)| MemberValkey {
+            role,
+            offset,
+            link_up,
+            fresh,
+        });
+    (
+        pod(),
+        prop::option::weighted(0.8, valkey),
+        prop::option::of(prop::sample::select(vec!["a", "b", "c"])),
+        prop::bool::weighted(0.15),
+        prop::bool::weighted(0.9),
+        prop::bool::weighted(0.9),
+    )
+        .prop_map(
+            |(pod, valkey, zone, terminating, node_ready, node_schedulable)| ShardMember {
+                pod,
+                valkey,
+                zone: zone.map(str::to_owned),
+                terminating,
+                node_ready,
+                node_schedulable,
+            },
+        )
+}
+
+fn shard_view() -> impl Strategy<Value = ShardView> {
+    (
+        0u64..60_000,
+        prop::bool::weighted(0.8),
+        prop::option::weighted(0.95, seen_record(0.95)),
+        1u64..30_000,
+        prop::collection::vec(member_strategy(), 0..6),
+        prop::option::of(prop::sample::select(vec!["a", "b", "c"])),
+    )
+        .prop_map(|(now, leader, record, lease_ms, mut members, zone)| {
+            // Pod names are unique within a shard.
+            members.sort_by(|a, b| a.pod.cmp(&b.pod));
+            members.dedup_by(|a, b| a.pod == b.pod);
+            ShardView {
+                now: Millis(now),
+                leader,
+                record,
+                lease_ms,
+                members,
+                preferred_zone: zone.map(str::to_owned),
+            }
+        })
+}
+
+fn local_valkey() -> impl Strategy<Value = LocalValkey> {
+    let role = prop_oneof![
+        Just(LocalRole::Primary),
+        prop::sample::select(vec!["10.0.0.10:6379", "10.0.0.11:6379", "10.0.0.12:6379"])
+            .prop_map(|of| LocalRole::Replica { of: of.into() }),
+    ];
+    (
+        role,
+        any::<bool>(),
+        prop::sample::select(vec!["r1", "r2"]),
+        0u64..40_000,
+    )
+        .prop_map(|(role, fresh, run, since)| LocalValkey {
+            role,
+            fresh,
+            run_id: run.into(),
+            since: Millis(since),
+        })
+}
+
+/// Half the views are lined up so that this agent is the holder on record, with a holding for
+/// the record's epoch and its Valkey's run: the paths where it may act as primary.
+fn local_view() -> impl Strategy<Value = LocalView> {
+    (any_local_view(), any::<bool>()).prop_map(|(mut v, align)| {
+        let holder = v
+            .record
+            .as_ref()
+            .and_then(|s| s.record.as_ref())
+            .and_then(|r| Some((r.holder()?.to_owned(), r.epoch)));
+        if let (true, Some((me, epoch))) = (align, holder) {
+            v.me = me;
+            let run = v.valkey.as_ref().map(|k| k.run_id.clone());
+            if let (Some(h), Some(run)) = (v.holding.as_mut(), run) {
+                h.epoch = epoch;
+                h.run_id = run;
+            }
+        }
+        v
+    })
+}
+
+fn any_local_view() -> impl Strategy<Value = LocalView> {
+    let holding = (
+        0u64..1_000,
+        0u64..40_000,
+        prop::sample::select(vec!["r1", "r2"]),
+    )
+        .prop_map(|(epoch, at, run)| holding(epoch, at, run));
+    (
+        (0u64..40_000, pod(), prop::option::of(0u32..3), timings()),
+        prop::option::weighted(0.85, local_valkey()),
+        prop::option::weighted(0.9, seen_record(0.7)),
+        prop::option::weighted(0.7, holding),
+        prop::option::of((0u64..60_000).prop_map(Millis)),
+        prop::option::weighted(
+            0.8,
+            prop::sample::select(vec!["10.0.0.10:6379", "10.0.0.11:6379", "10.0.0.12:6379"]),
+        ),
+        any::<bool>(),
+    )
+        .prop_map(
+            |(
+                (now, me, node_index, timings),
+                valkey,
+                record,
+                holding,
+                fenced_until,
+                addr,
+                other,
+            )| LocalView {
+                now: Millis(now),
+                me,
+                node_index,
+                timings,
+                valkey,
+                record,
+                holding,
+                fenced_until,
+                primary_addr: addr.map(str::to_owned),
+                other_master: other,
+            },
+        )
+}
+
+/// Whether the view shows a renewal of the record, by this agent, valid now for this Valkey run.
+fn holds_validly(v: &LocalView) -> bool {
+    let (Some(valkey), Some(rec), Some(h)) = (
+        v.valkey.as_ref(),
+        v.record.as_ref().and_then(|s| s.record.as_ref()),
+        v.holding.as_ref(),
+    ) else {
+        return false;
+    };
+    rec.holder() == Some(v.me.as_str())
+        && h.epoch == rec.epoch
+        && h.run_id == valkey.run_id
+        && v.now < h.deadline(&v.timings)
+}
+
+fn fence_lasts(v: &LocalView) -> bool {
+    v.fenced_until
+        .is_some_and(|u| u.since(v.now) >= v.timings.lease_ms / 2)
+}
+
+#[derive(Debug, Clone)]
+struct SwitchStep {
+    dt: u64,
+    obs: SwitchoverObservation,
+}
+
+fn switch_steps() -> impl Strategy<Value = Vec<SwitchStep>> {
+    let outcome = prop::option::weighted(
+        0.3,
+        prop::sample::select(vec![WriteOutcome::Written, WriteOutcome::Refused]),
+    );
+    let step = (
+        0u64..3_000,
+        prop::option::weighted(0.6, 0u64..1_000),
+        prop::option::weighted(0.8, 0u64..1_200),
+        outcome,
+    )
+        .prop_map(|(dt, paused, target, write)| SwitchStep {
+            dt,
+            obs: obs(paused, target, write),
+        });
+    prop::collection::vec(step, 1..40)
+}
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+    /// A held record seen changing within the lease is never taken over.
+    #[test]
+    fn never_promotes_while_the_record_is_held_and_fresh(v in shard_view()) {
+        let held_fresh = v.record.as_ref().is_some_and(|s| {
+            s.record.as_ref().is_some_and(|r| r.holder().is_some())
+                && v.now < s.changed_at.plus(v.lease_ms)
+        });
+        if held_fresh {
+            prop_assert!(promote(&v, &FailoverPolicy::default()).is_err());
+        }
+    }
+
+    /// Only the coordinator promotes.
+    #[test]
+    fn never_promotes_when_not_leader(mut v in shard_view()) {
+        v.leader = false;
+        let hold = promote(&v, &FailoverPolicy::default()).unwrap_err();
+        prop_assert_eq!(hold.kind, HoldKind::NotLeader);
+    }
+
+    /// The target is an answering, synced replica on a usable node, not going away, not the
+    /// recorded primary, with the highest offset of all such members; the epoch goes up by one.
+    #[test]
+    fn the_target_is_always_eligible(v in shard_view()) {
+        let Ok(p) = promote(&v, &FailoverPolicy::default()) else { return Ok(()) };
+        let rec = v.record.as_ref().unwrap().record.as_ref().unwrap();
+        let m = v.members.iter().find(|m| m.pod == p.target).unwrap();
+        let mv = m.valkey.as_ref().expect("answering");
+        prop_assert!(rec.holder() != Some(p.target.as_str()));
+        prop_assert!(rec.primary.as_deref() != Some(p.target.as_str()));
+        prop_assert!(!m.terminating && m.node_ready && m.node_schedulable);
+        prop_assert_eq!(mv.role, Role::Replica);
+        prop_assert!(!mv.fresh);
+        prop_assert_eq!(p.epoch, rec.epoch + 1);
+        prop_assert_eq!(p.record().epoch, p.epoch);
+        prop_assert!(!p.repoint.contains(&p.target) && !p.fence.contains(&p.target));
+        prop_assert_eq!(p.repoint.len(), v.members.len() - 1);
+        let better = v.members.iter().any(|o| {
+            let ahead = o.valkey.as_ref().is_some_and(|ov| {
+                ov.role == Role::Replica && !ov.fresh && ov.offset > mv.offset
+            });
+            o.pod != rec.holder().unwrap_or_default()
+                && Some(o.pod.as_str()) != rec.primary.as_deref()
+                && !o.terminating && o.node_ready && o.node_schedulable
+                && ahead
+        });
+        prop_assert!(!better, "a replica with a higher offset was passed over");
+    }
+
+    /// Chained decisions, each applied to the store, only ever raise the epoch; a switchover
+    /// writes exactly the next epoch.
+    #[test]
+    fn epochs_strictly_increase(
+        views in prop::collection::vec(shard_view(), 1..10),
+        first in 0u64..100,
+    ) {
+        let mut current = record(Some("pod-0"), Some("pod-0"), first);
+        for mut v in views {
+            v.leader = true;
+            v.record = Some(seen(Some(current.clone()), 0));
+            v.now = Millis(v.lease_ms);
+            if let Ok(p) = promote(&v, &FailoverPolicy::default()) {
+                prop_assert!(p.record().epoch > current.epoch);
+                current = p.record();
+            }
+        }
+        let s = Switchover::new(SwitchoverPlan { epoch: first, ..plan() }, Millis(0));
+        let (s, _) = step(&s, &obs(None, None, None), Millis(0));
+        let (_, c) = step(&s, &obs(Some(1), Some(1), None), Millis(1));
+        let Some(Command::WriteRecord { epoch, expect_epoch, .. }) = c.first() else {
+            panic!("{c:?}")
+        };
+        prop_assert!(*epoch > *expect_epoch);
+    }
+
+    /// For all valid timings: a holder whose last successful renewal was sent at `sent` fences at
+    /// its deadline, and that is strictly before the earliest instant the coordinator — which
+    /// saw the renewal `seen_delay` later — may promote. From then on, until it can renew, it
+    /// stays fenced.
+    #[test]
+    fn a_holder_that_cannot_renew_fences_before_anyone_may_promote(
+        t in timings(),
+        sent in 0u64..100_000,
+        seen_delay in 0u64..5_000,
+        probes in prop::collection::vec(0u64..200_000, 1..20),
+    ) {
+        let rec = record(Some("pod-0"), Some("pod-0"), 7);
+        let holder = |now: u64, fenced_until: Option<Millis>| LocalView {
+            now: Millis(now),
+            timings: t,
+            valkey: Some(master("run", 0)),
+            record: Some(seen(Some(rec.clone()), sent)),
+            holding: Some(holding(7, sent, "run")),
+            primary_addr: Some("10.0.0.10:6379".into()),
+            fenced_until,
+            ..view(now)
+        };
+        let coordinator = |now: u64| ShardView {
+            now: Millis(now),
+            record: Some(seen(Some(rec.clone()), sent + seen_delay)),
+            lease_ms: t.lease_ms,
+            ..shard(now)
+        };
+        let deadline = sent + t.renew_deadline_ms;
+        let fence = local(&holder(deadline, None));
+        let LocalAction::Fence { until, .. } = fence else {
+            panic!("no fence at the deadline: {fence:?}")
+        };
+        // The earliest instant a promotion is allowed, and the instant before it.
+        let earliest = sent + seen_delay + t.lease_ms;
+        prop_assert!(promote(&coordinator(earliest), &FailoverPolicy::default()).is_ok());
+        prop_assert!(promote(&coordinator(earliest - 1), &FailoverPolicy::default()).is_err());
+        prop_assert!(deadline < earliest);
+        for p in probes {
+            let now = sent + p;
+            if promote(&coordinator(now), &FailoverPolicy::default()).is_ok() {
+                prop_assert!(deadline < now, "promoted at {} before deadline {}", now, deadline);
+            }
+            if now >= deadline {
+                // Fenced (or told to refresh the fence, or to keep renewing behind it) — never
+                // unfenced writes.
+                let fenced = if now < until.0 { Some(until) } else { None };
+                let a = local(&holder(now, fenced));
+                let renewing = fenced.is_some() && matches!(a, LocalAction::Renew { .. });
+                prop_assert!(matches!(a, LocalAction::Fence { .. }) || renewing, "{:?}", a);
+            } else {
+                let a = local(&holder(now, None));
+                prop_assert!(!matches!(a, LocalAction::Fence { .. }), "fenced early: {:?}", a);
+            }
+        }
+    }
+
+    /// A master accepts writes unfenced only while its agent holds a valid renewal of a record
+    /// naming it: Nothing/Unfence need one, Renew needs one or a fence that still lasts.
+    #[test]
+    fn a_master_without_a_valid_renewal_is_never_left_unfenced(v in local_view()) {
+        let is_master = v.valkey.as_ref().is_some_and(|k| k.role == LocalRole::Primary);
+        if !is_master {
+            return Ok(());
+        }
+        let a = local(&v);
+        match a {
+            LocalAction::Nothing { .. } | LocalAction::Unfence { .. } => {
+                prop_assert!(holds_validly(&v), "{:?}", a)
+            }
+            LocalAction::Renew { .. } => {
+                prop_assert!(holds_validly(&v) || fence_lasts(&v), "{:?}", a)
+            }
+            LocalAction::Wait { .. } => prop_assert!(fence_lasts(&v), "{:?}", a),
+            LocalAction::Bootstrap { .. } => {
+                let absent = v.record.as_ref().is_some_and(|s| s.record.is_none());
+                prop_assert!(absent && v.node_index == Some(0) && !v.other_master);
+            }
+            _ => {}
+        }
+    }
+
+    /// A fresh, empty node never makes itself primary while a record or another master with data
+    /// exists: no bootstrap, no renewal, no unfencing; a fresh master is fenced or on its way out.
+    #[test]
+    fn a_fresh_node_never_claims_an_existing_shard(
+        mut v in local_view(),
+        rec in shard_record(),
+        has_record in any::<bool>(),
+    ) {
+        let Some(valkey) = v.valkey.as_mut() else { return Ok(()) };
+        valkey.fresh = true;
+        v.holding = None;
+        if has_record {
+            v.record = Some(SeenRecord { record: Some(rec), read_at: v.now, changed_at: v.now });
+        } else {
+            v.other_master = true;
+        }
+        let a = local(&v);
+        let claims = matches!(
+            a,
+            LocalAction::Bootstrap { .. } | LocalAction::Renew { .. } | LocalAction::Unfence { .. }
+        );
+        prop_assert!(!claims, "{:?}", a);
+        if v.valkey.as_ref().unwrap().role == LocalRole::Primary {
+            let out = matches!(
+                a,
+                LocalAction::Fence { .. } | LocalAction::Rejoin { .. } | LocalAction::Release { .. }
+            );
+            let fenced_wait = matches!(a, LocalAction::Wait { .. }) && fence_lasts(&v);
+            prop_assert!(out || fenced_wait, "{:?}", a);
+        }
+    }
+
+    /// The record moves only after the target reached the offset read under the pause, and only
+    /// before the deadline; a switchover that times out before that unpauses and never writes;
+    /// every finished switchover has lifted its last pause; promotion follows a written record.
+    #[test]
+    fn switchover_is_lossless_and_always_unpauses(steps in switch_steps(), timeout in 1u64..8_000) {
+        let p = SwitchoverPlan { timeout_ms: timeout, ..plan() };
+        let mut s = Switchover::new(p, Millis(0));
+        let mut now = Millis(0);
+        let mut all: Vec<Command> = Vec::new();
+        for st in steps {
+            now = now.plus(st.dt);
+            let before = s.clone();
+            let (next, cmds) = step(&s, &st.obs, now);
+            for c in &cmds {
+                if let Command::WriteRecord { .. } = c {
+                    let Phase::CatchingUp { offset } = before.phase else {
+                        // Written straight from Pausing: the offset is this observation's.
+                        let off = st.obs.paused_offset.unwrap();
+                        prop_assert!(st.obs.target_offset.unwrap() >= off);
+                        prop_assert!(now < s.deadline());
+                        continue;
+                    };
+                    prop_assert!(st.obs.target_offset.is_some_and(|t| t >= offset));
+                    prop_assert!(now < s.deadline());
+                }
+                if let Command::PromoteNoOne { .. } = c {
+                    prop_assert_eq!(&before.phase, &Phase::Writing);
+                    prop_assert_eq!(st.obs.write, Some(WriteOutcome::Written));
+                }
+            }
+            let waiting = matches!(before.phase, Phase::Pausing | Phase::CatchingUp { .. });
+            let timed_out = waiting && now >= s.deadline();
+            if timed_out {
+                prop_assert!(matches!(next.phase, Phase::RolledBack { .. }), "{:?}", next.phase);
+                prop_assert_eq!(&cmds, &vec![Command::Unpause { pod: "pod-0".into() }]);
+            }
+            all.extend(cmds);
+            s = next;
+        }
+        let writes = all.iter().filter(|c| matches!(c, Command::WriteRecord { .. })).count();
+        prop_assert!(writes <= 1);
+        if let Phase::RolledBack { reason } = &s.phase {
+            let promoted = all.iter().any(|c| matches!(c, Command::PromoteNoOne { .. }));
+            prop_assert!(!promoted, "{:?}", all);
+            if writes == 0 {
+                prop_assert!(!reason.is_empty());
+            }
+        }
+        if s.finished() {
+            let last_pause = all.iter().rposition(|c| matches!(c, Command::Pause { .. }));
+            let last_unpause = all.iter().rposition(|c| matches!(c, Command::Unpause { .. }));
+            prop_assert!(last_unpause > last_pause, "{:?}", all);
+        }
+    }
+}
