@@ -98,6 +98,8 @@ pub struct Observation {
     pub run_id: Option<String>,
     pub availability_zone: Option<String>,
     pub cluster: Option<ClusterView>,
+    /// Keys over all databases (`INFO keyspace`, `dbN:keys=…`): 0 for an empty dataset.
+    pub keys: u64,
 }
 
 /// The raw replies of one tick, in the order the adapter sends the commands.
@@ -138,7 +140,18 @@ pub fn observe(replies: &Replies, mode: Mode) -> Result<Observation, Refusal> {
             .filter(|z| !z.is_empty())
             .map(str::to_owned),
         cluster: (mode == Mode::Cluster).then(|| cluster_of(replies, &info)),
+        keys: keys_of(&info),
     })
+}
+
+fn keys_of(info: &Info) -> u64 {
+    info.with_prefix("db")
+        .filter(|(k, _)| {
+            k.strip_prefix("db")
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .filter_map(|(_, v)| record(v).get("keys")?.parse::<u64>().ok())
+        .sum()
 }
 
 fn info_of(reply: Option<&Reply>) -> Result<Info, Refusal> {
@@ -249,5 +262,29 @@ impl Observation {
         let from_shard = || self.my_shard()?.primary().map(|p| p.replication_offset);
         let primary = primary_offset.or_else(from_shard)?;
         Some(primary.saturating_sub(link.offset))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(text: &str) -> Replies {
+        Replies {
+            info: Some(Reply::Text(text.into())),
+            ..Replies::default()
+        }
+    }
+
+    #[test]
+    fn keys_are_summed_over_databases_and_an_empty_keyspace_is_zero() {
+        let both = "# Replication\r\nrole:master\r\n# Keyspace\r\ndb0:keys=3,expires=0,avg_ttl=0\r\ndb12:keys=4,expires=1,avg_ttl=0\r\n";
+        let obs = observe(&info(both), Mode::Replication).unwrap();
+        assert_eq!(obs.keys, 7);
+        let empty = "# Replication\r\nrole:master\r\n# Keyspace\r\n";
+        assert_eq!(observe(&info(empty), Mode::Replication).unwrap().keys, 0);
+        // Not a database line, though it starts with "db".
+        let odd = "# Replication\r\nrole:master\r\ndbfoo:keys=9\r\n";
+        assert_eq!(observe(&info(odd), Mode::Replication).unwrap().keys, 0);
     }
 }

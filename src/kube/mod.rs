@@ -2,6 +2,7 @@
 
 pub mod labeler;
 pub mod lease;
+pub mod shard_lease;
 
 use std::collections::BTreeMap;
 
@@ -38,11 +39,20 @@ impl KubeError {
     }
 }
 
+/// The `User-Agent` of every API request. kube-rs sends none, so without it the apiserver's audit
+/// log cannot tell the agent from any other client of the same ServiceAccount.
+pub const USER_AGENT: &str = concat!("valkey-sidecar/", env!("CARGO_PKG_VERSION"));
+
 /// A client from KUBECONFIG, else the in-cluster service account.
 pub async fn client() -> Result<kube::Client, KubeError> {
-    kube::Client::try_default()
+    let mut config = kube::Config::infer()
         .await
-        .map_err(KubeError::Credentials)
+        .map_err(|e| KubeError::Credentials(kube::Error::InferConfig(e)))?;
+    config.headers.push((
+        hyper::header::USER_AGENT,
+        hyper::header::HeaderValue::from_static(USER_AGENT),
+    ));
+    kube::Client::try_from(config).map_err(KubeError::Credentials)
 }
 
 /// The labels of an object, or none.

@@ -17,7 +17,8 @@ pub fn pipeline(mode: Mode) -> redis::Pipeline {
         .arg("replication")
         .arg("persistence")
         .arg("server")
-        .arg("cluster");
+        .arg("cluster")
+        .arg("keyspace");
     if mode == Mode::Cluster {
         pipe.cmd("CLUSTER").arg("INFO");
         pipe.cmd("CLUSTER").arg("MYID");
