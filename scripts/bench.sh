@@ -23,6 +23,12 @@ tmp=$(mktemp)
   echo "## Live labels"
   echo
   target/release/bench labels
+  echo "## Kubernetes API usage"
+  echo
+  target/release/bench api
+  echo "## Hand-over"
+  echo
+  BENCH_HANDOVERS="${BENCH_HANDOVERS:-20}" target/release/bench handover
 } > "$tmp"
 mv "$tmp" "$out"
 cat "$out"

@@ -1,13 +1,20 @@
 //! Benchmarks of the agent against real Valkey; prints Markdown for `docs/benchmarks.md`.
 //!
-//! `bench [probes|footprint|all]` — run through `scripts/bench.sh`, which builds the release binary
-//! and regenerates the report. Needs `VALKEY_SIDECAR_BIN` (the agent) and a valkey-server (see
-//! `scripts/valkey-bin.sh`).
+//! `bench [probes|footprint|labels|api|handover|all]` — run through `scripts/bench.sh`, which
+//! builds the release binary and regenerates the report. Needs `VALKEY_SIDECAR_BIN` (the agent) and
+//! a valkey-server (see `scripts/valkey-bin.sh`); `labels`, `api` and `handover` also need the
+//! Kubernetes binaries and helm (`scripts/k8s-bins.sh`, `scripts/helm-bin.sh`).
 
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Patch, PatchParams};
+use valkey_sidecar_testkit::k8s::audit::{AuditLog, Usage, pod_identity};
+use valkey_sidecar_testkit::k8s::writer::{Writer, lost, tag_for};
+use valkey_sidecar_testkit::k8s::{ROLE_LABEL, Stage, StageOptions, poll_until};
 use valkey_sidecar_testkit::{
     ClusterOptions, ServerOptions, Sidecar, SidecarOptions, ValkeyCluster, ValkeyServer, http_get,
     redis,
@@ -19,32 +26,46 @@ fn main() -> Result<()> {
         std::env::var("VALKEY_SIDECAR_BIN")
             .context("set VALKEY_SIDECAR_BIN to the release agent binary")?,
     );
-    if what == "probes" || what == "all" {
+    let all = what == "all";
+    if what == "probes" || all {
         probes(&bin)?;
     }
-    if what == "footprint" || what == "all" {
+    if what == "footprint" || all {
         footprint(&bin)?;
     }
-    if what == "labels" || what == "all" {
-        let flips = std::env::var("BENCH_FLIPS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(50);
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?
-            .block_on(labels(&bin, flips))?;
+    if what == "labels" || all {
+        runtime()?.block_on(labels(&bin, env_count("BENCH_FLIPS", 50)))?;
+    }
+    if what == "api" || all {
+        runtime()?.block_on(api(&bin))?;
+    }
+    if what == "handover" || all {
+        runtime()?.block_on(handovers(&bin, env_count("BENCH_HANDOVERS", 20)))?;
     }
     Ok(())
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
+}
+
+/// A count from the environment, else `default`.
+fn env_count(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// Role-label convergence over `flips` coordinated failovers on the real control plane: from the
 /// moment Valkey reports the new role (ROLE polled every millisecond) to the label arriving
 /// through a watch, for the promoted and the demoted pod, and the label writes per flip.
-async fn labels(bin: &std::path::Path, flips: usize) -> Result<()> {
+async fn labels(bin: &Path, flips: usize) -> Result<()> {
+    use valkey_sidecar_testkit::k8s::RoleWatch;
     use valkey_sidecar_testkit::k8s::valkey::cmd;
-    use valkey_sidecar_testkit::k8s::{ROLE_LABEL, RoleWatch, Stage, StageOptions};
     const WRITES: &str = "valkey_sidecar_label_writes_total{result=\"ok\"}";
     let mut opts = StageOptions::default();
     opts.kubelet = opts.kubelet.sidecar_bin(bin);
@@ -289,4 +310,268 @@ fn footprint(bin: &PathBuf) -> Result<()> {
         size as f64 / 1048576.0
     );
     Ok(())
+}
+
+/// A stage whose agents run the coordinator (`SIDECAR_CLUSTER_NAME` set, plus `env`); returns it
+/// and the Lease holder once some agent holds the Lease and every pod carries its role label.
+async fn coordinated_stage(
+    bin: &Path,
+    env: &[(&str, &str)],
+    audit: bool,
+) -> Result<(Stage, String)> {
+    let mut opts = StageOptions::default();
+    opts.kubelet = opts.kubelet.sidecar_bin(bin);
+    opts.plane.audit = audit;
+    let env = [("SIDECAR_CLUSTER_NAME", "valkey")].iter().chain(env);
+    opts.template.sidecar_env = env.map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let stage = Stage::start(opts).await?;
+    let poll = Duration::from_millis(100);
+    poll_until(
+        "a coordinator holds the lease",
+        Duration::from_secs(30),
+        poll,
+        || async { Ok(holder(&stage).await?.is_some()) },
+    )
+    .await?;
+    poll_until(
+        "every pod labelled",
+        Duration::from_secs(30),
+        poll,
+        || async {
+            for p in &stage.pods {
+                if !stage.labels(p).await?.contains_key(ROLE_LABEL) {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        },
+    )
+    .await?;
+    let leader = holder(&stage).await?.context("the lease lost its holder")?;
+    Ok((stage, leader))
+}
+
+/// The coordinator Lease's holder now.
+async fn holder(stage: &Stage) -> Result<Option<String>> {
+    let leases: kube::Api<Lease> = kube::Api::namespaced(stage.plane.client(), &stage.namespace);
+    let lease = leases.get_opt("valkey-coordinator").await?;
+    Ok(lease
+        .and_then(|l| l.spec?.holder_identity)
+        .filter(|h| !h.is_empty()))
+}
+
+/// The requests the apiserver received from `from` until `from + window` (sleeps until then).
+async fn usage_until(log: &AuditLog, from: SystemTime, window: Duration) -> Result<Usage> {
+    let left = (from + window)
+        .duration_since(SystemTime::now())
+        .unwrap_or_default();
+    tokio::time::sleep(left).await;
+    // Each request is logged as it completes: give the last ones time to reach the file.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    log.usage(from, from + window)
+}
+
+/// API requests per agent per minute by verb, from the apiserver's audit log: a steady-state
+/// window, then a window from the cordon of a primary's node (the coordinator hands over).
+async fn api(bin: &Path) -> Result<()> {
+    const STEADY: Duration = Duration::from_secs(60);
+    const HANDOVER: Duration = Duration::from_secs(30);
+    let (stage, leader) = coordinated_stage(bin, &[], true).await?;
+    let log = stage.plane.audit_log().context("the audit log is off")?;
+    // The agents' start-up requests (lists, label writes) are behind them.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let steady = usage_until(&log, SystemTime::now(), STEADY).await?;
+    let (primary, replica) = stage.primary_and_replica(1)?;
+    let node = stage.node_of(&primary).await?;
+    let cordoned = SystemTime::now();
+    cordon(&stage, &node, true).await?;
+    let moving = usage_until(&log, cordoned, HANDOVER).await?;
+    cordon(&stage, &node, false).await?;
+    if holder(&stage).await?.as_deref() != Some(leader.as_str()) {
+        bail!("the Lease changed hands during the measurement");
+    }
+    let agents = |moved: bool| -> Vec<(String, String)> {
+        let role = |p: &String| {
+            let base = if *p == leader { "leader" } else { "follower" };
+            match p {
+                p if moved && *p == primary => format!("{base}, old primary"),
+                p if moved && *p == replica => format!("{base}, new primary"),
+                _ => base.to_owned(),
+            }
+        };
+        let who = |p: &String| pod_identity(&stage.namespace, p);
+        stage
+            .pods
+            .iter()
+            .map(|p| (format!("{p} ({})", role(p)), who(p)))
+            .collect()
+    };
+    println!("### API requests per agent (real kube-apiserver v1.37.2, from its audit log)\n");
+    println!(
+        "Requests per minute by verb, 3 shards × 2 members, coordinator on with the default Lease timings (retry period 2 s). Agents are told apart by the pod their bound ServiceAccount token names (`user.extra[\"authentication.kubernetes.io/pod-name\"]` of each audit event); they also send `User-Agent: valkey-sidecar/<version>`. Command: `target/release/bench api`.\n"
+    );
+    println!("#### Steady state ({} s window)\n", STEADY.as_secs());
+    println!("{}", steady.verb_table(&agents(false)));
+    let followers = stage.pods.iter().filter(|p| **p != leader);
+    let follower_writes = followers
+        .map(|p| steady.writes(&pod_identity(&stage.namespace, p)))
+        .max()
+        .unwrap_or(0);
+    let me = pod_identity(&stage.namespace, &leader);
+    println!(
+        "Writes per minute: leader {:.1}, of which Lease renewals (`update leases`) {:.1}; followers at most {:.1}. The whole apiserver served {:.0} requests per minute in the window (the harness kubelet, node heartbeats, scheduler and controller-manager included).\n",
+        steady.per_minute(steady.writes(&me)),
+        steady.per_minute(steady.get(&me, "update", "leases")),
+        steady.per_minute(follower_writes),
+        steady.per_minute(all_requests(&steady)),
+    );
+    println!(
+        "#### During a hand-over ({} s window from cordoning the node of a primary)\n",
+        HANDOVER.as_secs()
+    );
+    println!("{}", moving.verb_table(&agents(true)));
+    println!("By resource, requests in the window:\n");
+    println!("{}", moving.detail_table(&agents(true)));
+    Ok(())
+}
+
+fn all_requests(usage: &Usage) -> u64 {
+    usage.by_client.values().flat_map(|c| c.values()).sum()
+}
+
+/// What one hand-over looked like.
+struct Handover {
+    /// The writer's longest pause between two acknowledged writes.
+    pause: Duration,
+    /// From the cordon to the old primary answering `ROLE` as a replica.
+    demoted: Duration,
+    acked: usize,
+    lost: usize,
+    /// The coordinator counted the move as succeeded.
+    succeeded: bool,
+}
+
+/// `runs` hand-overs on one stage: each cordons the node of a shard's primary (shards in turn)
+/// with a writer on that shard, waits for the old primary to be demoted, then uncordons and
+/// lets the shard settle. Balance is off so that nothing else moves between runs.
+async fn handovers(bin: &Path, runs: usize) -> Result<()> {
+    let (stage, leader) = coordinated_stage(bin, &[("SIDECAR_BALANCE", "false")], false).await?;
+    let mut results = Vec::new();
+    for i in 0..runs {
+        let r = handover(&stage, i % 3).await?;
+        eprintln!(
+            "hand-over {}/{runs}: pause {:?}, demoted after {:?}, {} acked, {} lost",
+            i + 1,
+            r.pause,
+            r.demoted,
+            r.acked,
+            r.lost
+        );
+        results.push(r);
+    }
+    let mut pauses: Vec<Duration> = results.iter().map(|r| r.pause).collect();
+    let mut demoted: Vec<Duration> = results.iter().map(|r| r.demoted).collect();
+    pauses.sort();
+    demoted.sort();
+    let ms = |d: Duration| format!("{:.0}", d.as_secs_f64() * 1000.0);
+    let row = |label: &str, v: &[Duration]| {
+        format!(
+            "| {label} | {} | {} | {} | {} |",
+            v.len(),
+            ms(percentile(v, 0.5)),
+            ms(percentile(v, 0.99)),
+            ms(*v.last().unwrap_or(&Duration::ZERO))
+        )
+    };
+    println!(
+        "### Hand-over when a primary's node is cordoned (real kube-apiserver v1.37.2, {runs} hand-overs)\n"
+    );
+    println!(
+        "Command: `BENCH_HANDOVERS={runs} target/release/bench handover`. One coordinated stage (3 shards × 2 members, Lease holder {leader}, `SIDECAR_BALANCE=false`); each run starts a writer (one `SET` at a time, unique keys) on the next shard, cordons the node of its primary, waits until the old primary is a replica, stops the writer a second later, reads every acknowledged key back from the new primary, uncordons and waits for the shard to settle. The pause is the longest gap between two acknowledged writes in the run, as the client sees it (target: p99 ≤ 250 ms). With {runs} runs p99 is the maximum.\n"
+    );
+    println!("| measure | hand-overs | p50 ms | p99 ms | max ms |");
+    println!("|---|---|---|---|---|");
+    println!("{}", row("longest write pause", &pauses));
+    println!("{}", row("cordon → old primary demoted", &demoted));
+    let acked: usize = results.iter().map(|r| r.acked).sum();
+    let lost: usize = results.iter().map(|r| r.lost).sum();
+    let succeeded = results.iter().filter(|r| r.succeeded).count();
+    println!(
+        "\nAcknowledged writes: {acked}, lost: {lost}. Hand-overs the coordinator counted as succeeded: {succeeded} of {runs}.\n"
+    );
+    Ok(())
+}
+
+/// One hand-over of `shard`'s primary by cordoning its node.
+async fn handover(stage: &Stage, shard: usize) -> Result<Handover> {
+    let (primary, replica) = stage.primary_and_replica(shard)?;
+    let (paddr, raddr) = (stage.valkey(&primary)?, stage.valkey(&replica)?);
+    let before = handovers_ok(stage).await?;
+    let writer = Writer::start(vec![paddr, raddr], tag_for(paddr)?);
+    let tag = writer.tag.clone();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let node = stage.node_of(&primary).await?;
+    let cordoned = Instant::now();
+    cordon(stage, &node, true).await?;
+    poll_until(
+        "the old primary is demoted",
+        Duration::from_secs(20),
+        Duration::from_millis(5),
+        || async { Ok(stage.role(&primary).as_deref() == Some("slave")) },
+    )
+    .await?;
+    let demoted = cordoned.elapsed();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let written = writer.stop()?;
+    let missing = lost(raddr, &tag, &written.acked)?;
+    cordon(stage, &node, false).await?;
+    let succeeded = settle(stage, &primary, before).await?;
+    Ok(Handover {
+        pause: written.longest_pause,
+        demoted,
+        acked: written.acked.len(),
+        lost: missing,
+        succeeded,
+    })
+}
+
+/// Marks the node (un)schedulable, as `kubectl cordon` does, with one API call (timed from here).
+async fn cordon(stage: &Stage, node: &str, on: bool) -> Result<()> {
+    let nodes: kube::Api<Node> = kube::Api::all(stage.plane.client());
+    let patch = serde_json::json!({ "spec": { "unschedulable": on } });
+    nodes
+        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// Successful hand-overs as the agents count them (only a leader counts; the sum survives a
+/// change of leader).
+async fn handovers_ok(stage: &Stage) -> Result<u64> {
+    const OK: &str = "valkey_sidecar_coordinator_actions_total{kind=\"Handover\",result=\"ok\"}";
+    let mut n = 0;
+    for p in &stage.pods {
+        n += stage.agent_counter(p, OK).await?;
+    }
+    Ok(n)
+}
+
+/// Waits until the coordinator counts one more successful hand-over than `before` (so the next run
+/// does not meet this one's move) and the old primary's pod is Ready again (a synced replica, a
+/// candidate for the next hand-over of its shard); whether the count went up.
+async fn settle(stage: &Stage, old_primary: &str, before: u64) -> Result<bool> {
+    let counted = poll_until(
+        "the coordinator counts the hand-over",
+        Duration::from_secs(15),
+        Duration::from_millis(100),
+        || async { Ok(handovers_ok(stage).await? > before) },
+    )
+    .await
+    .is_ok();
+    stage
+        .kubelet
+        .wait_ready(&stage.namespace, old_primary, Duration::from_secs(30))
+        .await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    Ok(counted)
 }

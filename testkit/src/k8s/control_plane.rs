@@ -12,6 +12,10 @@
 //! permissions beyond discovery (for RBAC tests), and any extra users from the options.
 //! Authorization is `RBAC`. Service-account tokens are signed with a generated ECDSA key, so the
 //! TokenRequest API works and controllers run with `--use-service-account-credentials`.
+//!
+//! With [`ControlPlaneOptions::audit`] the apiserver keeps an audit log in the plane's dir (every
+//! request at level `Metadata`), read with [`ControlPlane::audit_log`] and [`super::audit`]: the
+//! apiserver's own record of who called what, which its request metrics cannot give per client.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -25,6 +29,7 @@ use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::Api;
 use tempfile::TempDir;
 
+use super::audit::AuditLog;
 use super::bins::k8s_bin_dir;
 use super::kubeconfig::{self, Credential};
 use super::util::{http_get, random_hex};
@@ -73,6 +78,8 @@ pub struct ControlPlaneOptions {
     pub controller_manager_args: Vec<String>,
     /// How long each component may take to become ready.
     pub start_timeout: Duration,
+    /// Keep an audit log of every request (see [`ControlPlane::audit_log`]).
+    pub audit: bool,
 }
 
 impl Default for ControlPlaneOptions {
@@ -86,6 +93,7 @@ impl Default for ControlPlaneOptions {
             scheduler_args: Vec::new(),
             controller_manager_args: Vec::new(),
             start_timeout: Duration::from_secs(60),
+            audit: false,
         }
     }
 }
@@ -106,6 +114,12 @@ impl ControlPlaneOptions {
             name.to_owned(),
             groups.iter().map(|g| g.to_string()).collect(),
         ));
+        self
+    }
+
+    /// Turns the audit log on.
+    pub fn audit(mut self) -> Self {
+        self.audit = true;
         self
     }
 }
@@ -137,6 +151,7 @@ pub struct ControlPlane {
     ca_pem: Vec<u8>,
     tokens: BTreeMap<String, String>,
     kubeconfig: PathBuf,
+    audit_log: Option<PathBuf>,
     timings: StartTimings,
     dir: TempDir,
 }
@@ -179,8 +194,12 @@ impl ControlPlane {
         let (etcd, etcd_url) = start_etcd(&bins, opts.start_timeout).await?;
         timings.etcd = started.elapsed();
         let ca_pem = std::fs::read(assets.certs.ca_file()).context("reading the CA")?;
+        let audit = opts
+            .audit
+            .then(|| AuditFiles::write(dir.path()))
+            .transpose()?;
         let (apiserver, url, client) =
-            start_apiserver(&bins, &etcd_url, &assets, &ca_pem, &opts).await?;
+            start_apiserver(&bins, &etcd_url, &assets, &ca_pem, audit.as_ref(), &opts).await?;
         timings.apiserver = started.elapsed();
         let admin_kubeconfig = kubeconfig::render(
             &url,
@@ -200,6 +219,7 @@ impl ControlPlane {
             ca_pem,
             tokens: assets.tokens.clone(),
             kubeconfig,
+            audit_log: audit.map(|a| a.log),
             timings,
             dir,
         };
@@ -375,6 +395,11 @@ impl ControlPlane {
         &self.ca_pem
     }
 
+    /// The apiserver's audit log, when [`ControlPlaneOptions::audit`] turned it on.
+    pub fn audit_log(&self) -> Option<AuditLog> {
+        self.audit_log.as_deref().map(AuditLog::new)
+    }
+
     /// The control plane's dir (certificates, keys, kubeconfigs).
     pub fn dir(&self) -> &Path {
         self.dir.path()
@@ -482,6 +507,45 @@ fn write_assets(dir: &Path, extra_users: &[(String, Vec<String>)]) -> Result<Ass
     })
 }
 
+/// The audit policy and log of the apiserver, in the plane's dir.
+struct AuditFiles {
+    policy: PathBuf,
+    log: PathBuf,
+}
+
+impl AuditFiles {
+    fn write(dir: &Path) -> Result<Self> {
+        let policy = dir.join("audit-policy.yaml");
+        std::fs::write(&policy, AUDIT_POLICY).context("writing the audit policy")?;
+        Ok(Self {
+            policy,
+            log: dir.join("audit.log"),
+        })
+    }
+
+    fn flags(&self) -> Vec<OsString> {
+        flags(&[
+            ("audit-policy-file", &self.policy.to_string_lossy()),
+            ("audit-log-path", &self.log.to_string_lossy()),
+            // Written as each request completes, so a reader right after a window sees it all.
+            ("audit-log-mode", "blocking"),
+            // Never rotate under a reader: the default would rotate at 100 MB.
+            ("audit-log-maxsize", "100000"),
+        ])
+    }
+}
+
+/// Every request, reads included, at `Metadata` (who, verb, object; no bodies). One event per
+/// request stage after the request was received: `ResponseComplete`, and `ResponseStarted` for
+/// watches, which is the only record of a watch that is still open.
+const AUDIT_POLICY: &str = "\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+";
+
 async fn start_etcd(bins: &Path, timeout: Duration) -> Result<(ServerProcess, String)> {
     for _ in 0..PORT_ATTEMPTS {
         let (client_port, peer_port) = (free_port(localhost())?, free_port(localhost())?);
@@ -520,6 +584,7 @@ async fn start_apiserver(
     etcd_url: &str,
     assets: &Assets,
     ca_pem: &[u8],
+    audit: Option<&AuditFiles>,
     opts: &ControlPlaneOptions,
 ) -> Result<(ServerProcess, String, kube::Client)> {
     let certs = &assets.certs;
@@ -550,6 +615,7 @@ async fn start_apiserver(
             ("service-account-signing-key-file", &sa_key),
             ("allow-privileged", "true"),
         ]);
+        args.extend(audit.map(AuditFiles::flags).unwrap_or_default());
         args.extend(opts.apiserver_args.iter().map(OsString::from));
         let process = spawn_in("kube-apiserver", &bins.join("kube-apiserver"), args, dir)?;
         let url = format!("https://127.0.0.1:{port}");

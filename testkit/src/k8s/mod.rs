@@ -7,6 +7,8 @@
 //! - [`FakeNodes`]: Node objects over zones with heartbeats (Leases and the Ready condition).
 //! - [`Kubelet`]: runs the pods bound to those nodes as local `valkey-server` and `valkey-sidecar`
 //!   processes, each pod on its own loopback IP, and reports their status like a kubelet.
+//! - [`audit`]: API requests per client, verb and resource from the apiserver's audit log
+//!   ([`ControlPlaneOptions::audit`]).
 //!
 //! All of it is async (tokio). Teardown is by `Drop`: drop the kubelet first (pod processes), then
 //! the nodes (heartbeat), then the control plane (its processes and dirs); declaring them in the
@@ -30,15 +32,17 @@
 //! # }
 //! ```
 
+pub use audit::{AuditLog, Usage};
 pub use bins::{K8S_BIN_DIR_ENV, SIDECAR_BIN_ENV, k8s_bin_dir, kubectl_bin, sidecar_bin};
 pub use control_plane::{
     ADMIN_USER, ControlPlane, ControlPlaneOptions, LIMITED_USER, SERVICE_CIDR, StartTimings,
 };
-pub use kubelet::{HookRun, Kubelet, KubeletOptions, StopRecord};
+pub use kubelet::{HookRun, Kubelet, KubeletOptions, StartRecord, StopRecord};
 pub use nodes::{FakeNode, FakeNodes, FakeNodesOptions, HOSTNAME_LABEL, REGION_LABEL, ZONE_LABEL};
 pub use stage::{ROLE_LABEL, RoleWatch, Stage, StageOptions, helm_bin};
 pub use util::{http_get, poll_until, process_alive};
 
+pub mod audit;
 pub mod stage;
 pub mod valkey;
 pub mod writer;

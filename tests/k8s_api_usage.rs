@@ -1,0 +1,123 @@
+//! API usage per agent in steady state, from the apiserver's own records (its audit log): a
+//! follower writes nothing, the Lease holder writes nothing but its Lease renewals.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+use valkey_sidecar_testkit::k8s::audit::pod_identity;
+use valkey_sidecar_testkit::k8s::{ROLE_LABEL, Stage, StageOptions, poll_until};
+
+const SECOND: Duration = Duration::from_secs(1);
+/// The agent's default `SIDECAR_LEASE_RETRY_PERIOD`: the holder renews once per period.
+const RETRY_PERIOD: Duration = Duration::from_secs(2);
+const WINDOW: Duration = Duration::from_secs(30);
+
+/// The Lease's holder now.
+async fn holder(s: &Stage) -> Option<String> {
+    let leases: Api<Lease> = Api::namespaced(s.plane.client(), &s.namespace);
+    let lease = leases.get_opt("valkey-coordinator").await.ok().flatten();
+    lease
+        .and_then(|l| l.spec?.holder_identity)
+        .filter(|h| !h.is_empty())
+}
+
+/// A stage whose agents run the coordinator, with the apiserver's audit log on; returns it once
+/// some agent holds the Lease.
+async fn coordinated_stage(namespace: &str) -> (Stage, String) {
+    let mut o = StageOptions::default();
+    o.namespace = namespace.into();
+    o.plane = o.plane.audit();
+    o.kubelet = o.kubelet.sidecar_bin(env!("CARGO_BIN_EXE_valkey-sidecar"));
+    o.template.sidecar_env = vec![("SIDECAR_CLUSTER_NAME".into(), "valkey".into())];
+    let s = Stage::start(o).await.unwrap();
+    poll_until(
+        "a coordinator holds the lease",
+        30 * SECOND,
+        Duration::from_millis(100),
+        || async { Ok(holder(&s).await.is_some()) },
+    )
+    .await
+    .unwrap();
+    let h = holder(&s).await.unwrap();
+    (s, h)
+}
+
+/// Steady state: every pod carries its role label, and then nothing has moved for a while (the
+/// agents' start-up writes are behind them).
+async fn wait_steady(s: &Stage) {
+    poll_until(
+        "every pod labelled",
+        30 * SECOND,
+        Duration::from_millis(100),
+        || async {
+            for p in &s.pods {
+                if !s.labels(p).await?.contains_key(ROLE_LABEL) {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        },
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(5 * SECOND).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_steady_state_followers_write_nothing_and_the_holder_only_renews() {
+    let (s, leader) = coordinated_stage("api-usage").await;
+    wait_steady(&s).await;
+    let from = SystemTime::now();
+    tokio::time::sleep(WINDOW).await;
+    let to = SystemTime::now();
+    assert_eq!(
+        holder(&s).await.as_deref(),
+        Some(leader.as_str()),
+        "the Lease changed hands during the window"
+    );
+    // Each request is logged as it completes: give the last ones time to reach the file.
+    tokio::time::sleep(SECOND).await;
+    let log = s.plane.audit_log().unwrap();
+    let usage = log.usage(from, to).unwrap();
+    let who = |pod: &str| pod_identity(&s.namespace, pod);
+    for r in log.requests(from, to).unwrap() {
+        if s.pods.iter().any(|p| r.who == who(p)) {
+            assert!(r.user_agent.starts_with("valkey-sidecar/"), "{r:?}");
+        }
+    }
+    let agents: Vec<(String, String)> = s
+        .pods
+        .iter()
+        .map(|p| {
+            let role = if *p == leader { "leader" } else { "follower" };
+            (format!("{p} ({role})"), who(p))
+        })
+        .collect();
+    println!(
+        "requests per minute over {WINDOW:?}:\n{}\n{}",
+        usage.verb_table(&agents),
+        usage.detail_table(&agents)
+    );
+    for p in s.pods.iter().filter(|p| **p != leader) {
+        // Every agent reads the Lease once per retry period: proof that the log names the agent.
+        assert!(
+            usage.get(&who(p), "get", "leases") > 0,
+            "{p} is not in the log"
+        );
+        assert_eq!(usage.writes(&who(p)), 0, "follower {p} wrote");
+    }
+    let renewals = usage.get(&who(&leader), "update", "leases");
+    let expected = WINDOW.as_secs_f64() / RETRY_PERIOD.as_secs_f64();
+    println!("leader {leader}: {renewals} renewals, {expected} expected");
+    assert_eq!(
+        usage.writes(&who(&leader)),
+        renewals,
+        "the leader wrote more than its renewals"
+    );
+    assert!(
+        renewals as f64 <= 1.5 * expected && renewals as f64 >= 0.5 * expected,
+        "{renewals} renewals in {WINDOW:?}, expected about {expected}"
+    );
+}
