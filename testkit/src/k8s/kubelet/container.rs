@@ -25,6 +25,44 @@ pub(crate) struct Terminated {
     pub reason: String,
     pub started_at: Option<Timestamp>,
     pub finished_at: Timestamp,
+    /// Why, when the harness says more than the exit code (an init container it skipped).
+    pub message: Option<String>,
+}
+
+/// A container's place in the pod's life (KEP-753 sidecar containers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Class {
+    /// An `initContainers` entry without `restartPolicy`: runs to completion before the next.
+    Init,
+    /// An `initContainers` entry with `restartPolicy: Always`: a native sidecar, started before
+    /// the next container, running beside the main containers, stopped after them.
+    Sidecar,
+    /// A `containers` entry.
+    Main,
+}
+
+impl Class {
+    pub fn of_init(spec: &Container) -> Self {
+        if spec.restart_policy.as_deref() == Some("Always") {
+            Self::Sidecar
+        } else {
+            Self::Init
+        }
+    }
+
+    /// Whether a run that ended with `exit_code` is restarted under the pod's `restartPolicy`: a
+    /// sidecar always is, a regular init container until it succeeds (unless `Never`), a main
+    /// container per policy.
+    pub fn restarts(self, pod_policy: &str, exit_code: i32) -> bool {
+        match (self, pod_policy) {
+            (Self::Sidecar, _) => true,
+            (Self::Init, "Never") => false,
+            (Self::Init, _) => exit_code != 0,
+            (Self::Main, "Never") => false,
+            (Self::Main, "OnFailure") => exit_code != 0,
+            (Self::Main, _) => true,
+        }
+    }
 }
 
 /// What the container's status reports, and when it restarts.
@@ -64,10 +102,24 @@ impl ContainerState {
     }
 }
 
+/// What a container is made of, once its environment and volume paths are resolved.
+pub(crate) struct Setup {
+    /// The spec with volume paths rewritten (see [`super::volume::Mounts`]).
+    pub spec: Container,
+    pub class: Class,
+    pub kind: Kind,
+    pub env: Vec<(String, String)>,
+    /// `namespace/pod/container`, in diagnostics.
+    pub label: String,
+    /// `None`: the harness cannot run this image (see [`Kind`]).
+    pub program: Option<PathBuf>,
+}
+
 /// A container: spec, resolved environment and command line, and its process once started.
 pub(crate) struct ContainerRuntime {
     pub name: String,
     pub spec: Container,
+    pub class: Class,
     pub kind: Kind,
     pub env: Vec<(String, String)>,
     /// `namespace/pod/container`, in diagnostics.
@@ -80,15 +132,15 @@ pub(crate) struct ContainerRuntime {
 }
 
 impl ContainerRuntime {
-    pub fn new(
-        spec: Container,
-        kind: Kind,
-        env: Vec<(String, String)>,
-        label: String,
-        program: Option<PathBuf>,
-        ip: Ipv4Addr,
-        probe_period: Option<Duration>,
-    ) -> Result<Self> {
+    pub fn new(setup: Setup, ip: Ipv4Addr, probe_period: Option<Duration>) -> Result<Self> {
+        let Setup {
+            spec,
+            class,
+            kind,
+            env,
+            label,
+            program,
+        } = setup;
         let mut probers = Vec::new();
         let probes = [
             (ProbeKind::Startup, &spec.startup_probe),
@@ -108,6 +160,7 @@ impl ContainerRuntime {
         Ok(Self {
             name: spec.name.clone(),
             spec,
+            class,
             kind,
             env,
             label,
@@ -121,6 +174,40 @@ impl ContainerRuntime {
     /// Whether the harness can run this container at all.
     pub fn runnable(&self) -> bool {
         self.program.is_some()
+    }
+
+    /// Not started yet, nor given up on (a failed start leaves a `waiting` reason).
+    pub fn untried(&self) -> bool {
+        let state = lock(&self.state);
+        state.last_pid.is_none() && state.waiting.is_none() && state.terminated.is_none()
+    }
+
+    /// For an init container: whether the next container may start. A regular one must have
+    /// completed (exit 0); a sidecar must be started (running, startup probe passed). A sidecar
+    /// the harness cannot run holds nothing up: it waits (`UnsupportedImage`) and keeps the pod
+    /// unready, as an unrunnable main container does.
+    pub fn init_passed(&self) -> bool {
+        let state = lock(&self.state);
+        match self.class {
+            Class::Sidecar => state.started() || !self.runnable(),
+            Class::Init | Class::Main => {
+                state.running_since.is_none()
+                    && state.terminated.as_ref().is_some_and(|t| t.exit_code == 0)
+            }
+        }
+    }
+
+    /// Records a regular init container the harness cannot run as completed, with `why`.
+    pub fn skip(&self, why: String) {
+        let now = Timestamp::now();
+        lock(&self.state).terminated = Some(Terminated {
+            exit_code: 0,
+            signal: None,
+            reason: "Completed".into(),
+            started_at: Some(now),
+            finished_at: now,
+            message: Some(why),
+        });
     }
 
     /// Starts the process: the first time in a fresh dir, later again in the same dir (like a
@@ -290,5 +377,43 @@ fn terminated(status: ExitStatus, started_at: Option<Timestamp>) -> Terminated {
         reason: reason.into(),
         started_at,
         finished_at: Timestamp::now(),
+        message: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sidecars_restart_whatever_the_pod_policy() {
+        for policy in ["Always", "OnFailure", "Never"] {
+            assert!(Class::Sidecar.restarts(policy, 0), "{policy}");
+            assert!(Class::Sidecar.restarts(policy, 1), "{policy}");
+        }
+    }
+
+    #[test]
+    fn init_containers_retry_until_success_unless_never() {
+        assert!(!Class::Init.restarts("Always", 0));
+        assert!(Class::Init.restarts("Always", 1));
+        assert!(Class::Init.restarts("OnFailure", 1));
+        assert!(!Class::Init.restarts("Never", 1));
+    }
+
+    #[test]
+    fn main_containers_follow_the_pod_policy() {
+        assert!(Class::Main.restarts("Always", 0));
+        assert!(!Class::Main.restarts("OnFailure", 0));
+        assert!(Class::Main.restarts("OnFailure", 2));
+        assert!(!Class::Main.restarts("Never", 2));
+    }
+
+    #[test]
+    fn restart_policy_always_makes_an_init_container_a_sidecar() {
+        let mut spec = Container::default();
+        assert_eq!(Class::of_init(&spec), Class::Init);
+        spec.restart_policy = Some("Always".into());
+        assert_eq!(Class::of_init(&spec), Class::Sidecar);
     }
 }

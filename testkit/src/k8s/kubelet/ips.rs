@@ -47,10 +47,15 @@ pub(crate) fn allocate(ports: &[u16]) -> Result<Ipv4Addr> {
 }
 
 /// The ports the pod will listen on, as far as the spec tells: declared container ports, each
-/// valkey container's `--port` and the agent's probe and admin ports.
+/// valkey container's `--port` and the agent's probe and admin ports (init containers too: the
+/// agent may be a native sidecar).
 pub(crate) fn ports_of(pod: &Pod) -> Vec<u16> {
     let mut ports = BTreeSet::new();
-    for c in pod.spec.iter().flat_map(|s| &s.containers) {
+    let containers = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers));
+    for c in containers {
         for p in c.ports.iter().flatten() {
             ports.extend(u16::try_from(p.container_port).ok());
         }

@@ -7,22 +7,42 @@
 //! 2. requests a ServiceAccount token bound to the pod (TokenRequest API, default audience,
 //!    renewed at 80% of its lifetime) and writes a kubeconfig using it (`KUBECONFIG` of every
 //!    container),
-//! 3. starts the containers it recognises (see [`spec`] for the image → program mapping, the
-//!    downward-API environment and the pod-local loopback rule),
-//! 4. reports status like a kubelet (phase, pod/host IPs, container statuses, the
-//!    `Initialized`/`ContainersReady`/`Ready` conditions) and runs startup, liveness and readiness
-//!    probes ([`probe`]), restarting crashed containers per `restartPolicy` after a fixed short
-//!    back-off,
-//! 5. on a `deletionTimestamp`: runs the `preStop` hooks, sends SIGTERM, waits up to the grace
-//!    period, sends SIGKILL and removes the pod object (grace 0).
+//! 3. materialises the mounted volumes in the pod's temp dir (`emptyDir`, `secret`, `configMap`,
+//!    `downwardAPI`, `projected`; refreshed about once a minute) and rewrites every container path
+//!    under a `mountPath` to them ([`volume`]),
+//! 4. starts the containers it recognises (see [`spec`] for the image → program mapping, the
+//!    downward-API environment and the pod-local loopback rule) in the kubelet's order (below),
+//! 5. reports status like a kubelet (phase, pod/host IPs, `initContainerStatuses` and
+//!    `containerStatuses`, the `Initialized`/`ContainersReady`/`Ready` conditions) and runs
+//!    startup, liveness and readiness probes ([`probe`]), restarting crashed containers after a
+//!    fixed short back-off,
+//! 6. on a `deletionTimestamp`: stops the containers in the kubelet's order ([`terminate`]: every
+//!    container's own `preStop` at once, SIGTERM to each main container after its hook, to the
+//!    native sidecars only after every main container has exited, in reverse order; SIGKILL at
+//!    the end of the grace period) and removes the pod object (grace 0).
+//!
+//! **Init containers and native sidecars** (Kubernetes ≥ 1.29, KEP-753). `initContainers` run one
+//! at a time in order before the main containers. A regular one (no `restartPolicy`) must exit 0
+//! before the next starts; it is restarted while it fails (the pod is `Failed` if it fails with
+//! `restartPolicy: Never`). If the harness does not know its image (see [`spec`]; e.g. a
+//! `busybox` set-up step) it is not run but reported as completed (exit 0, reason `Completed`,
+//! the message says so), so a chart's pods still start; its work (chown, config rendering) is not
+//! done. One with `restartPolicy: Always` is a sidecar: the next container starts once it is
+//! *started* (running and its startup probe passed, or at once without one), it is restarted
+//! whenever it exits, whatever the pod's `restartPolicy`, its readiness counts toward the pod's
+//! `Ready`, and its status is in `initContainerStatuses`. A sidecar the harness cannot run waits
+//! (`UnsupportedImage`) without holding up the next container, and keeps the pod unready. The
+//! pod is `Pending` until every init container has passed.
 //!
 //! Chaos: [`Kubelet::crash`] (SIGKILL behind Kubernetes' back; the kubelet notices and restarts),
 //! [`Kubelet::pause`]/[`Kubelet::resume`] (SIGSTOP/SIGCONT), [`Kubelet::cut_node`] (every process
 //! of the node killed and its heartbeat stopped: the node goes Unknown, its pods stay as they are
-//! in the API, as with a real dead node) and [`Kubelet::restore_node`].
+//! in the API, as with a real dead node) and [`Kubelet::restore_node`]. Records with timings:
+//! [`Kubelet::starts`], [`Kubelet::hook_runs`], [`Kubelet::stops`].
 //!
-//! Not supported: init containers (skipped), volumes (so no mounted secrets), `envFrom`, gRPC
-//! probes, HTTPS probes, resource limits.
+//! Not supported: `envFrom`, gRPC probes, HTTPS probes, resource limits, volume types other than
+//! the five above (they are empty directories), re-running init containers after a crash of the
+//! whole pod.
 
 mod container;
 mod ips;
@@ -30,12 +50,14 @@ mod pod;
 mod probe;
 pub(crate) mod spec;
 mod status;
+mod terminate;
+mod volume;
 
 use std::collections::{HashMap, HashSet};
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use futures::StreamExt;
@@ -66,6 +88,9 @@ pub struct KubeletOptions {
     pub sync_period: Duration,
     /// Lifetime requested for pod ServiceAccount tokens.
     pub token_ttl: Duration,
+    /// How often Secret, ConfigMap, downward-API and token volumes are refreshed (the kubelet's
+    /// sync period is about a minute).
+    pub volume_refresh: Duration,
 }
 
 impl Default for KubeletOptions {
@@ -76,6 +101,7 @@ impl Default for KubeletOptions {
             restart_backoff: Duration::from_secs(1),
             sync_period: Duration::from_millis(100),
             token_ttl: Duration::from_secs(3600),
+            volume_refresh: Duration::from_secs(60),
         }
     }
 }
@@ -105,7 +131,18 @@ pub struct HookRun {
     pub action: String,
     /// `Ok(outcome)` (e.g. `HTTP 200`) or the failure.
     pub result: Result<String, String>,
+    /// When the hook started.
+    pub at: Instant,
     pub took: Duration,
+}
+
+/// A container process the kubelet started (a restart too).
+#[derive(Clone, Debug)]
+pub struct StartRecord {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+    pub at: Instant,
 }
 
 /// How a container process ended when its pod was deleted.
@@ -116,6 +153,8 @@ pub struct StopRecord {
     pub container: String,
     /// Exited after SIGTERM within the grace period (else it got SIGKILL).
     pub graceful: bool,
+    /// When SIGTERM was sent.
+    pub at: Instant,
     /// From SIGTERM to exit.
     pub took: Duration,
 }
@@ -142,6 +181,7 @@ pub(crate) struct Shared {
     pods: Mutex<HashMap<String, PodEntry>>,
     cut: Mutex<HashSet<String>>,
     hooks: Mutex<Vec<HookRun>>,
+    starts: Mutex<Vec<StartRecord>>,
     stops: Mutex<Vec<StopRecord>>,
 }
 
@@ -307,6 +347,7 @@ impl Kubelet {
             pods: Mutex::new(HashMap::new()),
             cut: Mutex::new(HashSet::new()),
             hooks: Mutex::new(Vec::new()),
+            starts: Mutex::new(Vec::new()),
             stops: Mutex::new(Vec::new()),
         });
         let watch = tokio::spawn(watch_pods(Arc::clone(&shared)));
@@ -404,9 +445,21 @@ impl Kubelet {
         lock(&self.shared.hooks).clone()
     }
 
-    /// How each container of a deleted pod stopped, in order.
+    /// Every container start (and restart) so far, in order.
+    pub fn starts(&self) -> Vec<StartRecord> {
+        lock(&self.shared.starts).clone()
+    }
+
+    /// How each container of a deleted pod stopped, in the order they exited.
     pub fn stops(&self) -> Vec<StopRecord> {
         lock(&self.shared.stops).clone()
+    }
+
+    /// Where the pod's volume `volume` is on this host (see the module docs on volumes).
+    pub fn volume_dir(&self, namespace: &str, name: &str, volume: &str) -> Option<PathBuf> {
+        self.shared
+            .find(namespace, name)
+            .map(|p| p.volumes.dir(volume))
     }
 
     /// The kubeconfig the pod's containers get (`KUBECONFIG`): the pod's ServiceAccount token.

@@ -4,32 +4,32 @@
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use futures::future::join_all;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Container, Pod, ServiceAccount};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::Value;
 use tempfile::TempDir;
 use tokio::sync::watch;
 
-use super::container::ContainerRuntime;
+use super::container::{Class, ContainerRuntime, Setup};
 use super::probe::Action;
-use super::spec::{Kind, PodFacts, kind_of, resolve_env};
+use super::spec::{Kind, PodFacts, harness_env, kind_of, pod_env};
 use super::status::{PodView, Transitions, status_patch};
-use super::{HookRun, Shared, StopRecord};
+use super::terminate::terminate;
+use super::volume::{Mounts, Sources, Volumes};
+use super::{HookRun, Shared, StartRecord};
 use crate::Result;
 use crate::k8s::kubeconfig::{self, Credential};
 use crate::k8s::pod_condition;
 use crate::net::lock;
-
-/// The kubelet's minimum time for SIGTERM after a preStop hook used up the grace period.
-const MIN_TERM_GRACE: Duration = Duration::from_secs(2);
 
 /// A pod the kubelet runs.
 pub(crate) struct PodRuntime {
@@ -39,9 +39,13 @@ pub(crate) struct PodRuntime {
     pub node: String,
     pub ip: Ipv4Addr,
     pub host_ip: String,
-    /// The pod's own files: service-account token and kubeconfig.
+    /// The pod's own files: service-account token, kubeconfig and volumes.
     dir: TempDir,
+    /// Init containers in order, then the main containers.
     pub containers: Mutex<Vec<Arc<ContainerRuntime>>>,
+    /// Every init container has completed or (a sidecar) started; the main containers started.
+    initialized: AtomicBool,
+    pub volumes: Volumes,
     start_time: Timestamp,
     transitions: Transitions,
     token_refresh_at: Mutex<Option<Instant>>,
@@ -54,6 +58,7 @@ impl PodRuntime {
             .prefix("valkey-testkit-pod-")
             .tempdir()
             .context("creating a pod dir")?;
+        let volumes = Volumes::new(dir.path());
         Ok(Self {
             namespace: pod.metadata.namespace.clone().unwrap_or_default(),
             name: pod.metadata.name.clone().unwrap_or_default(),
@@ -63,6 +68,8 @@ impl PodRuntime {
             host_ip,
             dir,
             containers: Mutex::new(Vec::new()),
+            initialized: AtomicBool::new(false),
+            volumes,
             start_time: Timestamp::now(),
             transitions: Transitions::default(),
             token_refresh_at: Mutex::new(None),
@@ -129,7 +136,7 @@ async fn lifecycle(
             return Ok(());
         }
     }
-    start_containers(shared, pod).await;
+    advance(shared, pod).await;
     loop {
         match next_step(shared, pod, rx) {
             Step::Gone => return Ok(()),
@@ -178,7 +185,7 @@ fn deleting(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_some()
 }
 
-/// Token, kubeconfig, environments and container runtimes.
+/// Token, kubeconfig, volumes, environments and container runtimes.
 async fn prepare(shared: &Shared, pod: &PodRuntime, object: &Pod) -> Result<()> {
     refresh_token(shared, pod, object).await?;
     let facts = PodFacts {
@@ -186,38 +193,59 @@ async fn prepare(shared: &Shared, pod: &PodRuntime, object: &Pod) -> Result<()> 
         ip: pod.ip,
         host_ip: pod.host_ip.clone(),
     };
+    let sources = Sources {
+        client: &shared.client,
+        facts: &facts,
+    };
+    pod.volumes.materialise(&sources).await?;
     let spec = object.spec.as_ref().context("pod without spec")?;
+    let init = spec.init_containers.iter().flatten();
+    let init = init.map(|c| (c, Class::of_init(c)));
+    let all = init.chain(spec.containers.iter().map(|c| (c, Class::Main)));
     let mut containers = Vec::new();
-    for container in &spec.containers {
-        let image = container.image.clone().unwrap_or_default();
-        let kind = kind_of(&image);
-        let program = match kind {
-            Kind::Valkey => shared.binaries.get("valkey-server").cloned(),
-            Kind::Sidecar => shared.binaries.get("valkey-sidecar").cloned(),
-            Kind::Pause => Some(PathBuf::from("sleep")),
-            Kind::Unsupported => None,
-        };
-        let env = resolve_env(
-            &shared.client,
-            &facts,
-            container,
-            kind,
-            &pod.kubeconfig_path(),
-        )
-        .await?;
-        let label = format!("{}/{}/{}", pod.namespace, pod.name, container.name);
-        containers.push(Arc::new(ContainerRuntime::new(
-            container.clone(),
-            kind,
-            env,
-            label,
-            program,
-            pod.ip,
-            shared.opts.probe_period,
-        )?));
+    for (container, class) in all {
+        let setup = setup(shared, pod, &facts, container, class).await?;
+        let runtime = ContainerRuntime::new(setup, pod.ip, shared.opts.probe_period)?;
+        containers.push(Arc::new(runtime));
     }
     *lock(&pod.containers) = containers;
     Ok(())
+}
+
+/// One container's program, environment and spec, its volume paths rewritten.
+async fn setup(
+    shared: &Shared,
+    pod: &PodRuntime,
+    facts: &PodFacts<'_>,
+    container: &Container,
+    class: Class,
+) -> Result<Setup> {
+    let image = container.image.clone().unwrap_or_default();
+    let kind = kind_of(&image);
+    let program = match kind {
+        Kind::Valkey => shared.binaries.get("valkey-server").cloned(),
+        Kind::Sidecar => shared.binaries.get("valkey-sidecar").cloned(),
+        Kind::Pause => Some(PathBuf::from("sleep")),
+        Kind::Unsupported => None,
+    };
+    let own = pod_env(&shared.client, facts, container).await?;
+    let mounts = Mounts::new(container, &pod.volumes, &own)
+        .with_context(|| format!("volume mounts of container {}", container.name))?;
+    let own = own.into_iter().map(|(k, v)| {
+        let v = mounts.rewrite(&v);
+        (k, v)
+    });
+    let env = harness_env(own.collect(), facts, kind, &pod.kubeconfig_path());
+    let mut spec = container.clone();
+    mounts.rewrite_spec(&mut spec);
+    Ok(Setup {
+        spec,
+        class,
+        kind,
+        env,
+        label: format!("{}/{}/{}", pod.namespace, pod.name, container.name),
+        program,
+    })
 }
 
 /// Requests a token for the pod's ServiceAccount bound to the pod (TokenRequest API, default
@@ -290,21 +318,51 @@ async fn report_setup_error(shared: &Shared, pod: &PodRuntime, e: &anyhow::Error
     }
 }
 
-async fn start_containers(shared: &Shared, pod: &PodRuntime) {
-    for c in pod.containers() {
-        if c.runnable() {
-            start_container(shared, pod, &c).await;
-            continue;
-        }
-        let why = match (c.kind, &shared.sidecar_missing) {
-            (Kind::Sidecar, Some(e)) => ("StartError", e.clone()),
-            _ => (
-                "UnsupportedImage",
-                "the valkey-testkit kubelet runs valkey, valkey-sidecar and pause images".into(),
-            ),
-        };
-        lock(&c.state).waiting = Some((why.0.into(), why.1));
+/// Starts what is due, in the kubelet's order: the init containers one at a time — the next
+/// starts once a regular one has completed (exit 0) or a sidecar has *started* (running, its
+/// startup probe passed) — and then all main containers at once.
+async fn advance(shared: &Shared, pod: &PodRuntime) {
+    if pod.initialized.load(Ordering::SeqCst) {
+        return;
     }
+    let containers = pod.containers();
+    for c in containers.iter().filter(|c| c.class != Class::Main) {
+        if c.untried() {
+            launch(shared, pod, c).await;
+        }
+        if !c.init_passed() {
+            return;
+        }
+    }
+    pod.initialized.store(true, Ordering::SeqCst);
+    for c in containers.iter().filter(|c| c.class == Class::Main) {
+        launch(shared, pod, c).await;
+    }
+}
+
+/// Starts a container, or records why the harness cannot: a regular init container with an
+/// image it does not know counts as completed (so charts with e.g. a `busybox` set-up step still
+/// start), anything else waits.
+async fn launch(shared: &Shared, pod: &PodRuntime, c: &ContainerRuntime) {
+    if c.runnable() {
+        start_container(shared, pod, c).await;
+        return;
+    }
+    let image = c.spec.image.clone().unwrap_or_default();
+    let why = match (c.kind, &shared.sidecar_missing, c.class) {
+        (Kind::Sidecar, Some(e), _) => ("StartError", e.clone()),
+        (_, _, Class::Init) => {
+            c.skip(format!(
+                "not run: the valkey-testkit kubelet does not run image {image:?}"
+            ));
+            return;
+        }
+        _ => (
+            "UnsupportedImage",
+            "the valkey-testkit kubelet runs valkey, valkey-sidecar and pause images".into(),
+        ),
+    };
+    lock(&c.state).waiting = Some((why.0.into(), why.1));
 }
 
 /// Starts (or restarts) one container and runs its postStart hook.
@@ -313,6 +371,12 @@ async fn start_container(shared: &Shared, pod: &PodRuntime, c: &ContainerRuntime
         lock(&c.state).waiting = Some(("StartError".into(), format!("{e:#}")));
         return;
     }
+    lock(&shared.starts).push(StartRecord {
+        namespace: pod.namespace.clone(),
+        pod: pod.name.clone(),
+        container: c.name.clone(),
+        at: Instant::now(),
+    });
     let hook = c
         .spec
         .lifecycle
@@ -331,7 +395,8 @@ async fn start_container(shared: &Shared, pod: &PodRuntime, c: &ContainerRuntime
     }
 }
 
-/// One pass: exits and restarts, due probes, token renewal, status report.
+/// One pass: exits and restarts, due probes, the init sequence, token and volume renewal,
+/// status report.
 async fn sync(shared: &Shared, pod: &PodRuntime, object: &Pod) {
     let policy = restart_policy(object);
     for c in pod.containers() {
@@ -346,6 +411,8 @@ async fn sync(shared: &Shared, pod: &PodRuntime, object: &Pod) {
         }
     }
     run_probes(shared, pod, &policy).await;
+    advance(shared, pod).await;
+    refresh_volumes(shared, pod, object).await;
     let renew = lock(&pod.token_refresh_at).is_some_and(|at| Instant::now() >= at);
     if renew && let Err(e) = refresh_token(shared, pod, object).await {
         eprintln!(
@@ -364,15 +431,33 @@ fn restart_policy(object: &Pod) -> String {
         .unwrap_or_else(|| "Always".into())
 }
 
-/// Restarts after [`super::KubeletOptions::restart_backoff`] per `restartPolicy` (the kubelet's
-/// back-off grows from 10 s to 5 min; a fixed short one keeps tests quick).
-fn schedule_restart(shared: &Shared, c: &ContainerRuntime, policy: &str, exit_code: i32) {
-    let restart = match policy {
-        "Never" => false,
-        "OnFailure" => exit_code != 0,
-        _ => true,
+/// Re-reads Secrets and ConfigMaps, recomputes downward-API files and renews projected tokens
+/// every [`super::KubeletOptions::volume_refresh`]; a failure keeps the old files.
+async fn refresh_volumes(shared: &Shared, pod: &PodRuntime, object: &Pod) {
+    if !pod.volumes.refresh_due(shared.opts.volume_refresh) {
+        return;
+    }
+    let facts = PodFacts {
+        pod: object,
+        ip: pod.ip,
+        host_ip: pod.host_ip.clone(),
     };
-    if restart {
+    let sources = Sources {
+        client: &shared.client,
+        facts: &facts,
+    };
+    if let Err(e) = pod.volumes.materialise(&sources).await {
+        eprintln!(
+            "valkey-testkit kubelet: refreshing the volumes of {}/{}: {e:#}",
+            pod.namespace, pod.name
+        );
+    }
+}
+
+/// Restarts after [`super::KubeletOptions::restart_backoff`] per [`Class::restarts`] (the
+/// kubelet's back-off grows from 10 s to 5 min; a fixed short one keeps tests quick).
+fn schedule_restart(shared: &Shared, c: &ContainerRuntime, policy: &str, exit_code: i32) {
+    if c.class.restarts(policy, exit_code) {
         lock(&c.state).restart_at = Some(Instant::now() + shared.opts.restart_backoff);
     }
 }
@@ -418,6 +503,7 @@ async fn report_status(shared: &Shared, pod: &PodRuntime, object: &Pod) {
         host_ip: pod.host_ip.clone(),
         start_time: pod.start_time,
         transitions: &pod.transitions,
+        initialized: pod.initialized.load(Ordering::SeqCst),
     };
     let refs: Vec<&ContainerRuntime> = containers.iter().map(AsRef::as_ref).collect();
     let patch = status_patch(&view, &refs);
@@ -460,88 +546,8 @@ async fn patch_status(shared: &Shared, pod: &PodRuntime, patch: Value) -> bool {
     }
 }
 
-/// Graceful termination as the kubelet does it for regular containers: every container at once
-/// runs its own preStop hook and then gets SIGTERM (a container without a hook gets it at once),
-/// SIGKILL after the grace period; then the pod object is removed (delete with grace 0, only this
-/// incarnation: uid precondition).
-async fn terminate(shared: &Shared, pod: &PodRuntime, object: &Pod) -> Result<()> {
-    let grace = grace_period(object);
-    let deadline = Instant::now() + grace;
-    let running = pod.containers().into_iter().filter(|c| c.pid().is_some());
-    let stops = running.map(|c| stop_container(shared, pod, c, grace, deadline));
-    for (c, graceful, took) in join_all(stops).await.into_iter().flatten() {
-        if !graceful {
-            eprintln!(
-                "valkey-testkit kubelet: {} ignored SIGTERM until the grace period ended; killed",
-                c.label
-            );
-        }
-        lock(&shared.stops).push(StopRecord {
-            namespace: pod.namespace.clone(),
-            pod: pod.name.clone(),
-            container: c.name.clone(),
-            graceful,
-            took,
-        });
-    }
-    let api: Api<Pod> = Api::namespaced(shared.client.clone(), &pod.namespace);
-    let params = DeleteParams {
-        grace_period_seconds: Some(0),
-        preconditions: Some(Preconditions {
-            uid: Some(pod.uid.clone()),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    match api.delete(&pod.name, &params).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
-        Err(e) => Err(e).context("removing the pod object"),
-    }
-}
-
-/// `deletionGracePeriodSeconds` (set by the delete call), else the spec's, else 30 s.
-fn grace_period(object: &Pod) -> Duration {
-    let secs = object
-        .metadata
-        .deletion_grace_period_seconds
-        .or_else(|| object.spec.as_ref()?.termination_grace_period_seconds)
-        .unwrap_or(30);
-    Duration::from_secs(u64::try_from(secs).unwrap_or(0))
-}
-
-/// One container's part of [`terminate`]: its preStop hook, then SIGTERM with what is left of
-/// the grace period (at least [`MIN_TERM_GRACE`]). Returns how it stopped.
-async fn stop_container(
-    shared: &Shared,
-    pod: &PodRuntime,
-    c: Arc<ContainerRuntime>,
-    grace: Duration,
-    deadline: Instant,
-) -> Option<(Arc<ContainerRuntime>, bool, Duration)> {
-    if let Some(handler) = c.spec.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()) {
-        run_hook(shared, pod, &c, "preStop", handler, grace).await;
-    }
-    let term_grace = deadline
-        .saturating_duration_since(Instant::now())
-        .max(MIN_TERM_GRACE);
-    let stopping = Arc::clone(&c);
-    let stopped = tokio::task::spawn_blocking(move || {
-        let started = Instant::now();
-        (stopping.terminate_blocking(term_grace), started.elapsed())
-    })
-    .await;
-    match stopped {
-        Ok((graceful, took)) => Some((c, graceful, took)),
-        Err(e) => {
-            eprintln!("valkey-testkit kubelet: stopping a container: {e}");
-            None
-        }
-    }
-}
-
 /// Runs a lifecycle hook within `timeout` and records it.
-async fn run_hook(
+pub(super) async fn run_hook(
     shared: &Shared,
     pod: &PodRuntime,
     c: &ContainerRuntime,
@@ -549,7 +555,7 @@ async fn run_hook(
     handler: &k8s_openapi::api::core::v1::LifecycleHandler,
     timeout: Duration,
 ) {
-    let started = Instant::now();
+    let at = Instant::now();
     let (action, result) = match Action::of_hook(handler, &c.spec, pod.ip) {
         Ok(action) => {
             let result = action.run(timeout, &c.env, &shared.binaries).await;
@@ -564,7 +570,8 @@ async fn run_hook(
         hook,
         action,
         result: result.map_err(|e| format!("{e:#}")),
-        took: started.elapsed(),
+        at,
+        took: at.elapsed(),
     };
     if let Err(e) = &run.result {
         eprintln!(

@@ -3,8 +3,10 @@
 //! The mapping, kept deliberately small:
 //! - **Images.** An image containing `valkey-sidecar` runs the agent binary; another image
 //!   containing `valkey` runs `valkey-server`; an image containing `pause` runs `sleep infinity`
-//!   (a placeholder pod). Anything else is not run (the container waits with reason
-//!   `UnsupportedImage`).
+//!   (a placeholder pod). Anything else is not run: the container waits with reason
+//!   `UnsupportedImage`, except a regular init container, which counts as completed (see the
+//!   kubelet module docs). The same mapping holds for init containers and sidecars (the agent
+//!   as a native sidecar; `valkey-sidecar --version` as an init container that completes).
 //! - **valkey-server arguments.** `command` + `args`, after `$(VAR)` expansion, from the first
 //!   `--name` on (a leading `valkey-server` or config-file path is skipped), are passed through
 //!   as `--name value...`. The harness first sets test-friendly defaults (no persistence,
@@ -22,6 +24,12 @@
 //!   pod IP here: an environment value or exec argument that is exactly `127.0.0.1` or
 //!   `localhost`, optionally with `:port`, is rewritten to the pod IP. The agent's admin listener
 //!   defaults to `<pod IP>:9737` (a loopback address) unless `SIDECAR_ADMIN_ADDR` is set.
+//! - **Volume paths.** The processes are not chrooted, so a path under a `volumeMounts[].mountPath`
+//!   is rewritten to the volume's directory on this host: environment values, `command`/`args`
+//!   tokens and `exec` probe/hook arguments that equal the mount path or start with `mountPath/`
+//!   (e.g. `VALKEY_PASSWORD_FILE=/etc/valkey-auth/password`). The exact rule (`subPath`, longest
+//!   match, `$(VAR)`) is in [`super::volume`]. The config-file argument of `valkey-server` is
+//!   still skipped.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -176,14 +184,11 @@ pub(crate) struct PodFacts<'a> {
     pub host_ip: String,
 }
 
-/// The container's environment as a real pod would see it (see the module docs), plus the
-/// harness's additions.
-pub(crate) async fn resolve_env(
+/// The container's own environment as a real pod would see it (see the module docs).
+pub(crate) async fn pod_env(
     client: &Client,
     facts: &PodFacts<'_>,
     container: &Container,
-    kind: Kind,
-    kubeconfig: &Path,
 ) -> Result<Vec<(String, String)>> {
     let mut env: Vec<(String, String)> = Vec::new();
     for var in container.env.iter().flatten() {
@@ -192,6 +197,16 @@ pub(crate) async fn resolve_env(
             .with_context(|| format!("env {} of container {}", var.name, container.name))?;
         env.push((var.name.clone(), localize(&value, facts.ip)));
     }
+    Ok(env)
+}
+
+/// `env` (from [`pod_env`]) plus the harness's additions.
+pub(crate) fn harness_env(
+    mut env: Vec<(String, String)>,
+    facts: &PodFacts<'_>,
+    kind: Kind,
+    kubeconfig: &Path,
+) -> Vec<(String, String)> {
     let defined = |env: &[(String, String)], k: &str| env.iter().any(|(n, _)| n == k);
     if kind == Kind::Sidecar && !defined(&env, "SIDECAR_ADMIN_ADDR") {
         env.push((
@@ -210,7 +225,7 @@ pub(crate) async fn resolve_env(
         "KUBECONFIG".into(),
         kubeconfig.to_string_lossy().into_owned(),
     ));
-    Ok(env)
+    env
 }
 
 async fn env_value(

@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
-use super::container::{ContainerRuntime, ContainerState, Terminated};
+use super::container::{Class, ContainerRuntime, ContainerState, Terminated};
 use super::spec::Kind;
 use crate::net::lock;
 
@@ -44,27 +44,35 @@ pub(crate) struct PodView<'a> {
     pub host_ip: String,
     pub start_time: Timestamp,
     pub transitions: &'a Transitions,
+    /// Every init container has completed or (a sidecar) started.
+    pub initialized: bool,
 }
 
-/// The status patch for the pod's current state.
+/// One container's status entry and the facts the pod-level status is computed from.
+struct Entry<'a> {
+    c: &'a ContainerRuntime,
+    status: Value,
+    ready: bool,
+    ran: bool,
+}
+
+/// The status patch for the pod's current state. Init containers (regular and sidecars) report
+/// in `initContainerStatuses`; Ready needs the pod initialized and every main container and
+/// every sidecar ready, as with the kubelet.
 pub(crate) fn status_patch(view: &PodView<'_>, containers: &[&ContainerRuntime]) -> Value {
-    let states: Vec<(&ContainerRuntime, Value, bool, bool)> = containers
+    let entries: Vec<Entry<'_>> = containers.iter().map(|c| entry(c)).collect();
+    let (init, main): (Vec<&Entry<'_>>, Vec<&Entry<'_>>) =
+        entries.iter().partition(|e| e.c.class != Class::Main);
+    let sidecars_ready = init
         .iter()
-        .map(|c| {
-            let state = lock(&c.state);
-            (
-                *c,
-                container_status(c, &state),
-                state.ready(),
-                has_run(&state),
-            )
-        })
-        .collect();
-    let all_ready = !states.is_empty() && states.iter().all(|(_, _, ready, _)| *ready);
+        .filter(|e| e.c.class == Class::Sidecar)
+        .all(|e| e.ready);
+    let all_ready =
+        view.initialized && !main.is_empty() && main.iter().all(|e| e.ready) && sidecars_ready;
     let t = view.transitions;
     let mut conditions = vec![
         t.condition("PodReadyToStartContainers", true),
-        t.condition("Initialized", true),
+        t.condition("Initialized", view.initialized),
         t.condition("ContainersReady", all_ready),
         t.condition("Ready", all_ready),
     ];
@@ -72,8 +80,9 @@ pub(crate) fn status_patch(view: &PodView<'_>, containers: &[&ContainerRuntime])
         // Bound directly (no scheduler): the kubelet reports the condition itself.
         conditions.push(t.condition("PodScheduled", true));
     }
-    let phase = phase(view.object, &states);
-    json!({ "status": {
+    let phase = phase(view.object, view.initialized, &init, &main);
+    let statuses = |list: &[&Entry<'_>]| list.iter().map(|e| e.status.clone()).collect::<Vec<_>>();
+    let mut patch = json!({ "status": {
         "phase": phase,
         "hostIP": view.host_ip,
         "hostIPs": [{ "ip": view.host_ip }],
@@ -81,35 +90,61 @@ pub(crate) fn status_patch(view: &PodView<'_>, containers: &[&ContainerRuntime])
         "podIPs": [{ "ip": view.ip }],
         "startTime": time(view.start_time),
         "conditions": conditions,
-        "containerStatuses": states.into_iter().map(|(_, s, _, _)| s).collect::<Vec<_>>(),
+        "containerStatuses": statuses(&main),
         // Clears a set-up error reported earlier.
         "reason": null,
         "message": null,
-    }})
+    }});
+    if !init.is_empty() {
+        patch["status"]["initContainerStatuses"] = json!(statuses(&init));
+    }
+    patch
 }
 
-fn has_run(state: &ContainerState) -> bool {
-    state.running_since.is_some() || state.terminated.is_some()
+fn entry(c: &ContainerRuntime) -> Entry<'_> {
+    let state = lock(&c.state);
+    // A regular init container counts as ready once it completed, as the kubelet reports it.
+    let ready = match c.class {
+        Class::Init => state.terminated.as_ref().is_some_and(|t| t.exit_code == 0),
+        Class::Sidecar | Class::Main => state.ready(),
+    };
+    Entry {
+        c,
+        status: container_status(c, &state, ready),
+        ready,
+        ran: state.running_since.is_some() || state.terminated.is_some(),
+    }
 }
 
-/// `Running` once a container has run; with `restartPolicy: Never`/`OnFailure` a pod whose
-/// containers all ended for good is `Succeeded` or `Failed`.
-fn phase(pod: &Pod, states: &[(&ContainerRuntime, Value, bool, bool)]) -> &'static str {
+/// `Pending` until initialized (`Failed` if a regular init container failed and will not be
+/// retried); then `Running` once a main container has run; with `restartPolicy: Never` /
+/// `OnFailure` a pod whose main containers all ended for good is `Succeeded` or `Failed`.
+/// Sidecars do not count.
+fn phase(pod: &Pod, initialized: bool, init: &[&Entry<'_>], main: &[&Entry<'_>]) -> &'static str {
     let policy = pod
         .spec
         .as_ref()
         .and_then(|s| s.restart_policy.as_deref())
         .unwrap_or("Always");
-    let finished: Vec<Option<i32>> = states
-        .iter()
-        .map(|(c, ..)| {
-            let s = lock(&c.state);
-            match (&s.terminated, s.restart_at) {
-                (Some(t), None) if policy != "Always" => Some(t.exit_code),
-                _ => None,
-            }
-        })
-        .collect();
+    let for_good = |e: &Entry<'_>| -> Option<i32> {
+        let s = lock(&e.c.state);
+        match (&s.terminated, s.restart_at) {
+            (Some(t), None) if s.running_since.is_none() => Some(t.exit_code),
+            _ => None,
+        }
+    };
+    if !initialized {
+        let failed = init
+            .iter()
+            .filter(|e| e.c.class == Class::Init)
+            .any(|e| for_good(e).is_some_and(|code| code != 0));
+        return if failed { "Failed" } else { "Pending" };
+    }
+    let finished: Vec<Option<i32>> = if policy == "Always" {
+        Vec::new()
+    } else {
+        main.iter().map(|e| for_good(e)).collect()
+    };
     if !finished.is_empty() && finished.iter().all(Option::is_some) {
         return if finished.iter().all(|c| *c == Some(0)) {
             "Succeeded"
@@ -117,7 +152,7 @@ fn phase(pod: &Pod, states: &[(&ContainerRuntime, Value, bool, bool)]) -> &'stat
             "Failed"
         };
     }
-    if states.iter().any(|(_, _, _, ran)| *ran) {
+    if main.iter().any(|e| e.ran) {
         "Running"
     } else {
         "Pending"
@@ -131,7 +166,7 @@ fn has_condition(pod: &Pod, kind: &str) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == kind))
 }
 
-fn container_status(c: &ContainerRuntime, state: &ContainerState) -> Value {
+fn container_status(c: &ContainerRuntime, state: &ContainerState, ready: bool) -> Value {
     let current = match (&state.running_since, &state.terminated, &state.waiting) {
         (Some(since), _, _) => json!({
             "running": { "startedAt": time(*since) }, "terminated": null, "waiting": null,
@@ -157,7 +192,7 @@ fn container_status(c: &ContainerRuntime, state: &ContainerState) -> Value {
         "name": c.name,
         "image": c.spec.image.clone().unwrap_or_default(),
         "imageID": format!("valkey-testkit://{}", kind_name(c.kind)),
-        "ready": state.ready(),
+        "ready": ready,
         "started": state.started(),
         "restartCount": state.restart_count,
         "state": current,
@@ -177,6 +212,9 @@ fn terminated(t: &Terminated, pid: Option<u32>) -> Value {
     });
     if let Some(s) = t.signal {
         v["signal"] = json!(s);
+    }
+    if let Some(m) = &t.message {
+        v["message"] = json!(m);
     }
     if let Some(at) = t.started_at {
         v["startedAt"] = time(at);
