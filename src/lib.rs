@@ -8,7 +8,8 @@
 //! - [`kube`]: the own pod's labels and Events, zone from the Node, the Lease election.
 //! - [`coordinator`]: the Lease holder's hand-overs, fail-back and balance.
 //! - [`metrics`], [`telemetry`], [`lifecycle`], [`clock`], [`retry`]: the usual plumbing.
-//! - [`agent`] wires them together.
+//! - [`agent`] wires them together; [`inject`] is the `inject` subcommand (manifests in, manifests
+//!   with the agent out).
 //!
 //! The rules themselves (parsing, health verdicts, later lease and planning) live in the
 //! dependency-free `valkey-sidecar-core` crate.
@@ -18,6 +19,7 @@ pub mod clock;
 pub mod config;
 pub mod coordinator;
 pub mod http;
+pub mod inject;
 pub mod kube;
 pub mod lifecycle;
 pub mod metrics;

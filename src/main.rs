@@ -1,12 +1,20 @@
-//! The `valkey-sidecar` binary: parse configuration, start logging, run the agent.
+//! The `valkey-sidecar` binary: parse configuration, start logging, run the agent (or `inject`).
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::FromArgMatches;
 use valkey_sidecar::config::{Cli, Command, EXIT_CONFIG};
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    // `inject` is a tool of its own, not the agent: it gets its own arguments and exit codes.
+    let matches = match valkey_sidecar::inject::command().try_get_matches() {
+        Ok(m) => m,
+        Err(e) => return usage_error(e),
+    };
+    if let Some(("inject", args)) = matches.subcommand() {
+        return exit(valkey_sidecar::inject::main(args));
+    }
+    let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };

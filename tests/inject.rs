@@ -1,0 +1,446 @@
+//! `valkey-sidecar inject` end to end: golden outputs, idempotence, byte-for-byte pass-through,
+//! errors, and the injected manifests accepted by a real kube-apiserver (server-side dry-run).
+//!
+//! The golden outputs live beside their inputs in `tests/fixtures/inject/` (`<name>.injected.yaml`);
+//! regenerate them with `UPDATE_GOLDEN=1 cargo test -p valkey-sidecar --test inject` and review
+//! the diff.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::{Value, json};
+use valkey_sidecar_testkit::k8s::valkey::{ValkeyPodTemplate, valkey_pod};
+use valkey_sidecar_testkit::k8s::{ControlPlane, ControlPlaneOptions};
+
+/// A fixed image, so the goldens do not change with the crate's version.
+const IMAGE: &str = "ghcr.io/valkey-sidecar/valkey-sidecar:dev";
+
+/// Fixture name and the flags it is injected with (besides `--image`).
+const CASES: &[(&str, &[&str])] = &[
+    ("statefulset", &[]),
+    ("deployment", &["--classic"]),
+    ("list", &[]),
+    ("stream", &[]),
+    ("valkeycluster", &[]),
+    (
+        "pod",
+        &[
+            "--replace-probes",
+            "--mode",
+            "cluster",
+            "--cluster-name",
+            "scratch-cache",
+            "--service-account",
+            "valkey-agent",
+            "--env",
+            "SIDECAR_FAILBACK=true",
+            "--env",
+            "VALKEY_USERNAME=agent",
+        ],
+    ),
+];
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/inject")
+        .join(name)
+}
+
+fn golden(name: &str) -> PathBuf {
+    fixture(&format!("{name}.injected.yaml"))
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Runs `valkey-sidecar inject <args>` with `stdin`.
+fn inject(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_valkey-sidecar"))
+        .env_clear()
+        .arg("inject")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run valkey-sidecar inject");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn case_args<'a>(flags: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["--image", IMAGE];
+    args.extend_from_slice(flags);
+    args
+}
+
+/// Injects `text` with `flags` and expects success.
+fn injected(flags: &[&str], text: &str) -> String {
+    let out = inject(&case_args(flags), text);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn stdout(out: &Output) -> &str {
+    std::str::from_utf8(&out.stdout).unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The stream cut before every `---` line, as inject cuts it.
+fn pieces(text: &str) -> Vec<&str> {
+    let mut cuts = vec![0];
+    let mut at = 0;
+    for line in text.split_inclusive('\n') {
+        if at > 0 && (line == "---\n" || line.starts_with("--- ")) {
+            cuts.push(at);
+        }
+        at += line.len();
+    }
+    cuts.push(text.len());
+    cuts.windows(2).map(|w| &text[w[0]..w[1]]).collect()
+}
+
+#[test]
+fn injected_manifests_match_the_golden_files() {
+    let update = std::env::var_os("UPDATE_GOLDEN").is_some();
+    for (name, flags) in CASES {
+        let out = injected(flags, &read(&fixture(&format!("{name}.yaml"))));
+        if update {
+            std::fs::write(golden(name), &out).unwrap();
+            continue;
+        }
+        assert_eq!(
+            out,
+            read(&golden(name)),
+            "{name}: output differs from the golden file (UPDATE_GOLDEN=1 to regenerate)"
+        );
+    }
+}
+
+#[test]
+fn injecting_twice_changes_nothing_and_check_says_so() {
+    for (name, flags) in CASES {
+        let once = read(&golden(name));
+        assert_eq!(injected(flags, &once), once, "{name}: second injection");
+        let mut check = case_args(flags);
+        check.push("--check");
+        let again = inject(&check, &once);
+        assert_eq!(again.status.code(), Some(0), "{name}: {}", stderr(&again));
+        assert_eq!(stdout(&again), "", "--check writes nothing");
+        let first = inject(&check, &read(&fixture(&format!("{name}.yaml"))));
+        assert_eq!(first.status.code(), Some(1), "{name}: {}", stderr(&first));
+        assert_eq!(stdout(&first), "");
+        assert!(
+            stderr(&first).contains("would inject: stdin: document"),
+            "{}",
+            stderr(&first)
+        );
+    }
+}
+
+#[test]
+fn documents_without_valkey_pass_through_byte_for_byte() {
+    let input = read(&fixture("stream.yaml"));
+    let output = injected(&[], &input);
+    let (before, after) = (pieces(&input), pieces(&output));
+    assert_eq!(before.len(), after.len());
+    for (n, (b, a)) in before.iter().zip(&after).enumerate() {
+        if b.contains("kind: StatefulSet") {
+            // The rewritten document keeps its separator and the comments around it.
+            assert!(a.starts_with("---\n# Source: chart/templates/statefulset.yaml\n"));
+            assert!(a.ends_with("# the end of the chart\n...\n"));
+        } else {
+            assert_eq!(a, b, "piece {n} changed");
+        }
+    }
+    // A stream with nothing to inject comes back identical, trailing blank lines and all.
+    let plain: String = before
+        .iter()
+        .filter(|p| !p.contains("StatefulSet"))
+        .copied()
+        .collect();
+    assert_eq!(injected(&[], &plain), plain);
+}
+
+#[test]
+fn files_and_stdin_are_joined_into_one_stream() {
+    let (sts, dep) = (fixture("statefulset.yaml"), fixture("deployment.yaml"));
+    let out = inject(
+        &[
+            "--image",
+            IMAGE,
+            sts.to_str().unwrap(),
+            "-",
+            dep.to_str().unwrap(),
+        ],
+        "kind: ConfigMap\nmetadata: {name: x}",
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let expected = [
+        read(&golden("statefulset")),
+        "---\nkind: ConfigMap\nmetadata: {name: x}\n".to_owned(),
+        "---\n".to_owned(),
+        injected(&[], &read(&dep)),
+    ];
+    assert_eq!(stdout(&out), expected.concat());
+}
+
+#[test]
+fn a_workload_without_valkey_fails_naming_the_document() {
+    let input = read(&fixture("no-valkey.yaml"));
+    let out = inject(&[], &input);
+    assert_eq!(out.status.code(), Some(65));
+    assert_eq!(stdout(&out), "", "no partial output");
+    let err = stderr(&out);
+    assert!(
+        err.contains("stdin: document 2 (Deployment web): no Valkey container"),
+        "{err}"
+    );
+    // With --ignore-missing it passes through as it was; the Pod is injected.
+    let out = inject(&["--ignore-missing"], &input);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let (before, after) = (pieces(&input), pieces(stdout(&out)));
+    assert_eq!(&after[..2], &before[..2]);
+    assert!(after[2].contains("name: valkey-sidecar"));
+    // The same inside a List names the item.
+    let list = format!(
+        "kind: List\napiVersion: v1\nitems:\n{}",
+        before[1].replace("---\n", "- ").replace("\n", "\n  ")
+    );
+    let err = stderr(&inject(&[], &list));
+    assert!(
+        err.contains("document 1 (List, item 1 (Deployment web)): no Valkey"),
+        "{err}"
+    );
+}
+
+#[test]
+fn unparsable_yaml_fails_with_line_and_column() {
+    let path = fixture("broken.yaml");
+    let out = inject(&[path.to_str().unwrap()], "");
+    assert_eq!(out.status.code(), Some(65));
+    assert_eq!(stdout(&out), "");
+    let err = stderr(&out);
+    assert!(err.contains("broken.yaml:7:16: "), "{err}");
+    // Lines count from the start of the stream, not of the document.
+    let out = inject(
+        &[],
+        "kind: Service\n---\nkind: Pod\nspec: {containers: [}\n",
+    );
+    assert!(stderr(&out).contains("stdin:4:"), "{}", stderr(&out));
+}
+
+#[test]
+fn bad_input_and_flags_have_their_own_exit_codes() {
+    let out = inject(&["/nonexistent/manifest.yaml"], "");
+    assert_eq!(out.status.code(), Some(66), "{}", stderr(&out));
+    assert_eq!(inject(&["--env", "NOVALUE"], "").status.code(), Some(64));
+    assert_eq!(inject(&["--mode", "sentinel"], "").status.code(), Some(64));
+}
+
+#[test]
+fn the_default_image_is_this_version() {
+    let out = inject(&[], &read(&fixture("statefulset.yaml")));
+    let image = format!(
+        "image: ghcr.io/valkey-sidecar/valkey-sidecar:{}\n",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(stdout(&out).contains(&image));
+}
+
+#[test]
+fn a_pod_with_the_agent_already_is_left_alone() {
+    // The pod shape the end-to-end tests run (agent container named `sidecar`), as JSON.
+    let template = ValkeyPodTemplate::default();
+    let pod = serde_json::to_string_pretty(&valkey_pod(&template, 0, 0).unwrap()).unwrap();
+    assert_eq!(injected(&[], &pod), pod);
+    assert_eq!(inject(&["--check"], &pod).status.code(), Some(0));
+}
+
+#[test]
+fn warnings_say_what_was_adjusted() {
+    let out = inject(&["--classic"], &read(&fixture("deployment.yaml")));
+    let err = stderr(&out);
+    assert!(
+        err.contains(
+            "terminationGracePeriodSeconds 10 leaves no time for the hand-over; raised to 30"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("ServiceAccount sessions: it needs the chart's RBAC"),
+        "{err}"
+    );
+    assert!(
+        err.contains("Deployment sessions: SIDECAR_MODE=replication"),
+        "{err}"
+    );
+    // A preStop hook of the user's own is kept, and said so.
+    let pod = "kind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - name: valkey\n    image: valkey/valkey\n    lifecycle: {preStop: {exec: {command: [sleep, '5']}}}\n";
+    let out = inject(&[], pod);
+    assert!(stdout(&out).contains("preStop: {exec: {command: [sleep, '5']}}"));
+    assert!(
+        stderr(&out).contains("container valkey already has a preStop hook"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn the_valkey_container_can_be_named() {
+    let pod = "kind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - {name: exporter, image: valkey-io/exporter}\n  - {name: db, image: example/kv, args: [--port, '7001']}\n";
+    let out = injected(&["--container", "db"], pod);
+    assert!(
+        out.contains(
+            "- name: db\n    image: example/kv\n    args: [--port, '7001']\n    startupProbe:"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("value: \"127.0.0.1:7001\""), "{out}");
+    // Without it: the exporter's image says valkey, but an exporter is not the server.
+    let err = stderr(&inject(&[], pod));
+    assert!(
+        err.contains("document 1 (Pod p): no Valkey container"),
+        "{err}"
+    );
+    let err = stderr(&inject(&["--container", "nope"], pod));
+    assert!(
+        err.contains("document 1 (Pod p): no Valkey container"),
+        "{err}"
+    );
+}
+
+#[test]
+fn documents_sharing_a_piece_cannot_be_rewritten_alone() {
+    let text = "kind: Service\n...\nkind: Pod\nmetadata: {name: a}\nspec: {containers: [{name: valkey, image: v}]}\n";
+    let out = inject(&[], text);
+    assert_eq!(out.status.code(), Some(65));
+    assert!(
+        stderr(&out).contains("stdin: document 2: several documents without `---` between them")
+    );
+    // Nothing to change in them: fine, and untouched.
+    let text = "kind: Service\n...\nkind: ConfigMap\n";
+    assert_eq!(injected(&[], text), text);
+}
+
+/// Runs kubectl; panics with its stderr when it fails.
+async fn kubectl(plane: &ControlPlane, args: &[&str]) -> String {
+    plane
+        .kubectl(args)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn injected_manifests_pass_a_server_side_dry_run() {
+    let plane = ControlPlane::start(ControlPlaneOptions::apiserver_only())
+        .await
+        .unwrap();
+    // Pods are checked against their ServiceAccount; templates are not.
+    for account in ["valkey-sidecar", "valkey-agent"] {
+        kubectl(&plane, &["create", "serviceaccount", account]).await;
+    }
+    for (name, _) in CASES.iter().filter(|(n, _)| *n != "valkeycluster") {
+        let path = golden(name);
+        let out = kubectl(
+            &plane,
+            &["apply", "--dry-run=server", "-f", path.to_str().unwrap()],
+        )
+        .await;
+        println!("{name}: {}", out.trim());
+    }
+
+    // What the apiserver reads from a re-serialised document is what it read before: YAML 1.1's
+    // octal `0644` and the quoted "yes" survive.
+    let path = golden("statefulset");
+    let json = kubectl(
+        &plane,
+        &[
+            "create",
+            "--dry-run=server",
+            "-o",
+            "json",
+            "-f",
+            path.to_str().unwrap(),
+        ],
+    )
+    .await;
+    let sts: Value = serde_json::from_str(&json).unwrap();
+    let pod = &sts["spec"]["template"]["spec"];
+    assert_eq!(pod["volumes"][0]["configMap"]["defaultMode"], 420);
+    assert_eq!(pod["containers"][0]["args"][2], "yes");
+    assert_eq!(pod["initContainers"][0]["restartPolicy"], "Always");
+    assert_eq!(
+        pod["containers"][0]["lifecycle"]["preStop"]["httpGet"]["port"],
+        9736
+    );
+
+    valkey_cluster_dry_run(&plane).await;
+}
+
+/// The ValkeyCluster against a stand-in CRD, then the containers it carries merged the way the
+/// operator merges them (`server` patched, the rest appended) and dry-run as a Pod.
+async fn valkey_cluster_dry_run(plane: &ControlPlane) {
+    let crd = fixture("valkeycluster-crd.yaml");
+    kubectl(plane, &["apply", "-f", crd.to_str().unwrap()]).await;
+    kubectl(
+        plane,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=30s",
+            "crd/valkeyclusters.valkey.io",
+        ],
+    )
+    .await;
+    let path = golden("valkeycluster");
+    let json = kubectl(
+        plane,
+        &[
+            "create",
+            "--dry-run=server",
+            "-o",
+            "json",
+            "-f",
+            path.to_str().unwrap(),
+        ],
+    )
+    .await;
+    let cluster: Value = serde_json::from_str(&json).unwrap();
+    let mut containers = cluster["spec"]["containers"].as_array().unwrap().clone();
+    assert_eq!(containers[0]["name"], "server");
+    // The operator's server container: its image and command, our patch on top.
+    containers[0]["image"] = json!("valkey/valkey:9.1.2");
+    containers[0]["command"] = json!(["valkey-server", "/config/valkey.conf"]);
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": "orders-0-0", "labels": { "valkey.io/cluster": "orders" } },
+        "spec": { "serviceAccountName": "valkey-sidecar", "containers": containers },
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let pod_path = dir.path().join("pod.json");
+    std::fs::write(&pod_path, pod.to_string()).unwrap();
+    let out = kubectl(
+        plane,
+        &[
+            "apply",
+            "--dry-run=server",
+            "-f",
+            pod_path.to_str().unwrap(),
+        ],
+    )
+    .await;
+    println!("valkeycluster: {}", out.trim());
+}
