@@ -9,7 +9,9 @@ use kube::runtime::events::{Recorder, Reporter};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use valkey_sidecar_core::health::HealthState;
+use valkey_sidecar_core::observation::Mode;
 use valkey_sidecar_core::placement::Placement;
+use valkey_sidecar_core::replication::FailoverPolicy;
 
 use crate::clock::Clock;
 use crate::config::{Config, CoordinatorConfig, KubeConfig};
@@ -20,6 +22,7 @@ use crate::kube::lease::{self, Leadership, LeaseClient, StatusAnnotations};
 use crate::kube::{FIELD_MANAGER, KubeError};
 use crate::metrics::Metrics;
 use crate::observer::Observer;
+use crate::replication::Keeper;
 use crate::valkey::{Connector, Session, tls};
 
 /// Why the agent could not start.
@@ -123,6 +126,7 @@ async fn kube_tasks(
     placement: watch::Sender<Placement>,
 ) -> Result<Vec<Task>, StartError> {
     let client = crate::kube::client().await?;
+    let keeper = keeper(config, kube, shared, &client);
     let labeler = Labeler {
         client: client.clone(),
         config: kube.clone(),
@@ -133,12 +137,47 @@ async fn kube_tasks(
         state: shared.state.clone(),
         placement,
         metrics: shared.metrics.clone(),
+        claim: keeper.as_ref().map(|(_, claim)| claim.clone()),
     };
     let mut tasks = vec![labeler.run(shared.shutdown.clone()).boxed_local()];
+    if let Some((keeper, _)) = keeper {
+        tasks.push(keeper.run(shared.shutdown.clone()).boxed_local());
+    }
     if let Some(co) = &kube.coordinator {
         tasks.extend(coordinator_tasks(config, kube, co, shared, client));
     }
     Ok(tasks)
+}
+
+/// Replication mode with a coordinator: the keeper of this pod's shard record, and the claim it
+/// publishes for the labeler.
+fn keeper(
+    config: &Config,
+    kube: &KubeConfig,
+    shared: &Shared,
+    client: &kube::Client,
+) -> Option<(Keeper, watch::Receiver<bool>)> {
+    let co = kube.coordinator.as_ref()?;
+    if config.mode != Mode::Replication {
+        return None;
+    }
+    let (claim_tx, claim_rx) = watch::channel(false);
+    let keeper = Keeper {
+        client: client.clone(),
+        namespace: kube.namespace.clone(),
+        pod: kube.pod_name.clone(),
+        cluster: co.cluster.clone(),
+        selector: co.pod_selector.clone(),
+        timings: co.timings,
+        clock: shared.clock,
+        bounds: config.bounds,
+        state: shared.state.clone(),
+        connector: shared.connector.clone(),
+        poll: config.poll_interval,
+        metrics: shared.metrics.clone(),
+        holding: claim_tx,
+    };
+    Some((keeper, claim_rx))
 }
 
 fn coordinator_tasks(
@@ -169,6 +208,10 @@ fn coordinator_tasks(
         namespace: kube.namespace.clone(),
         selector: co.pod_selector.clone(),
         clock: shared.clock,
+        mode: config.mode,
+        cluster: co.cluster.clone(),
+        timings: co.timings,
+        failover: FailoverPolicy::default(),
         bounds: config.bounds,
         state: shared.state.clone(),
         leadership: lead_rx,

@@ -138,8 +138,9 @@ pub struct RawConfig {
     /// Publish Events (events.k8s.io) on the pod for role changes.
     #[arg(long, env = "SIDECAR_EVENTS", default_value = "true")]
     pub events: String,
-    /// Run the coordinator (Lease election, hand-overs, fail-back, balance): `auto` (cluster mode
-    /// with labels and SIDECAR_CLUSTER_NAME set), `true`, `false`.
+    /// Run the coordinator (Lease election, hand-overs, fail-back, balance; in replication mode
+    /// also failover and the shard record): `auto` (on when SIDECAR_CLUSTER_NAME is set), `true`,
+    /// `false`.
     #[arg(long, env = "SIDECAR_COORDINATOR", default_value = "auto")]
     pub coordinator: String,
     /// Name of the Valkey cluster (e.g. from the pod label `valkey.io/cluster` via the downward API).
@@ -340,7 +341,7 @@ impl RawConfig {
             &self.log_format,
             parse_log_format(&self.log_format),
         );
-        let kube = self.kube(c, &identity, mode, bounds.as_ref());
+        let kube = self.kube(c, &identity, bounds.as_ref());
         Some(Config {
             identity,
             kube: kube?,
@@ -372,7 +373,6 @@ impl RawConfig {
         &self,
         c: &mut Checker,
         id: &Identity,
-        valkey_mode: Option<Mode>,
         bounds: Option<&Bounds>,
     ) -> Option<Option<KubeConfig>> {
         let mode = c.check(
@@ -402,7 +402,7 @@ impl RawConfig {
             c.check::<()>(missing, "", Err("required when SIDECAR_LABELS=true".into()));
             return None;
         };
-        let coordinator = self.coordinator_config(c, valkey_mode?, bounds?)?;
+        let coordinator = self.coordinator_config(c, bounds?)?;
         Some(Some(KubeConfig {
             pod_name,
             namespace,
@@ -417,7 +417,6 @@ impl RawConfig {
     fn coordinator_config(
         &self,
         c: &mut Checker,
-        mode: Mode,
         bounds: &Bounds,
     ) -> Option<Option<CoordinatorConfig>> {
         let wanted = c.check(
@@ -430,7 +429,7 @@ impl RawConfig {
             &self.cluster_name,
             parse_label_value,
         );
-        let on = wanted.unwrap_or(mode == Mode::Cluster && name.is_some());
+        let on = wanted.unwrap_or(name.is_some());
         if !on {
             return Some(None);
         }

@@ -24,6 +24,7 @@ pub mod kube;
 pub mod lifecycle;
 pub mod metrics;
 pub mod observer;
+pub mod replication;
 pub mod retry;
 pub mod telemetry;
 pub mod valkey;

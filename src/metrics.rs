@@ -71,6 +71,10 @@ pub struct Metrics {
     leader: Gauge,
     last_decision: Gauge,
     drift: Family<DriftLabel, Gauge>,
+    keeper_actions: Family<KindLabel, Counter>,
+    shard_record_calls: Family<ResultLabel, Counter>,
+    coordinator_record_reads: Family<ResultLabel, Counter>,
+    move_seconds: Histogram,
 }
 
 impl Default for Metrics {
@@ -100,6 +104,10 @@ impl Metrics {
             leader: Gauge::default(),
             last_decision: Gauge::default(),
             drift: Family::default(),
+            keeper_actions: Family::default(),
+            shard_record_calls: Family::default(),
+            coordinator_record_reads: Family::default(),
+            move_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
         };
         m.register();
         m
@@ -107,6 +115,16 @@ impl Metrics {
 
     fn register(&mut self) {
         let r = &mut self.registry;
+        r.register(
+            "keeper_actions",
+            "Replication mode: what the agent did about its own Valkey (renew, fence, release, …)",
+            self.keeper_actions.clone(),
+        );
+        r.register(
+            "shard_record_calls",
+            "Replication mode: reads and writes of the shard's primary record, by result",
+            self.shard_record_calls.clone(),
+        );
         r.register(
             "role",
             "1 for the role Valkey has now (primary, replica, unknown)",
@@ -184,6 +202,16 @@ impl Metrics {
             self.last_decision.clone(),
         );
         r.register(
+            "coordinator_record_reads",
+            "Replication mode: the coordinator's reads of the shard records, by result",
+            self.coordinator_record_reads.clone(),
+        );
+        r.register(
+            "coordinator_move_duration_seconds",
+            "Time a successful coordinator move took, start to new primary",
+            self.move_seconds.clone(),
+        );
+        r.register(
             "placement_drift",
             "Placement facts the coordinator reports, by reason",
             self.drift.clone(),
@@ -245,6 +273,18 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts one keeper action that changed something.
+    pub fn keeper_action(&self, kind: &'static str) {
+        self.keeper_actions.get_or_create(&KindLabel { kind }).inc();
+    }
+
+    /// Counts one call on the shard record (`ok` or an error kind).
+    pub fn shard_record(&self, result: &'static str) {
+        self.shard_record_calls
+            .get_or_create(&ResultLabel { result })
+            .inc();
+    }
+
     /// Counts one finished coordinator move.
     pub fn action(&self, kind: &'static str, result: &'static str) {
         self.actions
@@ -260,6 +300,18 @@ impl Metrics {
     /// the last decision.
     pub fn coordinator_decision(&self, unix_seconds: i64) {
         self.last_decision.set(unix_seconds);
+    }
+
+    /// Counts one read of a shard record by the coordinator (`ok` or an error kind).
+    pub fn coordinator_record_read(&self, result: &'static str) {
+        self.coordinator_record_reads
+            .get_or_create(&ResultLabel { result })
+            .inc();
+    }
+
+    /// Records how long a successful move took.
+    pub fn coordinator_move_duration(&self, took: Duration) {
+        self.move_seconds.observe(took.as_secs_f64());
     }
 
     /// Sets the drift gauges to the counts of this round.
@@ -308,9 +360,15 @@ mod tests {
         m.coordinator_leader(true);
         m.coordinator_decision(1_700_000_000);
         m.drift(["FailoverDrift"].into_iter());
+        m.coordinator_record_read("ok");
+        m.coordinator_move_duration(Duration::from_millis(40));
+        m.keeper_action("fence");
+        m.shard_record("ok");
         let text = m.encode();
         for name in [
             "valkey_sidecar_label_writes_total{result=\"ok\"} 1",
+            "valkey_sidecar_keeper_actions_total{kind=\"fence\"} 1",
+            "valkey_sidecar_shard_record_calls_total{result=\"ok\"} 1",
             "valkey_sidecar_label_write_duration_seconds_count 1",
             "valkey_sidecar_events_total{reason=\"Promoted\",result=\"ok\"} 1",
             "valkey_sidecar_zone_pushes_total{result=\"ok\"} 1",
@@ -318,6 +376,8 @@ mod tests {
             "valkey_sidecar_coordinator_leader 1",
             "valkey_sidecar_coordinator_last_decision_timestamp_seconds 1700000000",
             "valkey_sidecar_placement_drift{reason=\"FailoverDrift\"} 1",
+            "valkey_sidecar_coordinator_record_reads_total{result=\"ok\"} 1",
+            "valkey_sidecar_coordinator_move_duration_seconds_count 1",
         ] {
             assert!(text.contains(name), "{name} missing from\n{text}");
         }

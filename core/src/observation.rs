@@ -58,6 +58,9 @@ pub struct PrimaryLink {
     pub last_io_seconds: Option<u64>,
     /// The replica's own position in the replication stream.
     pub offset: u64,
+    /// A link to a primary has been up in this Valkey run (a full sync completed):
+    /// `master_link_down_since_seconds` is `-1` until then.
+    pub ever_up: bool,
 }
 
 /// A replica as its primary reports it (`slaveN:` lines).
@@ -201,6 +204,10 @@ fn link_of(info: &Info) -> PrimaryLink {
             .u64("slave_repl_offset")
             .or(info.u64("master_repl_offset"))
             .unwrap_or(0),
+        ever_up: up
+            || info
+                .i64("master_link_down_since_seconds")
+                .is_some_and(|s| s >= 0),
     }
 }
 
@@ -257,6 +264,17 @@ impl Observation {
     ///
     /// In cluster mode the primary's offset comes from gossip (`CLUSTER SHARDS`) and may be a
     /// little old, which can only make the lag look smaller by that much, never negative.
+    /// Nothing anyone wrote is on it: no keys, offset 0, and (a replica) never completed a sync.
+    /// Offset 0 alone is not enough: a replica fresh from a completed sync of an empty primary
+    /// stays at offset 0 until its primary streams to it, yet it holds all there was.
+    pub fn fresh(&self) -> bool {
+        let (offset, ever_up) = self
+            .link
+            .as_ref()
+            .map_or((self.repl_offset, false), |l| (l.offset, l.ever_up));
+        self.keys == 0 && offset == 0 && !ever_up
+    }
+
     pub fn lag_bytes(&self, primary_offset: Option<u64>) -> Option<u64> {
         let link = self.link.as_ref()?;
         let from_shard = || self.my_shard()?.primary().map(|p| p.replication_offset);
@@ -286,5 +304,31 @@ mod tests {
         // Not a database line, though it starts with "db".
         let odd = "# Replication\r\nrole:master\r\ndbfoo:keys=9\r\n";
         assert_eq!(observe(&info(odd), Mode::Replication).unwrap().keys, 0);
+    }
+
+    #[test]
+    fn a_replica_that_never_completed_a_sync_is_fresh_one_that_did_is_not() {
+        let replica = |down_since: i64| {
+            format!(
+                "# Replication\r\nrole:slave\r\nmaster_host:10.0.0.1\r\nmaster_port:6379\r\nmaster_link_status:down\r\nmaster_link_down_since_seconds:{down_since}\r\nslave_repl_offset:0\r\n"
+            )
+        };
+        assert!(
+            observe(&info(&replica(-1)), Mode::Replication)
+                .unwrap()
+                .fresh()
+        );
+        // Synced an empty primary, which died before streaming anything: it holds all there was.
+        assert!(
+            !observe(&info(&replica(3)), Mode::Replication)
+                .unwrap()
+                .fresh()
+        );
+        let empty_master = "# Replication\r\nrole:master\r\nmaster_repl_offset:0\r\n";
+        assert!(
+            observe(&info(empty_master), Mode::Replication)
+                .unwrap()
+                .fresh()
+        );
     }
 }

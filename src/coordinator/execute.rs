@@ -1,14 +1,36 @@
-//! Carries out one planned move: a coordinated `CLUSTER FAILOVER` sent to the target replica,
-//! then waits until the target reports itself primary.
+//! Carries out one move.
 //!
-//! Never `FORCE` or `TAKEOVER`: a planned move must lose nothing, and a coordinated failover
-//! makes the target catch up with the primary (which pauses its clients) before it switches.
+//! - Cluster mode, [`failover`]: a coordinated `CLUSTER FAILOVER` sent to the target replica, then
+//!   a wait until the target reports itself primary. Never `FORCE` or `TAKEOVER`: a planned move
+//!   must lose nothing, and a coordinated failover makes the target catch up with the primary
+//!   (which pauses its clients) before it switches.
+//! - Replication mode, [`switchover`]: a planned move, driven by `core::replication::step` —
+//!   pause the old primary, wait for the target to catch up, move the record, promote, repoint,
+//!   unpause (or unpause and leave everything as it was).
+//! - Replication mode, [`promote`]: an unplanned failover (`core::replication::Promotion`) in its
+//!   documented order: record first, then fence, promote, repoint.
+//!
+//! Every command that changes anything is preceded by a check of the cluster Lease's acting
+//! deadline (`may_act`); past it the executor stops and sends nothing more. A switchover stopped
+//! that way leaves its pause on the old primary to expire by itself (at most twice the hand-over
+//! timeout): lifting it without the Lease could undo the pause of a successor coordinator's own
+//! switchover, and every agent's keeper resolves the rest from the record.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use valkey_sidecar_core::info::Info;
 use valkey_sidecar_core::plan::Action;
+use valkey_sidecar_core::replication::{
+    Command, Phase, Promotion, Switchover, SwitchoverObservation, SwitchoverPlan, WriteOutcome,
+    step,
+};
+use valkey_sidecar_core::time::Millis;
 
+use crate::clock::Clock;
+use crate::kube::KubeError;
+use crate::kube::shard_lease::ShardLeaseClient;
 use crate::valkey::{Connector, Session};
 
 /// How one move ended.
@@ -17,9 +39,26 @@ pub enum Outcome {
     Done {
         took: Duration,
     },
-    /// The acting deadline passed before the command could be sent: nothing was done.
+    /// The acting deadline passed before a command could be sent: nothing more was done.
     NoLease,
+    /// The switchover was undone: writes resumed on the old primary, the record is unchanged.
+    RolledBack(String),
+    /// The record changed since the decision (a 409): nothing was done.
+    Conflict(String),
     Failed(String),
+}
+
+impl Outcome {
+    /// The `result` label of metrics and of the last decision.
+    pub fn result(&self) -> &'static str {
+        match self {
+            Outcome::Done { .. } => "ok",
+            Outcome::NoLease => "no_lease",
+            Outcome::RolledBack(_) => "rolled_back",
+            Outcome::Conflict(_) => "conflict",
+            Outcome::Failed(_) => "failed",
+        }
+    }
 }
 
 /// Sends the failover to `target` (the replica's address) and waits for its role to flip.
@@ -78,5 +117,394 @@ fn is_master(v: Option<&redis::Value>) -> bool {
         Some(redis::Value::BulkString(b)) => b == b"master",
         Some(redis::Value::SimpleString(s)) => s == "master",
         _ => false,
+    }
+}
+
+/// Connections to one shard's members for one move, each opened on first use.
+pub struct Links {
+    connectors: BTreeMap<String, Connector>,
+    sessions: BTreeMap<String, Session>,
+}
+
+impl Links {
+    /// `connectors`: pod name → how to reach its Valkey.
+    pub fn new(connectors: BTreeMap<String, Connector>) -> Links {
+        Links {
+            connectors,
+            sessions: BTreeMap::new(),
+        }
+    }
+
+    /// `host port` of a member, as `REPLICAOF` takes it.
+    pub fn addr(&self, pod: &str) -> Option<String> {
+        let c = self.connectors.get(pod)?;
+        Some(format!("{} {}", c.host, c.port))
+    }
+
+    fn session(&mut self, pod: &str) -> Result<&mut Session, String> {
+        let connector = self
+            .connectors
+            .get(pod)
+            .ok_or_else(|| format!("{pod} has no address"))?;
+        let session = self.sessions.entry(pod.to_owned());
+        Ok(session.or_insert_with(|| Session::new(connector.clone())))
+    }
+
+    async fn command(&mut self, pod: &str, cmd: &redis::Cmd) -> Result<redis::Value, String> {
+        let session = self.session(pod)?;
+        session
+            .command(cmd)
+            .await
+            .map_err(|e| format!("{pod}: {e}"))
+    }
+
+    async fn query(
+        &mut self,
+        pod: &str,
+        pipe: &redis::Pipeline,
+    ) -> Result<Vec<redis::Value>, String> {
+        let session = self.session(pod)?;
+        session.query(pipe).await.map_err(|e| format!("{pod}: {e}"))
+    }
+}
+
+/// How often a running switchover looks at the target's offset: the catch-up usually takes well
+/// under a millisecond, and every poll is one `INFO` on one replica.
+const CATCH_UP_POLL: Duration = Duration::from_millis(2);
+
+/// Pause between attempts of a record write whose outcome was unknown.
+const WRITE_RETRY: Duration = Duration::from_millis(100);
+
+/// One switchover in progress.
+struct Run {
+    s: Switchover,
+    obs: SwitchoverObservation,
+    links: Links,
+    record: ShardLeaseClient,
+    /// The record write, kept to try again while its outcome is unknown.
+    write: Option<Command>,
+    /// Commands of the commit that failed (repoints are best effort and only logged).
+    failures: Vec<String>,
+    /// Pods whose `REPLICAOF` failed in the commit.
+    not_demoted: Vec<String>,
+}
+
+/// Runs a planned switchover to its end: `step` decides, this function sends, observes, steps again.
+pub async fn switchover(
+    plan: SwitchoverPlan,
+    links: Links,
+    record: ShardLeaseClient,
+    clock: Clock,
+    may_act: impl Fn() -> bool,
+) -> Outcome {
+    let started = Instant::now();
+    let mut run = Run::new(plan, links, record, clock.now());
+    loop {
+        if let Some(end) = run.advance(clock, &may_act, started).await {
+            return end;
+        }
+        run.observe(&may_act).await;
+    }
+}
+
+impl Run {
+    fn new(plan: SwitchoverPlan, links: Links, record: ShardLeaseClient, now: Millis) -> Run {
+        Run {
+            s: Switchover::new(plan, now),
+            obs: SwitchoverObservation::default(),
+            links,
+            record,
+            write: None,
+            failures: Vec::new(),
+            not_demoted: Vec::new(),
+        }
+    }
+
+    /// One step: its commands sent in order (each only while the Lease allows), and the
+    /// outcome once the switchover is over.
+    async fn advance(
+        &mut self,
+        clock: Clock,
+        may_act: &impl Fn() -> bool,
+        started: Instant,
+    ) -> Option<Outcome> {
+        let (next, commands) = step(&self.s, &self.obs, clock.now());
+        self.s = next;
+        for command in &commands {
+            if !may_act() {
+                return Some(Outcome::NoLease);
+            }
+            self.execute(command).await;
+        }
+        let unknown = "the record write's outcome stayed unknown: the old primary stays paused until its pause expires";
+        let given_up = || {
+            self.given_up(clock)
+                .then(|| Outcome::Failed(unknown.into()))
+        };
+        self.outcome(started).or_else(given_up)
+    }
+
+    async fn execute(&mut self, command: &Command) {
+        match command {
+            Command::Pause { pod, ms } => self.pause(pod, *ms).await,
+            Command::WriteRecord { .. } => {
+                self.write = Some(command.clone());
+                self.obs.write = self.try_write().await;
+            }
+            Command::PromoteNoOne { pod } => {
+                if let Err(e) = self.links.command(pod, &replicaof_no_one()).await {
+                    self.failures.push(format!("REPLICAOF NO ONE on {e}"));
+                }
+            }
+            Command::ReplicaOf { pod, to } => {
+                if !repoint(&mut self.links, pod, to).await {
+                    self.not_demoted.push(pod.clone());
+                }
+            }
+            Command::Unpause { pod } => self.unpause(pod).await,
+        }
+    }
+
+    /// After a commit, a pod that could not be made a replica keeps its pause (until it expires,
+    /// or its agent demotes it): unpaused, it would take writes while the record names another.
+    async fn unpause(&mut self, pod: &str) {
+        if self.s.phase == Phase::Done && self.not_demoted.iter().any(|p| p == pod) {
+            tracing::warn!(pod, "left paused: it could not be made a replica");
+            return;
+        }
+        unpause(&mut self.links, pod).await;
+    }
+
+    /// `MULTI; CLIENT PAUSE <ms> WRITE; INFO replication; EXEC`: the offset is read under the
+    /// pause, so every write the old primary acknowledged is at or below it.
+    async fn pause(&mut self, pod: &str, ms: u64) {
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        pipe.cmd("CLIENT").arg("PAUSE").arg(ms).arg("WRITE");
+        pipe.cmd("INFO").arg("replication");
+        match self.links.query(pod, &pipe).await {
+            Ok(values) => {
+                let offset = values.get(1).and_then(info_u64("master_repl_offset"));
+                self.obs.paused_offset = self.obs.paused_offset.or(offset);
+            }
+            // No offset: the step machine rolls back at its deadline.
+            Err(e) => tracing::warn!(error = %e, "switchover: pause failed"),
+        }
+    }
+
+    /// The record write's outcome: `None` while unknown (a timeout may still have landed).
+    async fn try_write(&self) -> Option<WriteOutcome> {
+        let Some(Command::WriteRecord {
+            holder,
+            epoch,
+            expect_holder,
+            expect_epoch,
+        }) = &self.write
+        else {
+            return None;
+        };
+        let moved = self
+            .record
+            .move_to(expect_holder, *expect_epoch, holder, *epoch)
+            .await;
+        match moved {
+            Ok(true) => Some(WriteOutcome::Written),
+            // An earlier attempt whose answer was lost may be what moved it.
+            Ok(false) => self.landed(holder, *epoch).await,
+            Err(e) => {
+                tracing::warn!(error = %e, "switchover: record write failed");
+                not_applied(&e).then_some(WriteOutcome::Refused)
+            }
+        }
+    }
+
+    async fn landed(&self, holder: &str, epoch: u64) -> Option<WriteOutcome> {
+        let record = self.record.read().await.ok()?;
+        let ours = record.is_some_and(|r| r.holder() == Some(holder) && r.epoch == epoch);
+        Some(if ours {
+            WriteOutcome::Written
+        } else {
+            WriteOutcome::Refused
+        })
+    }
+
+    fn outcome(&self, started: Instant) -> Option<Outcome> {
+        match &self.s.phase {
+            Phase::Done if self.failures.is_empty() => Some(Outcome::Done {
+                took: started.elapsed(),
+            }),
+            Phase::Done => Some(Outcome::Failed(self.failures.join("; "))),
+            Phase::RolledBack { reason } => Some(Outcome::RolledBack(reason.clone())),
+            _ => None,
+        }
+    }
+
+    /// A write whose outcome stays unknown is given up once the first pause would have run out:
+    /// without an answer from the apiserver nothing better can be done than letting it expire.
+    fn given_up(&self, clock: Clock) -> bool {
+        let writing = self.s.phase == Phase::Writing && self.obs.write.is_none();
+        writing && clock.now() >= self.s.started.plus(self.s.pause_ms())
+    }
+
+    /// What the next step needs: the target's offset while catching up, the write's outcome while
+    /// it is unknown.
+    async fn observe(&mut self, may_act: &impl Fn() -> bool) {
+        match self.s.phase {
+            Phase::Pausing | Phase::CatchingUp { .. } => {
+                let to = self.s.plan.to.clone();
+                let info = self.links.command(&to, &info_replication()).await;
+                self.obs.target_offset = info.ok().as_ref().and_then(info_u64("slave_repl_offset"));
+                // Caught up: step at once, the old primary is paused meanwhile.
+                let (target, paused) = (self.obs.target_offset, self.obs.paused_offset);
+                if !matches!((target, paused), (Some(t), Some(p)) if t >= p) {
+                    tokio::time::sleep(CATCH_UP_POLL).await;
+                }
+            }
+            Phase::Writing if self.obs.write.is_none() => {
+                tokio::time::sleep(WRITE_RETRY).await;
+                if may_act() {
+                    self.obs.write = self.try_write().await;
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Errors that say the write was not applied (as opposed to timeouts, whose write may land).
+fn not_applied(e: &KubeError) -> bool {
+    matches!(
+        e.kind(),
+        "forbidden" | "invalid" | "throttled" | "credentials"
+    )
+}
+
+fn info_replication() -> redis::Cmd {
+    let mut cmd = redis::cmd("INFO");
+    cmd.arg("replication");
+    cmd
+}
+
+fn replicaof_no_one() -> redis::Cmd {
+    let mut cmd = redis::cmd("REPLICAOF");
+    cmd.arg("NO").arg("ONE");
+    cmd
+}
+
+/// A numeric INFO field of a reply.
+fn info_u64(key: &'static str) -> impl Fn(&redis::Value) -> Option<u64> {
+    move |v| match crate::valkey::observe::reply(v.clone()) {
+        valkey_sidecar_core::reply::Reply::Text(text) => Info::parse(&text).u64(key),
+        _ => None,
+    }
+}
+
+/// `REPLICAOF <to>` (`to` = `host port`), best effort: each agent's keeper is the backstop.
+/// Whether it was accepted.
+async fn repoint(links: &mut Links, pod: &str, to: &str) -> bool {
+    let mut cmd = redis::cmd("REPLICAOF");
+    cmd.arg(to.split_whitespace().collect::<Vec<_>>());
+    let result = links.command(pod, &cmd).await;
+    if let Err(e) = &result {
+        tracing::warn!(error = %e, "repoint failed; the pod's own agent follows the record");
+    }
+    result.is_ok()
+}
+
+async fn unpause(links: &mut Links, pod: &str) {
+    if let Err(e) = links
+        .command(pod, &redis::cmd("CLIENT").arg("UNPAUSE").clone())
+        .await
+    {
+        tracing::warn!(error = %e, "CLIENT UNPAUSE failed");
+    }
+}
+
+/// Makes `p.target` the primary, in the order `core::replication::Promotion` documents: the record
+/// (a 409 stops everything), then `CLIENT PAUSE` on the other masters, `REPLICAOF NO ONE` on the
+/// target, and `REPLICAOF` on the others, best effort. `fence_ms` is how long the pause holds.
+pub async fn promote(
+    p: &Promotion,
+    mut links: Links,
+    record: &ShardLeaseClient,
+    fence_ms: u64,
+    may_act: impl Fn() -> bool,
+) -> Outcome {
+    let started = Instant::now();
+    match promotion(p, &mut links, record, fence_ms, &may_act).await {
+        Ok(()) => Outcome::Done {
+            took: started.elapsed(),
+        },
+        Err(stopped) => stopped,
+    }
+}
+
+async fn promotion(
+    p: &Promotion,
+    links: &mut Links,
+    record: &ShardLeaseClient,
+    fence_ms: u64,
+    may_act: &impl Fn() -> bool,
+) -> Result<(), Outcome> {
+    leading(may_act)?;
+    write_promotion(p, record).await?;
+    for pod in &p.fence {
+        leading(may_act)?;
+        fence(links, pod, fence_ms).await;
+    }
+    leading(may_act)?;
+    let promoted = links.command(&p.target, &replicaof_no_one()).await;
+    promoted.map_err(|e| Outcome::Failed(format!("REPLICAOF NO ONE on {e}")))?;
+    repoint_all(links, p, may_act).await;
+    Ok(())
+}
+
+fn leading(may_act: &impl Fn() -> bool) -> Result<(), Outcome> {
+    if may_act() {
+        Ok(())
+    } else {
+        Err(Outcome::NoLease)
+    }
+}
+
+/// The record first, carrying the decision's `resourceVersion`: a 409 means the holder renewed
+/// (or someone else wrote) since, and nothing may follow.
+async fn write_promotion(p: &Promotion, record: &ShardLeaseClient) -> Result<(), Outcome> {
+    match record.write(&p.record()).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == "conflict" => Err(Outcome::Conflict(
+            "the record changed since the decision".into(),
+        )),
+        // Unknown or refused: the target's agent releases a record that brought no promotion.
+        Err(e) => Err(Outcome::Failed(format!("writing the record: {e}"))),
+    }
+}
+
+async fn fence(links: &mut Links, pod: &str, ms: u64) {
+    let cmd = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(ms)
+        .arg("WRITE")
+        .clone();
+    if let Err(e) = links.command(pod, &cmd).await {
+        tracing::warn!(error = %e, "fencing an old master failed");
+    }
+}
+
+/// The others follow the new primary. A fenced master is unpaused once it is a replica (which
+/// refuses writes anyway), so no pause is left behind to block writes after a later promotion.
+async fn repoint_all(links: &mut Links, p: &Promotion, may_act: &impl Fn() -> bool) {
+    let Some(to) = links.addr(&p.target) else {
+        return;
+    };
+    for pod in &p.repoint {
+        if !may_act() {
+            tracing::info!("lease lost while repointing: the agents follow the record");
+            return;
+        }
+        // A fenced master that is still a master keeps its pause.
+        if repoint(links, pod, &to).await && p.fence.contains(pod) {
+            unpause(links, pod).await;
+        }
     }
 }

@@ -9,8 +9,13 @@
 //!
 //! While leading it also publishes its status (`core::status`: conditions and the last decision)
 //! for the Lease writer, which carries it in its renewals as annotations on the Lease.
+//!
+//! In replication mode (no `CLUSTER SHARDS`) the same loop runs [`replication`]'s round instead:
+//! it observes every member itself, reads each shard's record, plans with the same planner and
+//! also promotes a replica when a shard's primary is lost.
 
 pub mod execute;
+pub mod replication;
 pub mod world;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -27,9 +32,12 @@ use kube::{Api, Resource};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use valkey_sidecar_core::health::{Bounds, HealthState};
+use valkey_sidecar_core::lease::LeaseTimings;
+use valkey_sidecar_core::observation::Mode;
 use valkey_sidecar_core::plan::{
-    Action, InFlight, Kind, Plan, Policy, ShardMemory, World, decide, settle, track,
+    Action, InFlight, Kind, Member, Plan, Policy, ShardMemory, World, decide, settle, track,
 };
+use valkey_sidecar_core::replication::FailoverPolicy;
 use valkey_sidecar_core::shards::{NodeHealth, Shard};
 use valkey_sidecar_core::status::{self, Condition, Decision, Status};
 use valkey_sidecar_core::time::Millis;
@@ -47,6 +55,14 @@ pub struct Coordinator {
     /// Selects the pods of this Valkey cluster (e.g. `valkey.io/cluster=my-valkey`).
     pub selector: String,
     pub clock: Clock,
+    /// Cluster mode plans from `CLUSTER SHARDS`; replication mode from its own observations.
+    pub mode: Mode,
+    /// The Valkey cluster's name: replication mode's shard records are `<cluster>-<shard>-primary`.
+    pub cluster: String,
+    /// The Lease timings, shared by the shard records (replication mode).
+    pub timings: LeaseTimings,
+    /// Replication mode: whether a lost primary is replaced (`core::replication::promote`).
+    pub failover: FailoverPolicy,
     pub bounds: Bounds,
     pub state: watch::Receiver<HealthState>,
     pub leadership: watch::Receiver<Leadership>,
@@ -64,15 +80,23 @@ pub struct Coordinator {
 /// How long a finished move may take to show in the local view before the shard is planned again.
 const SETTLE_MS: u64 = 10_000;
 
-/// A finished move, reported back to the loop.
-struct Finished {
+/// A move under way.
+struct Move {
     shard: String,
     /// The node that should now be primary.
     to: String,
-    kind: Kind,
-    outcome: Outcome,
-    /// The old primary's pod, for the completion Event.
+    /// `Handover`, `FailBack`, `Rebalance` (planned) or `Failover` (replication mode, unplanned).
+    kind: &'static str,
+    /// The planner's kind, for the last decision; `None` for an unplanned failover.
+    decision: Option<Kind>,
+    /// The old primary's pod (else the target's), for the Events.
     reference: Option<ObjectReference>,
+}
+
+/// A finished move, reported back to the loop.
+struct Finished {
+    started: Move,
+    outcome: Outcome,
 }
 
 /// What the loop keeps between rounds.
@@ -91,6 +115,8 @@ struct Memory {
     label_retry: Retries,
     /// The status last published (`None`: not leading), so it is sent only when it changes.
     status: Option<Status>,
+    /// Replication mode: sessions to the members, the records as last read, the holds logged.
+    repl: replication::State,
 }
 
 /// Wall-clock time for the status: humans read it, no decision does.
@@ -147,6 +173,19 @@ impl Drop for Watches {
     }
 }
 
+/// Runs a move in its own task and reports its end to the loop.
+fn spawn_move(
+    started: Move,
+    run: impl std::future::Future<Output = Outcome> + Send + 'static,
+    done: &mpsc::Sender<Finished>,
+) {
+    let done = done.clone();
+    tokio::spawn(async move {
+        let outcome = run.await;
+        let _ = done.send(Finished { started, outcome }).await;
+    });
+}
+
 /// Running and settling shards: the planner leaves both alone.
 fn busy(memory: &Memory) -> Vec<InFlight> {
     let settling = memory.settling.keys().map(|shard| InFlight {
@@ -157,10 +196,32 @@ fn busy(memory: &Memory) -> Vec<InFlight> {
 }
 
 /// The last decision shows how its move ended (unless a newer one replaced it meanwhile).
-fn ended(memory: &mut Memory, done: &Finished, result: &'static str) {
+fn ended(memory: &mut Memory, done: &Move, result: &'static str) {
     let last = memory.last_decision.as_mut();
-    if let Some(d) = last.filter(|d| d.shard == done.shard && d.kind == done.kind) {
+    let same = |d: &&mut Decision| d.shard == done.shard && Some(d.kind) == done.decision;
+    if let Some(d) = last.filter(same) {
         d.result = result;
+    }
+}
+
+/// The completion Event's type and note.
+fn completion(shard: &str, outcome: &Outcome) -> (EventType, String) {
+    match outcome {
+        Outcome::Done { took } => (
+            EventType::Normal,
+            format!("shard {shard} has a new primary after {took:?}"),
+        ),
+        Outcome::NoLease => (
+            EventType::Warning,
+            format!("shard {shard}: lease lost before acting; nothing more done"),
+        ),
+        Outcome::RolledBack(e) => (
+            EventType::Warning,
+            format!("shard {shard}: rolled back, the primary is unchanged: {e}"),
+        ),
+        Outcome::Conflict(e) | Outcome::Failed(e) => {
+            (EventType::Warning, format!("shard {shard}: {e}"))
+        }
     }
 }
 
@@ -171,6 +232,8 @@ impl Coordinator {
         let mut memory = Memory::default();
         let mut watches: Option<Watches> = None;
         let mut tick = tokio::time::interval(Duration::from_millis(250));
+        // A replication round waits for its slowest member: a late round is not caught up on.
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -184,8 +247,15 @@ impl Coordinator {
                 continue;
             }
             let w = watches.get_or_insert_with(|| self.watch());
-            if w.ready() {
-                self.round(&w.pods, &w.nodes, &mut memory, &done_tx).await;
+            if !w.ready() {
+                continue;
+            }
+            match self.mode {
+                Mode::Cluster => self.round(&w.pods, &w.nodes, &mut memory, &done_tx).await,
+                Mode::Replication => {
+                    self.replication_round(&w.pods, &w.nodes, &mut memory, &done_tx)
+                        .await
+                }
             }
         }
     }
@@ -208,6 +278,8 @@ impl Coordinator {
         self.metrics.drift(std::iter::empty());
         self.publish(None, memory);
         memory.shards.clear();
+        // A new term reads every record afresh, so no expiry is judged on a history it missed.
+        memory.repl = replication::State::default();
     }
 
     fn watch_pods(&self) -> (Store<Pod>, JoinHandle<()>) {
@@ -261,9 +333,33 @@ impl Coordinator {
             return;
         };
         let members = world::members(&shards, &pods.state());
+        let world = self.world(members, nodes, memory, now, leader);
+        let plan = decide(&world, &self.policy);
+        self.report(&plan, memory);
+        let conditions = leader.then(|| status::conditions(&world, &self.policy, &plan));
+        for action in plan.actions {
+            self.start(action, &shards, pods, memory, done);
+        }
+        self.publish(conditions, memory);
+        if leader {
+            self.clear_dead_labels(&world, pods, &mut memory.label_retry)
+                .await;
+        }
+    }
+
+    /// The planner's world from this round's members; settles finished moves the members now
+    /// show and folds them into the per-shard memory (quiet periods).
+    fn world(
+        &self,
+        members: Vec<Member>,
+        nodes: &Store<Node>,
+        memory: &mut Memory,
+        now: Millis,
+        leader: bool,
+    ) -> World {
         settle(&mut memory.settling, &members, now);
         memory.shards = track(&memory.shards, &members, now, self.policy.max_lag_bytes);
-        let world = World {
+        World {
             now,
             leader,
             members,
@@ -275,17 +371,6 @@ impl Coordinator {
                 .collect(),
             in_flight: busy(memory),
             last_move: memory.last_move,
-        };
-        let plan = decide(&world, &self.policy);
-        self.report(&plan, memory);
-        let conditions = leader.then(|| status::conditions(&world, &self.policy, &plan));
-        for action in plan.actions {
-            self.start(action, &shards, pods, memory, done);
-        }
-        self.publish(conditions, memory);
-        if leader {
-            self.clear_dead_labels(&world, pods, &mut memory.label_retry)
-                .await;
         }
     }
 
@@ -327,6 +412,25 @@ impl Coordinator {
         let Some(target) = self.target(&action, shards) else {
             return;
         };
+        let reference = self
+            .pod_of(&action.from, shards, pods)
+            .map(|p| p.object_ref(&()));
+        let started = self.begin(&action, reference, memory);
+        let (lead, clock, limit) = (self.leadership.clone(), self.clock, self.handover_timeout);
+        let run = async move {
+            let may_act = || lead.borrow().may_act(clock.now());
+            execute::failover(&action, target, may_act, limit).await
+        };
+        spawn_move(started, run, done);
+    }
+
+    /// Books a planned move as started: in flight, the cooldown, the last decision, the Event.
+    fn begin(
+        &self,
+        action: &Action,
+        reference: Option<ObjectReference>,
+        memory: &mut Memory,
+    ) -> Move {
         let now = self.clock.now();
         memory.running.push(InFlight {
             shard: action.shard.clone(),
@@ -345,76 +449,46 @@ impl Coordinator {
         self.metrics
             .coordinator_decision(jiff::Timestamp::now().as_second());
         tracing::info!(kind = action.kind.as_str(), shard = %action.shard, from = %action.from, to = %action.to, reason = %action.reason, "starting");
-        let reference = self
-            .pod_of(&action.from, shards, pods)
-            .map(|p| p.object_ref(&()));
         self.event(
             reference.clone(),
             EventType::Normal,
             &format!("{}Started", action.kind.as_str()),
             format!("{} → {}: {}", action.from, action.to, action.reason),
         );
-        let (lead, clock, limit) = (self.leadership.clone(), self.clock, self.handover_timeout);
-        let done = done.clone();
-        tokio::spawn(async move {
-            let outcome = execute::failover(
-                &action,
-                target,
-                || lead.borrow().may_act(clock.now()),
-                limit,
-            )
-            .await;
-            let (shard, kind, to) = (action.shard, action.kind, action.to);
-            let _ = done
-                .send(Finished {
-                    shard,
-                    to,
-                    kind,
-                    outcome,
-                    reference,
-                })
-                .await;
-        });
+        Move {
+            shard: action.shard.clone(),
+            to: action.to.clone(),
+            kind: action.kind.as_str(),
+            decision: Some(action.kind),
+            reference,
+        }
     }
 
     fn finished(&self, done: Finished, memory: &mut Memory) {
-        memory.running.retain(|r| r.shard != done.shard);
-        if matches!(done.outcome, Outcome::Done { .. }) {
+        let Finished { started, outcome } = done;
+        memory.running.retain(|r| r.shard != started.shard);
+        if matches!(outcome, Outcome::Done { .. }) {
             let until = self.clock.now().plus(SETTLE_MS);
             memory
                 .settling
-                .insert(done.shard.clone(), (done.to.clone(), until));
+                .insert(started.shard.clone(), (started.to.clone(), until));
         }
-        let kind = done.kind.as_str();
-        let (result, event_type, message) = match &done.outcome {
-            Outcome::Done { took } => (
-                "ok",
-                EventType::Normal,
-                format!("shard {} has a new primary after {took:?}", done.shard),
-            ),
-            Outcome::NoLease => (
-                "no_lease",
-                EventType::Warning,
-                format!(
-                    "shard {}: lease lost before acting; nothing done",
-                    done.shard
-                ),
-            ),
-            Outcome::Failed(e) => (
-                "failed",
-                EventType::Warning,
-                format!("shard {}: {e}", done.shard),
-            ),
-        };
+        // Whatever happened, the record may have moved: read it next round.
+        memory.repl.read_soon(&started.shard);
+        if let Outcome::Done { took } = &outcome {
+            self.metrics.coordinator_move_duration(*took);
+        }
+        let (kind, result) = (started.kind, outcome.result());
+        let (event_type, message) = completion(&started.shard, &outcome);
         self.metrics.action(kind, result);
-        ended(memory, &done, result);
-        tracing::info!(kind, shard = %done.shard, result, %message, "finished");
+        ended(memory, &started, result);
+        tracing::info!(kind, shard = %started.shard, result, %message, "finished");
         let reason = if result == "ok" {
             format!("{kind}Succeeded")
         } else {
             format!("{kind}Failed")
         };
-        self.event(done.reference, event_type, &reason, message);
+        self.event(started.reference, event_type, &reason, message);
     }
 
     /// The connector for the target node's address (from `CLUSTER SHARDS`).

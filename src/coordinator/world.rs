@@ -1,15 +1,25 @@
-//! Assembles the planner's [`World`] from Valkey's view of the shards and the Kubernetes objects.
+//! Assembles the planner's [`World`](valkey_sidecar_core::plan::World) from the Kubernetes
+//! objects and Valkey's view: `CLUSTER SHARDS` in cluster mode; in replication mode the shards
+//! are the pods grouped by `valkey.io/shard-index` and each member's own observation.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+use valkey_sidecar_core::observation::{Observation, Role};
 use valkey_sidecar_core::placement::ZONE_LABEL;
 use valkey_sidecar_core::plan::{Member, NodeInfo, PodInfo};
-use valkey_sidecar_core::shards::Shard;
+use valkey_sidecar_core::replication::{MemberValkey, ShardMember, ShardRecord};
+use valkey_sidecar_core::shards::{NodeHealth, Shard};
 
 /// The operator's "intended primary" label (node-index 0).
 const NODE_INDEX_LABEL: &str = "valkey.io/node-index";
+
+/// valkey-operator's shard label: replication mode groups the pods into shards by it.
+pub const SHARD_INDEX_LABEL: &str = "valkey.io/shard-index";
+
+/// The shard of a pod without the label, so a single-shard deployment need not set it.
+pub const DEFAULT_SHARD: &str = "0";
 
 /// Valkey nodes matched to their pods by IP (one Valkey per pod, so the pod IP is unique).
 pub fn members(shards: &[Shard], pods: &[Arc<Pod>]) -> Vec<Member> {
@@ -31,7 +41,8 @@ pub fn members(shards: &[Shard], pods: &[Arc<Pod>]) -> Vec<Member> {
         .collect()
 }
 
-fn pod_ip(p: &Pod) -> Option<&str> {
+/// The pod's IP, once it has one.
+pub fn pod_ip(p: &Pod) -> Option<&str> {
     p.status.as_ref()?.pod_ip.as_deref()
 }
 
@@ -77,5 +88,288 @@ fn node_info(n: &Node) -> NodeInfo {
             .as_ref()
             .and_then(|s| s.unschedulable)
             .unwrap_or(false),
+    }
+}
+
+/// The replication shard a pod belongs to (spelled as the keepers spell it: the label's value, or
+/// [`DEFAULT_SHARD`] without it), which names the shard's record.
+pub fn shard_of(p: &Pod) -> String {
+    let labels = p.metadata.labels.as_ref();
+    labels
+        .and_then(|l| l.get(SHARD_INDEX_LABEL))
+        .map_or_else(|| DEFAULT_SHARD.to_owned(), String::clone)
+}
+
+/// The cluster's pods by shard; within a shard by name, so logs and repoint orders are stable.
+pub fn group(pods: &[Arc<Pod>]) -> BTreeMap<String, Vec<Arc<Pod>>> {
+    let mut shards: BTreeMap<String, Vec<Arc<Pod>>> = BTreeMap::new();
+    for p in pods.iter().filter(|p| p.metadata.name.is_some()) {
+        shards.entry(shard_of(p)).or_default().push(p.clone());
+    }
+    for members in shards.values_mut() {
+        members.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    }
+    shards
+}
+
+/// A member's Valkey as one observation shows it. `fresh` ("empty, never synced") is
+/// [`Observation::fresh`]: promoting a replica that synced an empty primary loses nothing, while
+/// calling it fresh would leave the shard without a candidate.
+pub fn member_valkey(obs: &Observation) -> MemberValkey {
+    // A loading node reports `role:master` even as a replica: it counts as unknown.
+    let role = if obs.loading { Role::Unknown } else { obs.role };
+    let offset = match (&obs.link, role) {
+        (Some(link), Role::Replica) => link.offset,
+        _ => obs.repl_offset,
+    };
+    let link_up = obs.link.as_ref().is_some_and(|l| l.up);
+    MemberValkey {
+        role,
+        offset,
+        link_up,
+        fresh: obs.fresh(),
+    }
+}
+
+/// A pod of a shard as `core::replication::promote` sees it; node facts from the watched nodes.
+pub fn shard_member(
+    p: &Pod,
+    valkey: Option<&MemberValkey>,
+    nodes: &BTreeMap<String, NodeInfo>,
+) -> ShardMember {
+    let info = pod_info(p);
+    let node = info.node.as_ref().and_then(|n| nodes.get(n));
+    ShardMember {
+        valkey: valkey.cloned(),
+        zone: node.and_then(|n| n.zone.clone()),
+        terminating: info.terminating,
+        node_ready: node.is_some_and(|n| n.ready),
+        node_schedulable: node.is_some_and(|n| !n.unschedulable),
+        pod: info.name,
+    }
+}
+
+/// A pod of a shard as the planner sees it (id = pod name).
+///
+/// Only the recorded primary counts as primary: any other master is one the keepers are about to
+/// demote or fence, never a primary to hand over from or to balance.
+pub fn plan_member(
+    shard: &str,
+    p: &Pod,
+    valkey: Option<&MemberValkey>,
+    record: Option<&ShardRecord>,
+) -> Member {
+    let info = pod_info(p);
+    let recorded = record.and_then(ShardRecord::recorded_primary) == Some(info.name.as_str());
+    let role = match valkey.map(|v| v.role) {
+        Some(Role::Primary) if !recorded => Role::Unknown,
+        Some(role) => role,
+        None => Role::Unknown,
+    };
+    Member {
+        id: info.name.clone(),
+        shard: shard.to_owned(),
+        role,
+        offset: valkey.map_or(0, |v| v.offset),
+        health: health(role, valkey),
+        pod: Some(info),
+    }
+}
+
+/// Online: a primary that answers, or a replica whose link is up (down during a full sync too).
+fn health(role: Role, valkey: Option<&MemberValkey>) -> NodeHealth {
+    let online = match role {
+        Role::Primary => true,
+        Role::Replica => valkey.is_some_and(|v| v.link_up),
+        Role::Unknown => false,
+    };
+    if online {
+        NodeHealth::Online
+    } else {
+        NodeHealth::Unknown
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{PodSpec, PodStatus};
+    use kube::api::ObjectMeta;
+    use valkey_sidecar_core::observation::PrimaryLink;
+
+    use super::*;
+
+    fn pod(name: &str, shard: Option<&str>, node: &str) -> Arc<Pod> {
+        let labels = shard.map(|s| BTreeMap::from([(SHARD_INDEX_LABEL.to_owned(), s.to_owned())]));
+        Arc::new(Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels,
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some(node.into()),
+                ..PodSpec::default()
+            }),
+            status: Some(PodStatus::default()),
+        })
+    }
+
+    fn names(pods: &[Arc<Pod>]) -> Vec<&str> {
+        pods.iter()
+            .filter_map(|p| p.metadata.name.as_deref())
+            .collect()
+    }
+
+    #[test]
+    fn pods_are_grouped_by_shard_index_and_unlabelled_pods_are_shard_0() {
+        let pods = [
+            pod("v-1-1", Some("1"), "n"),
+            pod("v-0-1", None, "n"),
+            pod("v-1-0", Some("1"), "n"),
+            pod("v-0-0", Some("0"), "n"),
+        ];
+        let shards = group(&pods);
+        assert_eq!(shards.keys().collect::<Vec<_>>(), ["0", "1"]);
+        assert_eq!(names(&shards["0"]), ["v-0-0", "v-0-1"]);
+        assert_eq!(names(&shards["1"]), ["v-1-0", "v-1-1"]);
+    }
+
+    fn replica(offset: u64, up: bool, keys: u64) -> Observation {
+        Observation {
+            role: Role::Replica,
+            repl_offset: offset,
+            link: Some(PrimaryLink {
+                up,
+                offset,
+                ever_up: up,
+                ..PrimaryLink::default()
+            }),
+            keys,
+            ..Observation::default()
+        }
+    }
+
+    #[test]
+    fn a_member_is_fresh_only_empty_at_offset_zero_and_never_linked() {
+        let never_synced = member_valkey(&replica(0, false, 0));
+        assert!(never_synced.fresh && !never_synced.link_up);
+        let synced = member_valkey(&replica(14, true, 0));
+        assert!(!synced.fresh, "a completed sync moves the offset");
+        assert_eq!((synced.role, synced.offset), (Role::Replica, 14));
+        // Synced from an empty primary that died before streaming anything to it.
+        let mut linked_once = replica(0, false, 0);
+        if let Some(l) = linked_once.link.as_mut() {
+            l.ever_up = true;
+        }
+        let orphan = member_valkey(&linked_once);
+        assert!(!orphan.fresh, "it holds all its primary had");
+        let linked_at_zero = member_valkey(&replica(0, true, 0));
+        assert!(!linked_at_zero.fresh);
+        let restarted_with_data = Observation {
+            role: Role::Primary,
+            keys: 3,
+            ..Observation::default()
+        };
+        assert!(!member_valkey(&restarted_with_data).fresh);
+        let empty_master = Observation {
+            role: Role::Primary,
+            ..Observation::default()
+        };
+        assert!(member_valkey(&empty_master).fresh);
+    }
+
+    #[test]
+    fn a_primary_reports_its_own_offset_and_a_loading_node_no_role() {
+        let primary = Observation {
+            role: Role::Primary,
+            repl_offset: 500,
+            keys: 1,
+            ..Observation::default()
+        };
+        assert_eq!(member_valkey(&primary).offset, 500);
+        let loading = Observation {
+            loading: true,
+            ..primary
+        };
+        assert_eq!(member_valkey(&loading).role, Role::Unknown);
+    }
+
+    fn valkey(role: Role, offset: u64, link_up: bool) -> MemberValkey {
+        MemberValkey {
+            role,
+            offset,
+            link_up,
+            fresh: false,
+        }
+    }
+
+    #[test]
+    fn only_the_recorded_primary_is_a_primary_for_the_planner() {
+        let record = ShardRecord::bootstrap("v-0-0");
+        let p = pod("v-0-0", None, "n1");
+        let v = valkey(Role::Primary, 90, false);
+        let m = plan_member("0", &p, Some(&v), Some(&record));
+        assert_eq!((m.id.as_str(), m.shard.as_str()), ("v-0-0", "0"));
+        assert_eq!(
+            (m.role, m.offset, m.health),
+            (Role::Primary, 90, NodeHealth::Online)
+        );
+        let stray = plan_member("0", &pod("v-0-2", None, "n1"), Some(&v), Some(&record));
+        assert_eq!(
+            (stray.role, stray.health),
+            (Role::Unknown, NodeHealth::Unknown)
+        );
+        let unrecorded = plan_member("0", &p, Some(&v), None);
+        assert_eq!(
+            unrecorded.role,
+            Role::Unknown,
+            "no record: no primary to move"
+        );
+    }
+
+    #[test]
+    fn a_replica_is_online_for_the_planner_only_with_its_link_up() {
+        let record = ShardRecord::bootstrap("v-0-0");
+        let p = pod("v-0-1", None, "n2");
+        let up = plan_member(
+            "0",
+            &p,
+            Some(&valkey(Role::Replica, 80, true)),
+            Some(&record),
+        );
+        assert_eq!((up.role, up.health), (Role::Replica, NodeHealth::Online));
+        let down = plan_member(
+            "0",
+            &p,
+            Some(&valkey(Role::Replica, 80, false)),
+            Some(&record),
+        );
+        assert_eq!(down.health, NodeHealth::Unknown);
+        let silent = plan_member("0", &p, None, Some(&record));
+        assert_eq!(
+            (silent.role, silent.health),
+            (Role::Unknown, NodeHealth::Unknown)
+        );
+        assert_eq!(silent.pod.map(|i| i.node), Some(Some("n2".to_owned())));
+    }
+
+    #[test]
+    fn a_shard_member_carries_its_node_facts() {
+        let nodes = BTreeMap::from([(
+            "n1".to_owned(),
+            NodeInfo {
+                zone: Some("zone-a".into()),
+                ready: true,
+                unschedulable: true,
+            },
+        )]);
+        let v = valkey(Role::Replica, 7, true);
+        let m = shard_member(&pod("v-0-1", None, "n1"), Some(&v), &nodes);
+        assert_eq!(m.pod, "v-0-1");
+        assert_eq!(m.zone.as_deref(), Some("zone-a"));
+        assert!(m.node_ready && !m.node_schedulable && !m.terminating);
+        assert_eq!(m.valkey, Some(v));
+        let lost = shard_member(&pod("v-0-2", None, "gone"), None, &nodes);
+        assert!(!lost.node_ready && !lost.node_schedulable && lost.zone.is_none());
     }
 }

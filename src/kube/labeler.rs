@@ -43,6 +43,30 @@ pub struct Labeler {
     pub state: watch::Receiver<HealthState>,
     pub placement: watch::Sender<Placement>,
     pub metrics: Arc<Metrics>,
+    /// Replication mode: whether the shard record lets this Valkey be primary now (the keeper
+    /// holds a valid renewal and has not fenced it). A master without it is labelled as unknown,
+    /// so a Service selecting the primary never routes to a fenced or superseded master.
+    pub claim: Option<watch::Receiver<bool>>,
+}
+
+/// Resolves when the claim changes; never without one.
+async fn claim_changed(claim: &mut Option<watch::Receiver<bool>>) {
+    match claim {
+        Some(rx) => {
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending::<()>().await,
+    }
+}
+
+/// The role the labels may claim: a primary only with the claim, when there is one to check.
+fn claimable(role: Role, claim: Option<&watch::Receiver<bool>>) -> Role {
+    match (role, claim) {
+        (Role::Primary, Some(rx)) if !*rx.borrow() => Role::Unknown,
+        _ => role,
+    }
 }
 
 /// What the labeler remembers between wake-ups.
@@ -110,6 +134,7 @@ impl Labeler {
             let retry = p.retry_at;
             tokio::select! {
                 changed = self.state.changed() => if changed.is_err() { return },
+                _ = claim_changed(&mut self.claim) => {},
                 Some(event) = pod_events.next() => if let Ok(pod) = event {
                     if !predates(&pod, p.written) {
                         p.current = labels_of(&pod.metadata);
@@ -181,7 +206,7 @@ impl Labeler {
     fn want(&self, p: &mut Progress) -> (BTreeMap<String, String>, Role) {
         let now = self.clock.now();
         let state = self.state.borrow();
-        let role = state.role(now, &self.bounds);
+        let role = claimable(state.role(now, &self.bounds), self.claim.as_ref());
         let observation = state.observation.as_ref().map(|(_, o)| o);
         let shard = match self.mode {
             Mode::Cluster => observation.and_then(|o| o.cluster.as_ref()?.shard_id.clone()),
@@ -324,6 +349,16 @@ mod tests {
         let mut p = Pod::default();
         p.metadata.resource_version = Some(version.into());
         p
+    }
+
+    #[test]
+    fn a_master_is_labelled_primary_only_with_the_claim() {
+        let (tx, rx) = watch::channel(false);
+        assert_eq!(claimable(Role::Primary, Some(&rx)), Role::Unknown);
+        assert_eq!(claimable(Role::Replica, Some(&rx)), Role::Replica);
+        assert_eq!(claimable(Role::Primary, None), Role::Primary);
+        tx.send_replace(true);
+        assert_eq!(claimable(Role::Primary, Some(&rx)), Role::Primary);
     }
 
     #[test]

@@ -101,8 +101,15 @@ impl Stage {
         for shard in 0..opts.shards {
             for member in 0..opts.members {
                 let pod = valkey_pod(&opts.template, shard, member)?;
-                let created = api.create(&PostParams::default(), &pod).await?;
-                self.pods.push(created.metadata.name.unwrap_or_default());
+                let name = pod.metadata.name.clone().unwrap_or_default();
+                match api.create(&PostParams::default(), &pod).await {
+                    Ok(_) => {}
+                    // The client retries a request the busy apiserver answered late; the
+                    // first attempt may have created the pod.
+                    Err(kube::Error::Api(e)) if e.code == 409 => {}
+                    Err(e) => return Err(e.into()),
+                }
+                self.pods.push(name);
             }
         }
         let addrs = wait_valkey_up(&api, &self.pods, Duration::from_secs(60)).await?;
@@ -252,7 +259,10 @@ async fn install_chart(plane: &ControlPlane, opts: &StageOptions) -> Result<()> 
     plane
         .kubectl(&["create", "namespace", &opts.namespace])
         .await?;
-    let chart = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../charts/valkey-sidecar");
+    let chart = std::env::var_os("VALKEY_TESTKIT_CHART").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../charts/valkey-sidecar"),
+        PathBuf::from,
+    );
     let sets = [
         format!("clusterName={}", opts.template.cluster),
         format!(
@@ -270,6 +280,11 @@ async fn install_chart(plane: &ControlPlane, opts: &StageOptions) -> Result<()> 
     ];
     for s in sets {
         args.extend(["--set".into(), s]);
+    }
+    // Only the agent's permissions: this stage brings its own bare Valkey pods, so the chart's
+    // workloads, Services and budgets stay out.
+    for t in ["templates/rbac.yaml", "templates/admission-policy.yaml"] {
+        args.extend(["--show-only".into(), t.into()]);
     }
     let out = std::process::Command::new(helm_bin()?)
         .args(&args)

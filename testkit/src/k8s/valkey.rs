@@ -42,6 +42,8 @@ pub struct ValkeyPodTemplate {
     /// Pod name → node: pins a pod with a `kubernetes.io/hostname` nodeSelector (the scheduler
     /// still binds it), for scenarios that need e.g. two primaries on one node.
     pub pinned: BTreeMap<String, String>,
+    /// Extra `valkey-server` arguments, e.g. `["--repl-diskless-sync-delay", "2"]`.
+    pub valkey_args: Vec<String>,
 }
 
 impl Default for ValkeyPodTemplate {
@@ -54,6 +56,7 @@ impl Default for ValkeyPodTemplate {
             sidecar_env: Vec::new(),
             termination_grace_seconds: 30,
             pinned: BTreeMap::new(),
+            valkey_args: Vec::new(),
         }
     }
 }
@@ -91,6 +94,7 @@ pub fn valkey_pod(t: &ValkeyPodTemplate, shard: usize, member: usize) -> Result<
             t.cluster_node_timeout_ms.to_string(),
         ]);
     }
+    args.extend(t.valkey_args.iter().cloned());
     let shard_s = shard.to_string();
     let same_shard =
         json!({ "matchLabels": { CLUSTER_LABEL: t.cluster, SHARD_INDEX_LABEL: shard_s } });

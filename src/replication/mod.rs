@@ -1,0 +1,585 @@
+//! Replication mode, the agent's own part: the *keeper* holds its shard's primary record while its
+//! Valkey is the recorded primary, fences its Valkey (`CLIENT PAUSE … WRITE`) when it cannot
+//! renew in time, releases the record when its Valkey is gone, and points its Valkey at the
+//! recorded primary otherwise. Every decision is `core::replication::local`; this module reads the
+//! record, observes, and carries the decision out.
+//!
+//! Promotions are not here: only the coordinator (the cluster Lease holder) promotes.
+
+mod commands;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use tokio::sync::watch;
+use valkey_sidecar_core::health::{Bounds, HealthState};
+use valkey_sidecar_core::lease::LeaseTimings;
+use valkey_sidecar_core::observation::{Observation, Role};
+use valkey_sidecar_core::replication::{
+    Holding, LocalAction, LocalRole, LocalValkey, LocalView, SeenRecord, ShardRecord, local,
+};
+use valkey_sidecar_core::time::Millis;
+
+use crate::clock::Clock;
+use crate::kube::KubeError;
+use crate::kube::shard_lease::ShardLeaseClient;
+use crate::metrics::Metrics;
+use crate::valkey::{Connector, Session};
+
+/// The static shard label the chart (and valkey-operator) sets on every pod.
+pub const SHARD_INDEX_LABEL: &str = "valkey.io/shard-index";
+/// valkey-operator's node index (0 = the intended primary).
+pub const NODE_INDEX_LABEL: &str = "valkey.io/node-index";
+
+/// Everything the keeper needs.
+pub struct Keeper {
+    pub client: kube::Client,
+    pub namespace: String,
+    pub pod: String,
+    pub cluster: String,
+    /// Selects the cluster's pods (to look for a master with data before bootstrapping).
+    pub selector: String,
+    pub timings: LeaseTimings,
+    pub clock: Clock,
+    pub bounds: Bounds,
+    pub state: watch::Receiver<HealthState>,
+    /// The local Valkey; its port is every pod's Valkey port.
+    pub connector: Connector,
+    pub poll: Duration,
+    pub metrics: Arc<Metrics>,
+    /// Whether this agent holds a valid renewal of a record naming it: the labeler and `/primary`
+    /// claim `primary` only then, so a fenced master is never advertised.
+    pub holding: watch::Sender<bool>,
+}
+
+/// How long a looked-up primary address is trusted.
+const ADDR_REFRESH_MS: u64 = 10_000;
+
+/// Where this pod sits, from its own labels.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Seat {
+    shard: String,
+    node_index: Option<u32>,
+}
+
+/// What the keeper remembers between steps.
+#[derive(Default)]
+struct Memory {
+    seen: Option<SeenRecord>,
+    holding: Option<Holding>,
+    fenced_until: Option<Millis>,
+    /// The local role and run as last observed, and since when.
+    role: Option<(LocalRole, String, Millis)>,
+    /// The current Valkey run, and whether its data is untrusted: the run started empty, or
+    /// started while this agent watched (a restart), and has not completed a sync as a replica
+    /// since. Sticky for the run otherwise: a primary restarted
+    /// without its data takes client writes and gains replicas within a second (they full-sync
+    /// from it), after which it no longer *looks* empty — but it still is not the primary whose
+    /// data the shard has. A restart with persistence costs a failover; that is the safe side.
+    run: Option<(String, bool)>,
+    /// Pod name → (`ip:port`, when looked up), for the recorded primary.
+    addrs: BTreeMap<String, (String, Millis)>,
+    force_read: bool,
+    last_reason: String,
+}
+
+impl Keeper {
+    /// Runs until shutdown; on the way out a holder fences its Valkey and releases the record, so
+    /// the coordinator can promote at once instead of waiting for the record to expire.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        let Some(seat) = self.seat(&mut shutdown).await else {
+            return;
+        };
+        let name = ShardRecord::lease_name(&self.cluster, &seat.shard);
+        let lease_timeout = Duration::from_millis(self.timings.retry_ms.max(500));
+        let lease = Duration::from_millis(self.timings.lease_ms);
+        let records = ShardLeaseClient::new(
+            self.client.clone(),
+            &self.namespace,
+            &name,
+            lease_timeout,
+            lease,
+        );
+        tracing::info!(shard = %seat.shard, lease = %name, "replication keeper started");
+        let mut session = Session::new(self.connector.clone());
+        let mut memory = Memory::default();
+        loop {
+            let wake = self.next_wake(&memory);
+            tokio::select! {
+                _ = tokio::time::sleep(wake) => {}
+                _ = shutdown.changed() => break,
+            }
+            self.step(&seat, &records, &mut session, &mut memory).await;
+        }
+        self.stop(&records, &mut session, &mut memory).await;
+    }
+
+    /// The pod's shard and node index; retried until the API answers (or shutdown).
+    async fn seat(&self, shutdown: &mut watch::Receiver<bool>) -> Option<Seat> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        let mut wait =
+            crate::retry::exponential(Duration::from_millis(200), Duration::from_secs(5));
+        loop {
+            match tokio::time::timeout(Duration::from_secs(5), pods.get(&self.pod)).await {
+                Ok(Ok(pod)) => return Some(seat_of(&pod)),
+                Ok(Err(e)) => tracing::warn!(error = %e, "cannot read my own pod; retrying"),
+                Err(_) => tracing::warn!("reading my own pod timed out; retrying"),
+            }
+            let delay = wait.next().unwrap_or(Duration::from_secs(5));
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = shutdown.changed() => return None,
+            }
+        }
+    }
+
+    /// The next poll, or the holding's deadline if that comes first: the fence must land on time.
+    fn next_wake(&self, memory: &Memory) -> Duration {
+        let now = self.clock.now();
+        let deadline = memory
+            .holding
+            .as_ref()
+            .map(|h| h.deadline(&self.timings))
+            .filter(|d| *d > now);
+        let poll = u64::try_from(self.poll.as_millis()).unwrap_or(u64::MAX);
+        Duration::from_millis(deadline.map_or(poll, |d| d.since(now).min(poll)))
+    }
+
+    /// Observe, read the record when due, decide, act — and decide again right after acting
+    /// (a fence is followed by a late renewal, which is followed by lifting the fence).
+    async fn step(
+        &self,
+        seat: &Seat,
+        records: &ShardLeaseClient,
+        session: &mut Session,
+        memory: &mut Memory,
+    ) {
+        // First, with what is known and no API call: a fence due now must not wait behind a
+        // request to an apiserver that may not answer.
+        self.fence_first(seat, session, memory).await;
+        for _ in 0..3 {
+            let valkey = self.local_valkey(memory);
+            self.read_if_due(records, valkey.as_ref(), memory).await;
+            self.resolve_primary(memory).await;
+            let other_master = self.other_master(seat, memory).await;
+            let view = self.view(seat, valkey, memory, other_master);
+            let action = local(&view);
+            self.log(&action, memory);
+            let acted = self.act(action, &view, records, session, memory).await;
+            self.publish(&view, memory);
+            if !acted {
+                break;
+            }
+        }
+    }
+
+    async fn fence_first(&self, seat: &Seat, session: &mut Session, memory: &mut Memory) {
+        let valkey = self.local_valkey(memory);
+        let view = self.view(seat, valkey, memory, false);
+        if let action @ LocalAction::Fence { until, .. } = local(&view) {
+            self.log(&action, memory);
+            commands::fence(session, until.since(view.now), memory, until).await;
+            self.publish(&view, memory);
+        }
+    }
+
+    fn view(
+        &self,
+        seat: &Seat,
+        valkey: Option<LocalValkey>,
+        memory: &Memory,
+        other_master: bool,
+    ) -> LocalView {
+        let primary = memory
+            .seen
+            .as_ref()
+            .and_then(|s| s.record.as_ref())
+            .and_then(|r| r.recorded_primary().map(str::to_owned));
+        LocalView {
+            now: self.clock.now(),
+            me: self.pod.clone(),
+            node_index: seat.node_index,
+            timings: self.timings,
+            valkey,
+            record: memory.seen.clone(),
+            holding: memory.holding.clone(),
+            fenced_until: memory.fenced_until,
+            primary_addr: primary.and_then(|p| memory.addrs.get(&p).map(|(a, _)| a.clone())),
+            other_master,
+        }
+    }
+
+    /// The local Valkey from the latest fresh observation; `None` while it does not answer or
+    /// loads. Tracks since when its role (and primary) and run have been what they are.
+    fn local_valkey(&self, memory: &mut Memory) -> Option<LocalValkey> {
+        let now = self.clock.now();
+        let obs = self.state.borrow().current(now, &self.bounds).cloned()?;
+        if obs.loading {
+            return None;
+        }
+        let role = local_role(&obs)?;
+        let run_id = obs.run_id.clone().unwrap_or_default();
+        let since = match &memory.role {
+            Some((r, id, since)) if *r == role && *id == run_id => *since,
+            _ => now,
+        };
+        memory.role = Some((role.clone(), run_id.clone(), since));
+        let untrusted = match &memory.run {
+            Some((id, untrusted)) if *id == run_id => *untrusted,
+            // Restarted under this agent: whatever it holds now came after the restart.
+            Some(_) => true,
+            None => obs.fresh(),
+        };
+        // A completed sync as a replica replaces its data with the shard's: trusted from then on.
+        let untrusted = untrusted && !obs.link.as_ref().is_some_and(|l| l.ever_up);
+        memory.run = Some((run_id.clone(), untrusted));
+        // Only a master is judged by how its run started; a replica that synced is not empty.
+        let fresh = obs.fresh() || (role == LocalRole::Primary && untrusted);
+        Some(LocalValkey {
+            role,
+            fresh,
+            run_id,
+            since,
+        })
+    }
+
+    /// Reads the record every retry period, at once when the local role changed since the last
+    /// read, and after a refused write.
+    async fn read_if_due(
+        &self,
+        records: &ShardLeaseClient,
+        valkey: Option<&LocalValkey>,
+        memory: &mut Memory,
+    ) {
+        let now = self.clock.now();
+        let due = match &memory.seen {
+            None => true,
+            Some(s) => {
+                memory.force_read
+                    || now.since(s.read_at) >= self.timings.retry_ms
+                    || valkey.is_some_and(|v| v.since > s.read_at)
+            }
+        };
+        if !due {
+            return;
+        }
+        match records.read().await {
+            Ok(record) => {
+                memory.force_read = false;
+                seen(memory, record, now);
+            }
+            Err(e) => self.api_error("read", &e),
+        }
+    }
+
+    /// The address of the recorded primary: looked up when unknown and again every
+    /// [`ADDR_REFRESH_MS`] (a recreated pod keeps its name but gets a new IP).
+    async fn resolve_primary(&self, memory: &mut Memory) {
+        let Some(primary) = memory
+            .seen
+            .as_ref()
+            .and_then(|s| s.record.as_ref())
+            .and_then(|r| r.recorded_primary().map(str::to_owned))
+        else {
+            return;
+        };
+        let now = self.clock.now();
+        let fresh = |(_, at): &(String, Millis)| now.since(*at) < ADDR_REFRESH_MS;
+        if memory.addrs.get(&primary).is_some_and(fresh) {
+            return;
+        }
+        match self.pod_ip(&primary).await {
+            Ok(Some(ip)) => {
+                let addr = format!("{ip}:{}", self.connector.port);
+                memory.addrs.insert(primary, (addr, now));
+            }
+            Ok(None) => {
+                memory.addrs.remove(&primary);
+            }
+            Err(e) => self.api_error("read", &e),
+        }
+    }
+
+    async fn pod_ip(&self, pod: &str) -> Result<Option<String>, KubeError> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        let limit = Duration::from_millis(self.timings.retry_ms.max(500));
+        let got = tokio::time::timeout(limit, pods.get_opt(pod))
+            .await
+            .map_err(|_| KubeError::Timeout(limit))??;
+        Ok(got.and_then(|p| p.status?.pod_ip))
+    }
+
+    /// Only when no record exists (bootstrap): whether another pod of the shard runs a master
+    /// holding data, in which case nobody may bootstrap over it.
+    async fn other_master(&self, seat: &Seat, memory: &Memory) -> bool {
+        let absent = memory.seen.as_ref().is_some_and(|s| s.record.is_none());
+        if !absent {
+            return false;
+        }
+        commands::other_master_with_data(self, &seat.shard).await
+    }
+
+    async fn act(
+        &self,
+        action: LocalAction,
+        view: &LocalView,
+        records: &ShardLeaseClient,
+        session: &mut Session,
+        memory: &mut Memory,
+    ) -> bool {
+        match action {
+            LocalAction::Renew { .. } => self.renew(view, records, memory).await,
+            LocalAction::Bootstrap { .. } => {
+                let rec = ShardRecord::bootstrap(&self.pod);
+                self.write_holding(&rec, view, records, memory).await
+            }
+            LocalAction::Release { .. } => {
+                let answering = view.valkey.is_some();
+                self.release(records, session, memory, answering).await
+            }
+            LocalAction::Fence { until, .. } => {
+                commands::fence(session, until.since(view.now), memory, until).await
+            }
+            LocalAction::Unfence { .. } => commands::unfence(session, memory).await,
+            LocalAction::Demote { to, .. } | LocalAction::Rejoin { to, .. } => {
+                commands::replicate(session, &to, true, memory).await
+            }
+            LocalAction::Repoint { to, .. } => {
+                commands::replicate(session, &to, false, memory).await
+            }
+            LocalAction::Wait { .. } | LocalAction::Nothing { .. } => false,
+        }
+    }
+
+    async fn renew(
+        &self,
+        view: &LocalView,
+        records: &ShardLeaseClient,
+        memory: &mut Memory,
+    ) -> bool {
+        let Some(rec) = memory.seen.as_ref().and_then(|s| s.record.clone()) else {
+            return false;
+        };
+        self.write_holding(&rec, view, records, memory).await
+    }
+
+    /// Writes a record naming us; on success our holding counts from the write's *send* time.
+    async fn write_holding(
+        &self,
+        rec: &ShardRecord,
+        view: &LocalView,
+        records: &ShardLeaseClient,
+        memory: &mut Memory,
+    ) -> bool {
+        let sent = self.clock.now();
+        match records.write(rec).await {
+            Ok(written) => {
+                let run_id = view.valkey.as_ref().map(|v| v.run_id.clone());
+                memory.holding = Some(Holding {
+                    epoch: written.epoch,
+                    renewed_at: sent,
+                    run_id: run_id.unwrap_or_default(),
+                });
+                seen(memory, Some(written), sent);
+                self.metrics.shard_record("ok");
+                true
+            }
+            Err(e) => {
+                self.api_error("write", &e);
+                memory.force_read = true;
+                false
+            }
+        }
+    }
+
+    async fn release(
+        &self,
+        records: &ShardLeaseClient,
+        session: &mut Session,
+        memory: &mut Memory,
+        answering: bool,
+    ) -> bool {
+        let Some(rec) = memory.seen.as_ref().and_then(|s| s.record.clone()) else {
+            return false;
+        };
+        // Writes stop before the record says anyone else may be primary (skipped when Valkey
+        // does not answer: nothing to fence, and the attempt would only delay the release).
+        if answering {
+            let until = self.clock.now().plus(self.timings.lease_ms);
+            commands::fence(session, self.timings.lease_ms, memory, until).await;
+        }
+        let sent = self.clock.now();
+        match records.write(&rec.released()).await {
+            Ok(written) => {
+                memory.holding = None;
+                seen(memory, Some(written), sent);
+                self.metrics.shard_record("ok");
+                true
+            }
+            Err(e) => {
+                self.api_error("write", &e);
+                memory.force_read = true;
+                false
+            }
+        }
+    }
+
+    /// Tells the labeler and the endpoints whether Valkey may be advertised as primary.
+    fn publish(&self, view: &LocalView, memory: &Memory) {
+        let valid = memory.holding.as_ref().is_some_and(|h| {
+            view.now < h.deadline(&self.timings)
+                && view.valkey.as_ref().is_some_and(|v| v.run_id == h.run_id)
+        }) && memory.fenced_until.is_none();
+        self.holding
+            .send_if_modified(|h| std::mem::replace(h, valid) != valid);
+    }
+
+    fn log(&self, action: &LocalAction, memory: &mut Memory) {
+        let reason = action.reason();
+        if reason != memory.last_reason {
+            tracing::info!(action = kind_of(action), %reason, "replication");
+            memory.last_reason = reason.to_owned();
+        }
+    }
+
+    fn api_error(&self, op: &'static str, e: &KubeError) {
+        tracing::warn!(op, error = %e, "shard record");
+        self.metrics.shard_record(e.kind());
+    }
+
+    /// Graceful stop: a holder pauses writes and releases, so a successor can be promoted now.
+    async fn stop(&self, records: &ShardLeaseClient, session: &mut Session, memory: &mut Memory) {
+        if memory.holding.is_none() {
+            return;
+        }
+        if self.release(records, session, memory, true).await {
+            tracing::info!("released the shard record on shutdown");
+        }
+    }
+}
+
+/// Records a read (or our own write) made at `at`.
+fn seen(memory: &mut Memory, record: Option<ShardRecord>, at: Millis) {
+    let same = memory.seen.as_ref().is_some_and(|s| {
+        s.record.as_ref().map(|r| &r.version) == record.as_ref().map(|r| &r.version)
+    });
+    let changed_at = match &memory.seen {
+        Some(s) if same => s.changed_at,
+        _ => at,
+    };
+    memory.seen = Some(SeenRecord {
+        record,
+        read_at: at,
+        changed_at,
+    });
+}
+
+fn seat_of(pod: &Pod) -> Seat {
+    let labels = pod.metadata.labels.clone().unwrap_or_default();
+    Seat {
+        shard: labels
+            .get(SHARD_INDEX_LABEL)
+            .cloned()
+            .unwrap_or_else(|| "0".into()),
+        node_index: labels.get(NODE_INDEX_LABEL).and_then(|v| v.parse().ok()),
+    }
+}
+
+fn local_role(obs: &Observation) -> Option<LocalRole> {
+    match obs.role {
+        Role::Primary => Some(LocalRole::Primary),
+        Role::Replica => {
+            let link = obs.link.as_ref()?;
+            Some(LocalRole::Replica {
+                of: format!("{}:{}", link.host, link.port),
+            })
+        }
+        Role::Unknown => None,
+    }
+}
+
+fn kind_of(action: &LocalAction) -> &'static str {
+    match action {
+        LocalAction::Renew { .. } => "renew",
+        LocalAction::Fence { .. } => "fence",
+        LocalAction::Unfence { .. } => "unfence",
+        LocalAction::Release { .. } => "release",
+        LocalAction::Demote { .. } => "demote",
+        LocalAction::Rejoin { .. } => "rejoin",
+        LocalAction::Repoint { .. } => "repoint",
+        LocalAction::Bootstrap { .. } => "bootstrap",
+        LocalAction::Wait { .. } => "wait",
+        LocalAction::Nothing { .. } => "nothing",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use valkey_sidecar_core::observation::PrimaryLink;
+
+    #[test]
+    fn the_seat_comes_from_the_static_labels_with_shard_0_by_default() {
+        let mut pod = Pod::default();
+        assert_eq!(seat_of(&pod).shard, "0");
+        pod.metadata.labels = Some(BTreeMap::from([
+            (SHARD_INDEX_LABEL.to_owned(), "2".to_owned()),
+            (NODE_INDEX_LABEL.to_owned(), "0".to_owned()),
+        ]));
+        assert_eq!(
+            seat_of(&pod),
+            Seat {
+                shard: "2".into(),
+                node_index: Some(0)
+            }
+        );
+    }
+
+    #[test]
+    fn a_replica_is_fresh_only_without_keys_and_offset() {
+        let mut obs = Observation {
+            role: Role::Replica,
+            link: Some(PrimaryLink {
+                host: "127.1.0.2".into(),
+                port: 6379,
+                ..PrimaryLink::default()
+            }),
+            ..Observation::default()
+        };
+        assert!(obs.fresh());
+        assert_eq!(
+            local_role(&obs),
+            Some(LocalRole::Replica {
+                of: "127.1.0.2:6379".into()
+            })
+        );
+        if let Some(l) = obs.link.as_mut() {
+            l.offset = 10;
+        }
+        assert!(!obs.fresh());
+        let primary = Observation {
+            role: Role::Primary,
+            keys: 1,
+            ..Observation::default()
+        };
+        assert!(!primary.fresh());
+    }
+
+    #[test]
+    fn a_read_of_the_same_version_keeps_when_it_changed() {
+        let mut m = Memory::default();
+        let rec = |v: &str| ShardRecord {
+            version: v.into(),
+            ..ShardRecord::default()
+        };
+        seen(&mut m, Some(rec("1")), Millis(10));
+        seen(&mut m, Some(rec("1")), Millis(20));
+        let s = m.seen.clone().unwrap();
+        assert_eq!((s.read_at, s.changed_at), (Millis(20), Millis(10)));
+        seen(&mut m, Some(rec("2")), Millis(30));
+        assert_eq!(m.seen.unwrap().changed_at, Millis(30));
+    }
+}

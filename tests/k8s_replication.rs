@@ -1,0 +1,340 @@
+//! Replication mode end to end (Valkey without Cluster): the agents bootstrap a shard's primary
+//! record, point the replicas at the recorded primary, and a primary whose agent cannot renew
+//! the record fences its own Valkey before anyone could take over.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+use valkey_sidecar_testkit::k8s::valkey::cmd;
+use valkey_sidecar_testkit::k8s::writer::{Writer, lost};
+use valkey_sidecar_testkit::k8s::{ROLE_LABEL, Stage, StageOptions, poll_until};
+use valkey_sidecar_testkit::redis;
+
+const SECOND: Duration = Duration::from_secs(1);
+
+/// One shard of three pods in replication mode, agents with the coordinator on.
+async fn replication_stage(namespace: &str, env: &[(&str, &str)]) -> Stage {
+    let mut o = StageOptions {
+        namespace: namespace.into(),
+        shards: 1,
+        members: 3,
+        form_cluster: false,
+        ..StageOptions::default()
+    };
+    o.template.mode = "replication".into();
+    // Valkey's default is 5 s; the harness sets 0 for speed. Without persistence a primary that
+    // restarts empty must not stream its empty dataset to the replicas before its agent has
+    // released the record (one poll) and the coordinator has promoted a replica (one round).
+    o.template.valkey_args = vec!["--repl-diskless-sync-delay".into(), "2".into()];
+    o.kubelet = o.kubelet.sidecar_bin(env!("CARGO_BIN_EXE_valkey-sidecar"));
+    let env = [("SIDECAR_CLUSTER_NAME", "valkey")].iter().chain(env);
+    o.template.sidecar_env = env.map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    Stage::start(o).await.unwrap()
+}
+
+/// The shard record: (holder, epoch annotation).
+async fn record(s: &Stage) -> Option<(Option<String>, String)> {
+    let leases: Api<Lease> = Api::namespaced(s.plane.client(), &s.namespace);
+    let lease = leases.get_opt("valkey-0-primary").await.ok()??;
+    let epoch = lease
+        .metadata
+        .annotations
+        .and_then(|a| a.get("valkey.io/epoch").cloned())
+        .unwrap_or_default();
+    Some((lease.spec?.holder_identity.filter(|h| !h.is_empty()), epoch))
+}
+
+/// Whether `pod`'s Valkey replicates from `primary`'s with the link up.
+fn follows(s: &Stage, pod: &str, primary: &str) -> bool {
+    let Ok(redis::Value::Array(items)) = cmd(s.valkey(pod).unwrap(), &["ROLE"]) else {
+        return false;
+    };
+    let host = match items.get(1) {
+        Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+        _ => return false,
+    };
+    let state = match items.get(3) {
+        Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+        _ => return false,
+    };
+    host == s.valkey(primary).unwrap().ip().to_string() && state == "connected"
+}
+
+async fn role_label(s: &Stage, pod: &str) -> Option<String> {
+    s.labels(pod).await.ok()?.get(ROLE_LABEL).cloned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_intended_primary_bootstraps_the_record_and_the_others_follow_it() {
+    let s = replication_stage("repl-bootstrap", &[]).await;
+    poll_until(
+        "valkey-0-0 holds the record at epoch 1",
+        20 * SECOND,
+        Duration::from_millis(50),
+        || async { Ok(record(&s).await == Some((Some("valkey-0-0".into()), "1".into()))) },
+    )
+    .await
+    .unwrap();
+    poll_until(
+        "the others replicate from valkey-0-0",
+        30 * SECOND,
+        Duration::from_millis(50),
+        || async {
+            Ok(follows(&s, "valkey-0-1", "valkey-0-0") && follows(&s, "valkey-0-2", "valkey-0-0"))
+        },
+    )
+    .await
+    .unwrap();
+    poll_until(
+        "labels say so",
+        10 * SECOND,
+        Duration::from_millis(50),
+        || async {
+            Ok(
+                role_label(&s, "valkey-0-0").await.as_deref() == Some("primary")
+                    && role_label(&s, "valkey-0-1").await.as_deref() == Some("replica")
+                    && role_label(&s, "valkey-0-2").await.as_deref() == Some("replica"),
+            )
+        },
+    )
+    .await
+    .unwrap();
+    // The primary takes writes; nobody else is a writable master.
+    cmd(s.valkey("valkey-0-0").unwrap(), &["SET", "k", "v"]).unwrap();
+    assert!(cmd(s.valkey("valkey-0-1").unwrap(), &["SET", "k", "v"]).is_err());
+}
+
+/// Whether a write to `pod` is acknowledged within `limit` (a fenced primary blocks it).
+fn write_acked(s: &Stage, pod: &str, limit: Duration) -> bool {
+    let addr = s.valkey(pod).unwrap();
+    let client = redis::Client::open(format!("redis://{addr}")).unwrap();
+    let Ok(mut c) = client.get_connection_with_timeout(limit) else {
+        return false;
+    };
+    c.set_read_timeout(Some(limit)).unwrap();
+    redis::cmd("SET")
+        .arg("probe")
+        .arg(1)
+        .query::<()>(&mut c)
+        .is_ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_that_cannot_renew_fences_itself_before_the_record_expires() {
+    let lease = [
+        ("SIDECAR_LEASE_DURATION", "6s"),
+        ("SIDECAR_LEASE_RENEW_DEADLINE", "4s"),
+        ("SIDECAR_LEASE_RETRY_PERIOD", "1s"),
+    ];
+    let s = replication_stage("repl-fence", &lease).await;
+    poll_until(
+        "bootstrapped and writable",
+        30 * SECOND,
+        Duration::from_millis(100),
+        || async { Ok(write_acked(&s, "valkey-0-0", SECOND)) },
+    )
+    .await
+    .unwrap();
+    s.signal_apiserver("STOP").unwrap();
+    let frozen = Instant::now();
+    // Writes go on until the renew deadline (≤ 4 s after the last renewal), then stop.
+    let mut last_ack = frozen;
+    while frozen.elapsed() < 7 * SECOND {
+        if write_acked(&s, "valkey-0-0", Duration::from_millis(200)) {
+            last_ack = Instant::now();
+        }
+    }
+    let fenced_after = last_ack - frozen;
+    s.signal_apiserver("CONT").unwrap();
+    let thawed = Instant::now();
+    poll_until(
+        "writes resume after a late renewal",
+        20 * SECOND,
+        Duration::from_millis(100),
+        || async { Ok(write_acked(&s, "valkey-0-0", SECOND)) },
+    )
+    .await
+    .unwrap();
+    println!(
+        "apiserver frozen: last acknowledged write {fenced_after:?} after the freeze (renew deadline 4 s, lease 6 s); writable again {:?} after it resumed",
+        thawed.elapsed()
+    );
+    assert!(
+        fenced_after < 4 * SECOND + Duration::from_millis(300),
+        "the primary took writes past its renew deadline: {fenced_after:?}"
+    );
+}
+
+/// Waits until the shard is bootstrapped: valkey-0-0 primary on record, the others following it.
+async fn bootstrapped(s: &Stage) {
+    poll_until(
+        "bootstrapped: the others follow valkey-0-0",
+        30 * SECOND,
+        Duration::from_millis(50),
+        || async {
+            Ok(
+                record(s).await == Some((Some("valkey-0-0".into()), "1".into()))
+                    && follows(s, "valkey-0-1", "valkey-0-0")
+                    && follows(s, "valkey-0-2", "valkey-0-0"),
+            )
+        },
+    )
+    .await
+    .unwrap();
+}
+
+/// The pods whose Valkey takes a write now.
+fn writable(s: &Stage) -> Vec<String> {
+    s.pods
+        .iter()
+        .filter(|p| write_acked(s, p, Duration::from_millis(300)))
+        .cloned()
+        .collect()
+}
+
+/// Waits until some pod other than `old` takes writes and carries the `primary` label; returns it.
+async fn new_primary(s: &Stage, old: &str, timeout: Duration) -> String {
+    let found = std::sync::Mutex::new(None);
+    let found_ok = poll_until(
+        "a new writable, labelled primary",
+        timeout,
+        Duration::from_millis(10),
+        || async {
+            for p in s.pods.iter().filter(|p| *p != old) {
+                if write_acked(s, p, Duration::from_millis(100))
+                    && role_label(s, p).await.as_deref() == Some("primary")
+                {
+                    *found.lock().unwrap() = Some(p.clone());
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        },
+    )
+    .await;
+    if let Err(e) = &found_ok {
+        for p in &s.pods {
+            println!(
+                "{p}: role {:?}, label {:?}, takes writes {}",
+                s.role(p),
+                role_label(s, p).await,
+                write_acked(s, p, Duration::from_millis(100))
+            );
+        }
+        panic!("{e:#}; record {:?}", record(s).await);
+    }
+    found.into_inner().unwrap().unwrap()
+}
+
+fn addrs(s: &Stage) -> Vec<std::net::SocketAddr> {
+    s.pods.iter().map(|p| s.valkey(p).unwrap()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_primary_is_replaced_and_rejoins_as_a_replica() {
+    let s = replication_stage("repl-kill", &[]).await;
+    bootstrapped(&s).await;
+    let writer = Writer::start(addrs(&s), "w".into());
+    tokio::time::sleep(SECOND).await;
+    let killed = Instant::now();
+    s.kubelet
+        .crash_container(&s.namespace, "valkey-0-0", "valkey")
+        .unwrap();
+    let promoted = new_primary(&s, "valkey-0-0", 20 * SECOND).await;
+    let took = killed.elapsed();
+    poll_until(
+        "the old primary rejoins as a replica of the new one",
+        30 * SECOND,
+        Duration::from_millis(50),
+        || async {
+            Ok(follows(&s, "valkey-0-0", &promoted)
+                && role_label(&s, "valkey-0-0").await.as_deref() == Some("replica"))
+        },
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(SECOND).await;
+    let w = writer.stop().unwrap();
+    let missing = lost(s.valkey(&promoted).unwrap(), "w", &w.acked).unwrap();
+    println!(
+        "primary Valkey killed (agent alive): {promoted} writable and labelled primary after {took:?}; writer: {} acknowledged, {missing} lost (async replication), longest pause {:?}; record {:?}",
+        w.acked.len(),
+        w.longest_pause,
+        record(&s).await
+    );
+    assert_eq!(
+        writable(&s),
+        vec![promoted.clone()],
+        "exactly one writable primary"
+    );
+    assert_eq!(record(&s).await, Some((Some(promoted), "2".into())));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_primary_pod_is_replaced_after_the_lease_expires() {
+    let lease = [
+        ("SIDECAR_LEASE_DURATION", "4s"),
+        ("SIDECAR_LEASE_RENEW_DEADLINE", "3s"),
+        ("SIDECAR_LEASE_RETRY_PERIOD", "1s"),
+    ];
+    let s = replication_stage("repl-cut", &lease).await;
+    bootstrapped(&s).await;
+    let node = s.node_of("valkey-0-0").await.unwrap();
+    let cut = Instant::now();
+    // The node dies with the pod: Valkey and its agent are gone, nobody releases the record.
+    s.kubelet.cut_node(&node).unwrap();
+    let promoted = new_primary(&s, "valkey-0-0", 30 * SECOND).await;
+    let took = cut.elapsed();
+    println!(
+        "primary pod's node cut: {promoted} writable and labelled primary after {took:?} (lease 4 s); record {:?}",
+        record(&s).await
+    );
+    assert!(
+        took >= 3 * SECOND,
+        "promoted before the record could expire: {took:?}"
+    );
+    assert_eq!(writable(&s), vec![promoted.clone()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_the_primary_pod_switches_over_without_losing_a_write() {
+    let s = replication_stage("repl-switch", &[]).await;
+    bootstrapped(&s).await;
+    let writer = Writer::start(addrs(&s), "w".into());
+    tokio::time::sleep(SECOND).await;
+    let deleted = Instant::now();
+    s.api()
+        .delete("valkey-0-0", &Default::default())
+        .await
+        .unwrap();
+    let promoted = new_primary(&s, "valkey-0-0", 20 * SECOND).await;
+    let took = deleted.elapsed();
+    poll_until(
+        "the deleted pod is gone",
+        40 * SECOND,
+        Duration::from_millis(20),
+        || async { Ok(s.api().get_opt("valkey-0-0").await?.is_none()) },
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(SECOND).await;
+    let w = writer.stop().unwrap();
+    let missing = lost(s.valkey(&promoted).unwrap(), "w", &w.acked).unwrap();
+    let hooks: Vec<_> = s
+        .kubelet
+        .hook_runs()
+        .into_iter()
+        .filter(|h| h.pod == "valkey-0-0")
+        .map(|h| (h.container, h.result, h.took))
+        .collect();
+    println!(
+        "primary pod deleted: {promoted} writable and labelled after {took:?}; preStop {hooks:?}; writer: {} acknowledged, {missing} lost, longest pause {:?}",
+        w.acked.len(),
+        w.longest_pause
+    );
+    assert_eq!(missing, 0, "a planned switchover lost acknowledged writes");
+    assert!(w.acked.len() > 100);
+    assert!(hooks.iter().all(|(_, r, _)| r.as_deref() == Ok("HTTP 200")));
+}

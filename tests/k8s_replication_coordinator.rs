@@ -1,0 +1,144 @@
+//! The coordinator in replication mode end to end: what it costs the apiserver while the shard
+//! is calm, and a planned hand-over when the primary's node is cordoned (a switchover: pause,
+//! catch-up, record, promote, repoint) with a writer checking every acknowledged write.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+use valkey_sidecar_testkit::k8s::valkey::cmd;
+use valkey_sidecar_testkit::k8s::writer::{Writer, lost};
+use valkey_sidecar_testkit::k8s::{Stage, StageOptions, http_get, poll_until};
+use valkey_sidecar_testkit::redis;
+
+const SECOND: Duration = Duration::from_secs(1);
+
+/// One shard of three pods in replication mode; the agents run the keeper and the coordinator.
+async fn replication_stage(namespace: &str) -> Stage {
+    let mut o = StageOptions {
+        namespace: namespace.into(),
+        shards: 1,
+        members: 3,
+        form_cluster: false,
+        ..StageOptions::default()
+    };
+    o.template.mode = "replication".into();
+    o.kubelet = o.kubelet.sidecar_bin(env!("CARGO_BIN_EXE_valkey-sidecar"));
+    o.template.sidecar_env = vec![("SIDECAR_CLUSTER_NAME".into(), "valkey".into())];
+    Stage::start(o).await.unwrap()
+}
+
+async fn lease(s: &Stage, name: &str) -> Option<Lease> {
+    let leases: Api<Lease> = Api::namespaced(s.plane.client(), &s.namespace);
+    leases.get_opt(name).await.ok()?
+}
+
+/// The shard record: holder and epoch.
+async fn record(s: &Stage) -> Option<(String, String)> {
+    let l = lease(s, "valkey-0-primary").await?;
+    let epoch = l.metadata.annotations?.get("valkey.io/epoch")?.clone();
+    Some((l.spec?.holder_identity?, epoch))
+}
+
+/// `ROLE` of `pod`'s Valkey: `master`, or `slave` with the port of its primary's host.
+fn role(s: &Stage, pod: &str) -> Option<(String, String)> {
+    let redis::Value::Array(items) = cmd(s.valkey(pod).ok()?, &["ROLE"]).ok()? else {
+        return None;
+    };
+    let text = |v: Option<&redis::Value>| match v {
+        Some(redis::Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+        _ => None,
+    };
+    Some((text(items.first())?, text(items.get(1)).unwrap_or_default()))
+}
+
+/// The record names `primary`, its Valkey is master, the others replicate from it.
+fn led_by(s: &Stage, primary: &str) -> bool {
+    let ip = s.valkey(primary).unwrap().ip().to_string();
+    let others = s.pods.iter().filter(|p| *p != primary);
+    role(s, primary).is_some_and(|(r, _)| r == "master")
+        && others
+            .clone()
+            .all(|p| role(s, p) == Some(("slave".into(), ip.clone())))
+}
+
+/// The coordinator's count of successful record reads, from its `/metrics`.
+async fn record_reads(s: &Stage, coordinator: &str) -> u64 {
+    let (_, body) = http_get(s.agent(coordinator).unwrap(), "/metrics", 5 * SECOND)
+        .await
+        .unwrap();
+    let line = body
+        .lines()
+        .find(|l| l.starts_with("valkey_sidecar_coordinator_record_reads_total{result=\"ok\"}"));
+    line.and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_calm_shard_costs_a_read_per_retry_period_and_a_cordon_switches_over_losslessly() {
+    let s = replication_stage("repl-coordinator").await;
+    poll_until(
+        "bootstrapped",
+        30 * SECOND,
+        Duration::from_millis(50),
+        || async {
+            let recorded = record(&s).await == Some(("valkey-0-0".into(), "1".into()));
+            Ok(recorded && led_by(&s, "valkey-0-0"))
+        },
+    )
+    .await
+    .unwrap();
+    let coordinator = lease(&s, "valkey-coordinator")
+        .await
+        .and_then(|l| l.spec?.holder_identity)
+        .unwrap();
+
+    // Calm: the holder serves and renews; the leader reads the record once per retry period (2 s).
+    let before = record_reads(&s, &coordinator).await;
+    tokio::time::sleep(10 * SECOND).await;
+    let reads = record_reads(&s, &coordinator).await - before;
+    println!("calm shard: {reads} record reads by the coordinator in 10 s (rounds: 40)");
+    assert!((3..=7).contains(&reads), "{reads} reads in 10 s");
+
+    let writer = Writer::start(
+        s.pods.iter().map(|p| s.valkey(p).unwrap()).collect(),
+        "w".into(),
+    );
+    tokio::time::sleep(SECOND).await;
+    let node = s.node_of("valkey-0-0").await.unwrap();
+    let cordoned = Instant::now();
+    s.plane.kubectl(&["cordon", &node]).await.unwrap();
+    let moved = |r: Option<(String, String)>| r.filter(|(h, e)| h != "valkey-0-0" && e == "2");
+    poll_until(
+        "the record moves",
+        20 * SECOND,
+        Duration::from_millis(10),
+        || async { Ok(moved(record(&s).await).is_some()) },
+    )
+    .await
+    .unwrap();
+    let (primary, _) = moved(record(&s).await).unwrap();
+    poll_until(
+        "the others follow",
+        20 * SECOND,
+        Duration::from_millis(10),
+        || async { Ok(led_by(&s, &primary)) },
+    )
+    .await
+    .unwrap();
+    let took = cordoned.elapsed();
+    tokio::time::sleep(SECOND).await;
+    let w = writer.stop().unwrap();
+    let missing = lost(s.valkey(&primary).unwrap(), "w", &w.acked).unwrap();
+    let events = s.events().await.unwrap();
+    println!(
+        "node {node} cordoned: {primary} primary on record and followed after {took:?}; writer: {} acknowledged, {missing} lost, longest pause {:?}\n{events}",
+        w.acked.len(),
+        w.longest_pause
+    );
+    assert_eq!(missing, 0, "a planned switchover lost acknowledged writes");
+    assert!(w.longest_pause < SECOND, "{:?}", w.longest_pause);
+    assert!(events.contains("HandoverStarted") && events.contains("HandoverSucceeded"));
+    assert!(!events.contains("HandoverFailed") && !events.contains("Failover"));
+}
