@@ -58,6 +58,9 @@ struct Shared {
     state: watch::Receiver<HealthState>,
     shutdown: watch::Receiver<bool>,
     connector: Connector,
+    /// Replication mode with a coordinator: whether the keeper may advertise its Valkey as
+    /// primary (a valid renewal of the record, no fence). `None` elsewhere.
+    claim: Option<(watch::Sender<bool>, watch::Receiver<bool>)>,
 }
 
 type Task = LocalBoxFuture<'static, ()>;
@@ -78,6 +81,7 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         state,
         shutdown,
         connector: connector(&config)?,
+        claim: keeps_record(&config).then(|| watch::channel(false)),
     };
     let mut tasks = serve(&config, &shared).await?;
     let observer = Observer {
@@ -111,6 +115,7 @@ async fn serve(config: &Config, shared: &Shared) -> Result<Vec<Task>, StartError
         mode: config.mode,
         identity: config.identity.clone(),
         metrics: shared.metrics.clone(),
+        claim: shared.claim.as_ref().map(|(_, rx)| rx.clone()),
     });
     Ok(vec![
         http::serve(probe, app.clone(), shared.shutdown.clone()).boxed_local(),
@@ -149,8 +154,17 @@ async fn kube_tasks(
     Ok(tasks)
 }
 
+/// Whether this agent keeps a shard record: replication mode with the coordinator on.
+fn keeps_record(config: &Config) -> bool {
+    let coordinated = config
+        .kube
+        .as_ref()
+        .is_some_and(|k| k.coordinator.is_some());
+    config.mode == Mode::Replication && coordinated
+}
+
 /// Replication mode with a coordinator: the keeper of this pod's shard record, and the claim it
-/// publishes for the labeler.
+/// publishes for the labeler and `/primary`.
 fn keeper(
     config: &Config,
     kube: &KubeConfig,
@@ -158,10 +172,7 @@ fn keeper(
     client: &kube::Client,
 ) -> Option<(Keeper, watch::Receiver<bool>)> {
     let co = kube.coordinator.as_ref()?;
-    if config.mode != Mode::Replication {
-        return None;
-    }
-    let (claim_tx, claim_rx) = watch::channel(false);
+    let (claim_tx, claim_rx) = shared.claim.clone()?;
     let keeper = Keeper {
         client: client.clone(),
         namespace: kube.namespace.clone(),

@@ -9,7 +9,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use valkey_sidecar_testkit::k8s::valkey::cmd;
 use valkey_sidecar_testkit::k8s::writer::{Writer, lost};
-use valkey_sidecar_testkit::k8s::{ROLE_LABEL, Stage, StageOptions, poll_until};
+use valkey_sidecar_testkit::k8s::{ROLE_LABEL, Stage, StageOptions, http_get, poll_until};
 use valkey_sidecar_testkit::redis;
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -147,6 +147,11 @@ async fn a_primary_that_cannot_renew_fences_itself_before_the_record_expires() {
         }
     }
     let fenced_after = last_ack - frozen;
+    // Fenced, the agent no longer vouches for its primary: load balancers drop it too.
+    let (code, body) = http_get(s.agent("valkey-0-0").unwrap(), "/primary", SECOND)
+        .await
+        .unwrap();
+    assert_eq!(code, 503, "{body}");
     s.signal_apiserver("CONT").unwrap();
     let thawed = Instant::now();
     poll_until(

@@ -24,6 +24,9 @@ pub struct App {
     pub mode: Mode,
     pub identity: Identity,
     pub metrics: Arc<Metrics>,
+    /// Replication mode: whether the shard record lets this Valkey be primary now (see
+    /// `replication::Keeper`); `/primary` answers 200 only with it, like Patroni's.
+    pub claim: Option<watch::Receiver<bool>>,
 }
 
 type Body = Full<Bytes>;
@@ -89,7 +92,7 @@ impl App {
             "/livez" => verdict(state.liveness(now, b)),
             "/readyz" => verdict(state.readiness(now, b, self.mode)),
             "/startupz" => verdict(state.startup()),
-            "/primary" => verdict(state.primary(now, b)),
+            "/primary" => verdict(claimed(state.primary(now, b), self.claim.as_ref())),
             "/replica" => match lag_param(query) {
                 Ok(lag) => verdict(state.replica(now, b, lag)),
                 Err(msg) => text(StatusCode::BAD_REQUEST, msg),
@@ -113,6 +116,17 @@ fn known_path(path: &str) -> &'static str {
         "/metrics",
     ];
     PATHS.into_iter().find(|p| *p == path).unwrap_or("other")
+}
+
+/// A primary verdict stands only with the claim, where there is one to check.
+fn claimed(v: Verdict, claim: Option<&watch::Receiver<bool>>) -> Verdict {
+    match claim {
+        Some(rx) if v.ok && !*rx.borrow() => Verdict {
+            ok: false,
+            reason: "primary, but not on record: fenced or superseded".into(),
+        },
+        _ => v,
+    }
 }
 
 /// How long `/prestop` waits by default: under the default 30 s termination grace period.
@@ -180,6 +194,20 @@ fn respond(code: StatusCode, content_type: &'static str, body: String) -> Respon
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn primary_needs_the_claim_when_there_is_one() {
+        let ok = Verdict {
+            ok: true,
+            reason: "primary".into(),
+        };
+        let (tx, rx) = watch::channel(false);
+        assert!(!claimed(ok.clone(), Some(&rx)).ok);
+        assert!(claimed(ok.clone(), None).ok);
+        tx.send_replace(true);
+        assert!(claimed(ok, Some(&rx)).ok);
+    }
+
     use super::*;
 
     #[test]

@@ -87,7 +87,9 @@ pub(crate) fn status_patch(view: &PodView<'_>, containers: &[&ContainerRuntime])
         "hostIP": view.host_ip,
         "hostIPs": [{ "ip": view.host_ip }],
         "podIP": view.ip,
-        "podIPs": [{ "ip": view.ip }],
+        // Replace, not merge: a pod whose runtime was set up again got a new address, and a
+        // merged list with two IPv4 addresses is invalid.
+        "podIPs": [{ "$patch": "replace" }, { "ip": view.ip }],
         "startTime": time(view.start_time),
         "conditions": conditions,
         "containerStatuses": statuses(&main),
