@@ -172,6 +172,25 @@ async fn a_primary_that_cannot_renew_fences_itself_before_the_record_expires() {
     );
 }
 
+/// When the record was released and when it named a new holder, after `since` (polled).
+async fn record_phases(leases: Api<Lease>, since: Instant) -> String {
+    let (mut released, mut moved) = (None, None);
+    while since.elapsed() < 20 * SECOND && moved.is_none() {
+        let lease = leases.get_opt("valkey-0-primary").await.ok().flatten();
+        let holder = lease
+            .and_then(|l| l.spec?.holder_identity)
+            .unwrap_or_default();
+        if holder.is_empty() && released.is_none() {
+            released = Some(since.elapsed());
+        }
+        if !holder.is_empty() && holder != "valkey-0-0" {
+            moved = Some(since.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    format!("released after {released:?}, new holder after {moved:?}")
+}
+
 /// Waits until the shard is bootstrapped: valkey-0-0 primary on record, the others following it.
 async fn bootstrapped(s: &Stage) {
     poll_until(
@@ -247,8 +266,13 @@ async fn a_killed_primary_is_replaced_and_rejoins_as_a_replica() {
     s.kubelet
         .crash_container(&s.namespace, "valkey-0-0", "valkey")
         .unwrap();
+    let phases = tokio::spawn(record_phases(
+        Api::namespaced(s.plane.client(), &s.namespace),
+        killed,
+    ));
     let promoted = new_primary(&s, "valkey-0-0", 20 * SECOND).await;
     let took = killed.elapsed();
+    println!("record: {}", phases.await.unwrap());
     poll_until(
         "the old primary rejoins as a replica of the new one",
         30 * SECOND,

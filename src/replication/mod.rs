@@ -55,6 +55,9 @@ pub struct Keeper {
     pub holding: watch::Sender<bool>,
 }
 
+/// Consecutive failed observations after which the local Valkey counts as not answering.
+const FAILED_TICKS_GONE: u32 = 2;
+
 /// How long a looked-up primary address is trusted.
 const ADDR_REFRESH_MS: u64 = 10_000;
 
@@ -216,7 +219,14 @@ impl Keeper {
     /// loads. Tracks since when its role (and primary) and run have been what they are.
     fn local_valkey(&self, memory: &mut Memory) -> Option<LocalValkey> {
         let now = self.clock.now();
-        let obs = self.state.borrow().current(now, &self.bounds).cloned()?;
+        let state = self.state.borrow();
+        // Two failed ticks in a row (≈ two polls) and Valkey counts as gone, well before its
+        // last observation turns stale: a holder releases the record without waiting.
+        if state.consecutive_failures >= FAILED_TICKS_GONE {
+            return None;
+        }
+        let obs = state.current(now, &self.bounds).cloned()?;
+        drop(state);
         if obs.loading {
             return None;
         }

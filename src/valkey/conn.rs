@@ -170,8 +170,11 @@ pub struct Session {
     timeouts: u32,
 }
 
+/// Reconnects back off from 50 ms to 500 ms: a refused connection costs nothing to retry, and a
+/// restarted Valkey must be seen within a poll or two (in replication mode its agent has to
+/// release the record before the restarted, empty primary can feed its replicas).
 fn backoff() -> ExponentialBackoff {
-    crate::retry::exponential(Duration::from_millis(50), Duration::from_secs(2))
+    crate::retry::exponential(Duration::from_millis(50), Duration::from_millis(500))
 }
 
 impl Session {
