@@ -20,6 +20,7 @@ pub mod world;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
@@ -153,15 +154,31 @@ impl Retries {
 struct Watches {
     pods: Store<Pod>,
     nodes: Store<Node>,
+    /// Set when the API refuses to list nodes (the chart's `sidecar.readNodes=false`): the
+    /// coordinator then plans without node facts — hand-overs of deleted pods still happen, those
+    /// for cordoned or NotReady nodes cannot.
+    nodes_forbidden: Arc<AtomicBool>,
     tasks: [JoinHandle<()>; 2],
 }
 
 impl Watches {
-    /// Both initial lists are in: before that an empty store would read as "no pods".
+    /// Both initial lists are in (or nodes are forbidden): before that an empty store would read
+    /// as "no pods".
     fn ready(&self) -> bool {
-        let pods = self.pods.wait_until_ready().now_or_never();
-        let nodes = self.nodes.wait_until_ready().now_or_never();
-        matches!((pods, nodes), (Some(Ok(())), Some(Ok(()))))
+        let ready = |r: Option<Result<(), _>>| matches!(r, Some(Ok(())));
+        let pods = ready(self.pods.wait_until_ready().now_or_never());
+        let nodes = ready(self.nodes.wait_until_ready().now_or_never())
+            || self.nodes_forbidden.load(Ordering::Relaxed);
+        pods && nodes
+    }
+}
+
+/// Whether a watch error is the API refusing access.
+fn forbidden(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s)) => s.code == 403,
+        _ => false,
     }
 }
 
@@ -263,10 +280,12 @@ impl Coordinator {
     /// Starts the watches a leader plans from.
     fn watch(&self) -> Watches {
         let (pods, pods_task) = self.watch_pods();
-        let (nodes, nodes_task) = self.watch_nodes();
+        let nodes_forbidden = Arc::new(AtomicBool::new(false));
+        let (nodes, nodes_task) = self.watch_nodes(nodes_forbidden.clone());
         Watches {
             pods,
             nodes,
+            nodes_forbidden,
             tasks: [pods_task, nodes_task],
         }
     }
@@ -295,14 +314,20 @@ impl Coordinator {
         )
     }
 
-    fn watch_nodes(&self) -> (Store<Node>, JoinHandle<()>) {
+    fn watch_nodes(&self, forbidden_flag: Arc<AtomicBool>) -> (Store<Node>, JoinHandle<()>) {
         let api: Api<Node> = Api::all(self.client.clone());
         let (reader, writer) = reflector::store();
         let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()));
-        (
-            reader,
-            tokio::spawn(stream.default_backoff().for_each(|_| async {})),
-        )
+        let task = stream.default_backoff().for_each(move |event| {
+            if let Err(e) = &event
+                && forbidden(e)
+                && !forbidden_flag.swap(true, Ordering::Relaxed)
+            {
+                tracing::warn!("may not list nodes: planning without node facts (cordons and NotReady nodes go unseen)");
+            }
+            async {}
+        });
+        (reader, tokio::spawn(task))
     }
 
     /// The shards as the local Valkey sees them, if the observation is fresh.

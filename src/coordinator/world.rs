@@ -12,9 +12,6 @@ use valkey_sidecar_core::plan::{Member, NodeInfo, PodInfo};
 use valkey_sidecar_core::replication::{MemberValkey, ShardMember, ShardRecord};
 use valkey_sidecar_core::shards::{NodeHealth, Shard};
 
-/// The operator's "intended primary" label (node-index 0).
-const NODE_INDEX_LABEL: &str = "valkey.io/node-index";
-
 /// valkey-operator's shard label: replication mode groups the pods into shards by it.
 pub const SHARD_INDEX_LABEL: &str = "valkey.io/shard-index";
 
@@ -54,9 +51,7 @@ pub fn pod_info(p: &Pod) -> PodInfo {
         node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
         ready: ready(p),
         terminating: p.metadata.deletion_timestamp.is_some(),
-        node_index: labels
-            .and_then(|l| l.get(NODE_INDEX_LABEL))
-            .and_then(|v| v.parse().ok()),
+        node_index: labels.and_then(crate::replication::node_index),
     }
 }
 

@@ -33,6 +33,8 @@ use crate::valkey::{Connector, Session};
 pub const SHARD_INDEX_LABEL: &str = "valkey.io/shard-index";
 /// valkey-operator's node index (0 = the intended primary).
 pub const NODE_INDEX_LABEL: &str = "valkey.io/node-index";
+/// The StatefulSet controller's pod index label.
+pub const POD_INDEX_LABEL: &str = "apps.kubernetes.io/pod-index";
 
 /// Everything the keeper needs.
 pub struct Keeper {
@@ -179,7 +181,12 @@ impl Keeper {
         }
     }
 
+    /// Only for a holder (its deadline may have passed): any other fence can wait for a fresh
+    /// read, and deciding it from a stale record would fence a primary just promoted.
     async fn fence_first(&self, seat: &Seat, session: &mut Session, memory: &mut Memory) {
+        if memory.holding.is_none() {
+            return;
+        }
         let valkey = self.local_valkey(memory);
         let view = self.view(seat, valkey, memory, false);
         if let action @ LocalAction::Fence { until, .. } = local(&view) {
@@ -494,8 +501,17 @@ fn seat_of(pod: &Pod) -> Seat {
             .get(SHARD_INDEX_LABEL)
             .cloned()
             .unwrap_or_else(|| "0".into()),
-        node_index: labels.get(NODE_INDEX_LABEL).and_then(|v| v.parse().ok()),
+        node_index: node_index(&labels),
     }
+}
+
+/// valkey-operator's `valkey.io/node-index`, else the StatefulSet's own pod index (Kubernetes ≥
+/// 1.28 labels every StatefulSet pod with it), so a chart-made pod 0 is the intended primary.
+pub fn node_index(labels: &BTreeMap<String, String>) -> Option<u32> {
+    labels
+        .get(NODE_INDEX_LABEL)
+        .or_else(|| labels.get(POD_INDEX_LABEL))
+        .and_then(|v| v.parse().ok())
 }
 
 fn local_role(obs: &Observation) -> Option<LocalRole> {
@@ -546,6 +562,16 @@ mod tests {
                 node_index: Some(0)
             }
         );
+    }
+
+    #[test]
+    fn the_node_index_falls_back_to_the_statefulset_pod_index() {
+        let label = |k: &str, v: &str| BTreeMap::from([(k.to_owned(), v.to_owned())]);
+        assert_eq!(node_index(&label(POD_INDEX_LABEL, "0")), Some(0));
+        let mut both = label(POD_INDEX_LABEL, "2");
+        both.insert(NODE_INDEX_LABEL.to_owned(), "1".to_owned());
+        assert_eq!(node_index(&both), Some(1), "the operator's label wins");
+        assert_eq!(node_index(&BTreeMap::new()), None);
     }
 
     #[test]

@@ -1,14 +1,393 @@
+{{- /*
+Names. Every object is named after the Valkey deployment (`clusterName`, default the release):
+StatefulSets and PDBs `<cluster>-<shard>`, pods `<cluster>-<shard>-<ordinal>`, Services `<cluster>`,
+`<cluster>-read`, `<cluster>-headless`. 40 characters at most, so a pod's
+`controller-revision-hash` label (`<cluster>-<shard>-<10 chars>`) stays within 63.
+*/ -}}
 {{- define "valkey-sidecar.cluster" -}}
-{{- default .Release.Name .Values.clusterName | trunc 63 | trimSuffix "-" -}}
+{{- $name := default .Release.Name .Values.clusterName -}}
+{{- if gt (len $name) 40 -}}
+{{- fail (printf "the Valkey deployment's name %q is longer than 40 characters: set clusterName" $name) -}}
+{{- end -}}
+{{- $name -}}
 {{- end -}}
 
 {{- define "valkey-sidecar.serviceAccount" -}}
 {{- default (printf "%s-sidecar" (include "valkey-sidecar.cluster" .)) .Values.sidecar.serviceAccount.name -}}
 {{- end -}}
 
+{{- /* Labels of every object. */ -}}
 {{- define "valkey-sidecar.labels" -}}
 app.kubernetes.io/name: valkey
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: valkey-sidecar
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 valkey.io/cluster: {{ include "valkey-sidecar.cluster" . }}
 {{- end -}}
+
+{{- /* Labels of the pods: no chart version, so a chart upgrade alone restarts nothing. */ -}}
+{{- define "valkey-sidecar.podLabels" -}}
+app.kubernetes.io/name: valkey
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/part-of: valkey-sidecar
+valkey.io/cluster: {{ include "valkey-sidecar.cluster" . }}
+{{- end -}}
+
+{{- /* The static labels of one shard's pods (dict "root" $ "shard" N): what StatefulSets, PDBs and
+spread constraints select on. They never change over a pod's life. */ -}}
+{{- define "valkey-sidecar.shardSelector" -}}
+valkey.io/cluster: {{ include "valkey-sidecar.cluster" .root }}
+valkey.io/shard-index: {{ .shard | quote }}
+{{- end -}}
+
+{{- /* The live role label values the agent writes: primary, replica. */ -}}
+{{- define "valkey-sidecar.primaryValue" -}}
+{{- index (splitList "," .Values.sidecar.labels.roleValues) 0 | trim -}}
+{{- end -}}
+{{- define "valkey-sidecar.replicaValue" -}}
+{{- $values := splitList "," .Values.sidecar.labels.roleValues -}}
+{{- if ne (len $values) 2 -}}
+{{- fail "sidecar.labels.roleValues must be two values: <primary>,<replica>" -}}
+{{- end -}}
+{{- index $values 1 | trim -}}
+{{- end -}}
+
+{{- define "valkey-sidecar.authSecret" -}}
+{{- default (printf "%s-auth" (include "valkey-sidecar.cluster" .)) .Values.auth.existingSecret -}}
+{{- end -}}
+
+{{- /* The preStop wait: the grace period less 10 s (Valkey still has to stop after the hook),
+between 5 and 60 s — the rule of `valkey-sidecar inject`. */ -}}
+{{- define "valkey-sidecar.prestopTimeout" -}}
+{{- $grace := int .Values.terminationGracePeriodSeconds -}}
+{{- if lt $grace 15 -}}
+{{- fail "terminationGracePeriodSeconds below 15 leaves no time for the hand-over" -}}
+{{- end -}}
+{{- min 60 (max 5 (sub $grace 10)) -}}
+{{- end -}}
+
+{{- define "valkey-sidecar.prestop" -}}
+preStop:
+  httpGet:
+    path: /prestop?timeout={{ include "valkey-sidecar.prestopTimeout" . }}s
+    # A number, not the port's name: the kubelet resolves a name against the ports of the
+    # container the hook is on, and the agent's port is not Valkey's.
+    port: 9736
+{{- end -}}
+
+{{- define "valkey-sidecar.image" -}}
+{{- if .digest -}}
+{{- printf "%s@%s" .repository .digest -}}
+{{- else -}}
+{{- printf "%s:%s" .repository (toString .tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "valkey-sidecar.agentImage" -}}
+{{- $image := deepCopy .Values.sidecar.image -}}
+{{- $_ := set $image "tag" (default .Chart.AppVersion .Values.sidecar.image.tag) -}}
+{{- include "valkey-sidecar.image" $image -}}
+{{- end -}}
+
+{{- /* The TLS server name the agent verifies in Valkey's certificate. */ -}}
+{{- define "valkey-sidecar.tlsServerName" -}}
+{{- default (printf "%s.%s.svc" (include "valkey-sidecar.cluster" .) .Release.Namespace) .Values.tls.serverName -}}
+{{- end -}}
+
+{{- /* valkey-server's arguments (dict "root" $ "shard" N). Settings go on the command line, not in a
+config file, so the pod needs no init step; secrets come in through `$(VAR)` from secretKeyRefs. */ -}}
+{{- define "valkey-sidecar.valkeyArgs" -}}
+{{- $v := .root.Values -}}
+{{- if $v.tls.enabled }}
+- --port
+- "0"
+- --tls-port
+- {{ $v.valkey.port | quote }}
+- --tls-cert-file
+- /etc/valkey/tls/tls.crt
+- --tls-key-file
+- /etc/valkey/tls/tls.key
+- --tls-ca-cert-file
+- /etc/valkey/tls/ca.crt
+- --tls-auth-clients
+- {{ $v.tls.authClients | quote }}
+- --tls-replication
+- "yes"
+{{- if eq $v.mode "cluster" }}
+- --tls-cluster
+- "yes"
+{{- end }}
+{{- else }}
+- --port
+- {{ $v.valkey.port | quote }}
+{{- end }}
+- --dir
+- /data
+{{- if $v.auth.enabled }}
+- --requirepass
+- $(VALKEY_PASSWORD)
+- --masterauth
+- $(VALKEY_PASSWORD)
+# The agent's ACL user: only the commands it sends. ACLs cannot narrow CONFIG SET to one
+# parameter; the agent sets only availability-zone.
+- --user
+- {{ $v.auth.agentUser }}
+- "on"
+- ">$(VALKEY_AGENT_PASSWORD)"
+- resetkeys
+- resetchannels
+- -@all
+- +ping
+- +role
+- +info
+- +wait
+- +replicaof
+# The replication switchover reads the offset under its pause in one MULTI/EXEC.
+- +multi
+- +exec
+- +discard
+- +client|pause
+- +client|unpause
+- +client|setinfo
+- +config|set
+{{- if eq $v.mode "cluster" }}
+- +cluster|info
+- +cluster|myid
+- +cluster|myshardid
+- +cluster|shards
+- +cluster|failover
+{{- end }}
+{{- range $v.auth.agentExtraRules }}
+- {{ . | quote }}
+{{- end }}
+{{- else }}
+# No password: Valkey's protected mode would refuse every connection that is not loopback.
+- --protected-mode
+- "no"
+{{- end }}
+{{- if eq $v.mode "cluster" }}
+- --cluster-enabled
+- "yes"
+- --cluster-config-file
+- /data/nodes.conf
+- --cluster-node-timeout
+- {{ $v.valkey.clusterNodeTimeout | quote }}
+{{- end }}
+{{- if and $v.persistence.enabled $v.persistence.appendonly }}
+- --appendonly
+- "yes"
+{{- end }}
+{{- range $v.valkey.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end -}}
+
+{{- /* The agent's environment (dict "root" $ "shard" N). */ -}}
+{{- define "valkey-sidecar.agentEnv" -}}
+{{- $root := .root -}}
+{{- $v := $root.Values -}}
+{{- $cluster := include "valkey-sidecar.cluster" $root -}}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+- name: NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
+- name: POD_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+- name: VALKEY_ADDR
+  value: "127.0.0.1:{{ $v.valkey.port }}"
+- name: SIDECAR_MODE
+  value: {{ $v.mode }}
+- name: SIDECAR_CLUSTER_NAME
+  value: {{ $cluster }}
+{{- if eq $v.mode "replication" }}
+- name: SIDECAR_SHARD_NAME
+  value: "{{ $cluster }}-{{ .shard }}"
+{{- end }}
+- name: SIDECAR_ROLE_LABEL
+  value: {{ $v.sidecar.labels.role | quote }}
+- name: SIDECAR_ROLE_VALUES
+  value: {{ $v.sidecar.labels.roleValues | quote }}
+- name: SIDECAR_SHARD_LABEL
+  value: {{ $v.sidecar.labels.shard | quote }}
+- name: SIDECAR_ZONE_LABEL
+  value: {{ $v.sidecar.labels.zone | quote }}
+- name: SIDECAR_REGION_LABEL
+  value: {{ $v.sidecar.labels.region | quote }}
+{{- if $v.auth.enabled }}
+- name: VALKEY_USERNAME
+  value: {{ $v.auth.agentUser }}
+- name: VALKEY_PASSWORD_FILE
+  value: /etc/valkey-sidecar/auth/password
+{{- end }}
+{{- if $v.tls.enabled }}
+- name: VALKEY_TLS
+  value: "true"
+- name: VALKEY_TLS_CA_FILE
+  value: /etc/valkey/tls/ca.crt
+- name: VALKEY_TLS_SERVER_NAME
+  value: {{ include "valkey-sidecar.tlsServerName" $root }}
+{{- if ne $v.tls.authClients "no" }}
+- name: VALKEY_TLS_CERT_FILE
+  value: /etc/valkey/tls/tls.crt
+- name: VALKEY_TLS_KEY_FILE
+  value: /etc/valkey/tls/tls.key
+{{- end }}
+{{- end }}
+{{- $reserved := list "POD_NAME" "POD_NAMESPACE" "NODE_NAME" "POD_IP" "VALKEY_ADDR" "VALKEY_USERNAME" "VALKEY_PASSWORD_FILE" "SIDECAR_MODE" "SIDECAR_CLUSTER_NAME" "SIDECAR_SHARD_NAME" "SIDECAR_ROLE_LABEL" "SIDECAR_ROLE_VALUES" "SIDECAR_SHARD_LABEL" "SIDECAR_ZONE_LABEL" "SIDECAR_REGION_LABEL" }}
+{{- range $name, $value := $v.sidecar.env }}
+{{- if or (has $name $reserved) (hasPrefix "VALKEY_TLS" $name) }}
+{{- fail (printf "sidecar.env.%s: the chart sets it from its own values" $name) }}
+{{- end }}
+- name: {{ $name }}
+  value: {{ $value | toString | quote }}
+{{- end }}
+{{- end -}}
+
+{{- /* Valkey's probes, all answered by the agent from its cached state (the same as
+`valkey-sidecar inject` adds): a blocked Valkey never stalls a kubelet probe. */ -}}
+{{- define "valkey-sidecar.valkeyProbes" -}}
+# Two minutes for Valkey's first answer (loading counts as one).
+startupProbe:
+  httpGet:
+    path: /startupz
+    port: 9736
+  periodSeconds: 2
+  failureThreshold: 60
+# /livez itself waits out SIDECAR_LIVENESS_WINDOW (30 s) of silence: restarts stay rare.
+livenessProbe:
+  httpGet:
+    path: /livez
+    port: 9736
+  periodSeconds: 5
+  failureThreshold: 3
+# Cheap, so frequent: readiness (and so the PodDisruptionBudgets) follows sync closely.
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: 9736
+  periodSeconds: 2
+  failureThreshold: 2
+{{- end -}}
+
+{{- /* The agent's container (dict "root" $ "shard" N). */ -}}
+{{- define "valkey-sidecar.agentContainer" -}}
+{{- $root := .root -}}
+{{- $v := $root.Values -}}
+- name: valkey-sidecar
+  image: {{ include "valkey-sidecar.agentImage" $root }}
+  imagePullPolicy: {{ $v.sidecar.image.pullPolicy }}
+  {{- if eq $v.sidecar.mode "native" }}
+  # A native sidecar: started before Valkey, stopped only after Valkey has exited, so it answers
+  # Valkey's preStop wait for its whole length.
+  restartPolicy: Always
+  {{- end }}
+  ports:
+    - name: probe
+      containerPort: 9736
+  env:
+    {{- include "valkey-sidecar.agentEnv" . | trim | nindent 4 }}
+  {{- if eq $v.sidecar.mode "native" }}
+  # Valkey starts once the agent listens (Valkey's own probes are on this port). Not /startupz:
+  # that needs Valkey, which starts only after this probe passes.
+  startupProbe:
+    tcpSocket:
+      port: 9736
+    periodSeconds: 1
+    failureThreshold: 30
+  {{- else }}
+  # A classic sidecar gets SIGTERM as soon as the pod is deleted: the same wait keeps it serving
+  # until the hand-over is done.
+  lifecycle:
+    {{- include "valkey-sidecar.prestop" $root | nindent 4 }}
+  {{- end }}
+  {{- with $v.sidecar.resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  securityContext:
+    {{- toYaml $v.sidecar.securityContext | nindent 4 }}
+  {{- if or $v.auth.enabled $v.tls.enabled }}
+  volumeMounts:
+    {{- if $v.auth.enabled }}
+    - name: agent-auth
+      mountPath: /etc/valkey-sidecar/auth
+      readOnly: true
+    {{- end }}
+    {{- if $v.tls.enabled }}
+    - name: tls
+      mountPath: /etc/valkey/tls
+      readOnly: true
+    {{- end }}
+  {{- end }}
+{{- end -}}
+
+{{- /* podAntiAffinity terms from `spread` (dict "root" $ "shard" N): a topology key whose
+maxPerDomain is 1 is an anti-affinity on the shard's static labels; `spread.clusterNode` prefers
+nodes without any pod of this Valkey deployment. */ -}}
+{{- define "valkey-sidecar.antiAffinity" -}}
+{{- $root := .root -}}
+{{- $shard := include "valkey-sidecar.shardSelector" . -}}
+{{- $required := list -}}
+{{- $preferred := list -}}
+{{- range $key := list "node" "zone" -}}
+{{- $s := get $root.Values.spread $key -}}
+{{- if and (ne $s.mode "Disabled") (eq (int $s.maxPerDomain) 1) -}}
+{{- $term := dict "topologyKey" $s.topologyKey "labelSelector" (dict "matchLabels" (fromYaml $shard)) -}}
+{{- if eq $s.mode "Required" -}}
+{{- $required = append $required $term -}}
+{{- else -}}
+{{- $preferred = append $preferred (dict "weight" 100 "podAffinityTerm" $term) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if eq $root.Values.spread.clusterNode "Preferred" -}}
+{{- $all := dict "valkey.io/cluster" (include "valkey-sidecar.cluster" $root) -}}
+{{- $term := dict "topologyKey" $root.Values.spread.node.topologyKey "labelSelector" (dict "matchLabels" $all) -}}
+{{- $preferred = append $preferred (dict "weight" 50 "podAffinityTerm" $term) -}}
+{{- end -}}
+{{- if $required }}
+requiredDuringSchedulingIgnoredDuringExecution:
+  {{- toYaml $required | nindent 2 }}
+{{- end }}
+{{- if $preferred }}
+preferredDuringSchedulingIgnoredDuringExecution:
+  {{- toYaml $preferred | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{- /* topologySpreadConstraints from `spread` for keys whose maxPerDomain is above 1: maxSkew is
+maxPerDomain; Required adds minDomains = the shard's pod count, which makes the scheduler count
+the emptiest domain as 0 and so turns maxSkew into a hard cap per domain. */ -}}
+{{- define "valkey-sidecar.spreadConstraints" -}}
+{{- $root := .root -}}
+{{- $shard := include "valkey-sidecar.shardSelector" . -}}
+{{- $pods := add1 (int $root.Values.replicas) -}}
+{{- range $key := list "node" "zone" -}}
+{{- $s := get $root.Values.spread $key -}}
+{{- if and (ne $s.mode "Disabled") (gt (int $s.maxPerDomain) 1) }}
+- topologyKey: {{ $s.topologyKey }}
+  maxSkew: {{ $s.maxPerDomain }}
+  {{- if eq $s.mode "Required" }}
+  whenUnsatisfiable: DoNotSchedule
+  minDomains: {{ $pods }}
+  {{- else }}
+  whenUnsatisfiable: ScheduleAnyway
+  {{- end }}
+  labelSelector:
+    matchLabels:
+      {{- $shard | nindent 6 }}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+

@@ -43,6 +43,7 @@ pub use stage::{ROLE_LABEL, RoleWatch, Stage, StageOptions, helm_bin};
 pub use util::{http_get, poll_until, process_alive};
 
 pub mod audit;
+pub mod chart;
 pub mod stage;
 pub mod valkey;
 pub mod writer;

@@ -1,0 +1,617 @@
+//! The Helm chart (`charts/valkey-sidecar`): `helm lint`, the examples rendered and committed under
+//! `examples/rendered/` (regenerate with `UPDATE_RENDERED=1 cargo test --test chart` and review
+//! the diff), values the schema or the templates refuse, and every rendered object accepted by a
+//! real kube-apiserver (server-side dry-run) — with the pod template held against what
+//! `valkey-sidecar inject` adds and the disruption budgets held against each other.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::{Value, json};
+use valkey_sidecar_testkit::k8s::chart::{chart_dir, documents, kind_of, lint, render};
+use valkey_sidecar_testkit::k8s::{ControlPlane, ControlPlaneOptions, helm_bin};
+
+const RELEASE: &str = "valkey";
+const NS: &str = "valkey";
+const ROLE: &str = "valkey.io/role";
+
+fn examples_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples")
+}
+
+/// `examples/*.yaml` by name (without the extension).
+fn examples() -> Vec<(String, PathBuf)> {
+    let mut out: Vec<(String, PathBuf)> = std::fs::read_dir(examples_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .map(|p| (p.file_stem().unwrap().to_string_lossy().into_owned(), p))
+        .collect();
+    out.sort();
+    assert!(out.len() >= 5, "examples: {out:?}");
+    out
+}
+
+fn rendered_path(name: &str) -> PathBuf {
+    examples_dir().join("rendered").join(format!("{name}.yaml"))
+}
+
+fn render_example(path: &Path) -> String {
+    render(RELEASE, NS, &[path.to_path_buf()], &[]).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+fn render_sets(sets: &[&str]) -> Result<String, String> {
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    render(RELEASE, NS, &[], &sets).map_err(|e| format!("{e:#}"))
+}
+
+#[test]
+fn lint_is_clean_for_the_defaults_and_every_example() {
+    lint(&[]).unwrap_or_else(|e| panic!("{e:#}"));
+    for (name, path) in examples() {
+        lint(&[path]).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+    }
+}
+
+#[test]
+fn rendered_examples_are_up_to_date() {
+    let update = std::env::var_os("UPDATE_RENDERED").is_some();
+    let names: Vec<String> = examples().into_iter().map(|(n, _)| n).collect();
+    for (name, path) in examples() {
+        let rendered = render_example(&path);
+        let committed = rendered_path(&name);
+        if update {
+            std::fs::create_dir_all(committed.parent().unwrap()).unwrap();
+            std::fs::write(&committed, &rendered).unwrap();
+            continue;
+        }
+        let before = std::fs::read_to_string(&committed).unwrap_or_default();
+        assert!(
+            before == rendered,
+            "{} is stale: regenerate with UPDATE_RENDERED=1 cargo test --test chart \
+             and review the diff",
+            committed.display()
+        );
+    }
+    // No rendering of an example that is gone.
+    for entry in std::fs::read_dir(examples_dir().join("rendered")).unwrap() {
+        let path = entry.unwrap().path();
+        let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
+        assert!(names.contains(&stem), "{} has no example", path.display());
+    }
+}
+
+#[test]
+fn values_the_chart_refuses() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["mode=sentinel"], "schema"),
+        (&["shards=0"], "schema"),
+        (&["sidecar.labels.role=role"], "schema"),
+        (&["sidecar.mode=sidecar"], "schema"),
+        (&["spread.zone.mode=Sometimes"], "schema"),
+        (&["terminationGracePeriodSeconds=10"], "schema"),
+        (
+            &["clusterName=a-name-that-is-much-longer-than-forty-chars"],
+            "schema",
+        ),
+        (&["persistance.enabled=true"], "schema"),
+        (&["pdb.primaries=true", "replicas=1"], "replicas >= 2"),
+        (&["tls.enabled=true"], "tls.existingSecret is required"),
+        (
+            &["sidecar.env.SIDECAR_MODE=replication"],
+            "sets it from its own values",
+        ),
+        (
+            &["sidecar.env.VALKEY_TLS=true"],
+            "sets it from its own values",
+        ),
+    ];
+    for (sets, why) in cases {
+        let err = render_sets(sets).expect_err(&format!("{sets:?} rendered"));
+        assert!(err.contains(why), "{sets:?}: {err}");
+    }
+}
+
+#[test]
+fn without_valkey_only_the_agents_permissions_are_rendered() {
+    let out = render_sets(&["valkey.enabled=false"]).unwrap();
+    let mut kinds: Vec<&str> = documents(&out).iter().filter_map(|d| kind_of(d)).collect();
+    kinds.sort();
+    assert_eq!(
+        kinds,
+        [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+            "ServiceAccount",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        ]
+    );
+}
+
+#[test]
+fn generated_passwords_are_long_and_distinct() {
+    let out = render_sets(&["mode=cluster"]).unwrap();
+    let secret = documents(&out)
+        .into_iter()
+        .find(|d| kind_of(d) == Some("Secret"))
+        .expect("a generated Secret");
+    let values: Vec<&str> = secret
+        .lines()
+        .filter_map(|l| {
+            l.trim()
+                .strip_prefix("default-password:")
+                .or_else(|| l.trim().strip_prefix("agent-password:"))
+        })
+        .map(str::trim)
+        .collect();
+    assert_eq!(values.len(), 2, "{secret}");
+    assert_ne!(values[0], values[1]);
+    assert!(values.iter().all(|v| v.len() >= 40), "{values:?}"); // base64 of 32 characters
+}
+
+/// Variants beyond the examples: the defaults and the switches the examples leave alone.
+const VARIANTS: &[(&str, &[&str])] = &[
+    ("defaults", &[]),
+    ("rbac-only", &["valkey.enabled=false"]),
+    (
+        "replication-3-shards",
+        &[
+            "mode=replication",
+            "shards=3",
+            "replicas=2",
+            "pdb.primaries=true",
+        ],
+    ),
+    ("no-auth", &["auth.enabled=false", "service.read=false"]),
+    (
+        "no-spread",
+        &[
+            "spread.node.mode=Disabled",
+            "spread.zone.mode=Disabled",
+            "spread.clusterNode=Disabled",
+        ],
+    ),
+    (
+        "caps-preferred",
+        &["replicas=4", "spread.zone.maxPerDomain=2"],
+    ),
+    (
+        "tls-no-client-certs",
+        &[
+            "tls.enabled=true",
+            "tls.existingSecret=t",
+            "persistence.emptyDirSizeLimit=2Gi",
+        ],
+    ),
+    ("one-shard-primaries", &["shards=1", "pdb.primaries=true"]),
+    (
+        "no-node-index-policy",
+        &[
+            "nodeIndex.admissionPolicy=false",
+            "sidecar.admissionPolicy=false",
+            "sidecar.readNodes=false",
+            "sidecar.env.SIDECAR_COORDINATOR=false",
+        ],
+    ),
+];
+
+async fn kubectl(plane: &ControlPlane, args: &[&str]) -> String {
+    plane
+        .kubectl(args)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// The objects of `rendered` as the apiserver would store them (server-side dry run).
+async fn dry_run(plane: &ControlPlane, dir: &Path, name: &str, rendered: &str) -> Vec<Value> {
+    let file = dir.join(format!("{name}.yaml"));
+    std::fs::write(&file, rendered).unwrap();
+    let out = kubectl(
+        plane,
+        &[
+            "apply",
+            "--dry-run=server",
+            "-o",
+            "json",
+            "-f",
+            file.to_str().unwrap(),
+        ],
+    )
+    .await;
+    let v: Value = serde_json::from_str(&out).unwrap();
+    match v["kind"].as_str() {
+        Some("List") => v["items"].as_array().unwrap().clone(),
+        _ => vec![v],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rendered_objects_pass_a_server_side_dry_run() {
+    let plane = ControlPlane::start(ControlPlaneOptions::apiserver_only())
+        .await
+        .unwrap();
+    kubectl(&plane, &["create", "namespace", NS]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut rendered: Vec<(String, String)> = examples()
+        .into_iter()
+        .map(|(name, path)| (name, render_example(&path)))
+        .collect();
+    for (name, sets) in VARIANTS {
+        rendered.push((name.to_string(), render_sets(sets).unwrap()));
+    }
+    let mut all = BTreeMap::new();
+    for (name, text) in &rendered {
+        let objects = dry_run(&plane, dir.path(), name, text).await;
+        assert_eq!(objects.len(), documents(text).len(), "{name}");
+        check_pods(name, &objects);
+        check_budgets(name, &objects);
+        check_services(name, &objects);
+        println!("{name}: {} objects accepted", objects.len());
+        all.insert(name.clone(), objects);
+    }
+
+    // Shapes the examples promise.
+    let sts = |name: &str| -> Vec<Value> { of_kind(&all[name], "StatefulSet") };
+    assert_eq!(sts("cluster-3x1").len(), 3);
+    assert!(
+        sts("cluster-3x1")
+            .iter()
+            .all(|s| s["spec"]["replicas"] == 2)
+    );
+    assert_eq!(sts("replication-1x2").len(), 1);
+    assert_eq!(sts("replication-1x2")[0]["spec"]["replicas"], 3);
+    assert_eq!(sts("tiny")[0]["spec"]["replicas"], 1);
+    assert!(of_kind(&all["tiny"], "PodDisruptionBudget").is_empty());
+    assert_eq!(of_kind(&all["production"], "PodDisruptionBudget").len(), 4);
+    let claims = &sts("production")[0]["spec"]["volumeClaimTemplates"];
+    assert_eq!(
+        claims[0]["spec"]["resources"]["requests"]["storage"],
+        "20Gi"
+    );
+    let tls_args = container(&sts("tls")[0], "valkey")["args"].to_string();
+    assert!(tls_args.contains("\"--tls-cluster\",\"yes\""), "{tls_args}");
+    assert!(tls_args.contains("\"--port\",\"0\""), "{tls_args}");
+    let classic = pod_spec(&sts("classic-sidecar")[0]).clone();
+    assert!(classic["initContainers"].is_null());
+    let caps = pod_spec(&sts("spread-caps")[0]).clone();
+    assert_eq!(caps["topologySpreadConstraints"][0]["minDomains"], 5);
+    assert_eq!(caps["topologySpreadConstraints"][0]["maxSkew"], 2);
+    let no_spread = pod_spec(&sts("no-spread")[0]).clone();
+    assert!(no_spread["affinity"].is_null() && no_spread["topologySpreadConstraints"].is_null());
+    // One pair of Services per replication shard.
+    let services: Vec<String> = of_kind(&all["replication-3-shards"], "Service")
+        .iter()
+        .map(|s| s["metadata"]["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        services.contains(&"valkey-2".to_owned()) && services.contains(&"valkey-2-read".to_owned())
+    );
+
+    // What `helm install` prints (rendered against this apiserver, nothing created).
+    let notes = helm_install_dry_run(
+        &plane,
+        &["-f", example_path("cluster-3x1").to_str().unwrap()],
+    );
+    for want in [
+        "kubectl get pods -n valkey -l valkey.io/cluster=valkey -L valkey.io/role,valkey.io/shard-id,valkey.io/zone",
+        "kubectl describe lease -n valkey valkey-coordinator",
+        "cli valkey-2-0 cluster addslotsrange 10922 16383",
+        "cli valkey-0-0 cluster meet $(ip valkey-2-1) 6379",
+        "cli valkey-1-1 cluster replicate $(cli valkey-1-0 cluster myid",
+    ] {
+        assert!(notes.contains(want), "NOTES lack {want:?}:\n{notes}");
+    }
+    let notes = helm_install_dry_run(
+        &plane,
+        &[
+            "--set",
+            "mode=replication",
+            "--set",
+            "sidecar.readNodes=false",
+        ],
+    );
+    assert!(
+        notes.contains("WARNING: sidecar.readNodes=false"),
+        "{notes}"
+    );
+    assert!(!notes.contains("addslotsrange"), "{notes}");
+
+    matches_inject(&plane, dir.path(), &sts("cluster-3x1")[0]).await;
+    matches_inject(&plane, dir.path(), &sts("classic-sidecar")[0]).await;
+}
+
+fn example_path(name: &str) -> PathBuf {
+    examples_dir().join(format!("{name}.yaml"))
+}
+
+/// `helm install --dry-run=server` against `plane`: the manifests and NOTES helm would print.
+fn helm_install_dry_run(plane: &ControlPlane, args: &[&str]) -> String {
+    let out = Command::new(helm_bin().unwrap())
+        .args([
+            "install",
+            RELEASE,
+            chart_dir().to_str().unwrap(),
+            "-n",
+            NS,
+            "--dry-run=server",
+        ])
+        .arg("--kubeconfig")
+        .arg(plane.kubeconfig_path())
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn of_kind(objects: &[Value], kind: &str) -> Vec<Value> {
+    objects
+        .iter()
+        .filter(|o| o["kind"] == kind)
+        .cloned()
+        .collect()
+}
+
+fn pod_spec(sts: &Value) -> &Value {
+    &sts["spec"]["template"]["spec"]
+}
+
+fn container<'a>(sts: &'a Value, name: &str) -> &'a Value {
+    let spec = pod_spec(sts);
+    ["containers", "initContainers"]
+        .iter()
+        .filter_map(|k| spec[k].as_array())
+        .flatten()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no container {name}"))
+}
+
+fn http_get(path: &str) -> Value {
+    json!({ "path": path, "port": 9736, "scheme": "HTTP" })
+}
+
+/// Every pod template: the agent beside Valkey, probes and the preStop wait on Valkey pointing at
+/// the agent's numeric port, hardened security contexts, the static labels the budgets and spread
+/// rules select.
+fn check_pods(name: &str, objects: &[Value]) {
+    for sts in of_kind(objects, "StatefulSet") {
+        let sts_name = sts["metadata"]["name"].as_str().unwrap();
+        let spec = pod_spec(&sts);
+        let labels = &sts["spec"]["template"]["metadata"]["labels"];
+        let shard = sts_name.rsplit('-').next().unwrap();
+        assert_eq!(labels["valkey.io/shard-index"], shard, "{name}/{sts_name}");
+        assert_eq!(labels["valkey.io/cluster"], "valkey", "{name}/{sts_name}");
+        assert_eq!(sts["spec"]["podManagementPolicy"], "Parallel");
+        assert_eq!(spec["terminationGracePeriodSeconds"], 30);
+        let valkey = container(&sts, "valkey");
+        assert_eq!(valkey["startupProbe"]["httpGet"], http_get("/startupz"));
+        assert_eq!(valkey["livenessProbe"]["httpGet"], http_get("/livez"));
+        assert_eq!(valkey["readinessProbe"]["httpGet"], http_get("/readyz"));
+        let prestop = json!({ "httpGet": http_get("/prestop?timeout=20s") });
+        assert_eq!(valkey["lifecycle"]["preStop"], prestop, "{name}/{sts_name}");
+        let agent = container(&sts, "valkey-sidecar");
+        let native = spec["initContainers"]
+            .as_array()
+            .is_some_and(|i| i.contains(agent));
+        if native {
+            assert_eq!(agent["restartPolicy"], "Always");
+            // The native sidecar must be started before Valkey is: never a probe that needs it.
+            assert_eq!(agent["startupProbe"]["tcpSocket"]["port"], 9736, "{name}");
+            assert!(agent["lifecycle"].is_null());
+        } else {
+            assert_eq!(agent["lifecycle"]["preStop"], prestop, "{name}");
+        }
+        for c in [valkey, agent] {
+            let sc = &c["securityContext"];
+            assert_eq!(sc["runAsNonRoot"], true, "{name}/{}", c["name"]);
+            assert_eq!(sc["readOnlyRootFilesystem"], true, "{name}/{}", c["name"]);
+            assert_eq!(
+                sc["allowPrivilegeEscalation"], false,
+                "{name}/{}",
+                c["name"]
+            );
+            assert_eq!(
+                sc["capabilities"]["drop"],
+                json!(["ALL"]),
+                "{name}/{}",
+                c["name"]
+            );
+            assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
+        }
+        // The harness's kubelet (and the pods' need for no init step): settings as arguments.
+        assert_eq!(valkey["command"], json!(["valkey-server"]));
+        let args = valkey["args"].as_array().unwrap();
+        assert!(
+            args[0].as_str().unwrap().starts_with("--"),
+            "{name}: {args:?}"
+        );
+        let env: BTreeMap<&str, &Value> = agent["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["name"].as_str().unwrap(), e))
+            .collect();
+        assert_eq!(env["SIDECAR_CLUSTER_NAME"]["value"], "valkey");
+        if !valkey["env"].is_null() {
+            // Auth: the agent's password from a file, Valkey's from the Secret via $(VAR).
+            assert_eq!(
+                env["VALKEY_PASSWORD_FILE"]["value"],
+                "/etc/valkey-sidecar/auth/password"
+            );
+            assert!(
+                args.iter().any(|a| a == ">$(VALKEY_AGENT_PASSWORD)"),
+                "{name}"
+            );
+        }
+    }
+}
+
+/// A label selector's verdict on `labels` (matchLabels and matchExpressions).
+fn selects(selector: &Value, labels: &BTreeMap<String, String>) -> bool {
+    let by_labels = selector["matchLabels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k).map(String::as_str) == v.as_str());
+    let by_expressions = selector["matchExpressions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .all(|e| {
+            let value = labels.get(e["key"].as_str().unwrap());
+            let values: Vec<&str> = e["values"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            match e["operator"].as_str().unwrap() {
+                "In" => value.is_some_and(|v| values.contains(&v.as_str())),
+                "NotIn" => value.is_none_or(|v| !values.contains(&v.as_str())),
+                "Exists" => value.is_some(),
+                "DoesNotExist" => value.is_none(),
+                other => panic!("operator {other}"),
+            }
+        });
+    by_labels && by_expressions
+}
+
+/// Every pod of a shard with replicas is covered by exactly one budget, whatever its live role
+/// (the Eviction API refuses a pod two budgets select); a one-pod shard by none. A budget over the
+/// live role label counts its pods (integer minAvailable), never the StatefulSets' sizes.
+fn check_budgets(name: &str, objects: &[Value]) {
+    let budgets = of_kind(objects, "PodDisruptionBudget");
+    for b in &budgets {
+        let over_role = b["spec"]["selector"].to_string().contains(ROLE);
+        if over_role {
+            assert!(b["spec"]["maxUnavailable"].is_null(), "{name}: {b}");
+            assert!(b["spec"]["minAvailable"].is_i64(), "{name}: {b}");
+        }
+        assert_eq!(b["spec"]["unhealthyPodEvictionPolicy"], "AlwaysAllow");
+    }
+    for sts in of_kind(objects, "StatefulSet") {
+        let base: BTreeMap<String, String> =
+            serde_json::from_value(sts["spec"]["template"]["metadata"]["labels"].clone()).unwrap();
+        let pods = sts["spec"]["replicas"].as_i64().unwrap();
+        for role in [None, Some("primary"), Some("replica")] {
+            let mut labels = base.clone();
+            if let Some(r) = role {
+                labels.insert(ROLE.into(), r.into());
+            }
+            let covering: Vec<&Value> = budgets
+                .iter()
+                .filter(|b| selects(&b["spec"]["selector"], &labels))
+                .map(|b| &b["metadata"]["name"])
+                .collect();
+            let want = usize::from(pods > 1);
+            assert_eq!(
+                covering.len(),
+                want,
+                "{name}: a {role:?} pod of {}: {covering:?}",
+                sts["metadata"]["name"]
+            );
+        }
+    }
+}
+
+/// The client Services select the live primary label, the read Services the replica label, the
+/// headless one every pod (Ready or not).
+fn check_services(name: &str, objects: &[Value]) {
+    for svc in of_kind(objects, "Service") {
+        let svc_name = svc["metadata"]["name"].as_str().unwrap();
+        let selector = &svc["spec"]["selector"];
+        if svc_name.ends_with("-headless") {
+            assert_eq!(svc["spec"]["clusterIP"], "None");
+            assert_eq!(svc["spec"]["publishNotReadyAddresses"], true);
+            assert!(selector[ROLE].is_null());
+        } else if svc_name.ends_with("-read") {
+            assert_eq!(selector[ROLE], "replica", "{name}/{svc_name}");
+        } else {
+            assert_eq!(selector[ROLE], "primary", "{name}/{svc_name}");
+        }
+        assert_eq!(selector["valkey.io/cluster"], "valkey");
+    }
+}
+
+/// The chart's pod template carries what `valkey-sidecar inject` would add to its Valkey: the same
+/// probes and preStop wait on Valkey, and an agent with (at least) the same environment, ports,
+/// requests and security context.
+async fn matches_inject(plane: &ControlPlane, dir: &Path, sts: &Value) {
+    let agent = container(sts, "valkey-sidecar").clone();
+    let native = agent["restartPolicy"] == "Always";
+    let mut bare = sts.clone();
+    let spec = &mut bare["spec"]["template"]["spec"];
+    spec.as_object_mut().unwrap().remove("initContainers");
+    let containers = spec["containers"].as_array_mut().unwrap();
+    containers.retain(|c| c["name"] != "valkey-sidecar");
+    for key in [
+        "startupProbe",
+        "livenessProbe",
+        "readinessProbe",
+        "lifecycle",
+    ] {
+        containers[0].as_object_mut().unwrap().remove(key);
+    }
+    let image = agent["image"].as_str().unwrap();
+    let mut args = vec!["inject", "--image", image];
+    if !native {
+        args.push("--classic");
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_valkey-sidecar"))
+        .env_clear()
+        .args(&args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(bare.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let injected = dry_run(plane, dir, "injected", &text).await.remove(0);
+
+    let theirs = container(&injected, "valkey");
+    let ours = container(sts, "valkey");
+    for key in [
+        "startupProbe",
+        "livenessProbe",
+        "readinessProbe",
+        "lifecycle",
+    ] {
+        assert_eq!(ours[key], theirs[key], "Valkey's {key}");
+    }
+    let their_agent = container(&injected, "valkey-sidecar");
+    for key in [
+        "ports",
+        "securityContext",
+        "resources",
+        "restartPolicy",
+        "lifecycle",
+    ] {
+        assert_eq!(agent[key], their_agent[key], "the agent's {key}");
+    }
+    let our_env = agent["env"].as_array().unwrap();
+    for var in their_agent["env"].as_array().unwrap() {
+        assert!(our_env.contains(var), "the chart's agent lacks {var}");
+    }
+}

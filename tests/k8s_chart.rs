@@ -1,0 +1,464 @@
+//! The Helm chart installed end to end: rendered by the real `helm` from the examples, applied to a
+//! real control plane, the pods created by kube-controller-manager from the per-shard
+//! StatefulSets, bound by kube-scheduler to six fake nodes over three zones, and run by the
+//! harness kubelet (Valkey and this crate's agent as a native sidecar, with the chart's ACL user,
+//! Secrets and probes).
+//!
+//! Pod IPs are loopback addresses here, which EndpointSlices may not hold: the client Service is
+//! checked through its selector and through the endpoints kube-controller-manager's
+//! EndpointSlice controller tried to write ([`ChartStage::attempted_endpoints`]).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::Api;
+use kube::api::{DeleteParams, EvictParams, PostParams};
+use serde_json::json;
+use valkey_sidecar_testkit::k8s::chart::{
+    ChartStage, ChartStageOptions, cmd, form_cluster, label, node_of, role, shards,
+};
+use valkey_sidecar_testkit::k8s::valkey::valkey_addr;
+use valkey_sidecar_testkit::k8s::{KubeletOptions, pod_is_ready, poll_until};
+use valkey_sidecar_testkit::redis;
+
+const SECOND: Duration = Duration::from_secs(1);
+const ROLE: &str = "valkey.io/role";
+const PASSWORD: &str = "test-default-password";
+
+fn example(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("examples/{name}.yaml"))
+}
+
+fn options(example_name: &str) -> ChartStageOptions {
+    ChartStageOptions {
+        values: vec![example(example_name)],
+        kubelet: KubeletOptions::default()
+            .probe_period(Duration::from_millis(200))
+            .sidecar_bin(env!("CARGO_BIN_EXE_valkey-sidecar")),
+        ..ChartStageOptions::default()
+    }
+}
+
+fn name(pod: &Pod) -> String {
+    pod.metadata.name.clone().unwrap()
+}
+
+fn ip(pod: &Pod) -> String {
+    pod.status.as_ref().unwrap().pod_ip.clone().unwrap()
+}
+
+fn with_role<'a>(pods: &'a [Pod], want: &str) -> Vec<&'a Pod> {
+    pods.iter()
+        .filter(|p| label(p, ROLE) == Some(want))
+        .collect()
+}
+
+/// Valkey's own word on its role, as the default user.
+async fn valkey_role(addr: SocketAddr, password: &str) -> String {
+    let password = password.to_owned();
+    tokio::task::spawn_blocking(move || role(addr, Some(&password)))
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| format!("{e:#}"))
+}
+
+/// Nothing the agents sent was refused by their ACL user: `ACL LOG` is empty on every Ready pod.
+async fn check_acl_log(stage: &ChartStage, password: &str) {
+    for pod in stage.pods().await.unwrap() {
+        let live = pod_is_ready(&pod) && pod.metadata.deletion_timestamp.is_none();
+        let Some(addr) = valkey_addr(&pod).filter(|_| live) else {
+            continue;
+        };
+        let password = password.to_owned();
+        let log = tokio::task::spawn_blocking(move || cmd(addr, Some(&password), &["ACL", "LOG"]))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            log,
+            redis::Value::Array(vec![]),
+            "ACL LOG of {}",
+            name(&pod)
+        );
+    }
+}
+
+/// Waits until the pods carry `primaries` primary and `replicas` replica labels and all are
+/// Ready; returns them.
+async fn wait_roles(stage: &ChartStage, primaries: usize, replicas: usize) -> Vec<Pod> {
+    let want = format!("{primaries} primaries and {replicas} replicas labelled, all Ready");
+    let waited = poll_until(&want, 60 * SECOND, Duration::from_millis(200), || async {
+        let pods = stage.pods().await?;
+        Ok(pods.len() == primaries + replicas
+            && with_role(&pods, "primary").len() == primaries
+            && with_role(&pods, "replica").len() == replicas
+            && pods
+                .iter()
+                .all(|p| pod_is_ready(p) && p.metadata.deletion_timestamp.is_none()))
+    })
+    .await;
+    if let Err(e) = waited {
+        panic!("{e:#}\n{}", stage.describe().await);
+    }
+    stage.pods().await.unwrap()
+}
+
+/// Polls `probe` until it gives a value; on timeout the namespace's events and the pods are
+/// printed.
+async fn until_or_dump<T, F, Fut>(
+    stage: &ChartStage,
+    what: &str,
+    timeout: Duration,
+    mut probe: F,
+) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        if Instant::now() >= deadline {
+            let columns =
+                "custom-columns=TIME:.eventTime,REASON:.reason,POD:.regarding.name,NOTE:.note";
+            let events = stage
+                .plane
+                .kubectl(&[
+                    "get",
+                    "events.events.k8s.io",
+                    "-n",
+                    &stage.namespace,
+                    "-o",
+                    columns,
+                ])
+                .await
+                .unwrap_or_default();
+            let events: Vec<&str> = events.lines().filter(|l| !l.contains("Endpoint")).collect();
+            panic!(
+                "{what}: not within {timeout:?}\n{}\n{}",
+                events.join("\n"),
+                stage.describe().await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until the EndpointSlice controller's endpoints for `service` are exactly `ips`.
+async fn wait_endpoints(stage: &ChartStage, service: &str, ips: &BTreeSet<String>) {
+    let what = format!("endpoints of {service} = {ips:?}");
+    let waited = poll_until(&what, 30 * SECOND, Duration::from_millis(200), || async {
+        Ok(stage.attempted_endpoints(service).await?.as_ref() == Some(ips))
+    })
+    .await;
+    if let Err(e) = waited {
+        let seen = stage.attempted_endpoints(service).await.unwrap();
+        panic!("{e:#}: last seen {seen:?}");
+    }
+}
+
+/// Deletes `pod` (a primary) and waits for the preStop wait on its Valkey: it answers 200 only
+/// once the local Valkey is no longer primary, i.e. after a hand-over. Returns how long it took.
+async fn delete_primary(stage: &ChartStage, pod: &Pod) -> Duration {
+    stage
+        .pods_api()
+        .delete(&name(pod), &DeleteParams::default())
+        .await
+        .unwrap();
+    let hook = until_or_dump(
+        stage,
+        "the preStop wait on Valkey to finish",
+        30 * SECOND,
+        || async {
+            stage
+                .kubelet
+                .hook_runs()
+                .into_iter()
+                .find(|h| h.pod == name(pod) && h.container == "valkey" && h.hook == "preStop")
+        },
+    )
+    .await;
+    assert_eq!(hook.result.as_deref(), Ok("HTTP 200"), "{hook:?}");
+    println!(
+        "{}: preStop wait on Valkey answered after {:?}",
+        name(pod),
+        hook.took
+    );
+    hook.took
+}
+
+/// The coordinator's Events (hand-overs, failovers), one per line.
+async fn moves(stage: &ChartStage) -> String {
+    let columns = "custom-columns=TIME:.eventTime,REASON:.reason,POD:.regarding.name,NOTE:.note";
+    let events = stage
+        .plane
+        .kubectl(&[
+            "get",
+            "events.events.k8s.io",
+            "-n",
+            &stage.namespace,
+            "-o",
+            columns,
+        ])
+        .await
+        .unwrap_or_default();
+    let moves: Vec<&str> = events
+        .lines()
+        .filter(|l| l.contains("Handover") || l.contains("Failover"))
+        .collect();
+    moves.join("\n")
+}
+
+/// Every pod may be evicted one at a time (a server-side dry run through the Eviction API): each is
+/// covered by one budget only, and each budget allows one disruption.
+async fn check_evictions(stage: &ChartStage, budgets: usize) {
+    let api: Api<PodDisruptionBudget> = Api::namespaced(stage.plane.client(), &stage.namespace);
+    poll_until(
+        "every budget allows one disruption",
+        30 * SECOND,
+        Duration::from_millis(200),
+        || async {
+            let list = api.list(&Default::default()).await?.items;
+            Ok(list.len() == budgets
+                && list.iter().all(|b| {
+                    b.status
+                        .as_ref()
+                        .is_some_and(|s| s.disruptions_allowed == Some(1))
+                }))
+        },
+    )
+    .await
+    .unwrap();
+    let dry = EvictParams {
+        post_options: PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        },
+        ..EvictParams::default()
+    };
+    for pod in stage.pods().await.unwrap() {
+        stage
+            .pods_api()
+            .evict(&name(&pod), &dry)
+            .await
+            .unwrap_or_else(|e| panic!("evicting {}: {e}", name(&pod)));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replication_1x2_installs_with_one_labelled_primary_behind_the_client_service() {
+    let t0 = Instant::now();
+    let mut opts = options("replication-1x2");
+    // The example's auth.existingSecret.
+    opts.objects.push(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": { "name": "valkey-auth" },
+        "stringData": { "default-password": PASSWORD, "agent-password": "test-agent-password" },
+    }));
+    let stage = ChartStage::start(opts).await.unwrap();
+    println!("control plane, nodes and chart up after {:?}", t0.elapsed());
+
+    let pods = wait_roles(&stage, 1, 2).await;
+    println!(
+        "3 pods Ready with their roles after {:?}\n{}",
+        t0.elapsed(),
+        stage.describe().await
+    );
+    // The node-index policy labelled the pods; the node-index 0 pod bootstrapped the shard.
+    let indexes: Vec<Option<&str>> = pods
+        .iter()
+        .map(|p| label(p, "valkey.io/node-index"))
+        .collect();
+    assert_eq!(indexes, [Some("0"), Some("1"), Some("2")]);
+    let primary = with_role(&pods, "primary")[0].clone();
+    assert_eq!(name(&primary), "valkey-0-0");
+    for p in &pods {
+        let want = if name(p) == name(&primary) {
+            "master"
+        } else {
+            "slave"
+        };
+        assert_eq!(
+            valkey_role(valkey_addr(p).unwrap(), PASSWORD).await,
+            want,
+            "{}",
+            name(p)
+        );
+        assert_eq!(label(p, "valkey.io/shard-id"), Some("valkey-0"));
+    }
+    // Spread: a pod per node and per zone.
+    let nodes: BTreeSet<&str> = pods.iter().filter_map(node_of).collect();
+    assert_eq!(nodes.len(), 3, "{nodes:?}");
+    let zones: BTreeSet<&str> = pods
+        .iter()
+        .filter_map(|p| label(p, "valkey.io/zone"))
+        .collect();
+    assert_eq!(zones.len(), 3, "{zones:?}");
+
+    // The client Service selects the primary, the read Service the replicas; the EndpointSlice
+    // controller computed exactly that.
+    let client: Vec<String> = stage
+        .service_pods("valkey")
+        .await
+        .unwrap()
+        .iter()
+        .map(name)
+        .collect();
+    assert_eq!(client, [name(&primary)]);
+    let read: Vec<String> = stage
+        .service_pods("valkey-read")
+        .await
+        .unwrap()
+        .iter()
+        .map(name)
+        .collect();
+    assert_eq!(read, ["valkey-0-1", "valkey-0-2"]);
+    wait_endpoints(&stage, "valkey", &BTreeSet::from([ip(&primary)])).await;
+
+    check_evictions(&stage, 1).await;
+
+    // The primary's pod goes: it is handed over while the preStop wait holds Valkey, the
+    // StatefulSet recreates the pod, and the client Service follows whoever is primary.
+    let took = delete_primary(&stage, &primary).await;
+    assert!(took < 10 * SECOND, "{took:?}");
+    let pods = wait_roles(&stage, 1, 2).await;
+    println!("moves:\n{}", moves(&stage).await);
+    let new_primary = with_role(&pods, "primary")[0];
+    let addr = valkey_addr(new_primary).unwrap();
+    assert_eq!(valkey_role(addr, PASSWORD).await, "master");
+    for p in with_role(&pods, "replica") {
+        assert_eq!(
+            valkey_role(valkey_addr(p).unwrap(), PASSWORD).await,
+            "slave"
+        );
+    }
+    let client: Vec<String> = stage
+        .service_pods("valkey")
+        .await
+        .unwrap()
+        .iter()
+        .map(name)
+        .collect();
+    assert_eq!(client, [name(new_primary)]);
+    wait_endpoints(&stage, "valkey", &BTreeSet::from([ip(new_primary)])).await;
+    // The recreated pod keeps its node index.
+    let back = pods.iter().find(|p| name(p) == "valkey-0-0").unwrap();
+    assert_eq!(label(back, "valkey.io/node-index"), Some("0"));
+    check_acl_log(&stage, PASSWORD).await;
+    println!("done after {:?}\n{}", t0.elapsed(), stage.describe().await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_3x1_installs_forms_and_labels_three_shards_spread_over_nodes() {
+    let t0 = Instant::now();
+    let mut opts = options("cluster-3x1");
+    // The chart generates the Secret (instead of the example's existing one).
+    opts.sets.push("auth.existingSecret=".into());
+    let stage = ChartStage::start(opts).await.unwrap();
+    let password = stage
+        .secret("valkey-auth", "default-password")
+        .await
+        .unwrap();
+    assert_eq!(password.len(), 32);
+
+    let pods = stage
+        .wait_valkey_up(6, Some(&password), 90 * SECOND)
+        .await
+        .unwrap();
+    println!("6 pods with Valkey up after {:?}", t0.elapsed());
+    // Form the cluster as NOTES tells an operator to: pod 0 of every shard takes slots.
+    let by_shard = shards(&pods);
+    assert_eq!(by_shard.len(), 3);
+    let addrs: Vec<Vec<SocketAddr>> = by_shard
+        .values()
+        .map(|members| members.iter().map(|p| valkey_addr(p).unwrap()).collect())
+        .collect();
+    form_cluster(addrs, Some(password.clone()), 30 * SECOND)
+        .await
+        .unwrap();
+    println!("cluster formed after {:?}", t0.elapsed());
+
+    let pods = wait_roles(&stage, 3, 3).await;
+    println!(
+        "labels converged after {:?}\n{}",
+        t0.elapsed(),
+        stage.describe().await
+    );
+    for (shard, members) in shards(&pods) {
+        let roles: Vec<Option<&str>> = members.iter().map(|p| label(p, ROLE)).collect();
+        assert_eq!(roles, [Some("primary"), Some("replica")], "shard {shard}");
+        // Both carry Valkey's shard id, and they run on different nodes.
+        let ids: BTreeSet<Option<&str>> = members
+            .iter()
+            .map(|p| label(p, "valkey.io/shard-id"))
+            .collect();
+        assert_eq!(ids.len(), 1, "shard {shard}: {ids:?}");
+        assert!(
+            ids.iter().all(|i| i.is_some_and(|i| i.len() == 40)),
+            "{ids:?}"
+        );
+        let nodes: BTreeSet<&str> = members.iter().filter_map(node_of).collect();
+        assert_eq!(nodes.len(), members.len(), "shard {shard} shares a node");
+    }
+    let nodes: BTreeSet<&str> = pods.iter().filter_map(node_of).collect();
+    println!("pods on {} nodes", nodes.len());
+
+    // The client Service: the three primaries.
+    let primaries: BTreeSet<String> = with_role(&pods, "primary").iter().map(|p| ip(p)).collect();
+    let selected: BTreeSet<String> = stage
+        .service_pods("valkey")
+        .await
+        .unwrap()
+        .iter()
+        .map(ip)
+        .collect();
+    assert_eq!(selected, primaries);
+    wait_endpoints(&stage, "valkey", &primaries).await;
+
+    // One agent leads, on the coordinator Lease.
+    let leases: Api<Lease> = Api::namespaced(stage.plane.client(), &stage.namespace);
+    poll_until(
+        "a coordinator",
+        30 * SECOND,
+        Duration::from_millis(200),
+        || async {
+            let lease = leases.get_opt("valkey-coordinator").await?;
+            Ok(lease.and_then(|l| l.spec?.holder_identity).is_some())
+        },
+    )
+    .await
+    .unwrap();
+
+    check_evictions(&stage, 3).await;
+
+    // Shard 0's primary pod goes: the coordinator hands over with CLUSTER FAILOVER through the
+    // agent's ACL user while the preStop wait holds Valkey.
+    let shard0 = shards(&pods).remove("0").unwrap();
+    let took = delete_primary(&stage, &shard0[0]).await;
+    assert!(took < 10 * SECOND, "{took:?}");
+    // The recreated pod is a new, unjoined Valkey node: only the replica can have taken over.
+    let replica = name(&shard0[1]);
+    poll_until(
+        "the replica labelled primary",
+        30 * SECOND,
+        Duration::from_millis(100),
+        || async { Ok(label(&stage.pods_api().get(&replica).await?, ROLE) == Some("primary")) },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        valkey_role(valkey_addr(&shard0[1]).unwrap(), &password).await,
+        "master"
+    );
+    println!("moves:\n{}", moves(&stage).await);
+    check_acl_log(&stage, &password).await;
+    println!("done after {:?}", t0.elapsed());
+}
