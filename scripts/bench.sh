@@ -29,6 +29,11 @@ tmp=$(mktemp)
   echo "## Hand-over"
   echo
   BENCH_HANDOVERS="${BENCH_HANDOVERS:-20}" target/release/bench handover
+  echo "## Unplanned failover: Sentinel baseline"
+  echo
+  # ~20 × 8 s with down-after 1 s, then ~3 × 40 s with Sentinel's default 30 s.
+  BENCH_SENTINEL_RUNS="${BENCH_SENTINEL_RUNS:-20}" BENCH_SENTINEL_DEFAULT_RUNS="${BENCH_SENTINEL_DEFAULT_RUNS:-3}" \
+    target/release/bench sentinel
 } > "$tmp"
 mv "$tmp" "$out"
 cat "$out"

@@ -69,6 +69,7 @@ pub mod k8s;
 mod net;
 mod process;
 mod replication;
+pub mod sentinel;
 mod server;
 mod sidecar;
 mod tls;

@@ -1,9 +1,10 @@
 //! Benchmarks of the agent against real Valkey; prints Markdown for `docs/benchmarks.md`.
 //!
-//! `bench [probes|footprint|labels|api|handover|all]` — run through `scripts/bench.sh`, which
-//! builds the release binary and regenerates the report. Needs `VALKEY_SIDECAR_BIN` (the agent) and
-//! a valkey-server (see `scripts/valkey-bin.sh`); `labels`, `api` and `handover` also need the
-//! Kubernetes binaries and helm (`scripts/k8s-bins.sh`, `scripts/helm-bin.sh`).
+//! `bench [probes|footprint|labels|api|handover|sentinel|all]` — run through `scripts/bench.sh`,
+//! which builds the release binary and regenerates the report. Needs `VALKEY_SIDECAR_BIN` (the
+//! agent; not for `sentinel`) and a valkey-server (see `scripts/valkey-bin.sh`); `labels`, `api`
+//! and `handover` also need the Kubernetes binaries and helm (`scripts/k8s-bins.sh`,
+//! `scripts/helm-bin.sh`).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
@@ -15,13 +16,18 @@ use kube::api::{Patch, PatchParams};
 use valkey_sidecar_testkit::k8s::audit::{AuditLog, Usage, pod_identity};
 use valkey_sidecar_testkit::k8s::writer::{Writer, lost, tag_for};
 use valkey_sidecar_testkit::k8s::{ROLE_LABEL, Stage, StageOptions, poll_until};
+use valkey_sidecar_testkit::sentinel::{SentinelOptions, Sentinels, UnplannedFailover};
 use valkey_sidecar_testkit::{
-    ClusterOptions, ServerOptions, Sidecar, SidecarOptions, ValkeyCluster, ValkeyServer, http_get,
-    redis,
+    ClusterOptions, ReplicationSet, ServerOptions, Sidecar, SidecarOptions, ValkeyCluster,
+    ValkeyServer, http_get, redis,
 };
 
 fn main() -> Result<()> {
     let what = std::env::args().nth(1).unwrap_or_else(|| "all".into());
+    if what == "sentinel" {
+        // The baseline runs no agent, so it needs no VALKEY_SIDECAR_BIN.
+        return sentinel_baseline();
+    }
     let bin = PathBuf::from(
         std::env::var("VALKEY_SIDECAR_BIN")
             .context("set VALKEY_SIDECAR_BIN to the release agent binary")?,
@@ -41,6 +47,9 @@ fn main() -> Result<()> {
     }
     if what == "handover" || all {
         runtime()?.block_on(handovers(&bin, env_count("BENCH_HANDOVERS", 20)))?;
+    }
+    if all {
+        sentinel_baseline()?;
     }
     Ok(())
 }
@@ -574,4 +583,138 @@ async fn settle(stage: &Stage, old_primary: &str, before: u64) -> Result<bool> {
         .await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     Ok(counted)
+}
+
+/// `bench sentinel`: the unplanned-failover baseline. Sentinel as commonly tuned for speed
+/// (`BENCH_SENTINEL_RUNS` runs, default 20) and with its defaults (`BENCH_SENTINEL_DEFAULT_RUNS`,
+/// default 3: each run waits the 30 s `down-after-milliseconds`); 0 runs skips a configuration.
+fn sentinel_baseline() -> Result<()> {
+    let fast_runs = env_count("BENCH_SENTINEL_RUNS", 20);
+    let default_runs = env_count("BENCH_SENTINEL_DEFAULT_RUNS", 3);
+    // A 1 s detection with the 180 s default failover-timeout would retry a split vote only after
+    // 6 minutes; tuned deployments lower both.
+    let fast = SentinelOptions::default()
+        .down_after(Duration::from_millis(1000))
+        .failover_timeout(Duration::from_millis(10_000));
+    let mut measured = Vec::new();
+    let mut version = String::new();
+    for (opts, runs) in [
+        (fast, fast_runs),
+        (SentinelOptions::default(), default_runs),
+    ] {
+        if runs > 0 {
+            let (v, results) = sentinel_runs(&opts, runs)?;
+            version = v;
+            measured.push((opts, results));
+        }
+    }
+    print_sentinel_baseline(&version, fast_runs, default_runs, &measured);
+    Ok(())
+}
+
+/// `runs` unplanned failovers of one primary + 2 replicas under 3 sentinels configured by `opts`;
+/// also the Valkey version measured.
+fn sentinel_runs(opts: &SentinelOptions, runs: usize) -> Result<(String, Vec<UnplannedFailover>)> {
+    let set = ReplicationSet::start(2, ServerOptions::default())?;
+    let version = set.primary().info_field("server", "valkey_version")?;
+    let sentinels = Sentinels::monitor(&set, opts.clone())?;
+    let mut results = Vec::new();
+    for i in 0..runs {
+        let r = sentinels
+            .unplanned_failover(&set, opts.failover_budget())
+            .with_context(|| format!("failover {}/{runs} ({})", i + 1, sentinel_config(opts)))?;
+        eprintln!(
+            "sentinel failover {}/{runs} ({}): writable after {:?}, sentinels agree after {:?}, {:?}, {} acked, {} lost",
+            i + 1,
+            sentinel_config(opts),
+            r.writable_after,
+            r.agreed_after,
+            r.events,
+            r.acked,
+            r.lost
+        );
+        results.push(r);
+    }
+    Ok((version, results))
+}
+
+fn sentinel_config(opts: &SentinelOptions) -> String {
+    format!(
+        "`down-after-milliseconds {}`, `failover-timeout {}`, `parallel-syncs {}`",
+        opts.down_after.as_millis(),
+        opts.failover_timeout.as_millis(),
+        opts.parallel_syncs
+    )
+}
+
+fn print_sentinel_baseline(
+    version: &str,
+    fast_runs: usize,
+    default_runs: usize,
+    measured: &[(SentinelOptions, Vec<UnplannedFailover>)],
+) {
+    println!(
+        "### Unplanned failover under Sentinel (valkey-server {version} `--sentinel`, 3 sentinels, quorum 2, 1 primary + 2 replicas on loopback)\n"
+    );
+    println!(
+        "Command: `BENCH_SENTINEL_RUNS={fast_runs} BENCH_SENTINEL_DEFAULT_RUNS={default_runs} target/release/bench sentinel` ({fast_runs} runs with `down-after-milliseconds 1000`, {default_runs} with Sentinel's defaults, where each run waits out the 30 s detection). Each run starts a writer (one `SET` at a time, unique keys, to whichever node accepts them), kills the primary with SIGKILL half a second later, and polls every surviving node with `SET` every 5 ms (`READONLY` counts as not yet) until one accepts: that is *fault → new primary accepts writes*. The writer goes on until the sentinels have settled (all monitor the same primary, no failover in progress, nothing flagged down, unchanged for 3 s), then every acknowledged key is read back from that primary; the killed node is then restarted empty as a replica of that primary, and the next run starts when all sentinels see every replica synced. The fast configuration also lowers `failover-timeout` to 10 s: with the default 180 s an aborted attempt is retried only after 6 minutes. On loopback a replica trails the primary by microseconds, so one clean failover after a SIGKILL loses next to nothing; across a network the writes in flight are at risk (asynchronous replication). With at most 50 runs p99 is the maximum.\n"
+    );
+    println!("| Sentinel config | measure | runs | p50 | p99 | max |");
+    println!("|---|---|---|---|---|---|");
+    for (opts, results) in measured {
+        let config = sentinel_config(opts);
+        let writable = results.iter().map(|r| r.writable_after).collect();
+        let agreed = results.iter().map(|r| r.agreed_after).collect();
+        let lost = results.iter().map(|r| r.lost).collect();
+        println!(
+            "{}",
+            duration_row(&config, "kill -9 → a replica accepts writes (ms)", writable)
+        );
+        println!(
+            "{}",
+            duration_row("", "kill -9 → every sentinel names it (ms)", agreed)
+        );
+        println!("{}", count_row("", "acknowledged writes lost", lost));
+    }
+    println!(
+        "\nA second failover comes from Sentinel itself: a sentinel that switches to the new primary reconnects to it at most once a second (its link last tried the dead primary), so with `down-after-milliseconds` near 1 s it can flag the new primary down, and the other sentinels' \"primary down\" votes from the first failover still count toward the quorum: it fails over again, to a replica that lacks what the first new primary acknowledged. A run counts its failovers by the sentinels' `+switch-master` events, and its losses against the primary they settle on.\n"
+    );
+    for (opts, results) in measured {
+        let acked: usize = results.iter().map(|r| r.acked).sum();
+        let lost: usize = results.iter().map(|r| r.lost).sum();
+        let again = results.iter().filter(|r| r.events.switches > 1).count();
+        let retried = results.iter().filter(|r| r.events.aborts > 0).count();
+        println!(
+            "{}: {acked} acknowledged writes over {} runs, {lost} lost. Runs in which the sentinels failed over a second time before settling: {again}; runs with an aborted failover attempt (retried only after 2 × `failover-timeout`): {retried}.\n",
+            sentinel_config(opts),
+            results.len()
+        );
+    }
+}
+
+fn duration_row(config: &str, measure: &str, mut v: Vec<Duration>) -> String {
+    v.sort();
+    let ms = |d: Duration| format!("{:.0}", d.as_secs_f64() * 1000.0);
+    format!(
+        "| {config} | {measure} | {} | {} | {} | {} |",
+        v.len(),
+        ms(percentile(&v, 0.5)),
+        ms(percentile(&v, 0.99)),
+        ms(v.last().copied().unwrap_or_default())
+    )
+}
+
+fn count_row(config: &str, measure: &str, mut v: Vec<usize>) -> String {
+    v.sort_unstable();
+    let at = |p: f64| {
+        let idx = ((v.len().max(1) - 1) as f64 * p).round() as usize;
+        v.get(idx).copied().unwrap_or_default()
+    };
+    format!(
+        "| {config} | {measure} | {} | {} | {} | {} |",
+        v.len(),
+        at(0.5),
+        at(0.99),
+        v.last().copied().unwrap_or_default()
+    )
 }
