@@ -17,7 +17,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
 use tokio::sync::watch;
-use tokio::time::timeout;
 use valkey_sidecar_core::lease::{Elector, LeaseAction, LeaseRecord, LeaseTimings};
 use valkey_sidecar_core::time::Millis;
 
@@ -71,10 +70,7 @@ impl LeaseClient {
         &self,
         f: impl std::future::Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, KubeError> {
-        timeout(self.timeout, f)
-            .await
-            .map_err(|_| KubeError::Timeout(self.timeout))?
-            .map_err(KubeError::Api)
+        super::bounded(self.timeout, f).await
     }
 
     /// The current record; `None` when the Lease does not exist.

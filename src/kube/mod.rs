@@ -43,6 +43,17 @@ impl KubeError {
 /// log cannot tell the agent from any other client of the same ServiceAccount.
 pub const USER_AGENT: &str = concat!("valkey-sidecar/", env!("CARGO_PKG_VERSION"));
 
+/// An API call bounded by `limit`: a hanging apiserver must not stall an election or a keeper.
+pub async fn bounded<T>(
+    limit: std::time::Duration,
+    f: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, KubeError> {
+    tokio::time::timeout(limit, f)
+        .await
+        .map_err(|_| KubeError::Timeout(limit))?
+        .map_err(KubeError::Api)
+}
+
 /// A client from KUBECONFIG, else the in-cluster service account.
 pub async fn client() -> Result<kube::Client, KubeError> {
     let mut config = kube::Config::infer()

@@ -13,7 +13,6 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
-use tokio::time::timeout;
 use valkey_sidecar_core::replication::ShardRecord;
 
 use super::KubeError;
@@ -51,10 +50,7 @@ impl ShardLeaseClient {
         &self,
         f: impl std::future::Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, KubeError> {
-        timeout(self.timeout, f)
-            .await
-            .map_err(|_| KubeError::Timeout(self.timeout))?
-            .map_err(KubeError::Api)
+        super::bounded(self.timeout, f).await
     }
 
     /// The record; `None` when the Lease does not exist.

@@ -323,9 +323,7 @@ impl Keeper {
     async fn pod_ip(&self, pod: &str) -> Result<Option<String>, KubeError> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
         let limit = Duration::from_millis(self.timings.retry_ms.max(500));
-        let got = tokio::time::timeout(limit, pods.get_opt(pod))
-            .await
-            .map_err(|_| KubeError::Timeout(limit))??;
+        let got = crate::kube::bounded(limit, pods.get_opt(pod)).await?;
         Ok(got.and_then(|p| p.status?.pod_ip))
     }
 
@@ -400,15 +398,9 @@ impl Keeper {
                     renewed_at: sent,
                     run_id: run_id.unwrap_or_default(),
                 });
-                seen(memory, Some(written), sent);
-                self.metrics.shard_record("ok");
-                true
+                self.written(memory, written, sent)
             }
-            Err(e) => {
-                self.api_error("write", &e);
-                memory.force_read = true;
-                false
-            }
+            Err(e) => self.refused(&e, memory),
         }
     }
 
@@ -432,16 +424,24 @@ impl Keeper {
         match records.write(&rec.released()).await {
             Ok(written) => {
                 memory.holding = None;
-                seen(memory, Some(written), sent);
-                self.metrics.shard_record("ok");
-                true
+                self.written(memory, written, sent)
             }
-            Err(e) => {
-                self.api_error("write", &e);
-                memory.force_read = true;
-                false
-            }
+            Err(e) => self.refused(&e, memory),
         }
+    }
+
+    /// Our own write is the freshest read there is.
+    fn written(&self, memory: &mut Memory, written: ShardRecord, sent: Millis) -> bool {
+        seen(memory, Some(written), sent);
+        self.metrics.shard_record("ok");
+        true
+    }
+
+    /// A refused or failed write: read the record again before deciding anything else.
+    fn refused(&self, e: &KubeError, memory: &mut Memory) -> bool {
+        self.api_error("write", e);
+        memory.force_read = true;
+        false
     }
 
     /// Tells the labeler and the endpoints whether Valkey may be advertised as primary.

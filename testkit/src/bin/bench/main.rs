@@ -22,6 +22,8 @@ use valkey_sidecar_testkit::{
     ValkeyServer, http_get, redis,
 };
 
+mod failover;
+
 fn main() -> Result<()> {
     let what = std::env::args().nth(1).unwrap_or_else(|| "all".into());
     if what == "sentinel" {
@@ -48,9 +50,58 @@ fn main() -> Result<()> {
     if what == "handover" || all {
         runtime()?.block_on(handovers(&bin, env_count("BENCH_HANDOVERS", 20)))?;
     }
+    if what == "failover" || all {
+        runtime()?.block_on(failovers(&bin, env_count("BENCH_FAILOVERS", 20)))?;
+    }
     if all {
         sentinel_baseline()?;
     }
+    Ok(())
+}
+
+/// Replication mode, unplanned: the agent's failover after kill -9 of the primary's Valkey.
+async fn failovers(bin: &Path, runs: usize) -> Result<()> {
+    let stage = failover::stage(bin).await?;
+    let mut results = Vec::new();
+    for i in 0..runs {
+        let r = failover::run(&stage).await?;
+        eprintln!(
+            "failover {i}: writable {:?}, labelled {:?}, lost {}",
+            r.writable, r.labelled, r.lost
+        );
+        results.push(r);
+    }
+    println!("## Unplanned failover: the agent (replication mode)\n");
+    println!(
+        "kill -9 of the primary's Valkey (its agent stays, the kubelet restarts Valkey empty), one shard of 3 pods on the local control plane, lease 15 s / renew 10 s / retry 2 s, poll 250 ms, `repl-diskless-sync-delay 2`; a writer on all pods. Command: `BENCH_FAILOVERS={runs} target/release/bench failover`.\n"
+    );
+    println!("| config | measure | runs | p50 | p99 | max |\n|---|---|---|---|---|---|");
+    let pick = |f: fn(&failover::Run) -> Duration| results.iter().map(f).collect::<Vec<_>>();
+    println!(
+        "{}",
+        duration_row(
+            "agent",
+            "kill -9 → a replica accepts writes (ms)",
+            pick(|r| r.writable)
+        )
+    );
+    println!(
+        "{}",
+        duration_row(
+            "agent",
+            "… and carries the primary label (ms)",
+            pick(|r| r.labelled)
+        )
+    );
+    println!(
+        "{}",
+        count_row(
+            "agent",
+            "acknowledged writes lost",
+            results.iter().map(|r| r.lost).collect()
+        )
+    );
+    println!();
     Ok(())
 }
 
