@@ -34,6 +34,7 @@ tmp=$(mktemp)
   # ~20 × 8 s with down-after 1 s, then ~3 × 40 s with Sentinel's default 30 s.
   BENCH_SENTINEL_RUNS="${BENCH_SENTINEL_RUNS:-20}" BENCH_SENTINEL_DEFAULT_RUNS="${BENCH_SENTINEL_DEFAULT_RUNS:-3}" \
     target/release/bench sentinel
+  BENCH_FAILOVERS="${BENCH_FAILOVERS:-20}" target/release/bench failover
 } > "$tmp"
 mv "$tmp" "$out"
 cat "$out"
