@@ -182,8 +182,12 @@ fn publish(tx: &watch::Sender<Leadership>, e: &Elector, now: Millis) {
     };
     tx.send_if_modified(|l| {
         let changed = *l != next;
-        if changed {
+        // Every renewal moves the deadline; only a change of leader or holder is news.
+        let news = l.until.is_some() != next.until.is_some() || l.holder != next.holder;
+        if news {
             tracing::info!(leader = next.until.is_some(), holder = ?next.holder, "coordinator lease");
+        }
+        if changed {
             *l = next;
         }
         changed

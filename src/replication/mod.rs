@@ -456,10 +456,20 @@ impl Keeper {
 
     fn log(&self, action: &LocalAction, memory: &mut Memory) {
         let reason = action.reason();
-        if reason != memory.last_reason {
-            tracing::info!(action = kind_of(action), %reason, "replication");
-            memory.last_reason = reason.to_owned();
+        if reason == memory.last_reason {
+            return;
         }
+        // A primary alternates between renewing and resting every retry period: not news.
+        if matches!(
+            action,
+            LocalAction::Renew { .. } | LocalAction::Nothing { .. }
+        ) && memory.holding.is_some()
+        {
+            tracing::debug!(action = kind_of(action), %reason, "replication");
+        } else {
+            tracing::info!(action = kind_of(action), %reason, "replication");
+        }
+        memory.last_reason = reason.to_owned();
     }
 
     fn api_error(&self, op: &'static str, e: &KubeError) {
