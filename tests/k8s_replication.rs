@@ -101,6 +101,11 @@ async fn the_intended_primary_bootstraps_the_record_and_the_others_follow_it() {
     )
     .await
     .unwrap();
+    // What each keeper did is counted.
+    let bootstrap = "valkey_sidecar_keeper_actions_total{kind=\"bootstrap\"}";
+    assert_eq!(s.agent_counter("valkey-0-0", bootstrap).await.unwrap(), 1);
+    let rejoin = "valkey_sidecar_keeper_actions_total{kind=\"rejoin\"}";
+    assert!(s.agent_counter("valkey-0-1", rejoin).await.unwrap() >= 1);
     // The primary takes writes; nobody else is a writable master.
     cmd(s.valkey("valkey-0-0").unwrap(), &["SET", "k", "v"]).unwrap();
     assert!(cmd(s.valkey("valkey-0-1").unwrap(), &["SET", "k", "v"]).is_err());

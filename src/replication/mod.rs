@@ -345,6 +345,22 @@ impl Keeper {
         session: &mut Session,
         memory: &mut Memory,
     ) -> bool {
+        let kind = kind_of(&action);
+        let acted = self.carry_out(action, view, records, session, memory).await;
+        if acted {
+            self.metrics.keeper_action(kind);
+        }
+        acted
+    }
+
+    async fn carry_out(
+        &self,
+        action: LocalAction,
+        view: &LocalView,
+        records: &ShardLeaseClient,
+        session: &mut Session,
+        memory: &mut Memory,
+    ) -> bool {
         match action {
             LocalAction::Renew { .. } => self.renew(view, records, memory).await,
             LocalAction::Bootstrap { .. } => {
