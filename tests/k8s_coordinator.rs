@@ -170,14 +170,7 @@ async fn deleting_a_primary_pod_hands_over_first_and_loses_no_write() {
     let (w, tag, primary, replica, gone) = with_writer(s, 0, |primary| async move {
         let deleted = Instant::now();
         s.api().delete(&primary, &Default::default()).await.unwrap();
-        poll_until(
-            "the deleted pod is gone",
-            40 * SECOND,
-            Duration::from_millis(20),
-            || async { Ok(s.api().get_opt(&primary).await?.is_none()) },
-        )
-        .await
-        .unwrap();
+        s.wait_gone(&primary, 40 * SECOND).await.unwrap();
         deleted.elapsed()
     })
     .await;
@@ -547,14 +540,7 @@ async fn when_the_coordinator_dies_a_successor_does_the_hand_over() {
         s.kubelet.cut_node(&holder_node).unwrap();
         let t = Instant::now();
         s.api().delete(&primary, &Default::default()).await.unwrap();
-        poll_until(
-            "the deleted pod is gone",
-            40 * SECOND,
-            Duration::from_millis(20),
-            || async { Ok(s.api().get_opt(&primary).await?.is_none()) },
-        )
-        .await
-        .unwrap();
+        s.wait_gone(&primary, 40 * SECOND).await.unwrap();
         t.elapsed()
     })
     .await;

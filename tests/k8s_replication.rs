@@ -16,22 +16,10 @@ const SECOND: Duration = Duration::from_secs(1);
 
 /// One shard of three pods in replication mode, agents with the coordinator on.
 async fn replication_stage(namespace: &str, env: &[(&str, &str)]) -> Stage {
-    let mut o = StageOptions {
-        namespace: namespace.into(),
-        shards: 1,
-        members: 3,
-        form_cluster: false,
-        ..StageOptions::default()
-    };
-    o.template.mode = "replication".into();
-    // Valkey's default is 5 s; the harness sets 0 for speed. Without persistence a primary that
-    // restarts empty must not stream its empty dataset to the replicas before its agent has
-    // released the record (one poll) and the coordinator has promoted a replica (one round).
-    o.template.valkey_args = vec!["--repl-diskless-sync-delay".into(), "2".into()];
-    o.kubelet = o.kubelet.sidecar_bin(env!("CARGO_BIN_EXE_valkey-sidecar"));
-    let env = [("SIDECAR_CLUSTER_NAME", "valkey")].iter().chain(env);
-    o.template.sidecar_env = env.map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    Stage::start(o).await.unwrap()
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_valkey-sidecar"));
+    Stage::start(StageOptions::replication(namespace, bin, env))
+        .await
+        .unwrap()
 }
 
 /// The shard record: (holder, epoch annotation).
@@ -345,14 +333,7 @@ async fn deleting_the_primary_pod_switches_over_without_losing_a_write() {
         .unwrap();
     let promoted = new_primary(&s, "valkey-0-0", 20 * SECOND).await;
     let took = deleted.elapsed();
-    poll_until(
-        "the deleted pod is gone",
-        40 * SECOND,
-        Duration::from_millis(20),
-        || async { Ok(s.api().get_opt("valkey-0-0").await?.is_none()) },
-    )
-    .await
-    .unwrap();
+    s.wait_gone("valkey-0-0", 40 * SECOND).await.unwrap();
     tokio::time::sleep(SECOND).await;
     let w = writer.stop().unwrap();
     let missing = lost(s.valkey(&promoted).unwrap(), "w", &w.acked).unwrap();

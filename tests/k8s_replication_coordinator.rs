@@ -16,17 +16,10 @@ const SECOND: Duration = Duration::from_secs(1);
 
 /// One shard of three pods in replication mode; the agents run the keeper and the coordinator.
 async fn replication_stage(namespace: &str) -> Stage {
-    let mut o = StageOptions {
-        namespace: namespace.into(),
-        shards: 1,
-        members: 3,
-        form_cluster: false,
-        ..StageOptions::default()
-    };
-    o.template.mode = "replication".into();
-    o.kubelet = o.kubelet.sidecar_bin(env!("CARGO_BIN_EXE_valkey-sidecar"));
-    o.template.sidecar_env = vec![("SIDECAR_CLUSTER_NAME".into(), "valkey".into())];
-    Stage::start(o).await.unwrap()
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_valkey-sidecar"));
+    Stage::start(StageOptions::replication(namespace, bin, &[]))
+        .await
+        .unwrap()
 }
 
 async fn lease(s: &Stage, name: &str) -> Option<Lease> {
@@ -63,6 +56,18 @@ fn led_by(s: &Stage, primary: &str) -> bool {
             .all(|p| role(s, p) == Some(("slave".into(), ip.clone())))
 }
 
+/// Whether `pod`'s Valkey has its link to its primary up.
+fn link_up(s: &Stage, pod: &str) -> bool {
+    let info = cmd(s.valkey(pod).unwrap(), &["INFO", "replication"]);
+    match info {
+        Ok(redis::Value::BulkString(b)) => {
+            String::from_utf8_lossy(&b).contains("master_link_status:up")
+        }
+        Ok(redis::Value::VerbatimString { text, .. }) => text.contains("master_link_status:up"),
+        _ => false,
+    }
+}
+
 /// The coordinator's count of successful record reads, from its `/metrics`.
 async fn record_reads(s: &Stage, coordinator: &str) -> u64 {
     let (_, body) = http_get(s.agent(coordinator).unwrap(), "/metrics", 5 * SECOND)
@@ -94,6 +99,15 @@ async fn a_calm_shard_costs_a_read_per_retry_period_and_a_cordon_switches_over_l
         .and_then(|l| l.spec?.holder_identity)
         .unwrap();
 
+    // Calm only once every replica has finished its first sync (links up).
+    poll_until(
+        "the replicas' links are up",
+        30 * SECOND,
+        Duration::from_millis(50),
+        || async { Ok(s.pods.iter().skip(1).all(|p| link_up(&s, p))) },
+    )
+    .await
+    .unwrap();
     // Calm: the holder serves and renews; the leader reads the record once per retry period (2 s).
     let before = record_reads(&s, &coordinator).await;
     tokio::time::sleep(10 * SECOND).await;

@@ -206,6 +206,22 @@ pub enum LocalAction {
 }
 
 impl LocalAction {
+    /// A short stable name, for logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            LocalAction::Renew { .. } => "renew",
+            LocalAction::Fence { .. } => "fence",
+            LocalAction::Unfence { .. } => "unfence",
+            LocalAction::Release { .. } => "release",
+            LocalAction::Demote { .. } => "demote",
+            LocalAction::Rejoin { .. } => "rejoin",
+            LocalAction::Repoint { .. } => "repoint",
+            LocalAction::Bootstrap { .. } => "bootstrap",
+            LocalAction::Wait { .. } => "wait",
+            LocalAction::Nothing { .. } => "nothing",
+        }
+    }
+
     /// Why the action was chosen.
     pub fn reason(&self) -> &str {
         match self {

@@ -97,21 +97,6 @@ fn follower_view(valkey: LocalValkey) -> LocalView {
     }
 }
 
-fn kind(a: &LocalAction) -> &'static str {
-    match a {
-        LocalAction::Renew { .. } => "renew",
-        LocalAction::Fence { .. } => "fence",
-        LocalAction::Unfence { .. } => "unfence",
-        LocalAction::Release { .. } => "release",
-        LocalAction::Demote { .. } => "demote",
-        LocalAction::Rejoin { .. } => "rejoin",
-        LocalAction::Repoint { .. } => "repoint",
-        LocalAction::Bootstrap { .. } => "bootstrap",
-        LocalAction::Wait { .. } => "wait",
-        LocalAction::Nothing { .. } => "nothing",
-    }
-}
-
 // ------------------------------------------------------------------------------------------
 // local(): one table row per situation.
 // ------------------------------------------------------------------------------------------
@@ -337,7 +322,7 @@ fn local_table() {
     ];
     for (name, v, want) in rows {
         let got = local(&v);
-        assert_eq!(kind(&got), want, "{name}: {got:?}");
+        assert_eq!(got.kind(), want, "{name}: {got:?}");
         assert!(!got.reason().is_empty(), "{name}: no reason");
     }
 }

@@ -345,7 +345,7 @@ impl Keeper {
         session: &mut Session,
         memory: &mut Memory,
     ) -> bool {
-        let kind = kind_of(&action);
+        let kind = action.kind();
         let acted = self.carry_out(action, view, records, session, memory).await;
         if acted {
             self.metrics.keeper_action(kind);
@@ -481,9 +481,9 @@ impl Keeper {
             LocalAction::Renew { .. } | LocalAction::Nothing { .. }
         ) && memory.holding.is_some()
         {
-            tracing::debug!(action = kind_of(action), %reason, "replication");
+            tracing::debug!(action = action.kind(), %reason, "replication");
         } else {
-            tracing::info!(action = kind_of(action), %reason, "replication");
+            tracing::info!(action = action.kind(), %reason, "replication");
         }
         memory.last_reason = reason.to_owned();
     }
@@ -550,21 +550,6 @@ fn local_role(obs: &Observation) -> Option<LocalRole> {
             })
         }
         Role::Unknown => None,
-    }
-}
-
-fn kind_of(action: &LocalAction) -> &'static str {
-    match action {
-        LocalAction::Renew { .. } => "renew",
-        LocalAction::Fence { .. } => "fence",
-        LocalAction::Unfence { .. } => "unfence",
-        LocalAction::Release { .. } => "release",
-        LocalAction::Demote { .. } => "demote",
-        LocalAction::Rejoin { .. } => "rejoin",
-        LocalAction::Repoint { .. } => "repoint",
-        LocalAction::Bootstrap { .. } => "bootstrap",
-        LocalAction::Wait { .. } => "wait",
-        LocalAction::Nothing { .. } => "nothing",
     }
 }
 

@@ -437,34 +437,7 @@ async fn wait_node_index_policy(
 
 /// One command on a fresh connection, as the default user with `password` (if any).
 pub fn cmd(addr: SocketAddr, password: Option<&str>, args: &[&str]) -> Result<redis::Value> {
-    let (name, rest) = args.split_first().context("empty command")?;
-    let url = match password {
-        Some(p) => format!("redis://:{}@{addr}", percent_encode(p)),
-        None => format!("redis://{addr}"),
-    };
-    let client = redis::Client::open(url)?;
-    let mut conn = client
-        .get_connection_with_timeout(Duration::from_secs(2))
-        .with_context(|| format!("connecting to {addr}"))?;
-    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let mut c = redis::cmd(name);
-    for a in rest {
-        c.arg(*a);
-    }
-    c.query(&mut conn)
-        .with_context(|| format!("{name} on {addr}"))
-}
-
-fn percent_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-                char::from(b).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
+    super::valkey::cmd_as(addr, password, args)
 }
 
 /// Text of a bulk or simple string reply.
@@ -567,6 +540,7 @@ mod tests {
 
     #[test]
     fn passwords_are_percent_encoded() {
+        use crate::k8s::valkey::percent_encode;
         assert_eq!(percent_encode("aZ9-_"), "aZ9-_");
         assert_eq!(percent_encode("a b@/"), "a%20b%40%2F");
     }

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 
+use super::util::poll_until;
 use super::valkey::{
     SIDECAR_PORT, VALKEY_PORT, ValkeyPodTemplate, cmd, form_cluster, valkey_pod, wait_valkey_up,
 };
@@ -53,6 +54,31 @@ impl Default for StageOptions {
             form_cluster: true,
             read_nodes: true,
         }
+    }
+}
+
+impl StageOptions {
+    /// One shard of three pods in replication mode, the agents (`sidecar_bin`) with the
+    /// coordinator on (cluster name `valkey`) plus `env`.
+    ///
+    /// Valkey's `repl-diskless-sync-delay` is 2 s here (the harness default is 0 for speed, Valkey's
+    /// own 5 s): without persistence a primary that restarts empty must not stream its empty
+    /// dataset to the replicas before its agent has released the record and the coordinator has
+    /// promoted a replica.
+    pub fn replication(namespace: &str, sidecar_bin: &Path, env: &[(&str, &str)]) -> StageOptions {
+        let mut o = StageOptions {
+            namespace: namespace.into(),
+            shards: 1,
+            members: 3,
+            form_cluster: false,
+            ..StageOptions::default()
+        };
+        o.template.mode = "replication".into();
+        o.template.valkey_args = vec!["--repl-diskless-sync-delay".into(), "2".into()];
+        o.kubelet = o.kubelet.sidecar_bin(sidecar_bin);
+        let env = [("SIDECAR_CLUSTER_NAME", "valkey")].iter().chain(env);
+        o.template.sidecar_env = env.map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        o
     }
 }
 
@@ -167,6 +193,18 @@ impl Stage {
         p.spec
             .and_then(|s| s.node_name)
             .with_context(|| format!("{pod} is not scheduled"))
+    }
+
+    /// Waits until the pod object is gone (its containers stopped and the kubelet removed it).
+    pub async fn wait_gone(&self, pod: &str, timeout: Duration) -> Result<()> {
+        let api = self.api();
+        poll_until(
+            &format!("{pod} is gone"),
+            timeout,
+            Duration::from_millis(20),
+            || async { Ok(api.get_opt(pod).await?.is_none()) },
+        )
+        .await
     }
 
     /// The pod's labels now.

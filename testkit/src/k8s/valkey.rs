@@ -295,8 +295,17 @@ fn form_cluster_blocking(shards: &[Vec<SocketAddr>], timeout: Duration) -> Resul
 
 /// One command on a fresh connection (the pods are few and the formation short).
 pub fn cmd(addr: SocketAddr, args: &[&str]) -> Result<redis::Value> {
+    cmd_as(addr, None, args)
+}
+
+/// [`cmd`] as the default user with `password` (if any).
+pub fn cmd_as(addr: SocketAddr, password: Option<&str>, args: &[&str]) -> Result<redis::Value> {
     let (name, rest) = args.split_first().context("empty command")?;
-    let client = redis::Client::open(format!("redis://{addr}"))?;
+    let url = match password {
+        Some(p) => format!("redis://:{}@{addr}", percent_encode(p)),
+        None => format!("redis://{addr}"),
+    };
+    let client = redis::Client::open(url)?;
     let mut conn = client
         .get_connection_with_timeout(Duration::from_secs(2))
         .with_context(|| format!("connecting to {addr}"))?;
@@ -306,7 +315,7 @@ pub fn cmd(addr: SocketAddr, args: &[&str]) -> Result<redis::Value> {
         c.arg(*a);
     }
     c.query(&mut conn)
-        .with_context(|| format!("{} on {addr}", args.join(" ")))
+        .with_context(|| format!("{name} on {addr}"))
 }
 
 fn text(v: redis::Value) -> Result<String> {
@@ -344,4 +353,16 @@ pub async fn wait_valkey_up(
 pub fn valkey_addr(pod: &Pod) -> Option<SocketAddr> {
     let ip = pod.status.as_ref()?.pod_ip.as_ref()?.parse().ok()?;
     Some(SocketAddr::new(ip, VALKEY_PORT))
+}
+
+pub(crate) fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                char::from(b).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
 }

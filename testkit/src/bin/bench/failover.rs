@@ -22,17 +22,7 @@ pub struct Run {
 
 /// The stage: one shard of three pods in replication mode.
 pub async fn stage(bin: &Path) -> Result<Stage> {
-    let mut o = StageOptions {
-        shards: 1,
-        members: 3,
-        form_cluster: false,
-        ..StageOptions::default()
-    };
-    o.template.mode = "replication".into();
-    o.template.valkey_args = vec!["--repl-diskless-sync-delay".into(), "2".into()];
-    o.kubelet = o.kubelet.sidecar_bin(bin);
-    o.template.sidecar_env = vec![("SIDECAR_CLUSTER_NAME".into(), "valkey".into())];
-    Stage::start(o).await
+    Stage::start(StageOptions::replication("valkey", bin, &[])).await
 }
 
 /// The pod the shard record names.
