@@ -329,14 +329,27 @@ async fn single_pod_zone(
     .unwrap();
     let pod = s.api().get(&name).await.unwrap();
     let labels = pod.metadata.labels.unwrap();
-    let az: Vec<String> = redis::from_redis_value(
-        cmd(
-            s.valkey(&name).unwrap(),
-            &["CONFIG", "GET", "availability-zone"],
+    // The label and the push into Valkey come from the same placement, but from two tasks: the
+    // observer pushes on its next tick, which may come after the label is written.
+    let az = || -> Vec<String> {
+        redis::from_redis_value(
+            cmd(
+                s.valkey(&name).unwrap(),
+                &["CONFIG", "GET", "availability-zone"],
+            )
+            .unwrap(),
         )
-        .unwrap(),
+        .unwrap()
+    };
+    poll_until(
+        "zone pushed",
+        5 * SECOND,
+        Duration::from_millis(20),
+        || async { Ok(!az()[1].is_empty()) },
     )
+    .await
     .unwrap();
+    let az = az();
     let has_topology = labels.contains_key("topology.kubernetes.io/zone");
     (
         labels,
