@@ -22,7 +22,7 @@ use crate::kube::lease::{self, Leadership, LeaseClient, StatusAnnotations};
 use crate::kube::{FIELD_MANAGER, KubeError};
 use crate::metrics::Metrics;
 use crate::observer::Observer;
-use crate::replication::Keeper;
+use crate::replication::{Keeper, RecordSeed};
 use crate::valkey::{Connector, Session, tls};
 
 /// Why the agent could not start.
@@ -61,6 +61,10 @@ struct Shared {
     /// Replication mode with a coordinator: whether the keeper may advertise its Valkey as
     /// primary (a valid renewal of the record, no fence). `None` elsewhere.
     claim: Option<(watch::Sender<bool>, watch::Receiver<bool>)>,
+    /// The keeper asks the observer to poll fast while a promotion of its Valkey is due.
+    hurry: (watch::Sender<bool>, watch::Receiver<bool>),
+    /// The keeper's view of its shard record, which the coordinator starts from.
+    seed: (watch::Sender<RecordSeed>, watch::Receiver<RecordSeed>),
 }
 
 type Task = LocalBoxFuture<'static, ()>;
@@ -82,6 +86,8 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         shutdown,
         connector: connector(&config)?,
         claim: keeps_record(&config).then(|| watch::channel(false)),
+        hurry: watch::channel(false),
+        seed: watch::channel(None),
     };
     let mut tasks = serve(&config, &shared).await?;
     let observer = Observer {
@@ -93,6 +99,7 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         state: state_tx,
         metrics: shared.metrics.clone(),
         placement: placement_rx,
+        hurry: shared.hurry.1.clone(),
     };
     tasks.push(observer.run(shared.shutdown.clone()).boxed_local());
     if let Some(kube) = &config.kube {
@@ -187,6 +194,8 @@ fn keeper(
         poll: config.poll_interval,
         metrics: shared.metrics.clone(),
         holding: claim_tx,
+        hurry: shared.hurry.0.clone(),
+        seen: shared.seed.0.clone(),
     };
     Some((keeper, claim_rx))
 }
@@ -233,6 +242,7 @@ fn coordinator_tasks(
         recorder: kube.events.then(|| Recorder::new(client, reporter)),
         metrics: shared.metrics.clone(),
         status: status_tx,
+        seed: shared.seed.1.clone(),
     };
     vec![
         lease::run(

@@ -24,7 +24,12 @@ pub struct Observer {
     pub metrics: Arc<Metrics>,
     /// Where the pod is; its zone is pushed into Valkey's `availability-zone`.
     pub placement: watch::Receiver<Placement>,
+    /// While true, tick every [`HURRIED`] instead of every interval (a promotion is due).
+    pub hurry: watch::Receiver<bool>,
 }
+
+/// The tick period while hurried: the promoted node is seen (and advertised) within this.
+const HURRIED: Duration = Duration::from_millis(10);
 
 /// After a failed `CONFIG SET availability-zone` (e.g. the ACL denies it), wait this long.
 const ZONE_RETRY: Duration = Duration::from_secs(30);
@@ -38,8 +43,13 @@ impl Observer {
         let mut log = LogOnChange::default();
         let mut zone_retry_at = None;
         loop {
+            // A closed connection is news (Valkey exited): tick now, not at the next interval.
+            let hurried = *self.hurry.borrow_and_update();
             tokio::select! {
                 _ = ticker.tick() => {}
+                _ = tokio::time::sleep(HURRIED), if hurried => {}
+                Ok(()) = self.hurry.changed() => {}
+                _ = self.session.closed() => {}
                 _ = shutdown.changed() => return,
             }
             let started = Instant::now();
@@ -107,7 +117,7 @@ impl LogOnChange {
                     self.role = Some(obs.role);
                 }
             }
-            Outcome::Refused(e) | Outcome::Unreachable(e) => self.failed(e),
+            Outcome::Refused(e) | Outcome::Unreachable(e) | Outcome::Down(e) => self.failed(e),
         }
     }
 

@@ -26,14 +26,14 @@ struct Shard {
 }
 
 impl Shard {
-    async fn start(lease: &str) -> Shard {
+    async fn start() -> Shard {
         let plane = ControlPlane::start(ControlPlaneOptions::apiserver_only())
             .await
             .unwrap();
         let record = ShardLeaseClient::new(
             plane.client(),
             "default",
-            lease,
+            ("valkey", "0"),
             Duration::from_secs(2),
             Duration::from_secs(15),
         );
@@ -160,7 +160,7 @@ fn failover_to(shard: &Shard, from: &str, to: &str) -> Duration {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_switchover_moves_record_and_primary_without_losing_a_write_faster_than_failover_to() {
-    let shard = Shard::start("valkey-0-primary").await;
+    let shard = Shard::start().await;
     // Replicas fresh from their first sync get the stream only after their first ACK (≤ 1 s):
     // both moves start from a shard that streams.
     shard.node(POD[0]).cmd(&["SET", "warm", "1"]).unwrap();
@@ -192,7 +192,7 @@ async fn a_switchover_moves_record_and_primary_without_losing_a_write_faster_tha
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_switchover_whose_target_cannot_catch_up_rolls_back_and_writes_resume() {
-    let shard = Shard::start("valkey-0-primary").await;
+    let shard = Shard::start().await;
     // The target stops replicating, and then misses a write: it cannot reach the paused offset.
     let target = shard.node(POD[1]);
     target.cmd(&["REPLICAOF", "127.0.0.1", "1"]).unwrap();
@@ -226,7 +226,7 @@ async fn a_switchover_whose_target_cannot_catch_up_rolls_back_and_writes_resume(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_promotion_writes_the_record_first_promotes_and_repoints_and_stops_on_a_409() {
-    let shard = Shard::start("valkey-0-primary").await;
+    let shard = Shard::start().await;
     shard.node(POD[0]).cmd(&["SET", "k", "v"]).unwrap();
     shard.wait_led_by(POD[0]);
     let version = shard.record.read().await.unwrap().unwrap().version;

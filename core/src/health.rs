@@ -25,9 +25,16 @@ pub enum Outcome {
     Observed(Box<Observation>),
     /// Valkey answered, but refused (auth, ACL, unexpected reply): it is alive, the agent is blind.
     Refused(String),
-    /// No answer: connection refused, reset, TLS failure or timeout.
+    /// No answer: reset, TLS failure, timeout, or a reconnect still backing off.
     Unreachable(String),
+    /// Nothing listens at Valkey's address (connection refused): the process is gone, not slow.
+    Down(String),
 }
+
+/// Failed ticks in a row after which a silent Valkey counts as gone even without a refusal: one
+/// timeout may be a busy server (`DEBUG SLEEP`, a slow script), two in a row are not worth waiting
+/// on when a failover depends on it.
+pub const GONE_AFTER_FAILURES: u32 = 2;
 
 /// A probe answer and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +74,9 @@ pub struct HealthState {
     pub cluster_joined: bool,
     pub last_error: Option<String>,
     pub consecutive_failures: u32,
+    /// The last thing learned about Valkey's socket is that nothing listens there (cleared by the
+    /// next answer; timeouts and backoff in between do not clear it).
+    pub down: bool,
 }
 
 impl HealthState {
@@ -82,9 +92,23 @@ impl HealthState {
         self.last_tick = Some(at);
         match outcome {
             Outcome::Observed(obs) => self.observed(at, *obs),
-            Outcome::Refused(e) => self.failed(Some(at), e),
+            Outcome::Refused(e) => {
+                self.down = false;
+                self.failed(Some(at), e);
+            }
             Outcome::Unreachable(e) => self.failed(None, e),
+            Outcome::Down(e) => {
+                self.down = true;
+                self.failed(None, e);
+            }
         }
+    }
+
+    /// Whether Valkey counts as gone: refused outright, or silent for
+    /// [`GONE_AFTER_FAILURES`] ticks in a row. A replication-mode holder releases its record
+    /// then, long before its last observation turns stale.
+    pub fn gone(&self) -> bool {
+        self.down || self.consecutive_failures >= GONE_AFTER_FAILURES
     }
 
     fn observed(&mut self, at: Millis, obs: Observation) {
@@ -99,6 +123,7 @@ impl HealthState {
         self.observation = Some((at, obs));
         self.last_error = None;
         self.consecutive_failures = 0;
+        self.down = false;
     }
 
     fn failed(&mut self, answered_at: Option<Millis>, error: String) {

@@ -56,9 +56,32 @@ impl ShardRecord {
     /// Annotation carrying [`ShardRecord::primary`].
     pub const PRIMARY_ANNOTATION: &'static str = "valkey.io/primary";
 
+    /// Label naming the Valkey cluster on every shard record.
+    pub const CLUSTER_LABEL: &'static str = "valkey.io/cluster";
+    /// Label telling shard records from other Leases (`shard-primary`).
+    pub const KIND_LABEL: &'static str = "valkey.io/record";
+    /// The value of [`ShardRecord::KIND_LABEL`].
+    pub const KIND: &'static str = "shard-primary";
+
     /// The Lease's name for a shard of a cluster.
     pub fn lease_name(cluster: &str, shard: &str) -> String {
         format!("{cluster}-{shard}-primary")
+    }
+
+    /// The shard a record's Lease name belongs to, if it is one of `cluster`'s.
+    pub fn shard_of<'a>(cluster: &str, lease: &'a str) -> Option<&'a str> {
+        let shard = lease.strip_prefix(cluster)?.strip_prefix('-')?;
+        shard.strip_suffix("-primary").filter(|s| !s.is_empty())
+    }
+
+    /// The label selector of `cluster`'s shard records.
+    pub fn selector(cluster: &str) -> String {
+        format!(
+            "{}={},{}={cluster}",
+            ShardRecord::KIND_LABEL,
+            ShardRecord::KIND,
+            ShardRecord::CLUSTER_LABEL
+        )
     }
 
     /// The record the first primary creates: it holds it at epoch 1.
@@ -82,6 +105,13 @@ impl ShardRecord {
             .or(self.primary.as_deref().filter(|p| !p.is_empty()))
     }
 
+    /// Whether `other` names the same holder and primary at the same epoch (a renewal, which
+    /// only changes the version, leaves the claim the same).
+    pub fn same_claim(&self, other: &ShardRecord) -> bool {
+        (self.holder(), self.primary.as_deref(), self.epoch)
+            == (other.holder(), other.primary.as_deref(), other.epoch)
+    }
+
     /// This record with the holder cleared (a release keeps the epoch and the last primary).
     pub fn released(&self) -> ShardRecord {
         ShardRecord {
@@ -101,6 +131,30 @@ pub struct SeenRecord {
     pub read_at: Millis,
     /// When this agent first saw the record in this form (same `resourceVersion`).
     pub changed_at: Millis,
+}
+
+impl SeenRecord {
+    /// The record as seen after a read sent at `sent` and answered at `received` (or our own
+    /// write sent at `sent` and acknowledged at `received`). A new `resourceVersion` counts as
+    /// changed when the answer arrived — the write it shows was sent before that, so an expiry
+    /// judged from it is never early —; the same one keeps the instant it was first seen.
+    pub fn after_read(
+        prev: Option<&SeenRecord>,
+        record: Option<ShardRecord>,
+        sent: Millis,
+        received: Millis,
+    ) -> SeenRecord {
+        let version = |r: Option<&ShardRecord>| r.map(|r| r.version.clone());
+        let changed_at = match prev {
+            Some(p) if version(p.record.as_ref()) == version(record.as_ref()) => p.changed_at,
+            _ => received,
+        };
+        SeenRecord {
+            record,
+            read_at: sent,
+            changed_at,
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -251,6 +305,28 @@ pub fn local(view: &LocalView) -> LocalAction {
             LocalRole::Replica { of } => as_replica(view, v, of),
         },
     }
+}
+
+/// Whether the labels and `/primary` may advertise the local Valkey as primary: it is master,
+/// this agent holds a valid renewal of the record naming it (this epoch, this Valkey run, before
+/// the deadline), and it is not fenced. Everything else — a fenced, superseded or unrecorded
+/// master — is advertised as unknown, so a Service never routes writes to it.
+pub fn may_advertise(view: &LocalView) -> bool {
+    let master = |v: &&LocalValkey| v.role == LocalRole::Primary;
+    let held = view
+        .valkey
+        .as_ref()
+        .filter(master)
+        .is_some_and(|v| holds(view, v));
+    held && view.fenced_until.is_none()
+}
+
+/// Whether the record names this agent while its Valkey is still a replica with data: the
+/// coordinator's `REPLICAOF NO ONE` is due any moment, so it is worth observing Valkey more
+/// often until it lands (the promoted node is advertised as soon as it is seen).
+pub fn awaiting_promotion(view: &LocalView) -> bool {
+    let replica = |v: &&LocalValkey| matches!(v.role, LocalRole::Replica { .. }) && !v.fresh;
+    named(view) && view.valkey.as_ref().filter(replica).is_some()
 }
 
 fn wait(reason: impl Into<String>) -> LocalAction {

@@ -260,3 +260,23 @@ fn stale_observations_lose_role_and_readiness() {
     h.record(dead, Outcome::Unreachable("connect: refused".into()));
     assert!(!h.liveness(dead, &BOUNDS).ok);
 }
+
+#[test]
+fn valkey_is_gone_when_refused_or_silent_twice() {
+    let (mut h, now) = health(&["replica-link-up"], Mode::Replication);
+    assert!(!h.gone());
+    h.record(now, Outcome::Unreachable("timeout".into()));
+    assert!(!h.gone(), "one timeout may be a busy server");
+    h.record(now, Outcome::Unreachable("timeout".into()));
+    assert!(h.gone(), "two in a row are not waited on");
+    let (mut h, now) = health(&["replica-link-up"], Mode::Replication);
+    h.record(now, Outcome::Down("connection refused".into()));
+    assert!(h.gone(), "nothing listens: gone at once");
+    h.record(now, Outcome::Unreachable("reconnecting in 50ms".into()));
+    assert!(h.gone(), "backing off after a refusal stays gone");
+    h.record(now, Outcome::Refused("NOAUTH".into()));
+    assert!(
+        !h.gone(),
+        "an answer, even a refusal, means a process listens"
+    );
+}

@@ -98,6 +98,7 @@ fn outcome() -> impl Strategy<Value = Outcome> {
         observation().prop_map(|o| Outcome::Observed(Box::new(o))),
         "\\PC{0,8}".prop_map(Outcome::Refused),
         "\\PC{0,8}".prop_map(Outcome::Unreachable),
+        "\\PC{0,8}".prop_map(Outcome::Down),
     ]
 }
 

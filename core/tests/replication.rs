@@ -9,7 +9,8 @@ use valkey_sidecar_core::observation::Role;
 use valkey_sidecar_core::replication::{
     Command, FailoverPolicy, HoldKind, Holding, LocalAction, LocalRole, LocalValkey, LocalView,
     MemberValkey, Phase, SeenRecord, ShardMember, ShardRecord, ShardView, Switchover,
-    SwitchoverObservation, SwitchoverPlan, WriteOutcome, local, promote, step,
+    SwitchoverObservation, SwitchoverPlan, WriteOutcome, awaiting_promotion, local, may_advertise,
+    promote, step,
 };
 use valkey_sidecar_core::time::Millis;
 
@@ -325,6 +326,136 @@ fn local_table() {
         assert_eq!(got.kind(), want, "{name}: {got:?}");
         assert!(!got.reason().is_empty(), "{name}: no reason");
     }
+}
+
+#[test]
+fn only_a_held_unfenced_master_is_advertised() {
+    let steady = holder_view(3_000, 2_000);
+    let rows: Vec<(&str, LocalView, bool)> = vec![
+        ("held, renewed 1 s ago", steady.clone(), true),
+        ("past the renew deadline", holder_view(12_001, 2_000), false),
+        (
+            "fenced by its own agent",
+            LocalView {
+                fenced_until: Some(Millis(9_000)),
+                ..steady.clone()
+            },
+            false,
+        ),
+        (
+            "Valkey restarted (new run)",
+            LocalView {
+                valkey: Some(master("run-2", 2_500)),
+                ..steady.clone()
+            },
+            false,
+        ),
+        (
+            "the record moved on (epoch 4, pod-1)",
+            LocalView {
+                record: Some(seen(Some(record(Some("pod-1"), Some("pod-1"), 4)), 2_500)),
+                ..steady.clone()
+            },
+            false,
+        ),
+        (
+            "a replica, though holding",
+            LocalView {
+                valkey: Some(replica_of("10.0.0.11:6379", 0)),
+                ..steady.clone()
+            },
+            false,
+        ),
+        (
+            "no answer from Valkey",
+            LocalView {
+                valkey: None,
+                ..steady
+            },
+            false,
+        ),
+    ];
+    for (why, v, want) in rows {
+        assert_eq!(may_advertise(&v), want, "{why}");
+    }
+}
+
+#[test]
+fn a_named_replica_with_data_awaits_its_promotion() {
+    let named = LocalView {
+        valkey: Some(replica_of("10.0.0.10:6379", 0)),
+        record: Some(seen(Some(record(Some("pod-0"), Some("pod-0"), 4)), 5_000)),
+        ..view(6_000)
+    };
+    assert!(awaiting_promotion(&named));
+    let fresh = LocalValkey {
+        fresh: true,
+        ..replica_of("10.0.0.10:6379", 0)
+    };
+    let empty = LocalView {
+        valkey: Some(fresh),
+        ..named.clone()
+    };
+    assert!(
+        !awaiting_promotion(&empty),
+        "an empty replica releases instead"
+    );
+    let promoted = LocalView {
+        valkey: Some(master("run", 5_500)),
+        ..named
+    };
+    assert!(!awaiting_promotion(&promoted), "already master");
+    let other = follower_view(replica_of("10.0.0.11:6379", 0));
+    assert!(!awaiting_promotion(&other), "the record names pod-1");
+}
+
+#[test]
+fn a_renewal_keeps_the_claim_but_a_release_or_promotion_changes_it() {
+    let a = record(Some("pod-0"), Some("pod-0"), 3);
+    let renewed = ShardRecord {
+        version: "v3b".into(),
+        ..a.clone()
+    };
+    assert!(a.same_claim(&renewed));
+    assert!(!a.same_claim(&a.released()));
+    assert!(!a.same_claim(&record(Some("pod-1"), Some("pod-1"), 4)));
+}
+
+#[test]
+fn a_new_version_counts_as_changed_when_its_answer_arrived() {
+    let rec = |v: &str| {
+        Some(ShardRecord {
+            version: v.into(),
+            ..ShardRecord::bootstrap("v-0-0")
+        })
+    };
+    let first = SeenRecord::after_read(None, rec("1"), Millis(100), Millis(130));
+    assert_eq!(
+        (first.read_at, first.changed_at),
+        (Millis(100), Millis(130))
+    );
+    let same = SeenRecord::after_read(Some(&first), rec("1"), Millis(2100), Millis(2110));
+    assert_eq!((same.read_at, same.changed_at), (Millis(2100), Millis(130)));
+    let renewed = SeenRecord::after_read(Some(&same), rec("2"), Millis(4100), Millis(4120));
+    assert_eq!(renewed.changed_at, Millis(4120));
+    let deleted = SeenRecord::after_read(Some(&renewed), None, Millis(5000), Millis(5001));
+    assert_eq!(deleted.changed_at, Millis(5001));
+    let still_none = SeenRecord::after_read(Some(&deleted), None, Millis(6000), Millis(6001));
+    assert_eq!(still_none.changed_at, Millis(5001));
+}
+
+#[test]
+fn record_names_and_selector() {
+    let name = ShardRecord::lease_name("cache", "2");
+    assert_eq!(name, "cache-2-primary");
+    assert_eq!(ShardRecord::shard_of("cache", &name), Some("2"));
+    assert_eq!(ShardRecord::shard_of("cache", "cache-coordinator"), None);
+    assert_eq!(ShardRecord::shard_of("cache", "cache--primary"), None);
+    assert_eq!(ShardRecord::shard_of("other", &name), None);
+    assert_eq!(
+        ShardRecord::selector("cache"),
+        "valkey.io/record=shard-primary,valkey.io/cluster=cache"
+    );
 }
 
 #[test]
@@ -1037,6 +1168,16 @@ proptest! {
 
     /// A master accepts writes unfenced only while its agent holds a valid renewal of a record
     /// naming it: Nothing/Unfence need one, Renew needs one or a fence that still lasts.
+    #[test]
+    fn an_advertised_primary_always_holds_a_valid_renewal_of_the_current_epoch(v in any_local_view()) {
+        if may_advertise(&v) {
+            prop_assert!(holds_validly(&v), "advertised without a valid renewal: {v:?}");
+            prop_assert!(v.fenced_until.is_none());
+            let epoch = v.record.as_ref().and_then(|s| s.record.as_ref()).map(|r| r.epoch);
+            prop_assert_eq!(v.holding.as_ref().map(|h| h.epoch), epoch);
+        }
+    }
+
     #[test]
     fn a_master_without_a_valid_renewal_is_never_left_unfenced(v in local_view()) {
         let is_master = v.valkey.as_ref().is_some_and(|k| k.role == LocalRole::Primary);

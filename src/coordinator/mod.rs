@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -38,7 +39,7 @@ use valkey_sidecar_core::observation::Mode;
 use valkey_sidecar_core::plan::{
     Action, InFlight, Kind, Member, Plan, Policy, ShardMemory, World, decide, settle, track,
 };
-use valkey_sidecar_core::replication::FailoverPolicy;
+use valkey_sidecar_core::replication::{FailoverPolicy, ShardRecord};
 use valkey_sidecar_core::shards::{NodeHealth, Shard};
 use valkey_sidecar_core::status::{self, Condition, Decision, Status};
 use valkey_sidecar_core::time::Millis;
@@ -76,6 +77,8 @@ pub struct Coordinator {
     pub metrics: Arc<Metrics>,
     /// The status annotations for the Lease writer; emptied while this agent does not lead.
     pub status: watch::Sender<StatusAnnotations>,
+    /// Replication mode: the own shard's record as this agent's keeper last saw it.
+    pub seed: watch::Receiver<crate::replication::RecordSeed>,
 }
 
 /// How long a finished move may take to show in the local view before the shard is planned again.
@@ -158,7 +161,7 @@ struct Watches {
     /// coordinator then plans without node facts — hand-overs of deleted pods still happen, those
     /// for cordoned or NotReady nodes cannot.
     nodes_forbidden: Arc<AtomicBool>,
-    tasks: [JoinHandle<()>; 2],
+    tasks: Vec<JoinHandle<()>>,
 }
 
 impl Watches {
@@ -171,6 +174,19 @@ impl Watches {
             || self.nodes_forbidden.load(Ordering::Relaxed);
         pods && nodes
     }
+}
+
+/// The shard whose record `lease` is, if its holder differs from the one last seen.
+fn holder_change(
+    cluster: &str,
+    lease: &Lease,
+    holders: &mut BTreeMap<String, Option<String>>,
+) -> Option<String> {
+    let name = lease.metadata.name.as_deref()?;
+    let shard = ShardRecord::shard_of(cluster, name)?;
+    let holder = lease.spec.as_ref().and_then(|s| s.holder_identity.clone());
+    let before = holders.insert(name.to_owned(), holder.clone());
+    (before != Some(holder)).then(|| shard.to_owned())
 }
 
 /// Whether a watch error is the API refusing access.
@@ -246,6 +262,7 @@ impl Coordinator {
     /// Runs until shutdown.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         let (done_tx, mut done_rx) = mpsc::channel::<Finished>(16);
+        let (record_tx, mut record_rx) = mpsc::channel::<String>(64);
         let mut memory = Memory::default();
         let mut watches: Option<Watches> = None;
         let mut tick = tokio::time::interval(Duration::from_millis(250));
@@ -256,6 +273,7 @@ impl Coordinator {
                 _ = tick.tick() => {}
                 _ = self.leadership.changed() => {}
                 Some(done) = done_rx.recv() => self.finished(done, &mut memory),
+                Some(shard) = record_rx.recv() => memory.repl.read_soon(&shard),
                 _ = shutdown.changed() => break,
             }
             if !self.leadership.borrow().may_act(self.clock.now()) {
@@ -263,7 +281,7 @@ impl Coordinator {
                 self.follow(&mut memory);
                 continue;
             }
-            let w = watches.get_or_insert_with(|| self.watch());
+            let w = watches.get_or_insert_with(|| self.watch(&record_tx));
             if !w.ready() {
                 continue;
             }
@@ -278,16 +296,41 @@ impl Coordinator {
     }
 
     /// Starts the watches a leader plans from.
-    fn watch(&self) -> Watches {
+    fn watch(&self, records: &mpsc::Sender<String>) -> Watches {
         let (pods, pods_task) = self.watch_pods();
         let nodes_forbidden = Arc::new(AtomicBool::new(false));
         let (nodes, nodes_task) = self.watch_nodes(nodes_forbidden.clone());
+        let mut tasks = vec![pods_task, nodes_task];
+        if self.mode == Mode::Replication {
+            tasks.push(self.watch_records(records.clone()));
+        }
         Watches {
             pods,
             nodes,
             nodes_forbidden,
-            tasks: [pods_task, nodes_task],
+            tasks,
         }
+    }
+
+    /// Replication mode: names the shard whenever its record changes hands (a release, a
+    /// takeover), so the next round — at once — reads it instead of at its usual pace. Only a
+    /// trigger: decisions still rest on the round's own quorum read.
+    fn watch_records(&self, changed: mpsc::Sender<String>) -> JoinHandle<()> {
+        let api: Api<Lease> = Api::namespaced(self.client.clone(), &self.namespace);
+        let config = watcher::Config::default().labels(&ShardRecord::selector(&self.cluster));
+        let cluster = self.cluster.clone();
+        let mut holders: BTreeMap<String, Option<String>> = BTreeMap::new();
+        let stream = watcher(api, config).default_backoff().applied_objects();
+        tokio::spawn(stream.for_each(move |lease| {
+            if let Some(shard) = lease
+                .ok()
+                .and_then(|l| holder_change(&cluster, &l, &mut holders))
+            {
+                // A full channel already has a wake-up queued: dropping this one loses nothing.
+                let _ = changed.try_send(shard);
+            }
+            async {}
+        }))
     }
 
     /// A follower's round: it reports that it does not lead and forgets what it tracked, so that

@@ -46,6 +46,7 @@ use super::{Coordinator, Finished, Memory, Move, busy, spawn_move, world};
 use crate::clock::Clock;
 use crate::kube::shard_lease::ShardLeaseClient;
 use crate::metrics::Metrics;
+use crate::replication::RecordSeed;
 use crate::valkey::{Connector, Session, observe};
 
 /// How long one member's observation may take: a round waits for its slowest member, and a
@@ -103,18 +104,25 @@ impl State {
         }
     }
 
+    /// One record state per shard; the agent's own shard starts from what its keeper saw (the
+    /// same clock), every other shard from this leader's first read.
     fn sync_records(
         &mut self,
         shards: &BTreeMap<String, Vec<Arc<Pod>>>,
         client: impl Fn(&str) -> ShardLeaseClient,
+        seed: &RecordSeed,
     ) {
         self.records.retain(|shard, _| shards.contains_key(shard));
         for shard in shards.keys() {
+            let seen = seed
+                .as_ref()
+                .filter(|(s, _)| s == shard)
+                .map(|(_, seen)| seen.clone());
             self.records
                 .entry(shard.clone())
                 .or_insert_with(|| RecordState {
                     client: client(shard),
-                    seen: None,
+                    seen,
                     next_read: Millis(0),
                 });
         }
@@ -166,34 +174,15 @@ fn at(template: &Connector, host: &str) -> Connector {
     }
 }
 
-/// The record as seen after a read sent at `sent` and answered at `received`: a new
-/// `resourceVersion` counts as changed when the answer arrived (the write it shows was sent
-/// before that), the same one keeps the instant it was first seen.
-pub fn seen(
-    prev: Option<SeenRecord>,
-    record: Option<ShardRecord>,
-    sent: Millis,
-    received: Millis,
-) -> SeenRecord {
-    let version = |r: &Option<ShardRecord>| r.as_ref().map(|r| r.version.clone());
-    let changed_at = match prev {
-        Some(p) if version(&p.record) == version(&record) => p.changed_at,
-        _ => received,
-    };
-    SeenRecord {
-        record,
-        read_at: sent,
-        changed_at,
-    }
-}
-
 impl RecordState {
     async fn read(&mut self, clock: Clock, metrics: &Metrics) {
         let sent = clock.now();
         match self.client.read().await {
             Ok(record) => {
                 metrics.coordinator_record_read("ok");
-                self.seen = Some(seen(self.seen.take(), record, sent, clock.now()));
+                let prev = self.seen.take();
+                let seen = SeenRecord::after_read(prev.as_ref(), record, sent, clock.now());
+                self.seen = Some(seen);
             }
             Err(e) => {
                 metrics.coordinator_record_read(e.kind());
@@ -357,7 +346,8 @@ impl Coordinator {
             ..self.connector.clone()
         };
         state.sync_members(shards, &template);
-        state.sync_records(shards, |shard| self.record_client(shard));
+        let seed = self.seed.borrow().clone();
+        state.sync_records(shards, |shard| self.record_client(shard), &seed);
         let (observed, ()) = tokio::join!(
             observe_members(&mut state.members),
             read_records(&mut state.records, self.clock, &self.metrics),
@@ -369,7 +359,7 @@ impl Coordinator {
         ShardLeaseClient::new(
             self.client.clone(),
             &self.namespace,
-            &ShardRecord::lease_name(&self.cluster, shard),
+            (&self.cluster, shard),
             // A call must finish well inside the renew deadline to be of any use.
             Duration::from_millis(self.timings.retry_ms.max(500)),
             Duration::from_millis(self.timings.lease_ms),
@@ -552,23 +542,6 @@ mod tests {
             version: version.into(),
             ..ShardRecord::bootstrap("v-0-0")
         })
-    }
-
-    #[test]
-    fn a_new_version_counts_as_changed_when_its_answer_arrived() {
-        let first = seen(None, record("1"), Millis(100), Millis(130));
-        assert_eq!(
-            (first.read_at, first.changed_at),
-            (Millis(100), Millis(130))
-        );
-        let same = seen(Some(first), record("1"), Millis(2100), Millis(2110));
-        assert_eq!((same.read_at, same.changed_at), (Millis(2100), Millis(130)));
-        let renewed = seen(Some(same), record("2"), Millis(4100), Millis(4120));
-        assert_eq!(renewed.changed_at, Millis(4120));
-        let deleted = seen(Some(renewed), None, Millis(5000), Millis(5001));
-        assert_eq!(deleted.changed_at, Millis(5001));
-        let still_none = seen(Some(deleted), None, Millis(6000), Millis(6001));
-        assert_eq!(still_none.changed_at, Millis(5001));
     }
 
     fn primary() -> MemberValkey {

@@ -9,10 +9,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use futures::future::ready;
+use futures::stream::{BoxStream, StreamExt};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use valkey_sidecar_core::replication::ShardRecord;
 
 use super::KubeError;
@@ -22,21 +25,24 @@ use super::KubeError;
 pub struct ShardLeaseClient {
     api: Api<Lease>,
     name: String,
+    cluster: String,
     timeout: Duration,
     lease_seconds: i32,
 }
 
 impl ShardLeaseClient {
+    /// The client of `cluster`'s record for `shard` (`<cluster>-<shard>-primary`).
     pub fn new(
         client: kube::Client,
         namespace: &str,
-        name: &str,
+        (cluster, shard): (&str, &str),
         timeout: Duration,
         lease: Duration,
     ) -> ShardLeaseClient {
         ShardLeaseClient {
             api: Api::namespaced(client, namespace),
-            name: name.to_owned(),
+            name: ShardRecord::lease_name(cluster, shard),
+            cluster: cluster.to_owned(),
             timeout,
             lease_seconds: i32::try_from(lease.as_secs().max(1)).unwrap_or(i32::MAX),
         }
@@ -51,6 +57,17 @@ impl ShardLeaseClient {
         f: impl std::future::Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, KubeError> {
         super::bounded(self.timeout, f).await
+    }
+
+    /// The record each time the Lease changes (from a watch, re-established with backoff). Only a
+    /// hint that something changed: a watch may lag, so decisions read the record first.
+    pub fn watch(&self) -> BoxStream<'static, ShardRecord> {
+        let config = watcher::Config::default().fields(&format!("metadata.name={}", self.name));
+        watcher(self.api.clone(), config)
+            .default_backoff()
+            .applied_objects()
+            .filter_map(|lease| ready(lease.ok().map(|l| record_of(&l))))
+            .boxed()
     }
 
     /// The record; `None` when the Lease does not exist.
@@ -115,9 +132,18 @@ impl ShardLeaseClient {
         if let Some(p) = &rec.primary {
             annotations.insert(ShardRecord::PRIMARY_ANNOTATION.to_owned(), p.clone());
         }
+        // Labelled so the coordinator can watch every record of its cluster with one selector.
+        let labels = BTreeMap::from([
+            (
+                ShardRecord::KIND_LABEL.to_owned(),
+                ShardRecord::KIND.to_owned(),
+            ),
+            (ShardRecord::CLUSTER_LABEL.to_owned(), self.cluster.clone()),
+        ]);
         Lease {
             metadata: ObjectMeta {
                 name: Some(self.name.clone()),
+                labels: Some(labels),
                 resource_version: Some(rec.version.clone()).filter(|v| !v.is_empty()),
                 annotations: Some(annotations),
                 ..ObjectMeta::default()

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use tokio::sync::watch;
@@ -19,7 +20,8 @@ use valkey_sidecar_core::health::{Bounds, HealthState};
 use valkey_sidecar_core::lease::LeaseTimings;
 use valkey_sidecar_core::observation::{Observation, Role};
 use valkey_sidecar_core::replication::{
-    Holding, LocalAction, LocalRole, LocalValkey, LocalView, SeenRecord, ShardRecord, local,
+    Holding, LocalAction, LocalRole, LocalValkey, LocalView, SeenRecord, ShardRecord,
+    awaiting_promotion, local, may_advertise,
 };
 use valkey_sidecar_core::time::Millis;
 
@@ -55,10 +57,18 @@ pub struct Keeper {
     /// Whether this agent holds a valid renewal of a record naming it: the labeler and `/primary`
     /// claim `primary` only then, so a fenced master is never advertised.
     pub holding: watch::Sender<bool>,
+    /// Set while a promotion of the local Valkey is due (`core::replication::awaiting_promotion`):
+    /// the observer then polls fast, so the promoted node is advertised within milliseconds.
+    pub hurry: watch::Sender<bool>,
+    /// This pod's shard and its record as the keeper last read it, for the coordinator of the
+    /// same agent (same monotonic clock): a new leader starts judging expiry from it instead of
+    /// from its own first read, so losing the primary and the coordinator together costs one
+    /// lease, not two.
+    pub seen: watch::Sender<RecordSeed>,
 }
 
-/// Consecutive failed observations after which the local Valkey counts as not answering.
-const FAILED_TICKS_GONE: u32 = 2;
+/// A shard and its record as seen by this agent's keeper.
+pub type RecordSeed = Option<(String, SeenRecord)>;
 
 /// How long a looked-up primary address is trusted.
 const ADDR_REFRESH_MS: u64 = 10_000;
@@ -104,17 +114,24 @@ impl Keeper {
         let records = ShardLeaseClient::new(
             self.client.clone(),
             &self.namespace,
-            &name,
+            (&self.cluster, &seat.shard),
             lease_timeout,
             lease,
         );
         tracing::info!(shard = %seat.shard, lease = %name, "replication keeper started");
         let mut session = Session::new(self.connector.clone());
         let mut memory = Memory::default();
+        // Every new observation is a step: a holder whose Valkey just died releases within the
+        // tick that saw it, not at the keeper's own next poll. A record that changes hands is
+        // read at once (the watch only triggers the read: decisions rest on quorum reads).
+        let mut observed = self.state.clone();
+        let mut changes = records.watch();
         loop {
             let wake = self.next_wake(&memory);
             tokio::select! {
                 _ = tokio::time::sleep(wake) => {}
+                Ok(()) = observed.changed() => {}
+                Some(rec) = changes.next() => memory.force_read |= moved(&memory, &rec),
                 _ = shutdown.changed() => break,
             }
             self.step(&seat, &records, &mut session, &mut memory).await;
@@ -174,7 +191,7 @@ impl Keeper {
             let action = local(&view);
             self.log(&action, memory);
             let acted = self.act(action, &view, records, session, memory).await;
-            self.publish(&view, memory);
+            self.publish(&seat.shard, &view, memory);
             if !acted {
                 break;
             }
@@ -192,7 +209,7 @@ impl Keeper {
         if let action @ LocalAction::Fence { until, .. } = local(&view) {
             self.log(&action, memory);
             commands::fence(session, until.since(view.now), memory, until).await;
-            self.publish(&view, memory);
+            self.publish(&seat.shard, &view, memory);
         }
     }
 
@@ -227,9 +244,9 @@ impl Keeper {
     fn local_valkey(&self, memory: &mut Memory) -> Option<LocalValkey> {
         let now = self.clock.now();
         let state = self.state.borrow();
-        // Two failed ticks in a row (≈ two polls) and Valkey counts as gone, well before its
-        // last observation turns stale: a holder releases the record without waiting.
-        if state.consecutive_failures >= FAILED_TICKS_GONE {
+        // Gone (refused, or silent two ticks in a row) well before its last observation turns
+        // stale: a holder releases the record without waiting.
+        if state.gone() {
             return None;
         }
         let obs = state.current(now, &self.bounds).cloned()?;
@@ -286,7 +303,7 @@ impl Keeper {
         match records.read().await {
             Ok(record) => {
                 memory.force_read = false;
-                seen(memory, record, now);
+                seen(memory, record, now, self.clock.now());
             }
             Err(e) => self.api_error("read", &e),
         }
@@ -448,7 +465,7 @@ impl Keeper {
 
     /// Our own write is the freshest read there is.
     fn written(&self, memory: &mut Memory, written: ShardRecord, sent: Millis) -> bool {
-        seen(memory, Some(written), sent);
+        seen(memory, Some(written), sent, self.clock.now());
         self.metrics.shard_record("ok");
         true
     }
@@ -460,14 +477,23 @@ impl Keeper {
         false
     }
 
-    /// Tells the labeler and the endpoints whether Valkey may be advertised as primary.
-    fn publish(&self, view: &LocalView, memory: &Memory) {
-        let valid = memory.holding.as_ref().is_some_and(|h| {
-            view.now < h.deadline(&self.timings)
-                && view.valkey.as_ref().is_some_and(|v| v.run_id == h.run_id)
-        }) && memory.fenced_until.is_none();
+    /// Tells the labeler and the endpoints whether Valkey may be advertised as primary, the
+    /// observer whether a promotion is due, and the coordinator what the record looked like.
+    fn publish(&self, shard: &str, view: &LocalView, memory: &Memory) {
+        let seed = memory.seen.clone().map(|s| (shard.to_owned(), s));
+        self.seen
+            .send_if_modified(|s| std::mem::replace(s, seed.clone()) != seed);
+        let view = LocalView {
+            holding: memory.holding.clone(),
+            fenced_until: memory.fenced_until,
+            ..view.clone()
+        };
+        let valid = may_advertise(&view);
         self.holding
             .send_if_modified(|h| std::mem::replace(h, valid) != valid);
+        let due = awaiting_promotion(&view);
+        self.hurry
+            .send_if_modified(|h| std::mem::replace(h, due) != due);
     }
 
     fn log(&self, action: &LocalAction, memory: &mut Memory) {
@@ -504,20 +530,21 @@ impl Keeper {
     }
 }
 
-/// Records a read (or our own write) made at `at`.
-fn seen(memory: &mut Memory, record: Option<ShardRecord>, at: Millis) {
-    let same = memory.seen.as_ref().is_some_and(|s| {
-        s.record.as_ref().map(|r| &r.version) == record.as_ref().map(|r| &r.version)
-    });
-    let changed_at = match &memory.seen {
-        Some(s) if same => s.changed_at,
-        _ => at,
-    };
-    memory.seen = Some(SeenRecord {
+/// Whether a watched record names another holder, primary or epoch than the one last read.
+fn moved(memory: &Memory, rec: &ShardRecord) -> bool {
+    let last = memory.seen.as_ref().and_then(|s| s.record.as_ref());
+    !last.is_some_and(|l| l.same_claim(rec))
+}
+
+/// Records a read (or our own write) sent at `sent` and answered at `received`.
+fn seen(memory: &mut Memory, record: Option<ShardRecord>, sent: Millis, received: Millis) {
+    let prev = memory.seen.take();
+    memory.seen = Some(SeenRecord::after_read(
+        prev.as_ref(),
         record,
-        read_at: at,
-        changed_at,
-    });
+        sent,
+        received,
+    ));
 }
 
 fn seat_of(pod: &Pod) -> Seat {
@@ -613,20 +640,5 @@ mod tests {
             ..Observation::default()
         };
         assert!(!primary.fresh());
-    }
-
-    #[test]
-    fn a_read_of_the_same_version_keeps_when_it_changed() {
-        let mut m = Memory::default();
-        let rec = |v: &str| ShardRecord {
-            version: v.into(),
-            ..ShardRecord::default()
-        };
-        seen(&mut m, Some(rec("1")), Millis(10));
-        seen(&mut m, Some(rec("1")), Millis(20));
-        let s = m.seen.clone().unwrap();
-        assert_eq!((s.read_at, s.changed_at), (Millis(20), Millis(10)));
-        seen(&mut m, Some(rec("2")), Millis(30));
-        assert_eq!(m.seen.unwrap().changed_at, Millis(30));
     }
 }

@@ -12,6 +12,7 @@ use backon::ExponentialBackoff;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisConnectionInfo};
 use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
 
 use super::tls::Tls;
@@ -58,6 +59,12 @@ impl ValkeyError {
         }
     }
 
+    /// Nothing listens at the address: on the pod's own loopback that means the process is gone.
+    pub fn refused(&self) -> bool {
+        matches!(self, ValkeyError::Connect { source, .. }
+            if source.kind() == std::io::ErrorKind::ConnectionRefused)
+    }
+
     /// Valkey answered (with an error) — it is alive even though the agent cannot use the answer.
     pub fn valkey_answered(&self) -> bool {
         match self {
@@ -85,8 +92,9 @@ impl Connector {
         format!("{}:{}", self.host, self.port)
     }
 
-    /// Dials, starts TLS if configured, authenticates; the connection's driver runs as a task.
-    pub async fn connect(&self) -> Result<MultiplexedConnection, ValkeyError> {
+    /// Dials, starts TLS if configured, authenticates; the connection's driver runs as a task,
+    /// whose end tells that the connection closed.
+    pub async fn connect(&self) -> Result<(MultiplexedConnection, JoinHandle<()>), ValkeyError> {
         let addr = self.addr();
         let tcp = timeout(
             self.timeout,
@@ -123,7 +131,7 @@ impl Connector {
         &self,
         info: &RedisConnectionInfo,
         stream: S,
-    ) -> Result<MultiplexedConnection, ValkeyError>
+    ) -> Result<(MultiplexedConnection, JoinHandle<()>), ValkeyError>
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
@@ -133,8 +141,7 @@ impl Connector {
             .await
             .map_err(|_| ValkeyError::Timeout(self.timeout))?
             .map_err(ValkeyError::Setup)?;
-        tokio::spawn(driver);
-        Ok(conn)
+        Ok((conn, tokio::spawn(driver)))
     }
 
     /// Credentials are read at every connect so a rotated password file needs no restart; they
@@ -165,6 +172,8 @@ const TIMEOUTS_BEFORE_RECONNECT: u32 = 3;
 pub struct Session {
     connector: Connector,
     conn: Option<MultiplexedConnection>,
+    /// The connection's driver task: it ends when the peer closes the socket.
+    driver: Option<JoinHandle<()>>,
     backoff: ExponentialBackoff,
     retry_at: Option<(Instant, String)>,
     timeouts: u32,
@@ -182,6 +191,7 @@ impl Session {
         Session {
             connector,
             conn: None,
+            driver: None,
             backoff: backoff(),
             retry_at: None,
             timeouts: 0,
@@ -201,8 +211,34 @@ impl Session {
                 Ok(values)
             }
             Ok(Err(e)) if e.is_timeout() => Err(self.timed_out(limit)),
-            Ok(Err(e)) => Err(self.failed(e)),
+            Ok(Err(e)) => Err(self.broken(e).await),
             Err(_) => Err(self.timed_out(limit)),
+        }
+    }
+
+    /// A failed query; when it broke a connection that worked, dial again at once (no backoff:
+    /// this is no crash loop yet) so the same tick can tell a dead process (refused) from a
+    /// dropped connection.
+    async fn broken(&mut self, e: redis::RedisError) -> ValkeyError {
+        let err = self.failed(e);
+        if self.conn.is_some() {
+            return err;
+        }
+        match self.reconnect().await {
+            Err(redial) if redial.refused() => redial,
+            _ => err,
+        }
+    }
+
+    /// Resolves when the current connection closes (Valkey exited, or reset it); never while
+    /// there is none. The observer ticks at once then, instead of at its next interval.
+    pub async fn closed(&mut self) {
+        match self.driver.as_mut() {
+            Some(driver) => {
+                let _ = driver.await;
+                self.drop_connection();
+            }
+            None => std::future::pending().await,
         }
     }
 
@@ -235,8 +271,11 @@ impl Session {
             }
         }
         match self.connector.connect().await {
-            Ok(conn) => {
+            Ok((conn, driver)) => {
                 self.conn = Some(conn);
+                if let Some(old) = self.driver.replace(driver) {
+                    old.abort();
+                }
                 self.retry_at = None;
                 self.backoff = backoff();
                 Ok(())
@@ -251,9 +290,18 @@ impl Session {
 
     fn failed(&mut self, e: redis::RedisError) -> ValkeyError {
         if e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() {
-            self.conn = None;
+            self.drop_connection();
         }
         ValkeyError::Redis(e)
+    }
+
+    /// Forgets the connection and its driver (so [`Session::closed`] does not fire for a
+    /// connection the session already gave up).
+    fn drop_connection(&mut self) {
+        self.conn = None;
+        if let Some(driver) = self.driver.take() {
+            driver.abort();
+        }
     }
 
     /// A blocked Valkey (`DEBUG SLEEP`, a slow script) answers late, so one timeout keeps the
@@ -261,7 +309,7 @@ impl Session {
     fn timed_out(&mut self, limit: Duration) -> ValkeyError {
         self.timeouts += 1;
         if self.timeouts >= TIMEOUTS_BEFORE_RECONNECT {
-            self.conn = None;
+            self.drop_connection();
             self.timeouts = 0;
         }
         ValkeyError::Timeout(limit)

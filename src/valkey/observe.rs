@@ -37,6 +37,7 @@ pub async fn tick(
     match session.query(pipe).await {
         Ok(values) => (outcome(values, mode), None),
         Err(e) if e.valkey_answered() => (Outcome::Refused(e.to_string()), Some(e)),
+        Err(e) if e.refused() => (Outcome::Down(e.to_string()), Some(e)),
         Err(e) => (Outcome::Unreachable(e.to_string()), Some(e)),
     }
 }
