@@ -4,7 +4,8 @@
 #   - etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl and helm, built from Go
 #     modules into the same cache (cold: ~10-15 min on 2 cores; cached: instant)
 #   - Debian packages: redis-server (TLS-capable server for the TLS tests), openssl (test certificates),
-#     util-linux's setpriv (child processes die with the test process)
+#     util-linux's setpriv (child processes die with the test process), nftables (network
+#     partitions between test pods)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +14,7 @@ command -v redis-server >/dev/null || need+=(redis-server)
 command -v openssl >/dev/null || need+=(openssl)
 command -v setpriv >/dev/null || need+=(util-linux)
 command -v curl >/dev/null || need+=(curl)
+command -v nft >/dev/null || need+=(nftables)
 if ((${#need[@]})); then
   echo "installing Debian packages: ${need[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive

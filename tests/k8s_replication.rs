@@ -7,12 +7,22 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
+use valkey_sidecar_testkit::k8s::shard::{
+    Record, follows, new_primary, record, role_label, writable, write_acked,
+};
 use valkey_sidecar_testkit::k8s::valkey::cmd;
 use valkey_sidecar_testkit::k8s::writer::{Writer, lost};
-use valkey_sidecar_testkit::k8s::{ROLE_LABEL, Stage, StageOptions, http_get, poll_until};
-use valkey_sidecar_testkit::redis;
+use valkey_sidecar_testkit::k8s::{Stage, StageOptions, http_get, poll_until};
 
 const SECOND: Duration = Duration::from_secs(1);
+
+/// The record of shard 0 held by `holder` at `epoch`.
+fn held(holder: &str, epoch: u64) -> Option<Record> {
+    Some(Record {
+        holder: Some(holder.into()),
+        epoch,
+    })
+}
 
 /// One shard of three pods in replication mode, agents with the coordinator on.
 async fn replication_stage(namespace: &str, env: &[(&str, &str)]) -> Stage {
@@ -22,38 +32,6 @@ async fn replication_stage(namespace: &str, env: &[(&str, &str)]) -> Stage {
         .unwrap()
 }
 
-/// The shard record: (holder, epoch annotation).
-async fn record(s: &Stage) -> Option<(Option<String>, String)> {
-    let leases: Api<Lease> = Api::namespaced(s.plane.client(), &s.namespace);
-    let lease = leases.get_opt("valkey-0-primary").await.ok()??;
-    let epoch = lease
-        .metadata
-        .annotations
-        .and_then(|a| a.get("valkey.io/epoch").cloned())
-        .unwrap_or_default();
-    Some((lease.spec?.holder_identity.filter(|h| !h.is_empty()), epoch))
-}
-
-/// Whether `pod`'s Valkey replicates from `primary`'s with the link up.
-fn follows(s: &Stage, pod: &str, primary: &str) -> bool {
-    let Ok(redis::Value::Array(items)) = cmd(s.valkey(pod).unwrap(), &["ROLE"]) else {
-        return false;
-    };
-    let host = match items.get(1) {
-        Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
-        _ => return false,
-    };
-    let state = match items.get(3) {
-        Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
-        _ => return false,
-    };
-    host == s.valkey(primary).unwrap().ip().to_string() && state == "connected"
-}
-
-async fn role_label(s: &Stage, pod: &str) -> Option<String> {
-    s.labels(pod).await.ok()?.get(ROLE_LABEL).cloned()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_intended_primary_bootstraps_the_record_and_the_others_follow_it() {
     let s = replication_stage("repl-bootstrap", &[]).await;
@@ -61,7 +39,7 @@ async fn the_intended_primary_bootstraps_the_record_and_the_others_follow_it() {
         "valkey-0-0 holds the record at epoch 1",
         20 * SECOND,
         Duration::from_millis(50),
-        || async { Ok(record(&s).await == Some((Some("valkey-0-0".into()), "1".into()))) },
+        || async { Ok(record(&s, "0").await == held("valkey-0-0", 1)) },
     )
     .await
     .unwrap();
@@ -97,21 +75,6 @@ async fn the_intended_primary_bootstraps_the_record_and_the_others_follow_it() {
     // The primary takes writes; nobody else is a writable master.
     cmd(s.valkey("valkey-0-0").unwrap(), &["SET", "k", "v"]).unwrap();
     assert!(cmd(s.valkey("valkey-0-1").unwrap(), &["SET", "k", "v"]).is_err());
-}
-
-/// Whether a write to `pod` is acknowledged within `limit` (a fenced primary blocks it).
-fn write_acked(s: &Stage, pod: &str, limit: Duration) -> bool {
-    let addr = s.valkey(pod).unwrap();
-    let client = redis::Client::open(format!("redis://{addr}")).unwrap();
-    let Ok(mut c) = client.get_connection_with_timeout(limit) else {
-        return false;
-    };
-    c.set_read_timeout(Some(limit)).unwrap();
-    redis::cmd("SET")
-        .arg("probe")
-        .arg(1)
-        .query::<()>(&mut c)
-        .is_ok()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -191,58 +154,13 @@ async fn bootstrapped(s: &Stage) {
         30 * SECOND,
         Duration::from_millis(50),
         || async {
-            Ok(
-                record(s).await == Some((Some("valkey-0-0".into()), "1".into()))
-                    && follows(s, "valkey-0-1", "valkey-0-0")
-                    && follows(s, "valkey-0-2", "valkey-0-0"),
-            )
+            Ok(record(s, "0").await == held("valkey-0-0", 1)
+                && follows(s, "valkey-0-1", "valkey-0-0")
+                && follows(s, "valkey-0-2", "valkey-0-0"))
         },
     )
     .await
     .unwrap();
-}
-
-/// The pods whose Valkey takes a write now.
-fn writable(s: &Stage) -> Vec<String> {
-    s.pods
-        .iter()
-        .filter(|p| write_acked(s, p, Duration::from_millis(300)))
-        .cloned()
-        .collect()
-}
-
-/// Waits until some pod other than `old` takes writes and carries the `primary` label; returns it.
-async fn new_primary(s: &Stage, old: &str, timeout: Duration) -> String {
-    let found = std::sync::Mutex::new(None);
-    let found_ok = poll_until(
-        "a new writable, labelled primary",
-        timeout,
-        Duration::from_millis(10),
-        || async {
-            for p in s.pods.iter().filter(|p| *p != old) {
-                if write_acked(s, p, Duration::from_millis(100))
-                    && role_label(s, p).await.as_deref() == Some("primary")
-                {
-                    *found.lock().unwrap() = Some(p.clone());
-                    return Ok(true);
-                }
-            }
-            Ok(false)
-        },
-    )
-    .await;
-    if let Err(e) = &found_ok {
-        for p in &s.pods {
-            println!(
-                "{p}: role {:?}, label {:?}, takes writes {}",
-                s.role(p),
-                role_label(s, p).await,
-                write_acked(s, p, Duration::from_millis(100))
-            );
-        }
-        panic!("{e:#}; record {:?}", record(s).await);
-    }
-    found.into_inner().unwrap().unwrap()
 }
 
 fn addrs(s: &Stage) -> Vec<std::net::SocketAddr> {
@@ -263,7 +181,7 @@ async fn a_killed_primary_is_replaced_and_rejoins_as_a_replica() {
         Api::namespaced(s.plane.client(), &s.namespace),
         killed,
     ));
-    let promoted = new_primary(&s, "valkey-0-0", 20 * SECOND).await;
+    let promoted = new_primary(&s, "valkey-0-0", 20 * SECOND).await.unwrap();
     let took = killed.elapsed();
     println!("record: {}", phases.await.unwrap());
     poll_until(
@@ -284,14 +202,14 @@ async fn a_killed_primary_is_replaced_and_rejoins_as_a_replica() {
         "primary Valkey killed (agent alive): {promoted} writable and labelled primary after {took:?}; writer: {} acknowledged, {missing} lost (async replication), longest pause {:?}; record {:?}",
         w.acked.len(),
         w.longest_pause,
-        record(&s).await
+        record(&s, "0").await
     );
     assert_eq!(
         writable(&s),
         vec![promoted.clone()],
         "exactly one writable primary"
     );
-    assert_eq!(record(&s).await, Some((Some(promoted), "2".into())));
+    assert_eq!(record(&s, "0").await, held(&promoted, 2));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -307,11 +225,11 @@ async fn a_lost_primary_pod_is_replaced_after_the_lease_expires() {
     let cut = Instant::now();
     // The node dies with the pod: Valkey and its agent are gone, nobody releases the record.
     s.kubelet.cut_node(&node).unwrap();
-    let promoted = new_primary(&s, "valkey-0-0", 30 * SECOND).await;
+    let promoted = new_primary(&s, "valkey-0-0", 30 * SECOND).await.unwrap();
     let took = cut.elapsed();
     println!(
         "primary pod's node cut: {promoted} writable and labelled primary after {took:?} (lease 4 s); record {:?}",
-        record(&s).await
+        record(&s, "0").await
     );
     assert!(
         took >= 3 * SECOND,
@@ -331,7 +249,7 @@ async fn deleting_the_primary_pod_switches_over_without_losing_a_write() {
         .delete("valkey-0-0", &Default::default())
         .await
         .unwrap();
-    let promoted = new_primary(&s, "valkey-0-0", 20 * SECOND).await;
+    let promoted = new_primary(&s, "valkey-0-0", 20 * SECOND).await.unwrap();
     let took = deleted.elapsed();
     s.wait_gone("valkey-0-0", 40 * SECOND).await.unwrap();
     tokio::time::sleep(SECOND).await;

@@ -275,6 +275,14 @@ impl Observation {
         self.keys == 0 && offset == 0 && !ever_up
     }
 
+    /// Holds nothing it got from the shard: [`Observation::fresh`], or a replica at offset 0 whose
+    /// link never came up in this run — whatever keys it has are its own (e.g. written to it as
+    /// an empty master after a restart), not the shard's. Never a failover candidate.
+    pub fn unsynced(&self) -> bool {
+        let never = |l: &PrimaryLink| l.offset == 0 && !l.ever_up;
+        self.fresh() || (self.role == Role::Replica && self.link.as_ref().is_some_and(never))
+    }
+
     pub fn lag_bytes(&self, primary_offset: Option<u64>) -> Option<u64> {
         let link = self.link.as_ref()?;
         let from_shard = || self.my_shard()?.primary().map(|p| p.replication_offset);

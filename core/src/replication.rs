@@ -180,6 +180,54 @@ pub struct LocalValkey {
     pub run_id: String,
     /// When this agent first saw the current role (and, for a replica, its primary) in this run.
     pub since: Millis,
+    /// When the observation this is made of was taken (it may be a poll older than `now`).
+    pub observed_at: Millis,
+}
+
+/// Whether the data of the local Valkey's current run can be trusted, as the keeper tracks it
+/// from one observation to the next.
+///
+/// Untrusted: the run started empty, or started while this agent watched (a restart: whatever it
+/// holds came after, e.g. client writes to an empty primary). Without persistence a restarted
+/// primary takes writes and gains replicas within a second (they full-sync from it), after which
+/// it no longer *looks* empty — but it is not the primary whose data the shard has, so it must
+/// never renew. Trusted again once the run completes a sync as a replica (its data is then the
+/// shard's), or is promoted from replica to master within the run: only the coordinator sends
+/// `REPLICAOF NO ONE`, and only to a replica that synced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunTrust {
+    pub run_id: String,
+    pub untrusted: bool,
+    /// The role in the last observation of this run.
+    pub role: LocalRole,
+}
+
+impl RunTrust {
+    /// The trust after an observation of run `run_id` in `role`; `fresh`: it holds nothing
+    /// (`Observation::fresh`), `synced`: a link to a primary has been up in this run.
+    pub fn observe(
+        prev: Option<&RunTrust>,
+        run_id: &str,
+        role: &LocalRole,
+        fresh: bool,
+        synced: bool,
+    ) -> RunTrust {
+        let untrusted = match prev {
+            Some(p) if p.run_id == run_id => p.untrusted && !p.promoted_to(role),
+            // Restarted under this agent: whatever it holds now came after the restart.
+            Some(_) => true,
+            None => fresh,
+        };
+        RunTrust {
+            run_id: run_id.to_owned(),
+            untrusted: untrusted && !synced,
+            role: role.clone(),
+        }
+    }
+
+    fn promoted_to(&self, role: &LocalRole) -> bool {
+        matches!(self.role, LocalRole::Replica { .. }) && *role == LocalRole::Primary
+    }
 }
 
 /// This agent's own claim on the record: when it last renewed it, and for which Valkey run.
@@ -307,25 +355,22 @@ pub fn local(view: &LocalView) -> LocalAction {
     }
 }
 
-/// Whether the labels and `/primary` may advertise the local Valkey as primary: it is master,
-/// this agent holds a valid renewal of the record naming it (this epoch, this Valkey run, before
-/// the deadline), and it is not fenced. Everything else — a fenced, superseded or unrecorded
-/// master — is advertised as unknown, so a Service never routes writes to it.
+/// Whether the labels and `/primary` may advertise the local Valkey as primary *once it is
+/// master*: this agent holds a valid renewal of the record naming it (this epoch, this Valkey
+/// run, before the deadline) and has not fenced it. A named replica may already hold it, so the
+/// moment its promotion lands it is labelled primary directly. Everything else — a fenced,
+/// superseded or unrecorded master — is advertised as unknown, so a Service never routes writes
+/// to it. (The consumers check the role itself: a replica is never advertised as primary.)
 pub fn may_advertise(view: &LocalView) -> bool {
-    let master = |v: &&LocalValkey| v.role == LocalRole::Primary;
-    let held = view
-        .valkey
-        .as_ref()
-        .filter(master)
-        .is_some_and(|v| holds(view, v));
+    let held = view.valkey.as_ref().is_some_and(|v| holds(view, v));
     held && view.fenced_until.is_none()
 }
 
-/// Whether the record names this agent while its Valkey is still a replica with data: the
-/// coordinator's `REPLICAOF NO ONE` is due any moment, so it is worth observing Valkey more
-/// often until it lands (the promoted node is advertised as soon as it is seen).
+/// Whether the record names this agent while its Valkey is still a replica: the coordinator's
+/// `REPLICAOF NO ONE` is due any moment (or, for an empty replica, a fresh look decides whether
+/// to release), so it is worth observing Valkey more often until then.
 pub fn awaiting_promotion(view: &LocalView) -> bool {
-    let replica = |v: &&LocalValkey| matches!(v.role, LocalRole::Replica { .. }) && !v.fresh;
+    let replica = |v: &&LocalValkey| matches!(v.role, LocalRole::Replica { .. });
     named(view) && view.valkey.as_ref().filter(replica).is_some()
 }
 
@@ -519,6 +564,16 @@ fn as_replica(view: &LocalView, v: &LocalValkey, of: &str) -> LocalAction {
 /// the coordinator stalled, and we release so it can choose again.
 fn named_replica(view: &LocalView, v: &LocalValkey) -> LocalAction {
     if v.fresh {
+        // An observation older than the read that named us may predate a sync that completed
+        // since (the coordinator, which observed it later, saw the data): look again first, or
+        // the shard ping-pongs between replicas the coordinator picks and their agents release.
+        if view
+            .record
+            .as_ref()
+            .is_some_and(|s| v.observed_at < s.read_at)
+        {
+            return wait("named primary: observing my Valkey again before deciding");
+        }
         // The coordinator never picks a replica that never synced: the record is about an
         // earlier incarnation of this pod, whose data is gone.
         return LocalAction::Release {

@@ -276,7 +276,32 @@ fn valkey_is_gone_when_refused_or_silent_twice() {
     assert!(h.gone(), "backing off after a refusal stays gone");
     h.record(now, Outcome::Refused("NOAUTH".into()));
     assert!(
-        !h.gone(),
+        !h.down,
         "an answer, even a refusal, means a process listens"
     );
+    assert!(
+        h.gone(),
+        "yet three failed ticks in a row: the agent is blind"
+    );
+    h.record(
+        now,
+        Outcome::Observed(Box::new(obs("replica-link-up", Mode::Replication))),
+    );
+    assert!(!h.gone());
+}
+
+#[test]
+fn a_replica_that_never_synced_is_unsynced_whatever_keys_it_holds() {
+    let mut syncing = obs("replica-sync-in-progress", Mode::Replication);
+    assert!(syncing.unsynced());
+    syncing.keys = 3;
+    assert!(!syncing.fresh(), "it has keys");
+    assert!(
+        syncing.unsynced(),
+        "but not the shard's: its link never came up"
+    );
+    assert!(!obs("replica-link-up", Mode::Replication).unsynced());
+    assert!(!obs("replica-link-down", Mode::Replication).unsynced());
+    let primary = obs("standalone-primary", Mode::Replication);
+    assert_eq!(primary.unsynced(), primary.fresh());
 }

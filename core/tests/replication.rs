@@ -8,7 +8,7 @@ use valkey_sidecar_core::lease::LeaseTimings;
 use valkey_sidecar_core::observation::Role;
 use valkey_sidecar_core::replication::{
     Command, FailoverPolicy, HoldKind, Holding, LocalAction, LocalRole, LocalValkey, LocalView,
-    MemberValkey, Phase, SeenRecord, ShardMember, ShardRecord, ShardView, Switchover,
+    MemberValkey, Phase, RunTrust, SeenRecord, ShardMember, ShardRecord, ShardView, Switchover,
     SwitchoverObservation, SwitchoverPlan, WriteOutcome, awaiting_promotion, local, may_advertise,
     promote, step,
 };
@@ -43,6 +43,7 @@ fn master(run: &str, since: u64) -> LocalValkey {
         fresh: false,
         run_id: run.into(),
         since: Millis(since),
+        observed_at: Millis(since),
     }
 }
 
@@ -264,6 +265,16 @@ fn local_table() {
             },
             "release",
         ),
+        (
+            "named primary, empty in an observation older than the record read",
+            LocalView {
+                valkey: Some(fresh(replica_of("10.0.0.11:6379", 0))),
+                holding: None,
+                record: Some(seen(Some(record(Some("pod-0"), Some("pod-0"), 3)), 1_000)),
+                ..holder_view(3_000, 0)
+            },
+            "wait",
+        ),
         // Before anything is known, and bootstrap.
         (
             "record not read, replica",
@@ -359,12 +370,12 @@ fn only_a_held_unfenced_master_is_advertised() {
             false,
         ),
         (
-            "a replica, though holding",
+            "a named replica holding a renewal (advertised once promoted)",
             LocalView {
                 valkey: Some(replica_of("10.0.0.11:6379", 0)),
                 ..steady.clone()
             },
-            false,
+            true,
         ),
         (
             "no answer from Valkey",
@@ -396,10 +407,7 @@ fn a_named_replica_with_data_awaits_its_promotion() {
         valkey: Some(fresh),
         ..named.clone()
     };
-    assert!(
-        !awaiting_promotion(&empty),
-        "an empty replica releases instead"
-    );
+    assert!(awaiting_promotion(&empty), "an empty one looks again, fast");
     let promoted = LocalView {
         valkey: Some(master("run", 5_500)),
         ..named
@@ -442,6 +450,38 @@ fn a_new_version_counts_as_changed_when_its_answer_arrived() {
     assert_eq!(deleted.changed_at, Millis(5001));
     let still_none = SeenRecord::after_read(Some(&deleted), None, Millis(6000), Millis(6001));
     assert_eq!(still_none.changed_at, Millis(5001));
+}
+
+#[test]
+fn a_run_is_trusted_once_synced_or_promoted_never_after_an_unseen_restart() {
+    let replica = LocalRole::Replica { of: "p:1".into() };
+    let primary = LocalRole::Primary;
+    let first = RunTrust::observe(None, "r1", &primary, true, false);
+    assert!(first.untrusted, "started empty");
+    let known = RunTrust::observe(None, "r1", &primary, false, false);
+    assert!(!known.untrusted, "found with data when the agent started");
+    let restarted = RunTrust::observe(Some(&known), "r2", &primary, false, false);
+    assert!(
+        restarted.untrusted,
+        "restarted under the agent: it took writes since"
+    );
+    let rejoined = RunTrust::observe(Some(&restarted), "r2", &replica, false, false);
+    assert!(rejoined.untrusted, "a replica before its sync");
+    let synced = RunTrust::observe(Some(&rejoined), "r2", &replica, false, true);
+    assert!(
+        !synced.untrusted,
+        "a completed sync brings the shard's data"
+    );
+    let promoted = RunTrust::observe(Some(&rejoined), "r2", &primary, false, false);
+    assert!(
+        !promoted.untrusted,
+        "replica to master in one run: the coordinator's promotion"
+    );
+    let again = RunTrust::observe(Some(&restarted), "r2", &primary, false, false);
+    assert!(
+        again.untrusted,
+        "a master that stays master stays untrusted"
+    );
 }
 
 #[test]
@@ -913,6 +953,7 @@ fn local_valkey() -> impl Strategy<Value = LocalValkey> {
             fresh,
             run_id: run.into(),
             since: Millis(since),
+            observed_at: Millis(since),
         })
 }
 

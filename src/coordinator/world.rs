@@ -122,7 +122,7 @@ pub fn member_valkey(obs: &Observation) -> MemberValkey {
         role,
         offset,
         link_up,
-        fresh: obs.fresh(),
+        fresh: obs.unsynced(),
     }
 }
 

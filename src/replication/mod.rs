@@ -20,7 +20,7 @@ use valkey_sidecar_core::health::{Bounds, HealthState};
 use valkey_sidecar_core::lease::LeaseTimings;
 use valkey_sidecar_core::observation::{Observation, Role};
 use valkey_sidecar_core::replication::{
-    Holding, LocalAction, LocalRole, LocalValkey, LocalView, SeenRecord, ShardRecord,
+    Holding, LocalAction, LocalRole, LocalValkey, LocalView, RunTrust, SeenRecord, ShardRecord,
     awaiting_promotion, local, may_advertise,
 };
 use valkey_sidecar_core::time::Millis;
@@ -88,13 +88,9 @@ struct Memory {
     fenced_until: Option<Millis>,
     /// The local role and run as last observed, and since when.
     role: Option<(LocalRole, String, Millis)>,
-    /// The current Valkey run, and whether its data is untrusted: the run started empty, or
-    /// started while this agent watched (a restart), and has not completed a sync as a replica
-    /// since. Sticky for the run otherwise: a primary restarted
-    /// without its data takes client writes and gains replicas within a second (they full-sync
-    /// from it), after which it no longer *looks* empty — but it still is not the primary whose
-    /// data the shard has. A restart with persistence costs a failover; that is the safe side.
-    run: Option<(String, bool)>,
+    /// The current Valkey run and whether its data is trusted (`core::replication::RunTrust`). A
+    /// restart with persistence costs a failover; that is the safe side.
+    run: Option<RunTrust>,
     /// Pod name → (`ip:port`, when looked up), for the recorded primary.
     addrs: BTreeMap<String, (String, Millis)>,
     force_read: bool,
@@ -250,6 +246,7 @@ impl Keeper {
             return None;
         }
         let obs = state.current(now, &self.bounds).cloned()?;
+        let observed_at = state.observation.as_ref().map_or(now, |(at, _)| *at);
         drop(state);
         if obs.loading {
             return None;
@@ -261,22 +258,17 @@ impl Keeper {
             _ => now,
         };
         memory.role = Some((role.clone(), run_id.clone(), since));
-        let untrusted = match &memory.run {
-            Some((id, untrusted)) if *id == run_id => *untrusted,
-            // Restarted under this agent: whatever it holds now came after the restart.
-            Some(_) => true,
-            None => obs.fresh(),
-        };
-        // A completed sync as a replica replaces its data with the shard's: trusted from then on.
-        let untrusted = untrusted && !obs.link.as_ref().is_some_and(|l| l.ever_up);
-        memory.run = Some((run_id.clone(), untrusted));
+        let synced = obs.link.as_ref().is_some_and(|l| l.ever_up);
+        let trust = RunTrust::observe(memory.run.as_ref(), &run_id, &role, obs.fresh(), synced);
         // Only a master is judged by how its run started; a replica that synced is not empty.
-        let fresh = obs.fresh() || (role == LocalRole::Primary && untrusted);
+        let fresh = obs.fresh() || (role == LocalRole::Primary && trust.untrusted);
+        memory.run = Some(trust);
         Some(LocalValkey {
             role,
             fresh,
             run_id,
             since,
+            observed_at,
         })
     }
 

@@ -44,6 +44,9 @@ pub use util::{http_get, poll_until, process_alive};
 
 pub mod audit;
 pub mod chart;
+pub mod netfault;
+pub mod primaries;
+pub mod shard;
 pub mod stage;
 pub mod valkey;
 pub mod writer;

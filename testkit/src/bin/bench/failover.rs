@@ -7,11 +7,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use k8s_openapi::api::coordination::v1::Lease;
-use kube::Api;
+use valkey_sidecar_testkit::k8s::shard;
 use valkey_sidecar_testkit::k8s::writer::{Writer, lost};
-use valkey_sidecar_testkit::k8s::{ROLE_LABEL, Stage, StageOptions, poll_until};
-use valkey_sidecar_testkit::redis;
+use valkey_sidecar_testkit::k8s::{Stage, StageOptions};
 
 /// What one run measured.
 pub struct Run {
@@ -25,72 +23,9 @@ pub async fn stage(bin: &Path) -> Result<Stage> {
     Stage::start(StageOptions::replication("valkey", bin, &[])).await
 }
 
-/// The pod the shard record names.
-pub async fn holder(s: &Stage) -> Result<Option<String>> {
-    let leases: Api<Lease> = Api::namespaced(s.plane.client(), &s.namespace);
-    let lease = leases.get_opt("valkey-0-primary").await?;
-    Ok(lease
-        .and_then(|l| l.spec?.holder_identity)
-        .filter(|h| !h.is_empty()))
-}
-
-fn writable(s: &Stage, pod: &str) -> bool {
-    let Ok(addr) = s.valkey(pod) else {
-        return false;
-    };
-    let Ok(client) = redis::Client::open(format!("redis://{addr}")) else {
-        return false;
-    };
-    let Ok(mut c) = client.get_connection_with_timeout(Duration::from_millis(100)) else {
-        return false;
-    };
-    if c.set_read_timeout(Some(Duration::from_millis(100)))
-        .is_err()
-    {
-        return false;
-    }
-    redis::cmd("SET")
-        .arg("probe")
-        .arg(1)
-        .query::<()>(&mut c)
-        .is_ok()
-}
-
-async fn labelled_primary(s: &Stage, pod: &str) -> bool {
-    let labels = s.labels(pod).await.unwrap_or_default();
-    labels.get(ROLE_LABEL).map(String::as_str) == Some("primary")
-}
-
-/// Every pod but the holder replicates from it with the link up, and the holder is labelled.
-async fn steady(s: &Stage) -> Result<bool> {
-    let Some(primary) = holder(s).await? else {
-        return Ok(false);
-    };
-    let ip = s.valkey(&primary)?.ip().to_string();
-    for p in s.pods.iter().filter(|p| **p != primary) {
-        let info = valkey_sidecar_testkit::k8s::valkey::cmd(s.valkey(p)?, &["INFO", "replication"]);
-        let text = match info {
-            Ok(redis::Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
-            Ok(redis::Value::VerbatimString { text, .. }) => text,
-            _ => return Ok(false),
-        };
-        if !text.contains(&format!("master_host:{ip}")) || !text.contains("master_link_status:up") {
-            return Ok(false);
-        }
-    }
-    Ok(labelled_primary(s, &primary).await)
-}
-
 /// One run: kill the primary's Valkey, time the replacement, count the writes lost.
 pub async fn run(s: &Stage) -> Result<Run> {
-    poll_until(
-        "a steady shard",
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || steady(s),
-    )
-    .await?;
-    let old = holder(s).await?.context("no primary on record")?;
+    let old = shard::wait_steady(s, Duration::from_secs(60)).await?;
     let addrs = s
         .pods
         .iter()
@@ -103,10 +38,10 @@ pub async fn run(s: &Stage) -> Result<Run> {
     let (mut writable_at, mut new) = (None, None);
     while killed.elapsed() < Duration::from_secs(30) {
         for p in s.pods.iter().filter(|p| **p != old) {
-            if writable_at.is_none() && writable(s, p) {
+            if writable_at.is_none() && shard::write_acked(s, p, Duration::from_millis(100)) {
                 writable_at = Some(killed.elapsed());
             }
-            if writable_at.is_some() && labelled_primary(s, p).await && writable(s, p) {
+            if writable_at.is_some() && shard::serves_as_primary(s, p).await {
                 new = Some((p.clone(), killed.elapsed()));
             }
         }

@@ -113,6 +113,8 @@ pub(crate) struct Setup {
     pub label: String,
     /// `None`: the harness cannot run this image (see [`Kind`]).
     pub program: Option<PathBuf>,
+    /// The pod cgroup's `cgroup.procs`: the process joins it before it execs.
+    pub cgroup: Option<PathBuf>,
 }
 
 /// A container: spec, resolved environment and command line, and its process once started.
@@ -126,6 +128,7 @@ pub(crate) struct ContainerRuntime {
     pub label: String,
     /// `None`: the harness cannot run this image (see [`Kind`]).
     program: Option<PathBuf>,
+    cgroup: Option<PathBuf>,
     ip: Ipv4Addr,
     process: Mutex<Option<Arc<ServerProcess>>>,
     pub state: Mutex<ContainerState>,
@@ -140,6 +143,7 @@ impl ContainerRuntime {
             env,
             label,
             program,
+            cgroup,
         } = setup;
         let mut probers = Vec::new();
         let probes = [
@@ -165,6 +169,7 @@ impl ContainerRuntime {
             env,
             label,
             program,
+            cgroup,
             ip,
             process: Mutex::new(None),
             state: Mutex::new(state),
@@ -267,11 +272,14 @@ impl ContainerRuntime {
                 (args, dir.path().join("output.log"))
             }
         };
-        let spec = ProcessSpec {
-            program: PathBuf::from("env"),
-            args: env_args(&self.env, &program, args),
-            label: self.label.clone(),
-        };
+        let spec = in_cgroup(
+            self.cgroup.as_deref(),
+            ProcessSpec {
+                program: PathBuf::from("env"),
+                args: env_args(&self.env, &program, args),
+                label: self.label.clone(),
+            },
+        );
         ServerProcess::spawn(spec, dir, log)
     }
 
@@ -378,6 +386,26 @@ fn terminated(status: ExitStatus, started_at: Option<Timestamp>) -> Terminated {
         started_at,
         finished_at: Timestamp::now(),
         message: None,
+    }
+}
+
+/// `spec` run from a shell that first moves itself into the pod's cgroup, then execs: every
+/// socket the container ever opens belongs to the pod (a restart joins it again).
+fn in_cgroup(procs: Option<&std::path::Path>, spec: ProcessSpec) -> ProcessSpec {
+    let Some(procs) = procs else {
+        return spec;
+    };
+    let mut args: Vec<std::ffi::OsString> = vec![
+        "-c".into(),
+        r#"echo $$ > "$0" && exec "$@""#.into(),
+        procs.into(),
+        spec.program.into(),
+    ];
+    args.extend(spec.args);
+    ProcessSpec {
+        program: PathBuf::from("sh"),
+        args,
+        label: spec.label,
     }
 }
 

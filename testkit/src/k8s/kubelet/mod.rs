@@ -69,6 +69,7 @@ use tokio::task::JoinHandle;
 
 use self::pod::PodRuntime;
 use super::control_plane::ControlPlane;
+use super::netfault::{Cgroups, Cut, NetFaults};
 use super::nodes::{FakeNodes, NodesShared};
 use super::util::poll_until;
 use crate::Result;
@@ -91,6 +92,9 @@ pub struct KubeletOptions {
     /// How often Secret, ConfigMap, downward-API and token volumes are refreshed (the kubelet's
     /// sync period is about a minute).
     pub volume_refresh: Duration,
+    /// Run each pod in a cgroup of its own, so [`Kubelet::partition`] and
+    /// [`Kubelet::cut_from_apiserver`] can cut its traffic (needs root, cgroup v2 and `nft`).
+    pub network_faults: bool,
 }
 
 impl Default for KubeletOptions {
@@ -102,6 +106,7 @@ impl Default for KubeletOptions {
             sync_period: Duration::from_millis(100),
             token_ttl: Duration::from_secs(3600),
             volume_refresh: Duration::from_secs(60),
+            network_faults: false,
         }
     }
 }
@@ -115,6 +120,12 @@ impl KubeletOptions {
 
     pub fn sidecar_bin(mut self, path: impl Into<PathBuf>) -> Self {
         self.sidecar_bin = Some(path.into());
+        self
+    }
+
+    /// See [`KubeletOptions::network_faults`].
+    pub fn network_faults(mut self) -> Self {
+        self.network_faults = true;
         self
     }
 }
@@ -180,6 +191,9 @@ pub(crate) struct Shared {
     /// By pod uid.
     pods: Mutex<HashMap<String, PodEntry>>,
     cut: Mutex<HashSet<String>>,
+    /// With [`KubeletOptions::network_faults`]: the pods' cgroups and the drop rules. Declared
+    /// rules first: the table goes before the cgroups it names.
+    faults: Option<(NetFaults, Cgroups)>,
     hooks: Mutex<Vec<HookRun>>,
     starts: Mutex<Vec<StartRecord>>,
     stops: Mutex<Vec<StopRecord>>,
@@ -229,7 +243,11 @@ impl Shared {
 
     fn admit(&self, pod: &Pod, node: String, host_ip: String) -> Result<Arc<PodRuntime>> {
         let ip = ips::allocate(&ips::ports_of(pod))?;
-        Ok(Arc::new(PodRuntime::new(pod, node, host_ip, ip)?))
+        let cgroup = match (&self.faults, pod.metadata.uid.as_deref()) {
+            (Some((_, cgroups)), Some(uid)) => Some(cgroups.pod(uid)?),
+            _ => None,
+        };
+        Ok(Arc::new(PodRuntime::new(pod, node, host_ip, ip, cgroup)?))
     }
 
     /// The pod object is gone.
@@ -331,6 +349,10 @@ impl Kubelet {
         let valkey = tokio::task::spawn_blocking(crate::valkey_server_bin)
             .await?
             .context("locating valkey-server")?;
+        let faults = match opts.network_faults {
+            true => Some((NetFaults::create()?, Cgroups::create()?)),
+            false => None,
+        };
         let shared = Arc::new(Shared {
             client: plane.client(),
             url: plane.url().to_owned(),
@@ -346,6 +368,7 @@ impl Kubelet {
             opts,
             pods: Mutex::new(HashMap::new()),
             cut: Mutex::new(HashSet::new()),
+            faults,
             hooks: Mutex::new(Vec::new()),
             starts: Mutex::new(Vec::new()),
             stops: Mutex::new(Vec::new()),
@@ -440,6 +463,50 @@ impl Kubelet {
         self.shared.nodes.set_beating(node, true)
     }
 
+    /// Cuts the network between pod `a` and each of `others` (both directions), as a partition
+    /// would: their connections hang, everything else still works.
+    pub fn partition(&self, namespace: &str, a: &str, others: &[&str]) -> Result<()> {
+        let (faults, cgroups) = self.faults()?;
+        let a = self.pod(namespace, a)?;
+        for other in others {
+            let b = self.pod(namespace, other)?;
+            for (from, to) in [(&a, &b), (&b, &a)] {
+                let cut = Cut {
+                    from_uid: from.uid.clone(),
+                    to: to.ip,
+                    port: None,
+                };
+                faults.drop(cgroups, &cut)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Cuts the pod off from the apiserver (its requests hang); pods still reach each other.
+    pub fn cut_from_apiserver(&self, namespace: &str, pod: &str) -> Result<()> {
+        let (faults, cgroups) = self.faults()?;
+        let (host, port) = apiserver_addr(&self.shared.url)?;
+        let cut = Cut {
+            from_uid: self.pod(namespace, pod)?.uid.clone(),
+            to: host,
+            port: Some(port),
+        };
+        faults.drop(cgroups, &cut)
+    }
+
+    /// Removes every network fault.
+    pub fn heal_network(&self) -> Result<()> {
+        self.faults()?.0.heal()
+    }
+
+    fn faults(&self) -> Result<(&NetFaults, &Cgroups)> {
+        let (faults, cgroups) =
+            self.shared.faults.as_ref().context(
+                "the kubelet runs without network faults (KubeletOptions::network_faults)",
+            )?;
+        Ok((faults, cgroups))
+    }
+
     /// Every lifecycle hook run so far, in order.
     pub fn hook_runs(&self) -> Vec<HookRun> {
         lock(&self.shared.hooks).clone()
@@ -494,4 +561,14 @@ impl Kubelet {
         .await?;
         Ok(api.get(name).await?)
     }
+}
+
+/// The apiserver's IP and port from its URL (`https://127.0.0.1:6443`).
+fn apiserver_addr(url: &str) -> Result<(Ipv4Addr, u16)> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let hostport = rest.split('/').next().unwrap_or(rest);
+    let (host, port) = hostport
+        .rsplit_once(':')
+        .with_context(|| format!("no port in {url}"))?;
+    Ok((host.parse()?, port.parse()?))
 }

@@ -41,6 +41,8 @@ pub(crate) struct PodRuntime {
     pub host_ip: String,
     /// The pod's own files: service-account token, kubeconfig and volumes.
     dir: TempDir,
+    /// The `cgroup.procs` of the pod's cgroup, when the kubelet gives pods one.
+    pub cgroup: Option<PathBuf>,
     /// Init containers in order, then the main containers.
     pub containers: Mutex<Vec<Arc<ContainerRuntime>>>,
     /// Every init container has completed or (a sidecar) started; the main containers started.
@@ -53,7 +55,13 @@ pub(crate) struct PodRuntime {
 }
 
 impl PodRuntime {
-    pub fn new(pod: &Pod, node: String, host_ip: String, ip: Ipv4Addr) -> Result<Self> {
+    pub fn new(
+        pod: &Pod,
+        node: String,
+        host_ip: String,
+        ip: Ipv4Addr,
+        cgroup: Option<PathBuf>,
+    ) -> Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("valkey-testkit-pod-")
             .tempdir()
@@ -67,6 +75,7 @@ impl PodRuntime {
             ip,
             host_ip,
             dir,
+            cgroup,
             containers: Mutex::new(Vec::new()),
             initialized: AtomicBool::new(false),
             volumes,
@@ -245,6 +254,7 @@ async fn setup(
         env,
         label: format!("{}/{}/{}", pod.namespace, pod.name, container.name),
         program,
+        cgroup: pod.cgroup.clone(),
     })
 }
 

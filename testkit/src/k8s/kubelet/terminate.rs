@@ -187,6 +187,7 @@ mod tests {
             env: Vec::new(),
             label: name.into(),
             program: None,
+            cgroup: None,
         };
         Arc::new(ContainerRuntime::new(setup, Ipv4Addr::LOCALHOST, None).unwrap())
     }

@@ -1,0 +1,268 @@
+//! Never two writable primaries (replication mode), checked the hard way: a checker polls every
+//! node's role and write acceptance every few milliseconds throughout each fault, and afterwards
+//! measures how long two nodes accepted writes at once (`testkit::k8s::primaries`). Faults are
+//! real: the pods run in cgroups of their own and nftables drops what they send
+//! (`testkit::k8s::netfault`), processes are frozen with SIGSTOP, the apiserver is stopped.
+//!
+//! Every scenario runs with the chart's replication defaults (`min-replicas-to-write 1`,
+//! `min-replicas-max-lag 10`) and a short lease (4 s, renew deadline 3 s, retry 1 s).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use valkey_sidecar_testkit::k8s::primaries::{PrimaryChecker, Seen};
+use valkey_sidecar_testkit::k8s::shard::{
+    Record, follows, new_primary, record, role_label, wait_steady,
+};
+use valkey_sidecar_testkit::k8s::writer::{Writer, Written, lost};
+use valkey_sidecar_testkit::k8s::{Stage, StageOptions, poll_until};
+
+const SECOND: Duration = Duration::from_secs(1);
+const RENEW_DEADLINE: Duration = Duration::from_secs(3);
+
+/// One shard of three pods in replication mode, in cgroups the kubelet can cut off.
+async fn stage(namespace: &str) -> Stage {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_valkey-sidecar"));
+    let lease = [
+        ("SIDECAR_LEASE_DURATION", "4s"),
+        ("SIDECAR_LEASE_RENEW_DEADLINE", "3s"),
+        ("SIDECAR_LEASE_RETRY_PERIOD", "1s"),
+    ];
+    let mut o = StageOptions::replication(namespace, bin, &lease);
+    o.kubelet = o.kubelet.network_faults();
+    o.template.valkey_args.extend(
+        [
+            "--min-replicas-to-write",
+            "1",
+            "--min-replicas-max-lag",
+            "10",
+        ]
+        .map(String::from),
+    );
+    Stage::start(o).await.unwrap()
+}
+
+/// The checker and a writer on every pod.
+struct Watch {
+    checker: PrimaryChecker,
+    writer: Writer,
+}
+
+impl Watch {
+    fn start(s: &Stage, tag: &str) -> Watch {
+        let nodes = s.pods.iter().map(|p| (p.clone(), s.valkey(p).unwrap()));
+        let addrs = s.pods.iter().map(|p| s.valkey(p).unwrap()).collect();
+        Watch {
+            checker: PrimaryChecker::start(nodes.collect()),
+            writer: Writer::start(addrs, tag.into()),
+        }
+    }
+
+    /// Stops both; the writes the final primary lacks are counted.
+    fn stop(self, s: &Stage, primary: &str) -> (Seen, Written, usize) {
+        let tag = self.writer.tag.clone();
+        let written = self.writer.stop().unwrap();
+        let seen = self.checker.stop().unwrap();
+        let missing = lost(s.valkey(primary).unwrap(), &tag, &written.acked).unwrap();
+        (seen, written, missing)
+    }
+}
+
+fn report(scenario: &str, seen: &Seen, w: &Written, missing: usize) {
+    println!(
+        "{scenario}: longest two-primary overlap {:?} (overlaps {}), role changes {}, writes acknowledged {}, lost {missing}, longest write pause {:?}",
+        seen.longest_overlap(),
+        seen.overlaps().len(),
+        seen.role_changes(),
+        w.acked.len(),
+        w.longest_pause
+    );
+    for (a, b, span) in seen.overlaps() {
+        println!("  overlap {a} & {b}: {:?}", span.len());
+    }
+}
+
+/// Waits until `old` replicates from `primary` and is labelled a replica.
+async fn rejoined(s: &Stage, old: &str, primary: &str) {
+    poll_until(
+        "the old primary rejoins as a replica",
+        30 * SECOND,
+        Duration::from_millis(50),
+        || async {
+            Ok(follows(s, old, primary) && role_label(s, old).await.as_deref() == Some("replica"))
+        },
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_cut_off_from_the_apiserver_fences_before_a_replica_is_promoted() {
+    let s = stage("sb-api").await;
+    let old = wait_steady(&s, 30 * SECOND).await.unwrap();
+    let watch = Watch::start(&s, "w");
+    tokio::time::sleep(SECOND).await;
+    let cut = Instant::now();
+    s.kubelet.cut_from_apiserver(&s.namespace, &old).unwrap();
+    let promoted = new_primary(&s, &old, 30 * SECOND).await.unwrap();
+    let took = cut.elapsed();
+    s.kubelet.heal_network().unwrap();
+    rejoined(&s, &old, &promoted).await;
+    tokio::time::sleep(SECOND).await;
+    let (seen, w, missing) = watch.stop(&s, &promoted);
+    report("primary cut off from the apiserver", &seen, &w, missing);
+    println!("  {promoted} promoted and labelled {took:?} after the cut (lease 4 s)");
+    assert_eq!(
+        seen.longest_overlap(),
+        Duration::ZERO,
+        "two writable primaries"
+    );
+    assert!(
+        took >= RENEW_DEADLINE,
+        "promoted before the old primary's deadline: {took:?}"
+    );
+    assert_eq!(
+        missing, 0,
+        "the fenced primary's writes reached the replicas first"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_cut_off_from_its_replicas_keeps_its_record_and_nobody_is_promoted() {
+    let s = stage("sb-repl").await;
+    let old = wait_steady(&s, 30 * SECOND).await.unwrap();
+    let before = record(&s, "0").await;
+    let watch = Watch::start(&s, "w");
+    tokio::time::sleep(SECOND).await;
+    let others: Vec<&str> = s
+        .pods
+        .iter()
+        .filter(|p| **p != old)
+        .map(|p| p.as_str())
+        .collect();
+    s.kubelet.partition(&s.namespace, &old, &others).unwrap();
+    // Longer than the lease: the holder renews through the apiserver all along.
+    tokio::time::sleep(8 * SECOND).await;
+    let during = record(&s, "0").await;
+    s.kubelet.heal_network().unwrap();
+    let after = wait_steady(&s, 30 * SECOND).await.unwrap();
+    let (seen, w, missing) = watch.stop(&s, &after);
+    report("primary cut off from its replicas", &seen, &w, missing);
+    assert_eq!(after, old, "the primary stayed the primary");
+    assert_eq!(during.map(|r| r.epoch), before.clone().map(|r| r.epoch));
+    assert_eq!(
+        record(&s, "0").await.map(|r| r.epoch),
+        before.map(|r| r.epoch)
+    );
+    assert_eq!(seen.role_changes(), 0, "no node changed role");
+    assert_eq!(seen.longest_overlap(), Duration::ZERO);
+    assert_eq!(missing, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_primary_that_wakes_after_a_failover_takes_no_write() {
+    let s = stage("sb-stop").await;
+    let old = wait_steady(&s, 30 * SECOND).await.unwrap();
+    let watch = Watch::start(&s, "w");
+    tokio::time::sleep(SECOND).await;
+    s.kubelet.pause(&s.namespace, &old).unwrap();
+    let promoted = new_primary(&s, &old, 30 * SECOND).await.unwrap();
+    tokio::time::sleep(SECOND).await;
+    let woke = Instant::now();
+    s.kubelet.resume(&s.namespace, &old).unwrap();
+    rejoined(&s, &old, &promoted).await;
+    println!(
+        "  woken primary rejoined {:?} after SIGCONT",
+        woke.elapsed()
+    );
+    tokio::time::sleep(SECOND).await;
+    let (seen, w, missing) = watch.stop(&s, &promoted);
+    report(
+        "primary SIGSTOPped, SIGCONTed after the failover",
+        &seen,
+        &w,
+        missing,
+    );
+    assert_eq!(
+        seen.longest_overlap(),
+        Duration::ZERO,
+        "two writable primaries"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_apiserver_down_for_a_minute_nothing_changes_hands() {
+    let s = stage("sb-down").await;
+    let old = wait_steady(&s, 30 * SECOND).await.unwrap();
+    let before = record(&s, "0").await.unwrap();
+    let watch = Watch::start(&s, "w");
+    tokio::time::sleep(SECOND).await;
+    s.signal_apiserver("STOP").unwrap();
+    tokio::time::sleep(60 * SECOND).await;
+    s.signal_apiserver("CONT").unwrap();
+    let thawed = Instant::now();
+    let after = wait_steady(&s, 30 * SECOND).await.unwrap();
+    poll_until(
+        "writes resume",
+        20 * SECOND,
+        Duration::from_millis(20),
+        || async {
+            Ok(valkey_sidecar_testkit::k8s::shard::write_acked(
+                &s, &old, SECOND,
+            ))
+        },
+    )
+    .await
+    .unwrap();
+    println!(
+        "  writable again {:?} after the apiserver resumed",
+        thawed.elapsed()
+    );
+    let (seen, w, missing) = watch.stop(&s, &after);
+    report("apiserver down for 60 s", &seen, &w, missing);
+    assert_eq!(after, old);
+    assert_eq!(record(&s, "0").await.map(|r| r.epoch), Some(before.epoch));
+    assert_eq!(seen.role_changes(), 0, "no node changed role");
+    assert_eq!(seen.longest_overlap(), Duration::ZERO);
+    assert_eq!(missing, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flapping_primary_never_leaves_two_writable_primaries() {
+    let s = stage("sb-flap").await;
+    let watch = Watch::start(&s, "w");
+    let mut primary = wait_steady(&s, 30 * SECOND).await.unwrap();
+    let mut epochs = vec![record(&s, "0").await.unwrap().epoch];
+    for _ in 0..4 {
+        // Whoever is primary now restarts (its Valkey killed; the kubelet restarts it empty).
+        s.kubelet
+            .crash_container(&s.namespace, &primary, "valkey")
+            .unwrap();
+        let next = new_primary(&s, &primary, 20 * SECOND).await.unwrap();
+        epochs.push(record(&s, "0").await.unwrap().epoch);
+        tokio::time::sleep(3 * SECOND).await;
+        primary = next;
+    }
+    let last = wait_steady(&s, 30 * SECOND).await.unwrap();
+    let (seen, w, missing) = watch.stop(&s, &last);
+    report("primary restarted 4 times, 3 s apart", &seen, &w, missing);
+    println!("  epochs {epochs:?}");
+    // One promotion per fault: no ping-pong between candidates.
+    assert!(
+        epochs.windows(2).all(|e| e[1] == e[0] + 1),
+        "epochs {epochs:?}"
+    );
+    assert_eq!(
+        seen.longest_overlap(),
+        Duration::ZERO,
+        "two writable primaries"
+    );
+    assert_eq!(missing, 0, "a restarted, empty primary acknowledged writes");
+    assert_eq!(
+        record(&s, "0").await,
+        Some(Record {
+            holder: Some(last),
+            epoch: *epochs.last().unwrap()
+        })
+    );
+}
