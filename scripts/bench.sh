@@ -29,12 +29,14 @@ tmp=$(mktemp)
   echo "## Hand-over"
   echo
   BENCH_HANDOVERS="${BENCH_HANDOVERS:-20}" target/release/bench handover
-  echo "## Unplanned failover: Sentinel baseline"
+  echo "## Replication mode: unplanned failover against Sentinel, planned switchover against FAILOVER TO"
   echo
-  # ~20 × 8 s with down-after 1 s, then ~3 × 40 s with Sentinel's default 30 s.
-  BENCH_SENTINEL_RUNS="${BENCH_SENTINEL_RUNS:-20}" BENCH_SENTINEL_DEFAULT_RUNS="${BENCH_SENTINEL_DEFAULT_RUNS:-3}" \
-    target/release/bench sentinel
-  BENCH_FAILOVERS="${BENCH_FAILOVERS:-20}" target/release/bench failover
+  # The agent: 20 kills (~5 s each), 2 × 20 node cuts (~10 s each); Sentinel: 20 runs with
+  # down-after 1 s (~8 s each) and 20 with its default 30 s (~40 s each). About 25 minutes.
+  BENCH_FAILOVERS="${BENCH_FAILOVERS:-20}" BENCH_POD_CUTS="${BENCH_POD_CUTS:-20}" \
+    BENCH_SENTINEL_RUNS="${BENCH_SENTINEL_RUNS:-20}" BENCH_SENTINEL_DEFAULT_RUNS="${BENCH_SENTINEL_DEFAULT_RUNS:-20}" \
+    target/release/bench failover
+  BENCH_SWITCHOVERS="${BENCH_SWITCHOVERS:-20}" target/release/bench switchover
 } > "$tmp"
 mv "$tmp" "$out"
 cat "$out"

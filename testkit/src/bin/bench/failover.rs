@@ -1,65 +1,229 @@
-//! `bench failover`: unplanned failover in replication mode with the agent, measured like the
-//! Sentinel baseline — kill -9 of the primary's Valkey (its agent stays), then the time until
-//! another pod takes writes, and until it also carries the `primary` label; acknowledged writes
-//! lost on the way. One stage, the runs one after the other (the killed node rejoins between).
+//! Replication mode (Valkey without Cluster) under the agent, measured like the Sentinel baseline:
+//!
+//! - unplanned: kill -9 of the primary's Valkey (its agent stays), or its whole node cut (the agent
+//!   dies too), then the time until another pod takes writes, and until it also carries the
+//!   `primary` label; acknowledged writes lost on the way;
+//! - planned: the primary's node cordoned (the coordinator's switchover) against Valkey's own
+//!   `FAILOVER TO` on a plain primary + 2 replicas: the longest write pause and the writes lost.
+//!
+//! One stage per configuration, the runs one after the other (the old primary rejoins between).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use valkey_sidecar_testkit::k8s::shard;
-use valkey_sidecar_testkit::k8s::writer::{Writer, lost};
+use valkey_sidecar_testkit::k8s::writer::{Writer, Written, lost};
 use valkey_sidecar_testkit::k8s::{Stage, StageOptions};
+use valkey_sidecar_testkit::{ReplicationSet, ServerOptions, wait_for};
 
-/// What one run measured.
+/// The chart's replication defaults for Valkey (`replication.minReplicasToWrite`).
+pub const MIN_REPLICAS: [&str; 4] = [
+    "--min-replicas-to-write",
+    "1",
+    "--min-replicas-max-lag",
+    "10",
+];
+
+/// Short leases for the whole-pod-cut runs (the failover waits out the lease there): a label and
+/// the agent's settings.
+pub const SHORT_LEASES: [(&str, [(&str, &str); 3]); 2] = [
+    (
+        "4 s",
+        [
+            ("SIDECAR_LEASE_DURATION", "4s"),
+            ("SIDECAR_LEASE_RENEW_DEADLINE", "3s"),
+            ("SIDECAR_LEASE_RETRY_PERIOD", "1s"),
+        ],
+    ),
+    (
+        "2 s",
+        [
+            ("SIDECAR_LEASE_DURATION", "2s"),
+            ("SIDECAR_LEASE_RENEW_DEADLINE", "1500ms"),
+            ("SIDECAR_LEASE_RETRY_PERIOD", "500ms"),
+        ],
+    ),
+];
+
+/// What one unplanned failover measured.
 pub struct Run {
     pub writable: Duration,
     pub labelled: Duration,
     pub lost: usize,
 }
 
-/// The stage: one shard of three pods in replication mode.
-pub async fn stage(bin: &Path) -> Result<Stage> {
-    Stage::start(StageOptions::replication("valkey", bin, &[])).await
+/// The unplanned fault.
+#[derive(Clone, Copy)]
+pub enum Fault {
+    /// SIGKILL of the primary's Valkey; its agent lives, the kubelet restarts Valkey empty.
+    KillValkey,
+    /// The primary's node dies: every process of its pod, the agent too, and its heartbeat.
+    CutNode,
 }
 
-/// One run: kill the primary's Valkey, time the replacement, count the writes lost.
-pub async fn run(s: &Stage) -> Result<Run> {
-    let old = shard::wait_steady(s, Duration::from_secs(60)).await?;
+/// One shard of three pods in replication mode with the chart's Valkey settings and `env`.
+pub async fn stage(bin: &Path, env: &[(&str, &str)]) -> Result<Stage> {
+    let mut o = StageOptions::replication("valkey", bin, env);
+    o.template
+        .valkey_args
+        .extend(MIN_REPLICAS.map(String::from));
+    Stage::start(o).await
+}
+
+fn writer(s: &Stage) -> Result<Writer> {
     let addrs = s
         .pods
         .iter()
         .map(|p| s.valkey(p))
         .collect::<Result<Vec<_>>>()?;
-    let writer = Writer::start(addrs, format!("r{}", rand_tag()));
+    Ok(Writer::start(addrs, format!("r{}", rand_tag())))
+}
+
+/// One run: the fault on the current primary, the replacement timed, the writes lost counted.
+pub async fn run(s: &Stage, fault: Fault) -> Result<Run> {
+    let old = shard::wait_steady(s, Duration::from_secs(60)).await?;
+    let writer = writer(s)?;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let killed = Instant::now();
-    s.kubelet.crash_container(&s.namespace, &old, "valkey")?;
-    let (mut writable_at, mut new) = (None, None);
-    while killed.elapsed() < Duration::from_secs(30) {
-        for p in s.pods.iter().filter(|p| **p != old) {
-            if writable_at.is_none() && shard::write_acked(s, p, Duration::from_millis(100)) {
-                writable_at = Some(killed.elapsed());
-            }
-            if writable_at.is_some() && shard::serves_as_primary(s, p).await {
-                new = Some((p.clone(), killed.elapsed()));
-            }
-        }
-        if new.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+    let node = s.node_of(&old).await?;
+    let at = Instant::now();
+    match fault {
+        Fault::KillValkey => s.kubelet.crash_container(&s.namespace, &old, "valkey")?,
+        Fault::CutNode => s.kubelet.cut_node(&node)?,
     }
-    let (primary, labelled) = new.context("no new primary within 30 s")?;
+    let (primary, writable, labelled) = replaced(s, &old, at).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let tag = writer.tag.clone();
     let written = writer.stop()?;
     let lost = lost(s.valkey(&primary)?, &tag, &written.acked)?;
+    if let Fault::CutNode = fault {
+        s.kubelet.restore_node(&node)?;
+        let ready = Duration::from_secs(60);
+        s.kubelet.wait_ready(&s.namespace, &old, ready).await?;
+    }
     Ok(Run {
-        writable: writable_at.unwrap_or(labelled),
+        writable,
         labelled,
         lost,
     })
+}
+
+/// Polls the other pods until one takes writes and one carries the label: (that pod, first
+/// write accepted, writable and labelled), from `at`.
+async fn replaced(s: &Stage, old: &str, at: Instant) -> Result<(String, Duration, Duration)> {
+    let mut writable = None;
+    while at.elapsed() < Duration::from_secs(60) {
+        for p in s.pods.iter().filter(|p| **p != old) {
+            if writable.is_none() && shard::write_acked(s, p, Duration::from_millis(100)) {
+                writable = Some(at.elapsed());
+            }
+            if writable.is_some() && shard::serves_as_primary(s, p).await {
+                let labelled = at.elapsed();
+                return Ok((p.clone(), writable.unwrap_or(labelled), labelled));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    anyhow::bail!("no new primary within 60 s of the fault on {old}")
+}
+
+/// What one planned move measured.
+pub struct Move {
+    pub pause: Duration,
+    pub acked: usize,
+    pub lost: usize,
+}
+
+fn moved(w: &Written, lost: usize) -> Move {
+    Move {
+        pause: w.longest_pause,
+        acked: w.acked.len(),
+        lost,
+    }
+}
+
+/// One planned switchover by the agents: cordon the primary's node, wait until another pod is
+/// the labelled, writable primary, uncordon.
+pub async fn switchover(s: &Stage) -> Result<Move> {
+    let old = shard::wait_steady(s, Duration::from_secs(60)).await?;
+    let writer = writer(s)?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let node = s.node_of(&old).await?;
+    crate::cordon(s, &node, true).await?;
+    let (primary, _, _) = replaced(s, &old, Instant::now()).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let tag = writer.tag.clone();
+    let written = writer.stop()?;
+    let missing = lost(s.valkey(&primary)?, &tag, &written.acked)?;
+    crate::cordon(s, &node, false).await?;
+    Ok(moved(&written, missing))
+}
+
+/// `runs` of Valkey's own `FAILOVER TO <replica> TIMEOUT 5000` on a plain primary + 2 replicas,
+/// each to the next node, under the same writer.
+pub fn failover_to_runs(runs: usize) -> Result<Vec<Move>> {
+    let set = ReplicationSet::start(2, ServerOptions::default())?;
+    set.primary().cmd(&["SET", "warm", "1"])?;
+    set.wait_synced(Duration::from_secs(30))?;
+    let nodes = set.nodes();
+    let mut out = Vec::new();
+    for i in 0..runs {
+        let (from, to) = (&nodes[i % 3], &nodes[(i + 1) % 3]);
+        let addrs = nodes.iter().map(|n| n.addr()).collect();
+        let writer = Writer::start(addrs, format!("f{}", rand_tag()));
+        std::thread::sleep(Duration::from_millis(500));
+        let (host, port) = (to.host(), to.port().to_string());
+        from.cmd(&["FAILOVER", "TO", &host, &port, "TIMEOUT", "5000"])?;
+        wait_for(
+            "FAILOVER TO",
+            Duration::from_secs(15),
+            Duration::from_millis(1),
+            || {
+                let done = from.info_field("replication", "master_failover_state")?;
+                Ok(to.is_primary()? && done == "no-failover")
+            },
+        )?;
+        std::thread::sleep(Duration::from_secs(1));
+        let tag = writer.tag.clone();
+        let written = writer.stop()?;
+        let missing = lost(to.addr(), &tag, &written.acked)?;
+        // `FAILOVER TO` leaves the third node replicating from the old primary (a chain): point it
+        // at the new one, as the operator (or Sentinel) would, so the next run can target it.
+        let third = &nodes[(i + 2) % 3];
+        third.cmd(&["REPLICAOF", &host, &port])?;
+        wait_linked(&set, to)?;
+        eprintln!(
+            "FAILOVER TO {}/{runs}: pause {:?}, {missing} lost",
+            i + 1,
+            written.longest_pause
+        );
+        out.push(moved(&written, missing));
+    }
+    Ok(out)
+}
+
+/// Every node but `primary` replicates from it with the link up.
+fn wait_linked(set: &ReplicationSet, primary: &valkey_sidecar_testkit::ValkeyServer) -> Result<()> {
+    let (host, port) = (primary.host(), primary.port().to_string());
+    wait_for(
+        "replicas follow the new primary",
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        || {
+            for n in set.nodes().iter().filter(|n| n.addr() != primary.addr()) {
+                let up = n.info_field("replication", "master_link_status")? == "up";
+                let at = (
+                    n.info_field("replication", "master_host")?,
+                    n.info_field("replication", "master_port")?,
+                );
+                if !up || at != (host.clone(), port.clone()) {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        },
+    )
+    .context("after FAILOVER TO")
 }
 
 fn rand_tag() -> u128 {

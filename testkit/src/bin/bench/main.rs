@@ -1,6 +1,6 @@
 //! Benchmarks of the agent against real Valkey; prints Markdown for `docs/benchmarks.md`.
 //!
-//! `bench [probes|footprint|labels|api|handover|sentinel|all]` — run through `scripts/bench.sh`,
+//! `bench [probes|footprint|labels|api|handover|failover|switchover|sentinel|all]` — run through `scripts/bench.sh`,
 //! which builds the release binary and regenerates the report. Needs `VALKEY_SIDECAR_BIN` (the
 //! agent; not for `sentinel`) and a valkey-server (see `scripts/valkey-bin.sh`); `labels`, `api`
 //! and `handover` also need the Kubernetes binaries and helm (`scripts/k8s-bins.sh`,
@@ -13,6 +13,7 @@ use anyhow::{Context, Result, bail};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
+use report::percentile;
 use valkey_sidecar_testkit::k8s::audit::{AuditLog, Usage, pod_identity};
 use valkey_sidecar_testkit::k8s::writer::{Writer, lost, tag_for};
 use valkey_sidecar_testkit::k8s::{ROLE_LABEL, Stage, StageOptions, poll_until};
@@ -23,6 +24,7 @@ use valkey_sidecar_testkit::{
 };
 
 mod failover;
+mod report;
 
 fn main() -> Result<()> {
     let what = std::env::args().nth(1).unwrap_or_else(|| "all".into());
@@ -51,57 +53,76 @@ fn main() -> Result<()> {
         runtime()?.block_on(handovers(&bin, env_count("BENCH_HANDOVERS", 20)))?;
     }
     if what == "failover" || all {
-        runtime()?.block_on(failovers(&bin, env_count("BENCH_FAILOVERS", 20)))?;
+        runtime()?.block_on(failovers(&bin))?;
     }
-    if all {
-        sentinel_baseline()?;
+    if what == "switchover" || all {
+        runtime()?.block_on(switchovers(&bin, env_count("BENCH_SWITCHOVERS", 20)))?;
     }
     Ok(())
 }
 
-/// Replication mode, unplanned: the agent's failover after kill -9 of the primary's Valkey.
-async fn failovers(bin: &Path, runs: usize) -> Result<()> {
-    let stage = failover::stage(bin).await?;
+/// Replication mode, unplanned, in one run: the agent after kill -9 of the primary's Valkey and
+/// after its whole node is cut, then Sentinel (3 sentinels on the same binary) after kill -9 of
+/// the primary with `down-after-milliseconds` 1000 and with its default; ratios against both.
+async fn failovers(bin: &Path) -> Result<()> {
+    let kills = env_count("BENCH_FAILOVERS", 20);
+    let cuts = env_count("BENCH_POD_CUTS", 20);
+    let killed = agent_runs(bin, &[], failover::Fault::KillValkey, kills).await?;
+    let mut cut = Vec::new();
+    for (lease, env) in &failover::SHORT_LEASES {
+        let runs = agent_runs(bin, env, failover::Fault::CutNode, cuts).await?;
+        cut.push((*lease, runs));
+    }
+    let (fast, default) = tokio::task::spawn_blocking(sentinel_both).await??;
+    report::failover(&killed, &cut, &fast, &default);
+    let measured = [
+        (fast_sentinel(), fast),
+        (SentinelOptions::default(), default),
+    ];
+    report::sentinel(&measured);
+    Ok(())
+}
+
+async fn agent_runs(
+    bin: &Path,
+    env: &[(&str, &str)],
+    fault: failover::Fault,
+    runs: usize,
+) -> Result<Vec<failover::Run>> {
+    let stage = failover::stage(bin, env).await?;
     let mut results = Vec::new();
     for i in 0..runs {
-        let r = failover::run(&stage).await?;
+        let r = failover::run(&stage, fault).await?;
         eprintln!(
-            "failover {i}: writable {:?}, labelled {:?}, lost {}",
-            r.writable, r.labelled, r.lost
+            "agent failover {}/{runs}: writable {:?}, labelled {:?}, lost {}",
+            i + 1,
+            r.writable,
+            r.labelled,
+            r.lost
         );
         results.push(r);
     }
-    println!("## Unplanned failover: the agent (replication mode)\n");
-    println!(
-        "kill -9 of the primary's Valkey (its agent stays, the kubelet restarts Valkey empty), one shard of 3 pods on the local control plane, lease 15 s / renew 10 s / retry 2 s, poll 250 ms, `repl-diskless-sync-delay 2`; a writer on all pods. Command: `BENCH_FAILOVERS={runs} target/release/bench failover`.\n"
-    );
-    println!("| config | measure | runs | p50 | p99 | max |\n|---|---|---|---|---|---|");
-    let pick = |f: fn(&failover::Run) -> Duration| results.iter().map(f).collect::<Vec<_>>();
-    println!(
-        "{}",
-        duration_row(
-            "agent",
-            "kill -9 → a replica accepts writes (ms)",
-            pick(|r| r.writable)
-        )
-    );
-    println!(
-        "{}",
-        duration_row(
-            "agent",
-            "… and carries the primary label (ms)",
-            pick(|r| r.labelled)
-        )
-    );
-    println!(
-        "{}",
-        count_row(
-            "agent",
-            "acknowledged writes lost",
-            results.iter().map(|r| r.lost).collect()
-        )
-    );
-    println!();
+    Ok(results)
+}
+
+/// Planned moves in replication mode: the agents' switchover (node cordoned) against Valkey's
+/// own `FAILOVER TO`, `runs` each.
+async fn switchovers(bin: &Path, runs: usize) -> Result<()> {
+    let stage = failover::stage(bin, &[]).await?;
+    let mut ours = Vec::new();
+    for i in 0..runs {
+        let m = failover::switchover(&stage).await?;
+        eprintln!(
+            "switchover {}/{runs}: pause {:?}, {} lost",
+            i + 1,
+            m.pause,
+            m.lost
+        );
+        ours.push(m);
+    }
+    drop(stage);
+    let theirs = tokio::task::spawn_blocking(move || failover::failover_to_runs(runs)).await??;
+    report::switchover(&ours, &theirs);
     Ok(())
 }
 
@@ -242,14 +263,6 @@ fn load(
         .into_iter()
         .flat_map(|h| h.join().unwrap_or_default())
         .collect()
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx]
 }
 
 fn summarize(label: &str, samples: &[(Duration, u16)]) -> String {
@@ -640,34 +653,39 @@ async fn settle(stage: &Stage, old_primary: &str, before: u64) -> Result<bool> {
 /// (`BENCH_SENTINEL_RUNS` runs, default 20) and with its defaults (`BENCH_SENTINEL_DEFAULT_RUNS`,
 /// default 3: each run waits the 30 s `down-after-milliseconds`); 0 runs skips a configuration.
 fn sentinel_baseline() -> Result<()> {
-    let fast_runs = env_count("BENCH_SENTINEL_RUNS", 20);
-    let default_runs = env_count("BENCH_SENTINEL_DEFAULT_RUNS", 3);
-    // A 1 s detection with the 180 s default failover-timeout would retry a split vote only after
-    // 6 minutes; tuned deployments lower both.
-    let fast = SentinelOptions::default()
-        .down_after(Duration::from_millis(1000))
-        .failover_timeout(Duration::from_millis(10_000));
-    let mut measured = Vec::new();
-    let mut version = String::new();
-    for (opts, runs) in [
-        (fast, fast_runs),
-        (SentinelOptions::default(), default_runs),
-    ] {
-        if runs > 0 {
-            let (v, results) = sentinel_runs(&opts, runs)?;
-            version = v;
-            measured.push((opts, results));
-        }
-    }
-    print_sentinel_baseline(&version, fast_runs, default_runs, &measured);
+    let (fast, default) = sentinel_both()?;
+    let measured = [
+        (fast_sentinel(), fast),
+        (SentinelOptions::default(), default),
+    ];
+    report::sentinel(&measured);
     Ok(())
+}
+
+/// Sentinel as commonly tuned for speed: a 1 s detection (with the 180 s default failover-timeout
+/// a split vote would be retried only after 6 minutes; tuned deployments lower both).
+fn fast_sentinel() -> SentinelOptions {
+    SentinelOptions::default()
+        .down_after(Duration::from_millis(1000))
+        .failover_timeout(Duration::from_millis(10_000))
+}
+
+/// The runs of Sentinel tuned for speed (`BENCH_SENTINEL_RUNS`, default 20) and with its defaults
+/// (`BENCH_SENTINEL_DEFAULT_RUNS`, default 20: each run waits the 30 s `down-after-milliseconds`).
+fn sentinel_both() -> Result<(Vec<UnplannedFailover>, Vec<UnplannedFailover>)> {
+    let fast = sentinel_runs(&fast_sentinel(), env_count("BENCH_SENTINEL_RUNS", 20))?;
+    let default_runs = env_count("BENCH_SENTINEL_DEFAULT_RUNS", 20);
+    let default = sentinel_runs(&SentinelOptions::default(), default_runs)?;
+    Ok((fast, default))
 }
 
 /// `runs` unplanned failovers of one primary + 2 replicas under 3 sentinels configured by `opts`;
 /// also the Valkey version measured.
-fn sentinel_runs(opts: &SentinelOptions, runs: usize) -> Result<(String, Vec<UnplannedFailover>)> {
+fn sentinel_runs(opts: &SentinelOptions, runs: usize) -> Result<Vec<UnplannedFailover>> {
+    if runs == 0 {
+        return Ok(Vec::new());
+    }
     let set = ReplicationSet::start(2, ServerOptions::default())?;
-    let version = set.primary().info_field("server", "valkey_version")?;
     let sentinels = Sentinels::monitor(&set, opts.clone())?;
     let mut results = Vec::new();
     for i in 0..runs {
@@ -686,86 +704,14 @@ fn sentinel_runs(opts: &SentinelOptions, runs: usize) -> Result<(String, Vec<Unp
         );
         results.push(r);
     }
-    Ok((version, results))
+    Ok(results)
 }
 
-fn sentinel_config(opts: &SentinelOptions) -> String {
+pub fn sentinel_config(opts: &SentinelOptions) -> String {
     format!(
         "`down-after-milliseconds {}`, `failover-timeout {}`, `parallel-syncs {}`",
         opts.down_after.as_millis(),
         opts.failover_timeout.as_millis(),
         opts.parallel_syncs
-    )
-}
-
-fn print_sentinel_baseline(
-    version: &str,
-    fast_runs: usize,
-    default_runs: usize,
-    measured: &[(SentinelOptions, Vec<UnplannedFailover>)],
-) {
-    println!(
-        "### Unplanned failover under Sentinel (valkey-server {version} `--sentinel`, 3 sentinels, quorum 2, 1 primary + 2 replicas on loopback)\n"
-    );
-    println!(
-        "Command: `BENCH_SENTINEL_RUNS={fast_runs} BENCH_SENTINEL_DEFAULT_RUNS={default_runs} target/release/bench sentinel` ({fast_runs} runs with `down-after-milliseconds 1000`, {default_runs} with Sentinel's defaults, where each run waits out the 30 s detection). Each run starts a writer (one `SET` at a time, unique keys, to whichever node accepts them), kills the primary with SIGKILL half a second later, and polls every surviving node with `SET` every 5 ms (`READONLY` counts as not yet) until one accepts: that is *fault → new primary accepts writes*. The writer goes on until the sentinels have settled (all monitor the same primary, no failover in progress, nothing flagged down, unchanged for 3 s), then every acknowledged key is read back from that primary; the killed node is then restarted empty as a replica of that primary, and the next run starts when all sentinels see every replica synced. The fast configuration also lowers `failover-timeout` to 10 s: with the default 180 s an aborted attempt is retried only after 6 minutes. On loopback a replica trails the primary by microseconds, so one clean failover after a SIGKILL loses next to nothing; across a network the writes in flight are at risk (asynchronous replication). With at most 50 runs p99 is the maximum.\n"
-    );
-    println!("| Sentinel config | measure | runs | p50 | p99 | max |");
-    println!("|---|---|---|---|---|---|");
-    for (opts, results) in measured {
-        let config = sentinel_config(opts);
-        let writable = results.iter().map(|r| r.writable_after).collect();
-        let agreed = results.iter().map(|r| r.agreed_after).collect();
-        let lost = results.iter().map(|r| r.lost).collect();
-        println!(
-            "{}",
-            duration_row(&config, "kill -9 → a replica accepts writes (ms)", writable)
-        );
-        println!(
-            "{}",
-            duration_row("", "kill -9 → every sentinel names it (ms)", agreed)
-        );
-        println!("{}", count_row("", "acknowledged writes lost", lost));
-    }
-    println!(
-        "\nA second failover comes from Sentinel itself: a sentinel that switches to the new primary reconnects to it at most once a second (its link last tried the dead primary), so with `down-after-milliseconds` near 1 s it can flag the new primary down, and the other sentinels' \"primary down\" votes from the first failover still count toward the quorum: it fails over again, to a replica that lacks what the first new primary acknowledged. A run counts its failovers by the sentinels' `+switch-master` events, and its losses against the primary they settle on.\n"
-    );
-    for (opts, results) in measured {
-        let acked: usize = results.iter().map(|r| r.acked).sum();
-        let lost: usize = results.iter().map(|r| r.lost).sum();
-        let again = results.iter().filter(|r| r.events.switches > 1).count();
-        let retried = results.iter().filter(|r| r.events.aborts > 0).count();
-        println!(
-            "{}: {acked} acknowledged writes over {} runs, {lost} lost. Runs in which the sentinels failed over a second time before settling: {again}; runs with an aborted failover attempt (retried only after 2 × `failover-timeout`): {retried}.\n",
-            sentinel_config(opts),
-            results.len()
-        );
-    }
-}
-
-fn duration_row(config: &str, measure: &str, mut v: Vec<Duration>) -> String {
-    v.sort();
-    let ms = |d: Duration| format!("{:.0}", d.as_secs_f64() * 1000.0);
-    format!(
-        "| {config} | {measure} | {} | {} | {} | {} |",
-        v.len(),
-        ms(percentile(&v, 0.5)),
-        ms(percentile(&v, 0.99)),
-        ms(v.last().copied().unwrap_or_default())
-    )
-}
-
-fn count_row(config: &str, measure: &str, mut v: Vec<usize>) -> String {
-    v.sort_unstable();
-    let at = |p: f64| {
-        let idx = ((v.len().max(1) - 1) as f64 * p).round() as usize;
-        v.get(idx).copied().unwrap_or_default()
-    };
-    format!(
-        "| {config} | {measure} | {} | {} | {} | {} |",
-        v.len(),
-        at(0.5),
-        at(0.99),
-        v.last().copied().unwrap_or_default()
     )
 }
