@@ -174,6 +174,16 @@ config file, so the pod needs no init step; secrets come in through `$(VAR)` fro
 - --cluster-node-timeout
 - {{ $v.valkey.clusterNodeTimeout | quote }}
 {{- end }}
+{{- $minReplicas := $v.valkey.minReplicasToWrite }}
+{{- if kindIs "invalid" $minReplicas }}{{ $minReplicas = min 1 $v.replicas }}{{ end }}
+{{- if and (eq $v.mode "replication") (gt (int $minReplicas) 0) }}
+# A primary without a recent acknowledgement from a replica refuses writes: bounds an unplanned
+# failover's loss and fences an isolated or restarted-empty primary without the agent.
+- --min-replicas-to-write
+- {{ $minReplicas | quote }}
+- --min-replicas-max-lag
+- {{ $v.valkey.minReplicasMaxLag | quote }}
+{{- end }}
 {{- if and $v.persistence.enabled $v.persistence.appendonly }}
 - --appendonly
 - "yes"
