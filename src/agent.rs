@@ -243,6 +243,7 @@ fn coordinator_tasks(
         metrics: shared.metrics.clone(),
         status: status_tx,
         seed: shared.seed.1.clone(),
+        formation_shards: co.formation_shards,
     };
     vec![
         lease::run(

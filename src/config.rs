@@ -179,6 +179,11 @@ pub struct RawConfig {
     /// Preferred zone per shard id, `shard=zone,shard=zone` (default: the zone of the node-index-0 pod).
     #[arg(long, env = "SIDECAR_PREFERRED_ZONES")]
     pub preferred_zones: Option<String>,
+    /// Cluster mode: the coordinator forms a fresh Valkey Cluster of this many shards from the pods'
+    /// shard-index and node-index labels, and brings pods that come back empty into it again
+    /// (unset: cluster membership is left alone).
+    #[arg(long, env = "SIDECAR_CLUSTER_SHARDS")]
+    pub cluster_shards: Option<String>,
     /// Log format: `auto` (JSON unless stderr is a terminal), `json` or `text`. Filter with RUST_LOG.
     #[arg(long, env = "SIDECAR_LOG_FORMAT", default_value = "auto")]
     pub log_format: String,
@@ -241,6 +246,8 @@ pub struct CoordinatorConfig {
     pub timings: LeaseTimings,
     pub policy: Policy,
     pub handover_timeout: Duration,
+    /// Cluster mode: the shard count to form (`SIDECAR_CLUSTER_SHARDS`); `None`: no formation.
+    pub formation_shards: Option<u32>,
 }
 
 /// Validated configuration.
@@ -441,6 +448,7 @@ impl RawConfig {
             &self.handover_timeout,
             parse_duration_in(&self.handover_timeout, 100, 600_000),
         );
+        let shards = c.opt("SIDECAR_CLUSTER_SHARDS", &self.cluster_shards, parse_shards);
         let Some(cluster) = name else {
             c.check::<()>(
                 "SIDECAR_CLUSTER_NAME",
@@ -462,6 +470,7 @@ impl RawConfig {
             timings: timings?,
             policy: policy?,
             handover_timeout: handover?,
+            formation_shards: shards,
         }))
     }
 
@@ -712,6 +721,14 @@ fn parse_role_values(v: &str) -> Result<(String, String), String> {
         return Err("two different non-empty label values".into());
     }
     Ok((p.to_owned(), r.to_owned()))
+}
+
+/// A shard count: 1 to 16384 (each shard owns at least one slot).
+fn parse_shards(v: &str) -> Result<u32, String> {
+    match v.trim().parse::<u32>() {
+        Ok(n) if (1..=16_384).contains(&n) => Ok(n),
+        _ => Err("expected a shard count from 1 to 16384".into()),
+    }
 }
 
 fn parse_bool(v: &str) -> Result<bool, String> {

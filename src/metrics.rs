@@ -72,6 +72,7 @@ pub struct Metrics {
     last_decision: Gauge,
     drift: Family<DriftLabel, Gauge>,
     keeper_actions: Family<KindLabel, Counter>,
+    formation_steps: Family<ActionLabel, Counter>,
     shard_record_calls: Family<ResultLabel, Counter>,
     coordinator_record_reads: Family<ResultLabel, Counter>,
     move_seconds: Histogram,
@@ -105,6 +106,7 @@ impl Metrics {
             last_decision: Gauge::default(),
             drift: Family::default(),
             keeper_actions: Family::default(),
+            formation_steps: Family::default(),
             shard_record_calls: Family::default(),
             coordinator_record_reads: Family::default(),
             move_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
@@ -119,6 +121,11 @@ impl Metrics {
             "keeper_actions",
             "Replication mode: what the agent did about its own Valkey (renew, fence, release, …)",
             self.keeper_actions.clone(),
+        );
+        r.register(
+            "formation_steps",
+            "Cluster mode: commands the coordinator sent to form the cluster or re-add a node, by kind and result",
+            self.formation_steps.clone(),
         );
         r.register(
             "shard_record_calls",
@@ -276,6 +283,14 @@ impl Metrics {
     /// Counts one keeper action that changed something.
     pub fn keeper_action(&self, kind: &'static str) {
         self.keeper_actions.get_or_create(&KindLabel { kind }).inc();
+    }
+
+    /// Counts one formation command (`CLUSTER MEET`, `ADDSLOTSRANGE`, …) and whether it worked.
+    pub fn formation_step(&self, kind: &'static str, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.formation_steps
+            .get_or_create(&ActionLabel { kind, result })
+            .inc();
     }
 
     /// Counts one call on the shard record (`ok` or an error kind).

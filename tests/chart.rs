@@ -301,11 +301,27 @@ async fn rendered_objects_pass_a_server_side_dry_run() {
     for want in [
         "kubectl get pods -n valkey -l valkey.io/cluster=valkey -L valkey.io/role,valkey.io/shard-id,valkey.io/zone",
         "kubectl describe lease -n valkey valkey-coordinator",
+        "The agents form the Valkey Cluster once every pod answers",
+    ] {
+        assert!(notes.contains(want), "NOTES lack {want:?}:\n{notes}");
+    }
+    assert!(!notes.contains("cluster addslotsrange"), "{notes}");
+    // Forming it by hand is documented for formCluster=false.
+    let manual = helm_install_dry_run(
+        &plane,
+        &[
+            "-f",
+            example_path("cluster-3x1").to_str().unwrap(),
+            "--set",
+            "formCluster=false",
+        ],
+    );
+    for want in [
         "cli valkey-2-0 cluster addslotsrange 10922 16383",
         "cli valkey-0-0 cluster meet $(ip valkey-2-1) 6379",
         "cli valkey-1-1 cluster replicate $(cli valkey-1-0 cluster myid",
     ] {
-        assert!(notes.contains(want), "NOTES lack {want:?}:\n{notes}");
+        assert!(manual.contains(want), "NOTES lack {want:?}:\n{manual}");
     }
     let notes = helm_install_dry_run(
         &plane,

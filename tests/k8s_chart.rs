@@ -21,7 +21,7 @@ use kube::Api;
 use kube::api::{DeleteParams, EvictParams, PostParams};
 use serde_json::json;
 use valkey_sidecar_testkit::k8s::chart::{
-    ChartStage, ChartStageOptions, cmd, form_cluster, label, node_of, role, shards,
+    ChartStage, ChartStageOptions, cmd, label, node_of, role, shards, text,
 };
 use valkey_sidecar_testkit::k8s::valkey::valkey_addr;
 use valkey_sidecar_testkit::k8s::{KubeletOptions, pod_is_ready, poll_until};
@@ -374,18 +374,9 @@ async fn cluster_3x1_installs_forms_and_labels_three_shards_spread_over_nodes() 
         .await
         .unwrap();
     println!("6 pods with Valkey up after {:?}", t0.elapsed());
-    // Form the cluster as NOTES tells an operator to: pod 0 of every shard takes slots.
-    let by_shard = shards(&pods);
-    assert_eq!(by_shard.len(), 3);
-    let addrs: Vec<Vec<SocketAddr>> = by_shard
-        .values()
-        .map(|members| members.iter().map(|p| valkey_addr(p).unwrap()).collect())
-        .collect();
-    form_cluster(addrs, Some(password.clone()), 30 * SECOND)
-        .await
-        .unwrap();
-    println!("cluster formed after {:?}", t0.elapsed());
-
+    assert_eq!(shards(&pods).len(), 3);
+    // Nobody forms the cluster but the agents (formCluster, the default): pod 0 of every shard
+    // takes slots, the other pod replicates it.
     let pods = wait_roles(&stage, 3, 3).await;
     println!(
         "labels converged after {:?}\n{}",
@@ -458,6 +449,37 @@ async fn cluster_3x1_installs_forms_and_labels_three_shards_spread_over_nodes() 
         valkey_role(valkey_addr(&shard0[1]).unwrap(), &password).await,
         "master"
     );
+    // The recreated pod came back empty (no persistence): the agents meet it, make it a replica
+    // of its shard's new primary and forget its old node id everywhere.
+    let readded = Instant::now();
+    let pods = wait_roles(&stage, 3, 3).await;
+    let old = name(&shard0[0]);
+    let pod = pods.iter().find(|p| name(p) == old).unwrap();
+    assert_eq!(label(pod, ROLE), Some("replica"));
+    println!(
+        "recreated pod back in the cluster after {:?}",
+        readded.elapsed()
+    );
+    // Its old identity is forgotten everywhere once the cluster marks it failed (after
+    // cluster-node-timeout, 5 s here).
+    let addrs: Vec<SocketAddr> = pods.iter().map(|p| valkey_addr(p).unwrap()).collect();
+    poll_until(
+        "the old node id forgotten",
+        40 * SECOND,
+        Duration::from_millis(200),
+        || async {
+            for a in &addrs {
+                let nodes = text(cmd(*a, Some(&password), &["CLUSTER", "NODES"])?)?;
+                if nodes.lines().count() != 6 {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        },
+    )
+    .await
+    .unwrap();
+    println!("old node id forgotten after {:?}", readded.elapsed());
     println!("moves:\n{}", moves(&stage).await);
     check_acl_log(&stage, &password).await;
     println!("done after {:?}", t0.elapsed());

@@ -18,7 +18,10 @@
 //! - [`plan`]: the coordinator's `decide(&World, &Policy) -> Plan` (hand-over, fail-back, balance).
 //! - [`lease`]: Lease election with client-go semantics (monotonic expiry, renew deadline).
 //! - [`status`]: the coordinator's conditions for humans, rendered as Lease annotations.
+//! - [`replication`]: replication mode's shard record, fencing, promotion and switchover.
+//! - [`formation`]: forming a fresh Valkey Cluster from the pods, and re-adding replaced pods.
 
+pub mod formation;
 pub mod health;
 pub mod info;
 pub mod labels;

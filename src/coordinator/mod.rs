@@ -15,6 +15,7 @@
 //! also promotes a replica when a shard's primary is lost.
 
 pub mod execute;
+pub mod formation;
 pub mod replication;
 pub mod world;
 
@@ -79,6 +80,8 @@ pub struct Coordinator {
     pub status: watch::Sender<StatusAnnotations>,
     /// Replication mode: the own shard's record as this agent's keeper last saw it.
     pub seed: watch::Receiver<crate::replication::RecordSeed>,
+    /// Cluster mode: form a cluster of this many shards, re-add replaced pods (`formation`).
+    pub formation_shards: Option<u32>,
 }
 
 /// How long a finished move may take to show in the local view before the shard is planned again.
@@ -121,6 +124,8 @@ struct Memory {
     status: Option<Status>,
     /// Replication mode: sessions to the members, the records as last read, the holds logged.
     repl: replication::State,
+    /// Cluster mode: when the last formation round ran.
+    formed_at: Option<Millis>,
 }
 
 /// Wall-clock time for the status: humans read it, no decision does.
@@ -286,7 +291,10 @@ impl Coordinator {
                 continue;
             }
             match self.mode {
-                Mode::Cluster => self.round(&w.pods, &w.nodes, &mut memory, &done_tx).await,
+                Mode::Cluster => {
+                    self.form_if_incomplete(&w.pods, &mut memory).await;
+                    self.round(&w.pods, &w.nodes, &mut memory, &done_tx).await
+                }
                 Mode::Replication => {
                     self.replication_round(&w.pods, &w.nodes, &mut memory, &done_tx)
                         .await
@@ -371,6 +379,26 @@ impl Coordinator {
             async {}
         });
         (reader, tokio::spawn(task))
+    }
+
+    /// With `SIDECAR_CLUSTER_SHARDS`: a formation round when the local node's view of the cluster
+    /// misses a pod, at most every [`formation::PERIOD_MS`].
+    async fn form_if_incomplete(&self, pods: &Store<Pod>, memory: &mut Memory) {
+        let Some(shards) = self.formation_shards else {
+            return;
+        };
+        let now = self.clock.now();
+        let due = memory
+            .formed_at
+            .is_none_or(|at| now.since(at) >= formation::PERIOD_MS);
+        let pods = pods.state();
+        let incomplete = self
+            .shards(now)
+            .is_some_and(|local| formation::incomplete(&local, &pods));
+        if due && incomplete {
+            memory.formed_at = Some(now);
+            self.formation_round(shards, &pods, now).await;
+        }
     }
 
     /// The shards as the local Valkey sees them, if the observation is fresh.

@@ -157,6 +157,14 @@ config file, so the pod needs no init step; secrets come in through `$(VAR)` fro
 - +cluster|myshardid
 - +cluster|shards
 - +cluster|failover
+{{- if $v.formCluster }}
+# Forming the cluster and re-adding replaced pods.
+- +cluster|set-config-epoch
+- +cluster|addslotsrange
+- +cluster|meet
+- +cluster|replicate
+- +cluster|forget
+{{- end }}
 {{- end }}
 {{- range $v.auth.agentExtraRules }}
 - {{ . | quote }}
@@ -223,6 +231,9 @@ config file, so the pod needs no init step; secrets come in through `$(VAR)` fro
 {{- if eq $v.mode "replication" }}
 - name: SIDECAR_SHARD_NAME
   value: "{{ $cluster }}-{{ .shard }}"
+{{- else if $v.formCluster }}
+- name: SIDECAR_CLUSTER_SHARDS
+  value: {{ $v.shards | quote }}
 {{- end }}
 - name: SIDECAR_ROLE_LABEL
   value: {{ $v.sidecar.labels.role | quote }}
@@ -254,7 +265,7 @@ config file, so the pod needs no init step; secrets come in through `$(VAR)` fro
   value: /etc/valkey/tls/tls.key
 {{- end }}
 {{- end }}
-{{- $reserved := list "POD_NAME" "POD_NAMESPACE" "NODE_NAME" "POD_IP" "VALKEY_ADDR" "VALKEY_USERNAME" "VALKEY_PASSWORD_FILE" "SIDECAR_MODE" "SIDECAR_CLUSTER_NAME" "SIDECAR_SHARD_NAME" "SIDECAR_ROLE_LABEL" "SIDECAR_ROLE_VALUES" "SIDECAR_SHARD_LABEL" "SIDECAR_ZONE_LABEL" "SIDECAR_REGION_LABEL" }}
+{{- $reserved := list "POD_NAME" "POD_NAMESPACE" "NODE_NAME" "POD_IP" "VALKEY_ADDR" "VALKEY_USERNAME" "VALKEY_PASSWORD_FILE" "SIDECAR_MODE" "SIDECAR_CLUSTER_NAME" "SIDECAR_SHARD_NAME" "SIDECAR_CLUSTER_SHARDS" "SIDECAR_ROLE_LABEL" "SIDECAR_ROLE_VALUES" "SIDECAR_SHARD_LABEL" "SIDECAR_ZONE_LABEL" "SIDECAR_REGION_LABEL" }}
 {{- range $name, $value := $v.sidecar.env }}
 {{- if or (has $name $reserved) (hasPrefix "VALKEY_TLS" $name) }}
 {{- fail (printf "sidecar.env.%s: the chart sets it from its own values" $name) }}

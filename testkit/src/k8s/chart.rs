@@ -30,7 +30,7 @@ use super::{
     ControlPlane, ControlPlaneOptions, FakeNodes, FakeNodesOptions, Kubelet, KubeletOptions,
     helm_bin,
 };
-use crate::{Result, info_field};
+use crate::Result;
 
 /// The chart's directory in this repository.
 pub fn chart_dir() -> PathBuf {
@@ -455,65 +455,6 @@ pub fn role(addr: SocketAddr, password: Option<&str>) -> Result<String> {
         redis::Value::Array(items) => text(items.into_iter().next().context("empty ROLE")?),
         other => bail!("ROLE answered {other:?}"),
     }
-}
-
-/// Forms a Valkey Cluster the way the chart's NOTES tell an operator to: distinct config epochs,
-/// even slot ranges on each shard's first address, `CLUSTER MEET` from the very first, then
-/// `CLUSTER REPLICATE` of every other address to its shard's first once it knows it. `shards`:
-/// per shard, the intended primary first. Returns once every node reports `cluster_state:ok`.
-pub async fn form_cluster(
-    shards: Vec<Vec<SocketAddr>>,
-    password: Option<String>,
-    timeout: Duration,
-) -> Result<()> {
-    tokio::task::spawn_blocking(move || form_blocking(&shards, password.as_deref(), timeout))
-        .await?
-}
-
-fn form_blocking(shards: &[Vec<SocketAddr>], pw: Option<&str>, timeout: Duration) -> Result<()> {
-    let all: Vec<SocketAddr> = shards.iter().flatten().copied().collect();
-    let first = *all.first().context("no nodes")?;
-    for (k, addr) in all.iter().enumerate() {
-        let epoch = (k + 1).to_string();
-        cmd(*addr, pw, &["CLUSTER", "SET-CONFIG-EPOCH", &epoch])?;
-    }
-    let total = usize::from(crate::CLUSTER_SLOTS);
-    for (s, shard) in shards.iter().enumerate() {
-        let primary = *shard.first().context("empty shard")?;
-        let (lo, hi) = (s * total / shards.len(), (s + 1) * total / shards.len() - 1);
-        let (lo, hi) = (lo.to_string(), hi.to_string());
-        cmd(primary, pw, &["CLUSTER", "ADDSLOTSRANGE", &lo, &hi])?;
-    }
-    for addr in &all[1..] {
-        let (ip, port) = (addr.ip().to_string(), addr.port().to_string());
-        cmd(first, pw, &["CLUSTER", "MEET", &ip, &port])?;
-    }
-    for shard in shards {
-        let primary_id = text(cmd(shard[0], pw, &["CLUSTER", "MYID"])?)?;
-        for replica in &shard[1..] {
-            crate::wait_for(
-                "a replica to learn its primary",
-                timeout,
-                Duration::from_millis(50),
-                || Ok(text(cmd(*replica, pw, &["CLUSTER", "NODES"])?)?.contains(&primary_id)),
-            )?;
-            cmd(*replica, pw, &["CLUSTER", "REPLICATE", &primary_id])?;
-        }
-    }
-    crate::wait_for(
-        "cluster_state:ok everywhere",
-        timeout,
-        Duration::from_millis(50),
-        || {
-            for addr in &all {
-                let info = text(cmd(*addr, pw, &["CLUSTER", "INFO"])?)?;
-                if info_field(&info, "cluster_state") != Some("ok") {
-                    return Ok(false);
-                }
-            }
-            Ok(true)
-        },
-    )
 }
 
 #[cfg(test)]

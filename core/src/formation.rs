@@ -1,0 +1,308 @@
+//! Cluster mode: forming a fresh Valkey Cluster from the deployment's pods, and bringing a pod that
+//! came back empty (a replaced pod without persistence) back into it — as pure decisions.
+//!
+//! The pods say where they belong: `valkey.io/shard-index` (which shard) and
+//! `valkey.io/node-index` (0 = the shard's intended primary; the StatefulSet's pod index where the
+//! label is missing). The coordinator observes every pod's Valkey and asks [`plan`] what to do:
+//!
+//! - **A fresh cluster** — no node owns a slot and every node knows only itself: once every shard
+//!   `0..shards` has its node-index 0 pod answering, give each node a distinct config epoch, each
+//!   such pod an even share of the 16384 slots, and introduce every other node to the first
+//!   primary (`CLUSTER MEET`).
+//! - **An existing cluster** — some node owns slots: introduce any node that knows only itself; make
+//!   every slot-less master that the cluster knows a replica of its shard's primary (the node of
+//!   the same shard index that owns slots), once it knows that primary; and forget, on every node,
+//!   a node marked failed that no pod is any more (the previous identity of a replaced pod).
+//!
+//! # Why it is safe
+//! - Slots are only ever assigned when *no* node anywhere owns a slot: an existing cluster is never
+//!   resharded, a node with slots is never touched, and a partial deployment (a shard's primary
+//!   missing) waits instead of spreading the slots over too few shards.
+//! - `CLUSTER REPLICATE` only goes to a master that owns no slots (Valkey itself refuses it unless
+//!   the node is empty), so no data is replaced.
+//! - Everything waits while any pod of the deployment does not answer: a decision from a partial
+//!   view could assign slots twice.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::observation::Role;
+
+/// Valkey Cluster's slot count.
+pub const SLOTS: u32 = 16_384;
+
+/// One pod of the deployment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seat {
+    pub pod: String,
+    /// `valkey.io/shard-index`.
+    pub shard: Option<u32>,
+    /// `valkey.io/node-index` (else the StatefulSet pod index).
+    pub index: Option<u32>,
+    /// Where its Valkey listens (pod IP, client port).
+    pub addr: Option<(String, u16)>,
+    /// `None`: it did not answer this round (or is loading, or not in cluster mode).
+    pub node: Option<ClusterNode>,
+}
+
+/// A pod's Valkey as its own `CLUSTER` replies show it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ClusterNode {
+    pub id: String,
+    pub role: Role,
+    /// It owns at least one slot.
+    pub owns_slots: bool,
+    /// A replica's primary (node id).
+    pub primary: Option<String>,
+    /// Every node id it knows, itself included (from `CLUSTER SHARDS`).
+    pub knows: BTreeSet<String>,
+    /// The node ids it marks failed.
+    pub failed: BTreeSet<String>,
+}
+
+impl ClusterNode {
+    fn alone(&self) -> bool {
+        self.knows.iter().all(|k| *k == self.id)
+    }
+}
+
+/// What the coordinator knows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FormationView {
+    /// How many shards the deployment has (`SIDECAR_CLUSTER_SHARDS`): shard indexes `0..shards`.
+    pub shards: u32,
+    pub seats: Vec<Seat>,
+}
+
+/// One command, with the reason it is sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// `CLUSTER SET-CONFIG-EPOCH <epoch>` on `pod` (fresh nodes only: distinct epochs spare the
+    /// cluster its epoch-collision resolution).
+    SetEpoch { pod: String, epoch: u32 },
+    /// `CLUSTER ADDSLOTSRANGE <from> <to>` on `pod`.
+    AssignSlots { pod: String, from: u32, to: u32 },
+    /// `CLUSTER MEET <ip> <port>` sent to `pod`, introducing `ip:port`.
+    Meet { pod: String, ip: String, port: u16 },
+    /// `CLUSTER REPLICATE <primary>` on `pod`.
+    Replicate { pod: String, primary: String },
+    /// `CLUSTER FORGET <id>` on `pod`: a failed node that is no pod any more.
+    Forget { pod: String, id: String },
+}
+
+/// What to do now, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Formation {
+    pub steps: Vec<Step>,
+    pub reason: String,
+}
+
+impl Formation {
+    fn wait(reason: impl Into<String>) -> Formation {
+        Formation {
+            steps: Vec::new(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Decides the formation steps for this round (none: formed, or waiting — the reason says which).
+pub fn plan(view: &FormationView) -> Formation {
+    if let Some(why) = not_ready(view) {
+        return Formation::wait(why);
+    }
+    let nodes: Vec<(&Seat, &ClusterNode)> = view
+        .seats
+        .iter()
+        .filter_map(|s| Some((s, s.node.as_ref()?)))
+        .collect();
+    if nodes.iter().any(|(_, n)| n.owns_slots) {
+        return grow(&nodes);
+    }
+    if nodes.iter().all(|(_, n)| n.alone()) {
+        return fresh(view, &nodes);
+    }
+    Formation::wait("nodes know each other but none owns slots: a formation is under way")
+}
+
+/// Why nothing can be decided yet, if so.
+fn not_ready(view: &FormationView) -> Option<String> {
+    if view.shards == 0 {
+        return Some("no shard count configured".into());
+    }
+    let silent: Vec<&str> = view
+        .seats
+        .iter()
+        .filter(|s| s.node.is_none() || s.addr.is_none())
+        .map(|s| s.pod.as_str())
+        .collect();
+    if !silent.is_empty() {
+        return Some(format!("waiting for {} to answer", silent.join(", ")));
+    }
+    let unplaced: Vec<&str> = view
+        .seats
+        .iter()
+        .filter(|s| s.shard.is_none() || s.index.is_none())
+        .map(|s| s.pod.as_str())
+        .collect();
+    (!unplaced.is_empty()).then(|| {
+        format!(
+            "{} carry no shard-index or node-index label",
+            unplaced.join(", ")
+        )
+    })
+}
+
+/// The intended primary (node-index 0) of each shard `0..shards`, or the first shard without one.
+fn primaries<'a>(
+    view: &FormationView,
+    nodes: &[(&'a Seat, &'a ClusterNode)],
+) -> Result<Vec<&'a Seat>, u32> {
+    (0..view.shards)
+        .map(|shard| {
+            nodes
+                .iter()
+                .map(|(s, _)| *s)
+                .find(|s| s.shard == Some(shard) && s.index == Some(0))
+                .ok_or(shard)
+        })
+        .collect()
+}
+
+/// A fresh cluster: epochs, slots on the intended primaries, everyone introduced to the first.
+fn fresh(view: &FormationView, nodes: &[(&Seat, &ClusterNode)]) -> Formation {
+    let primaries = match primaries(view, nodes) {
+        Ok(p) => p,
+        Err(shard) => {
+            return Formation::wait(format!(
+                "shard {shard} has no node-index 0 pod yet: not forming a partial cluster"
+            ));
+        }
+    };
+    let mut steps: Vec<Step> = nodes
+        .iter()
+        .zip(1..)
+        .map(|((s, _), epoch)| Step::SetEpoch {
+            pod: s.pod.clone(),
+            epoch,
+        })
+        .collect();
+    steps.extend(slot_steps(&primaries));
+    let first = primaries[0];
+    let others = nodes.iter().filter(|(s, _)| s.pod != first.pod);
+    steps.extend(others.filter_map(|(s, _)| meet(first, s)));
+    Formation {
+        steps,
+        reason: format!(
+            "forming a fresh cluster of {} shards over {} nodes",
+            primaries.len(),
+            nodes.len()
+        ),
+    }
+}
+
+/// Even, contiguous slot ranges over the primaries, in shard order.
+fn slot_steps(primaries: &[&Seat]) -> Vec<Step> {
+    let n = u32::try_from(primaries.len()).unwrap_or(u32::MAX).max(1);
+    primaries
+        .iter()
+        .zip(0..)
+        .map(|(p, i)| Step::AssignSlots {
+            pod: p.pod.clone(),
+            from: i * SLOTS / n,
+            to: (i + 1) * SLOTS / n - 1,
+        })
+        .collect()
+}
+
+fn meet(via: &Seat, whom: &Seat) -> Option<Step> {
+    let (ip, port) = whom.addr.clone()?;
+    Some(Step::Meet {
+        pod: via.pod.clone(),
+        ip,
+        port,
+    })
+}
+
+/// An existing cluster: introduce the lone nodes, attach slot-less masters to their shard's primary.
+fn grow(nodes: &[(&Seat, &ClusterNode)]) -> Formation {
+    let Some((via, _)) = nodes.iter().find(|(_, n)| n.owns_slots) else {
+        return Formation::wait("no node owns slots");
+    };
+    let owners = owners_by_shard(nodes);
+    let mut steps = Vec::new();
+    let mut waiting = Vec::new();
+    for (seat, node) in nodes.iter().filter(|(_, n)| !n.owns_slots) {
+        if node.alone() {
+            steps.extend(meet(via, seat));
+            continue;
+        }
+        match attach(seat, node, &owners) {
+            Attach::Step(step) => steps.push(step),
+            Attach::Wait(why) => waiting.push(why),
+            Attach::Done => {}
+        }
+    }
+    steps.extend(forget(nodes));
+    let reason = match (steps.is_empty(), waiting.is_empty()) {
+        (true, true) => "formed: every node is in the cluster and placed".into(),
+        (true, false) => waiting.join("; "),
+        (false, _) => format!("bringing {} node(s) into the cluster", steps.len()),
+    };
+    Formation { steps, reason }
+}
+
+/// A node marked failed whose id no pod has any more is a replaced pod's old identity: every node
+/// that knows it forgets it (all in one round, within Valkey's 60 s ban on re-learning it).
+fn forget(nodes: &[(&Seat, &ClusterNode)]) -> Vec<Step> {
+    let current: BTreeSet<&str> = nodes.iter().map(|(_, n)| n.id.as_str()).collect();
+    let stale: BTreeSet<&str> = nodes
+        .iter()
+        .flat_map(|(_, n)| n.failed.iter().map(String::as_str))
+        .filter(|id| !current.contains(id))
+        .collect();
+    let mut steps = Vec::new();
+    for id in stale {
+        let knowing = nodes.iter().filter(|(_, n)| n.knows.contains(id));
+        steps.extend(knowing.map(|(s, _)| Step::Forget {
+            pod: s.pod.clone(),
+            id: id.to_owned(),
+        }));
+    }
+    steps
+}
+
+/// Shard index → the id of the node of that shard that owns slots.
+fn owners_by_shard(nodes: &[(&Seat, &ClusterNode)]) -> BTreeMap<u32, String> {
+    nodes
+        .iter()
+        .filter(|(_, n)| n.owns_slots)
+        .filter_map(|(s, n)| Some((s.shard?, n.id.clone())))
+        .collect()
+}
+
+enum Attach {
+    Step(Step),
+    Wait(String),
+    Done,
+}
+
+/// A slot-less node the cluster knows: a replica of its shard's primary, or on the way to it.
+fn attach(seat: &Seat, node: &ClusterNode, owners: &BTreeMap<u32, String>) -> Attach {
+    let Some(primary) = seat.shard.and_then(|s| owners.get(&s)) else {
+        let shard = seat.shard.unwrap_or_default();
+        return Attach::Wait(format!(
+            "shard {shard} has no primary with slots: adding a shard (resharding) is not automatic"
+        ));
+    };
+    if node.role == Role::Replica {
+        // Already a replica (of its primary, or of a successor after a failover): leave it.
+        return Attach::Done;
+    }
+    if !node.knows.contains(primary) {
+        return Attach::Wait(format!("{} does not know its primary yet", seat.pod));
+    }
+    Attach::Step(Step::Replicate {
+        pod: seat.pod.clone(),
+        primary: primary.clone(),
+    })
+}

@@ -1,0 +1,297 @@
+//! Cluster formation: a table of situations and what `formation::plan` does about them, and a
+//! property: slots are assigned only when no node anywhere owns any.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+
+use proptest::prelude::*;
+use valkey_sidecar_core::formation::{ClusterNode, FormationView, SLOTS, Seat, Step, plan};
+use valkey_sidecar_core::observation::Role;
+
+/// `v-<shard>-<index>` at 10.0.<shard>.<index>, a fresh node `n<shard><index>` knowing itself.
+fn seat(shard: u32, index: u32) -> Seat {
+    let id = format!("n{shard}{index}");
+    Seat {
+        pod: format!("v-{shard}-{index}"),
+        shard: Some(shard),
+        index: Some(index),
+        addr: Some((format!("10.0.{shard}.{index}"), 6379)),
+        node: Some(ClusterNode {
+            id: id.clone(),
+            role: Role::Primary,
+            owns_slots: false,
+            primary: None,
+            knows: BTreeSet::from([id]),
+            failed: BTreeSet::new(),
+        }),
+    }
+}
+
+fn deployment(shards: u32, replicas: u32) -> FormationView {
+    FormationView {
+        shards,
+        seats: (0..shards)
+            .flat_map(|s| (0..=replicas).map(move |i| seat(s, i)))
+            .collect(),
+    }
+}
+
+/// Everyone knows everyone; node-index 0 pods own slots, the others replicate them.
+fn formed(shards: u32, replicas: u32) -> FormationView {
+    let mut v = deployment(shards, replicas);
+    let all: BTreeSet<String> = v
+        .seats
+        .iter()
+        .map(|s| s.node.as_ref().unwrap().id.clone())
+        .collect();
+    for s in &mut v.seats {
+        let primary = format!("n{}0", s.shard.unwrap());
+        let n = s.node.as_mut().unwrap();
+        n.knows = all.clone();
+        if s.index == Some(0) {
+            n.owns_slots = true;
+        } else {
+            n.role = Role::Replica;
+            n.primary = Some(primary);
+        }
+    }
+    v
+}
+
+fn node<'a>(v: &'a mut FormationView, pod: &str) -> &'a mut ClusterNode {
+    let s = v.seats.iter_mut().find(|s| s.pod == pod).unwrap();
+    s.node.as_mut().unwrap()
+}
+
+#[test]
+fn a_fresh_3x2_deployment_gets_epochs_even_slots_and_one_meeting_point() {
+    let f = plan(&deployment(3, 1));
+    let epochs: Vec<u32> = f
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::SetEpoch { epoch, .. } => Some(*epoch),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(epochs, vec![1, 2, 3, 4, 5, 6], "distinct epochs: {f:?}");
+    let slots: Vec<(String, u32, u32)> = f
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::AssignSlots { pod, from, to } => Some((pod.clone(), *from, *to)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        slots,
+        vec![
+            ("v-0-0".into(), 0, 5460),
+            ("v-1-0".into(), 5461, 10921),
+            ("v-2-0".into(), 10922, SLOTS - 1)
+        ]
+    );
+    let meets: Vec<(String, String)> = f
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Meet { pod, ip, .. } => Some((pod.clone(), ip.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(meets.len(), 5, "everyone else meets the first primary");
+    assert!(meets.iter().all(|(via, _)| via == "v-0-0"));
+    assert!(!f.steps.iter().any(|s| matches!(s, Step::Replicate { .. })));
+}
+
+#[test]
+fn waits_rather_than_forming_from_a_partial_view() {
+    let mut missing_primary = deployment(3, 1);
+    missing_primary.seats.retain(|s| s.pod != "v-2-0");
+    let f = plan(&missing_primary);
+    assert!(f.steps.is_empty());
+    assert!(
+        f.reason.contains("shard 2 has no node-index 0 pod"),
+        "{f:?}"
+    );
+
+    let mut silent = deployment(3, 1);
+    silent.seats[3].node = None;
+    let f = plan(&silent);
+    assert!(f.steps.is_empty() && f.reason.contains("v-1-1"), "{f:?}");
+
+    let mut unlabelled = deployment(1, 1);
+    unlabelled.seats[1].index = None;
+    let f = plan(&unlabelled);
+    assert!(
+        f.steps.is_empty() && f.reason.contains("no shard-index"),
+        "{f:?}"
+    );
+
+    let none = FormationView {
+        shards: 0,
+        ..deployment(1, 0)
+    };
+    assert!(plan(&none).steps.is_empty());
+}
+
+#[test]
+fn met_nodes_become_replicas_of_their_shards_primary_once_they_know_it() {
+    let mut v = formed(2, 1);
+    // v-1-1 has met the others but is still a slot-less master.
+    let n = node(&mut v, "v-1-1");
+    n.role = Role::Primary;
+    n.primary = None;
+    let f = plan(&v);
+    assert_eq!(
+        f.steps,
+        vec![Step::Replicate {
+            pod: "v-1-1".into(),
+            primary: "n10".into()
+        }]
+    );
+    // Not yet told about its primary by gossip: wait.
+    node(&mut v, "v-1-1").knows.remove("n10");
+    let f = plan(&v);
+    assert!(f.steps.is_empty() && f.reason.contains("does not know its primary"));
+}
+
+#[test]
+fn a_replaced_pod_that_came_back_empty_is_introduced_again() {
+    let mut v = formed(2, 1);
+    // v-0-1 was replaced: a new node id that knows only itself.
+    let n = node(&mut v, "v-0-1");
+    *n = ClusterNode {
+        id: "fresh".into(),
+        role: Role::Primary,
+        owns_slots: false,
+        primary: None,
+        knows: BTreeSet::from(["fresh".into()]),
+        failed: BTreeSet::new(),
+    };
+    let f = plan(&v);
+    assert_eq!(
+        f.steps,
+        vec![Step::Meet {
+            pod: "v-0-0".into(),
+            ip: "10.0.0.1".into(),
+            port: 6379
+        }]
+    );
+}
+
+#[test]
+fn a_replaced_pods_old_identity_is_forgotten_everywhere_but_a_live_failed_node_is_not() {
+    let mut v = formed(2, 1);
+    for s in &mut v.seats {
+        let n = s.node.as_mut().unwrap();
+        n.knows.insert("old".into());
+        n.failed.insert("old".into());
+    }
+    // n11 is marked failed by one node (a partition) but is a current pod: never forgotten.
+    node(&mut v, "v-0-0").failed.insert("n11".into());
+    let f = plan(&v);
+    let forgets: Vec<(String, String)> = f
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Forget { pod, id } => Some((pod.clone(), id.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(forgets.len(), 4, "{f:?}");
+    assert!(forgets.iter().all(|(_, id)| id == "old"));
+}
+
+#[test]
+fn after_a_failover_the_shard_is_found_by_its_slots_not_its_node_index() {
+    let mut v = formed(1, 2);
+    // v-0-1 took over: it owns the slots; v-0-0 came back empty and has met the cluster.
+    node(&mut v, "v-0-1").owns_slots = true;
+    node(&mut v, "v-0-1").role = Role::Primary;
+    let old = node(&mut v, "v-0-0");
+    old.owns_slots = false;
+    let f = plan(&v);
+    assert_eq!(
+        f.steps,
+        vec![Step::Replicate {
+            pod: "v-0-0".into(),
+            primary: "n01".into()
+        }]
+    );
+}
+
+#[test]
+fn a_formed_cluster_needs_nothing_and_a_new_shard_is_not_resharded_into_it() {
+    let f = plan(&formed(3, 1));
+    assert!(
+        f.steps.is_empty() && f.reason.starts_with("formed"),
+        "{f:?}"
+    );
+    let mut grown = formed(2, 1);
+    grown.shards = 3;
+    let mut extra = seat(2, 0);
+    let all = grown.seats[0].node.as_ref().unwrap().knows.clone();
+    extra.node.as_mut().unwrap().knows = all;
+    grown.seats.push(extra);
+    let f = plan(&grown);
+    assert!(f.steps.is_empty(), "{f:?}");
+    assert!(f.reason.contains("resharding) is not automatic"), "{f:?}");
+}
+
+fn any_view() -> impl Strategy<Value = FormationView> {
+    let node = (
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        proptest::collection::btree_set("n[0-2][0-2]", 0..6),
+    );
+    // Keyed by (shard, index): pod names are unique.
+    let nodes = proptest::collection::btree_map((0u32..3, 0u32..3), node, 0..9);
+    (1u32..4, nodes).prop_map(|(shards, nodes)| FormationView {
+        shards,
+        seats: nodes
+            .into_iter()
+            .map(|((s, i), (answers, owns, replica, knows))| {
+                let mut seat = seat(s, i);
+                let id = seat.node.as_ref().unwrap().id.clone();
+                seat.node = answers.then(|| ClusterNode {
+                    id: id.clone(),
+                    role: if replica {
+                        Role::Replica
+                    } else {
+                        Role::Primary
+                    },
+                    owns_slots: owns && !replica,
+                    primary: None,
+                    knows: knows.into_iter().chain([id]).collect(),
+                    failed: BTreeSet::new(),
+                });
+                seat
+            })
+            .collect(),
+    })
+}
+
+proptest! {
+    #[test]
+    fn slots_are_assigned_only_when_no_node_owns_any(v in any_view()) {
+        let f = plan(&v);
+        let assigns = f.steps.iter().any(|s| matches!(s, Step::AssignSlots { .. }));
+        let owned = v.seats.iter().filter_map(|s| s.node.as_ref()).any(|n| n.owns_slots);
+        prop_assert!(!(assigns && owned), "slots assigned over an existing cluster: {f:?}");
+        // Never replicate a node that owns slots, never touch a silent pod.
+        for step in &f.steps {
+            let pod = match step {
+                Step::SetEpoch { pod, .. } | Step::AssignSlots { pod, .. }
+                | Step::Meet { pod, .. } | Step::Replicate { pod, .. }
+                | Step::Forget { pod, .. } => pod,
+            };
+            let seat = v.seats.iter().find(|s| &s.pod == pod).unwrap();
+            prop_assert!(seat.node.is_some(), "a step for a silent pod: {step:?}");
+            if let Step::Replicate { .. } = step {
+                prop_assert!(!seat.node.as_ref().unwrap().owns_slots);
+            }
+        }
+    }
+}
