@@ -270,4 +270,8 @@ async fn deleting_the_primary_pod_switches_over_without_losing_a_write() {
     assert_eq!(missing, 0, "a planned switchover lost acknowledged writes");
     assert!(w.acked.len() > 100);
     assert!(hooks.iter().all(|(_, r, _)| r.as_deref() == Ok("HTTP 200")));
+    // One move: the old primary's agent, stopping after the switchover, leaves the new holder's
+    // record alone (it once released it, which started a needless failover).
+    tokio::time::sleep(2 * SECOND).await;
+    assert_eq!(record(&s, "0").await, held(&promoted, 2));
 }

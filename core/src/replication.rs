@@ -99,6 +99,13 @@ impl ShardRecord {
         self.holder.as_deref().filter(|h| !h.is_empty())
     }
 
+    /// Whether `pod` holds the record: only the holder may release it (a release by anyone else —
+    /// an old primary stopping after a switchover moved the record on — would void the new
+    /// holder's claim and start a needless failover).
+    pub fn held_by(&self, pod: &str) -> bool {
+        self.holder() == Some(pod)
+    }
+
     /// The pod the record names as primary: the holder, else the last promoted pod.
     pub fn recorded_primary(&self) -> Option<&str> {
         self.holder()
@@ -193,7 +200,7 @@ pub struct LocalValkey {
 /// it no longer *looks* empty — but it is not the primary whose data the shard has, so it must
 /// never renew. Trusted again once the run completes a sync as a replica (its data is then the
 /// shard's), or is promoted from replica to master within the run: only the coordinator sends
-/// `REPLICAOF NO ONE`, and only to a replica that synced.
+/// `REPLICAOF NO ONE`, and only to a replica that synced; or once it held the record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunTrust {
     pub run_id: String,
@@ -222,6 +229,15 @@ impl RunTrust {
             run_id: run_id.to_owned(),
             untrusted: untrusted && !synced,
             role: role.clone(),
+        }
+    }
+
+    /// After this run held the record (bootstrapped or renewed it): it is the shard's primary,
+    /// so its data is the shard's, however empty it started.
+    pub fn held(&self) -> RunTrust {
+        RunTrust {
+            untrusted: false,
+            ..self.clone()
         }
     }
 

@@ -482,6 +482,12 @@ fn a_run_is_trusted_once_synced_or_promoted_never_after_an_unseen_restart() {
         again.untrusted,
         "a master that stays master stays untrusted"
     );
+    let bootstrapped = first.held();
+    let later = RunTrust::observe(Some(&bootstrapped), "r1", &primary, false, false);
+    assert!(
+        !later.untrusted,
+        "the run that held the record is the shard's primary"
+    );
 }
 
 #[test]
@@ -515,6 +521,11 @@ fn record_helpers() {
         ..released
     };
     assert_eq!(empty.holder(), None, "an empty holder is a release");
+    assert!(r.held_by("pod-0") && !r.held_by("pod-1"));
+    assert!(
+        !r.released().held_by("pod-0"),
+        "nobody holds a released record"
+    );
 }
 
 #[test]

@@ -418,10 +418,14 @@ impl Keeper {
         match records.write(rec).await {
             Ok(written) => {
                 let run_id = view.valkey.as_ref().map(|v| v.run_id.clone());
+                let run_id = run_id.unwrap_or_default();
+                if let Some(t) = memory.run.as_mut().filter(|t| t.run_id == run_id) {
+                    *t = t.held();
+                }
                 memory.holding = Some(Holding {
                     epoch: written.epoch,
                     renewed_at: sent,
-                    run_id: run_id.unwrap_or_default(),
+                    run_id,
                 });
                 self.written(memory, written, sent)
             }
@@ -439,6 +443,11 @@ impl Keeper {
         let Some(rec) = memory.seen.as_ref().and_then(|s| s.record.clone()) else {
             return false;
         };
+        if !rec.held_by(&self.pod) {
+            // Not ours (any more): a switchover moved it on. Our claim ends here, nothing else.
+            memory.holding = None;
+            return false;
+        }
         // Writes stop before the record says anyone else may be primary (skipped when Valkey
         // does not answer: nothing to fence, and the attempt would only delay the release).
         if answering {
@@ -512,9 +521,15 @@ impl Keeper {
     }
 
     /// Graceful stop: a holder pauses writes and releases, so a successor can be promoted now.
+    /// The record is read first: the stop often follows a switchover that moved it on.
     async fn stop(&self, records: &ShardLeaseClient, session: &mut Session, memory: &mut Memory) {
         if memory.holding.is_none() {
             return;
+        }
+        let sent = self.clock.now();
+        match records.read().await {
+            Ok(record) => seen(memory, record, sent, self.clock.now()),
+            Err(e) => self.api_error("read", &e),
         }
         if self.release(records, session, memory, true).await {
             tracing::info!("released the shard record on shutdown");
