@@ -4,7 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
-use futures::future::{LocalBoxFuture, join_all};
+use futures::future::{self, BoxFuture, LocalBoxFuture, join_all};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::runtime::events::{Recorder, Reporter};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -68,6 +69,9 @@ struct Shared {
 }
 
 type Task = LocalBoxFuture<'static, ()>;
+
+/// The Leases' owner (`kube::owner`), awaited by every task that writes a Lease.
+type Owner = future::Shared<BoxFuture<'static, Option<OwnerReference>>>;
 
 /// Runs the agent until SIGTERM/SIGINT.
 pub async fn run(config: Config) -> Result<(), StartError> {
@@ -138,6 +142,14 @@ async fn kube_tasks(
     placement: watch::Sender<Placement>,
 ) -> Result<Vec<Task>, StartError> {
     let client = crate::kube::client().await?;
+    // The Leases' owner, looked up once for the keeper, the Lease runner and the coordinator.
+    let owner = crate::kube::owner::lease_owner(
+        client.clone(),
+        kube.namespace.clone(),
+        kube.pod_name.clone(),
+    )
+    .boxed()
+    .shared();
     let keeper = keeper(config, kube, shared, &client);
     let labeler = Labeler {
         client: client.clone(),
@@ -152,11 +164,18 @@ async fn kube_tasks(
         claim: keeper.as_ref().map(|(_, claim)| claim.clone()),
     };
     let mut tasks = vec![labeler.run(shared.shutdown.clone()).boxed_local()];
-    if let Some((keeper, _)) = keeper {
-        tasks.push(keeper.run(shared.shutdown.clone()).boxed_local());
+    if let Some((mut keeper, _)) = keeper {
+        let (owner, shutdown) = (owner.clone(), shared.shutdown.clone());
+        tasks.push(
+            async move {
+                keeper.owner = owner.await;
+                keeper.run(shutdown).await;
+            }
+            .boxed_local(),
+        );
     }
     if let Some(co) = &kube.coordinator {
-        tasks.extend(coordinator_tasks(config, kube, co, shared, client));
+        tasks.extend(coordinator_tasks(config, kube, co, shared, client, owner));
     }
     Ok(tasks)
 }
@@ -194,6 +213,7 @@ fn keeper(
         poll: config.poll_interval,
         metrics: shared.metrics.clone(),
         holding: claim_tx,
+        owner: None,
         hurry: shared.hurry.0.clone(),
         seen: shared.seed.0.clone(),
     };
@@ -206,6 +226,7 @@ fn coordinator_tasks(
     co: &CoordinatorConfig,
     shared: &Shared,
     client: kube::Client,
+    owner: Owner,
 ) -> Vec<Task> {
     let (lead_tx, lead_rx) = watch::channel(Leadership::default());
     // The coordinator's status rides along in the Lease holder's renewals.
@@ -219,11 +240,37 @@ fn coordinator_tasks(
         call_timeout,
         status_rx,
     );
+    let mut coordinator = coordinator(config, kube, co, shared, client, (lead_rx, status_tx));
+    let (pod, timings, clock) = (kube.pod_name.clone(), co.timings, shared.clock);
+    let (shutdown, elect_owner) = (shared.shutdown.clone(), owner.clone());
+    let elect = async move {
+        let lease = lease.owned_by(elect_owner.await);
+        lease::run(lease, pod, timings, clock, lead_tx, shutdown).await;
+    };
+    let shutdown = shared.shutdown.clone();
+    let act = async move {
+        coordinator.lease_owner = owner.await;
+        coordinator.run(shutdown).await;
+    };
+    vec![elect.boxed_local(), act.boxed_local()]
+}
+
+fn coordinator(
+    config: &Config,
+    kube: &KubeConfig,
+    co: &CoordinatorConfig,
+    shared: &Shared,
+    client: kube::Client,
+    (leadership, status): (
+        watch::Receiver<Leadership>,
+        watch::Sender<StatusAnnotations>,
+    ),
+) -> Coordinator {
     let reporter = Reporter {
         controller: FIELD_MANAGER.into(),
         instance: Some(kube.pod_name.clone()),
     };
-    let coordinator = Coordinator {
+    Coordinator {
         client: client.clone(),
         namespace: kube.namespace.clone(),
         selector: co.pod_selector.clone(),
@@ -234,29 +281,18 @@ fn coordinator_tasks(
         failover: FailoverPolicy::default(),
         bounds: config.bounds,
         state: shared.state.clone(),
-        leadership: lead_rx,
+        leadership,
         policy: co.policy.clone(),
         connector: shared.connector.clone(),
         handover_timeout: co.handover_timeout,
         role_label: kube.policy.role_key.clone(),
         recorder: kube.events.then(|| Recorder::new(client, reporter)),
         metrics: shared.metrics.clone(),
-        status: status_tx,
+        status,
         seed: shared.seed.1.clone(),
         formation_shards: co.formation_shards,
-    };
-    vec![
-        lease::run(
-            lease,
-            kube.pod_name.clone(),
-            co.timings,
-            shared.clock,
-            lead_tx,
-            shared.shutdown.clone(),
-        )
-        .boxed_local(),
-        coordinator.run(shared.shutdown.clone()).boxed_local(),
-    ]
+        lease_owner: None,
+    }
 }
 
 fn connector(config: &Config) -> Result<Connector, StartError> {

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Api;
 use kube::api::{DeleteParams, EvictParams, PostParams};
@@ -492,4 +492,92 @@ async fn cluster_3x1_installs_forms_and_labels_three_shards_spread_over_nodes() 
     println!("moves:\n{}", moves(&stage).await);
     check_acl_log(&stage, &password).await;
     println!("done after {:?}", t0.elapsed());
+}
+
+/// Zone label and Valkey's `availability-zone` agree with the pod's node.
+async fn zones_agree(stage: &ChartStage, pods: &[Pod], password: &str) {
+    let nodes: Api<Node> = Api::all(stage.plane.client());
+    for p in pods {
+        let node = nodes.get(node_of(p).unwrap()).await.unwrap();
+        let zone = node.metadata.labels.unwrap()["topology.kubernetes.io/zone"].clone();
+        assert_eq!(
+            label(p, "valkey.io/zone"),
+            Some(zone.as_str()),
+            "{}",
+            name(p)
+        );
+        let addr = valkey_addr(p).unwrap();
+        let pw = password.to_owned();
+        let pushed = tokio::task::spawn_blocking(move || {
+            let v = cmd(addr, Some(&pw), &["CONFIG", "GET", "availability-zone"])?;
+            text(v)
+        });
+        let got = format!("{:?}", pushed.await.unwrap());
+        assert!(got.contains(&zone), "{}: availability-zone {got}", name(p));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_3x2_helm_install_forms_and_labels_and_helm_uninstall_leaves_nothing() {
+    let t0 = Instant::now();
+    let mut opts = options("cluster-3x1");
+    opts.sets
+        .extend(["auth.existingSecret=".into(), "replicas=2".into()]);
+    opts.helm_install = true;
+    let stage = ChartStage::start(opts).await.unwrap();
+    let installed = t0.elapsed();
+    let password = stage
+        .secret("valkey-auth", "default-password")
+        .await
+        .unwrap();
+    let pods = stage
+        .wait_valkey_up(9, Some(&password), 120 * SECOND)
+        .await
+        .unwrap();
+    let up = t0.elapsed();
+    assert_eq!(shards(&pods).len(), 3);
+    // The agents form the cluster: 3 primaries, 2 replicas each, all Ready, labelled.
+    let pods = wait_roles(&stage, 3, 6).await;
+    let formed = t0.elapsed();
+    println!(
+        "helm install of 3 shards x 2 replicas: installed {installed:?}, Valkey up in 9 pods {up:?}, formed, labelled and Ready {formed:?}\n{}",
+        stage.describe().await
+    );
+    for (shard, members) in shards(&pods) {
+        let roles: Vec<Option<&str>> = members.iter().map(|p| label(p, ROLE)).collect();
+        assert_eq!(
+            roles,
+            [Some("primary"), Some("replica"), Some("replica")],
+            "shard {shard}"
+        );
+        let ids: BTreeSet<Option<&str>> = members
+            .iter()
+            .map(|p| label(p, "valkey.io/shard-id"))
+            .collect();
+        assert_eq!(ids.len(), 1, "shard {shard}: {ids:?}");
+    }
+    zones_agree(&stage, &pods, &password).await;
+    // The agents' Leases are owned by their ServiceAccount, so they go with the release.
+    let leases: Api<Lease> = Api::namespaced(stage.plane.client(), &stage.namespace);
+    let coordinator = leases.get("valkey-coordinator").await.unwrap();
+    let owners = coordinator.metadata.owner_references.unwrap_or_default();
+    assert_eq!(owners.len(), 1, "{owners:?}");
+    assert_eq!(
+        (owners[0].kind.as_str(), owners[0].name.as_str()),
+        ("ServiceAccount", "valkey-sidecar")
+    );
+
+    let t1 = Instant::now();
+    println!("{}", stage.uninstall().unwrap());
+    let left = poll_until(
+        "nothing left of the release",
+        120 * SECOND,
+        SECOND,
+        || async { Ok(stage.leftovers().await?.is_empty()) },
+    )
+    .await;
+    if let Err(e) = left {
+        panic!("{e:#}: {:?}", stage.leftovers().await);
+    }
+    println!("helm uninstall: nothing left after {:?}", t1.elapsed());
 }

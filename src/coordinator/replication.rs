@@ -364,6 +364,7 @@ impl Coordinator {
             Duration::from_millis(self.timings.retry_ms.max(500)),
             Duration::from_millis(self.timings.lease_ms),
         )
+        .owned_by(self.lease_owner.clone())
     }
 
     /// Connections to the shard's members for a move (the full configured timeout).

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
 use tokio::sync::watch;
@@ -48,9 +48,17 @@ pub struct LeaseClient {
     name: String,
     timeout: Duration,
     status: watch::Receiver<StatusAnnotations>,
+    /// Set on every write, so the Lease goes with its owner (`kube::owner`).
+    owner: Option<OwnerReference>,
 }
 
 impl LeaseClient {
+    /// The owner to put on the Lease.
+    pub fn owned_by(mut self, owner: Option<OwnerReference>) -> LeaseClient {
+        self.owner = owner;
+        self
+    }
+
     pub fn new(
         client: kube::Client,
         namespace: &str,
@@ -63,6 +71,7 @@ impl LeaseClient {
             name: name.to_owned(),
             timeout,
             status,
+            owner: None,
         }
     }
 
@@ -108,6 +117,7 @@ impl LeaseClient {
                 name: Some(self.name.clone()),
                 resource_version: version,
                 annotations: self.annotations(rec),
+                owner_references: self.owner.clone().map(|o| vec![o]),
                 ..ObjectMeta::default()
             },
             spec: Some(LeaseSpec {

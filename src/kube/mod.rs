@@ -2,6 +2,7 @@
 
 pub mod labeler;
 pub mod lease;
+pub mod owner;
 pub mod shard_lease;
 
 use std::collections::BTreeMap;

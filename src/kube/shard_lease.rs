@@ -12,7 +12,7 @@ use std::time::Duration;
 use futures::future::ready;
 use futures::stream::{BoxStream, StreamExt};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -26,6 +26,8 @@ pub struct ShardLeaseClient {
     api: Api<Lease>,
     name: String,
     cluster: String,
+    /// Set on every write, so the Lease goes with its owner (`kube::owner`).
+    owner: Option<OwnerReference>,
     timeout: Duration,
     lease_seconds: i32,
 }
@@ -43,9 +45,16 @@ impl ShardLeaseClient {
             api: Api::namespaced(client, namespace),
             name: ShardRecord::lease_name(cluster, shard),
             cluster: cluster.to_owned(),
+            owner: None,
             timeout,
             lease_seconds: i32::try_from(lease.as_secs().max(1)).unwrap_or(i32::MAX),
         }
+    }
+
+    /// The owner to put on the Lease.
+    pub fn owned_by(mut self, owner: Option<OwnerReference>) -> ShardLeaseClient {
+        self.owner = owner;
+        self
     }
 
     pub fn name(&self) -> &str {
@@ -144,6 +153,7 @@ impl ShardLeaseClient {
             metadata: ObjectMeta {
                 name: Some(self.name.clone()),
                 labels: Some(labels),
+                owner_references: self.owner.clone().map(|o| vec![o]),
                 resource_version: Some(rec.version.clone()).filter(|v| !v.is_empty()),
                 annotations: Some(annotations),
                 ..ObjectMeta::default()

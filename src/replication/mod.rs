@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Api;
 use tokio::sync::watch;
 use valkey_sidecar_core::health::{Bounds, HealthState};
@@ -60,6 +61,8 @@ pub struct Keeper {
     /// Set while a promotion of the local Valkey is due (`core::replication::awaiting_promotion`):
     /// the observer then polls fast, so the promoted node is advertised within milliseconds.
     pub hurry: watch::Sender<bool>,
+    /// Set on the record when this agent writes it (`kube::owner`).
+    pub owner: Option<OwnerReference>,
     /// This pod's shard and its record as the keeper last read it, for the coordinator of the
     /// same agent (same monotonic clock): a new leader starts judging expiry from it instead of
     /// from its own first read, so losing the primary and the coordinator together costs one
@@ -113,7 +116,8 @@ impl Keeper {
             (&self.cluster, &seat.shard),
             lease_timeout,
             lease,
-        );
+        )
+        .owned_by(self.owner.clone());
         tracing::info!(shard = %seat.shard, lease = %name, "replication keeper started");
         let mut session = Session::new(self.connector.clone());
         let mut memory = Memory::default();

@@ -122,6 +122,9 @@ pub struct ChartStageOptions {
     pub objects: Vec<Value>,
     pub plane: ControlPlaneOptions,
     pub kubelet: KubeletOptions,
+    /// Install with `helm install` (a release helm can upgrade and uninstall) instead of rendering
+    /// and applying the manifests (policies first, which `helm install` cannot order).
+    pub helm_install: bool,
 }
 
 impl Default for ChartStageOptions {
@@ -134,6 +137,7 @@ impl Default for ChartStageOptions {
             objects: Vec::new(),
             plane: ControlPlaneOptions::default(),
             kubelet: KubeletOptions::default().probe_period(Duration::from_millis(200)),
+            helm_install: false,
         }
     }
 }
@@ -145,6 +149,8 @@ pub struct ChartStage {
     pub nodes: FakeNodes,
     pub plane: ControlPlane,
     pub namespace: String,
+    /// The Helm release.
+    pub release: String,
     /// The Valkey deployment's name (`valkey.io/cluster`).
     pub cluster: String,
     /// The rendered manifests as applied.
@@ -169,15 +175,63 @@ impl ChartStage {
             }
             apply(&plane.client(), object).await?;
         }
-        let (cluster, manifest) = install(&plane, &opts).await?;
+        let (cluster, manifest) = match opts.helm_install {
+            true => helm_install(&plane, &opts)?,
+            false => install(&plane, &opts).await?,
+        };
         Ok(ChartStage {
             kubelet,
             nodes,
             plane,
             namespace: opts.namespace,
+            release: opts.release,
             cluster,
             manifest,
         })
+    }
+
+    /// `helm uninstall` of a release made with [`ChartStageOptions::helm_install`], waiting until
+    /// its objects are gone.
+    pub fn uninstall(&self) -> Result<String> {
+        let kubeconfig = self.plane.kubeconfig_path().display().to_string();
+        let args = ["uninstall", &self.release, "--namespace", &self.namespace];
+        let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        args.extend(["--wait".into(), "--kubeconfig".into(), kubeconfig]);
+        helm(&args)
+    }
+
+    /// Every object left in the namespace (`kind/name`), but what every namespace has (the
+    /// `default` ServiceAccount, the `kube-root-ca.crt` ConfigMap) and Events, which expire.
+    pub async fn leftovers(&self) -> Result<Vec<String>> {
+        let kinds = self
+            .plane
+            .kubectl(&[
+                "api-resources",
+                "--verbs=list",
+                "--namespaced",
+                "-o",
+                "name",
+            ])
+            .await?;
+        let kinds: Vec<&str> = kinds.lines().filter(|k| !k.starts_with("events")).collect();
+        let listed = self
+            .plane
+            .kubectl(&["get", &kinds.join(","), "-n", &self.namespace, "-o", "name"])
+            .await?;
+        let expected = ["serviceaccount/default", "configmap/kube-root-ca.crt"];
+        let mut left: Vec<String> = listed
+            .lines()
+            .filter(|l| !l.is_empty() && !expected.contains(l))
+            .map(str::to_owned)
+            .collect();
+        let cluster_wide = "clusterroles,clusterrolebindings,validatingadmissionpolicies,validatingadmissionpolicybindings,mutatingadmissionpolicies,mutatingadmissionpolicybindings";
+        let selector = format!("app.kubernetes.io/instance={}", self.release);
+        let global = self
+            .plane
+            .kubectl(&["get", cluster_wide, "-l", &selector, "-o", "name"])
+            .await?;
+        left.extend(global.lines().filter(|l| !l.is_empty()).map(str::to_owned));
+        Ok(left)
     }
 
     pub fn pods_api(&self) -> Api<Pod> {
@@ -373,11 +427,7 @@ async fn install(plane: &ControlPlane, opts: &ChartStageOptions) -> Result<(Stri
         })
     };
     let (policies, rest): (Vec<&str>, Vec<&str>) = docs.into_iter().partition(is_policy);
-    let cluster = rendered
-        .lines()
-        .find_map(|l| l.trim().strip_prefix(&format!("{CLUSTER_LABEL}:")))
-        .map(|v| v.trim().trim_matches('"').to_owned())
-        .context("the rendered chart names no valkey.io/cluster")?;
+    let cluster = cluster_of(&rendered)?;
     let dir = plane.dir();
     let manifest = dir.join(format!("chart-{}.yaml", opts.namespace));
     std::fs::write(&manifest, &rendered)?;
@@ -394,6 +444,39 @@ async fn install(plane: &ControlPlane, opts: &ChartStageOptions) -> Result<(Stri
     let file = dir.join(format!("chart-{}-objects.yaml", opts.namespace));
     kubectl_apply(plane, &file, &rest).await?;
     Ok((cluster, manifest))
+}
+
+/// `helm install` into the plane (no `--wait`: the pods come up on their own).
+fn helm_install(plane: &ControlPlane, opts: &ChartStageOptions) -> Result<(String, PathBuf)> {
+    let rendered = render(&opts.release, &opts.namespace, &opts.values, &opts.sets)?;
+    let cluster = cluster_of(&rendered)?;
+    let manifest = plane.dir().join(format!("chart-{}.yaml", opts.namespace));
+    std::fs::write(&manifest, &rendered)?;
+    let mut args: Vec<String> = vec![
+        "install".into(),
+        opts.release.clone(),
+        chart_dir().display().to_string(),
+        "--namespace".into(),
+        opts.namespace.clone(),
+        "--kubeconfig".into(),
+        plane.kubeconfig_path().display().to_string(),
+    ];
+    for v in &opts.values {
+        args.extend(["--values".into(), v.display().to_string()]);
+    }
+    for s in &opts.sets {
+        args.extend(["--set".into(), s.clone()]);
+    }
+    helm(&args)?;
+    Ok((cluster, manifest))
+}
+
+fn cluster_of(rendered: &str) -> Result<String> {
+    rendered
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(&format!("{CLUSTER_LABEL}:")))
+        .map(|v| v.trim().trim_matches('"').to_owned())
+        .context("the rendered chart names no valkey.io/cluster")
 }
 
 async fn kubectl_apply(plane: &ControlPlane, file: &Path, docs: &[&str]) -> Result<()> {
