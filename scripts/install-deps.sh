@@ -15,6 +15,8 @@ command -v openssl >/dev/null || need+=(openssl)
 command -v setpriv >/dev/null || need+=(util-linux)
 command -v curl >/dev/null || need+=(curl)
 command -v nft >/dev/null || need+=(nftables)
+# The static (musl) build of the container image (scripts/static-build.sh): ring's C compiler.
+command -v x86_64-linux-musl-gcc >/dev/null || need+=(musl-tools)
 if ((${#need[@]})); then
   echo "installing Debian packages: ${need[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
@@ -25,6 +27,9 @@ fi
 if command -v systemctl >/dev/null && systemctl is-active --quiet redis-server 2>/dev/null; then
   systemctl stop redis-server || true
 fi
+
+# The static (musl) build of the container image (scripts/static-build.sh): the Rust target.
+rustup target list --installed | grep -qx x86_64-unknown-linux-musl || rustup target add x86_64-unknown-linux-musl >&2
 
 scripts/valkey-bin.sh >/dev/null
 scripts/k8s-bins.sh >/dev/null
