@@ -361,6 +361,44 @@ async fn replication_1x2_installs_with_one_labelled_primary_behind_the_client_se
     // The recreated pod keeps its node index.
     let back = pods.iter().find(|p| name(p) == "valkey-0-0").unwrap();
     assert_eq!(label(back, "valkey.io/node-index"), Some("0"));
+
+    // Unplanned: the primary's Valkey is killed (its agent lives, the kubelet restarts Valkey
+    // empty). A replica is promoted, labelled and selected by the client Service.
+    let killed_pod = name(new_primary);
+    let killed = Instant::now();
+    stage
+        .kubelet
+        .crash_container(&stage.namespace, &killed_pod, "valkey")
+        .unwrap();
+    let successor = poll_until(
+        "a replica promoted and labelled",
+        30 * SECOND,
+        Duration::from_millis(10),
+        || async {
+            let pods = stage.pods().await?;
+            Ok(with_role(&pods, "primary")
+                .iter()
+                .any(|p| name(p) != killed_pod))
+        },
+    )
+    .await;
+    assert!(
+        successor.is_ok(),
+        "{successor:?}\n{}",
+        stage.describe().await
+    );
+    let took = killed.elapsed();
+    let pods = wait_roles(&stage, 1, 2).await;
+    let promoted = with_role(&pods, "primary")[0];
+    assert_eq!(
+        valkey_role(valkey_addr(promoted).unwrap(), PASSWORD).await,
+        "master"
+    );
+    wait_endpoints(&stage, "valkey", &BTreeSet::from([ip(promoted)])).await;
+    println!(
+        "Valkey of {killed_pod} killed: {} labelled primary after {took:?}, the killed one back as a replica",
+        name(promoted)
+    );
     check_acl_log(&stage, PASSWORD).await;
     println!("done after {:?}\n{}", t0.elapsed(), stage.describe().await);
 }
