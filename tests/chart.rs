@@ -108,6 +108,19 @@ fn values_the_chart_refuses() {
             &["sidecar.env.VALKEY_TLS=true"],
             "sets it from its own values",
         ),
+        (&["placement.zonePinning=Sometimes"], "schema"),
+        (&["spread.primaries=Required"], "schema"),
+        (
+            &[
+                "placement.zones={zone-a}",
+                "nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=x",
+            ],
+            "leave nodeAffinity empty",
+        ),
+        (
+            &["sidecar.env.SIDECAR_CLUSTER_SHARDS=4"],
+            "sets it from its own values",
+        ),
     ];
     for (sets, why) in cases {
         let err = render_sets(sets).expect_err(&format!("{sets:?} rendered"));
@@ -175,6 +188,15 @@ const VARIANTS: &[(&str, &[&str])] = &[
             "spread.node.mode=Disabled",
             "spread.zone.mode=Disabled",
             "spread.clusterNode=Disabled",
+            "spread.primaries=Disabled",
+        ],
+    ),
+    (
+        "regions-and-pinned-zones",
+        &[
+            "spread.region.mode=Preferred",
+            "placement.zones={zone-a,zone-b,zone-c}",
+            "placement.zonePinning=Required",
         ],
     ),
     (

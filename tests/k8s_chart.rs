@@ -24,7 +24,7 @@ use valkey_sidecar_testkit::k8s::chart::{
     ChartStage, ChartStageOptions, cmd, label, node_of, role, shards, text,
 };
 use valkey_sidecar_testkit::k8s::valkey::valkey_addr;
-use valkey_sidecar_testkit::k8s::{KubeletOptions, pod_is_ready, poll_until};
+use valkey_sidecar_testkit::k8s::{KubeletOptions, http_get, pod_is_ready, poll_until};
 use valkey_sidecar_testkit::redis;
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -559,8 +559,16 @@ async fn zones_agree(stage: &ChartStage, pods: &[Pod], password: &str) {
 async fn cluster_3x2_helm_install_forms_and_labels_and_helm_uninstall_leaves_nothing() {
     let t0 = Instant::now();
     let mut opts = options("cluster-3x1");
-    opts.sets
-        .extend(["auth.existingSecret=".into(), "replicas=2".into()]);
+    opts.sets.extend(
+        [
+            "auth.existingSecret=",
+            "replicas=2",
+            "sidecar.env.SIDECAR_FAILBACK=true",
+            "sidecar.env.SIDECAR_QUIET_PERIOD=3s",
+            "sidecar.env.SIDECAR_MOVE_COOLDOWN=1s",
+        ]
+        .map(String::from),
+    );
     opts.helm_install = true;
     let stage = ChartStage::start(opts).await.unwrap();
     let installed = t0.elapsed();
@@ -593,8 +601,22 @@ async fn cluster_3x2_helm_install_forms_and_labels_and_helm_uninstall_leaves_not
             .map(|p| label(p, "valkey.io/shard-id"))
             .collect();
         assert_eq!(ids.len(), 1, "shard {shard}: {ids:?}");
+        // Spread (Preferred, the defaults) suffices: three nodes and three zones per shard.
+        let nodes: BTreeSet<&str> = members.iter().filter_map(node_of).collect();
+        let zones: BTreeSet<&str> = members
+            .iter()
+            .filter_map(|p| label(p, "valkey.io/zone"))
+            .collect();
+        assert_eq!(
+            (nodes.len(), zones.len()),
+            (3, 3),
+            "shard {shard}: {nodes:?} {zones:?}"
+        );
     }
     zones_agree(&stage, &pods, &password).await;
+    let scheduling = until_condition(&stage, "SchedulingSatisfied", "True").await;
+    println!("{scheduling}");
+    drift_and_failback(&stage, &pods, &password).await;
     // The agents' Leases are owned by their ServiceAccount, so they go with the release.
     let leases: Api<Lease> = Api::namespaced(stage.plane.client(), &stage.namespace);
     let coordinator = leases.get("valkey-coordinator").await.unwrap();
@@ -618,4 +640,73 @@ async fn cluster_3x2_helm_install_forms_and_labels_and_helm_uninstall_leaves_not
         panic!("{e:#}: {:?}", stage.leftovers().await);
     }
     println!("helm uninstall: nothing left after {:?}", t1.elapsed());
+}
+
+/// Waits until the coordinator's condition `type_` starts with `want` (on its Lease); returns it.
+async fn until_condition(stage: &ChartStage, type_: &str, want: &str) -> String {
+    let what = format!("{type_} {want}");
+    let waited = poll_until(&what, 30 * SECOND, Duration::from_millis(20), || async {
+        Ok(stage
+            .condition(type_)
+            .await?
+            .is_some_and(|c| c.starts_with(want)))
+    })
+    .await;
+    assert!(
+        waited.is_ok(),
+        "{waited:?}: {:?}",
+        stage.condition(type_).await
+    );
+    stage.condition(type_).await.unwrap().unwrap()
+}
+
+/// The Lease holder's pod.
+async fn leader(stage: &ChartStage, pods: &[Pod]) -> Pod {
+    let leases: Api<Lease> = Api::namespaced(stage.plane.client(), &stage.namespace);
+    let lease = leases.get("valkey-coordinator").await.unwrap();
+    let holder = lease.spec.unwrap().holder_identity.unwrap();
+    pods.iter().find(|p| name(p) == holder).unwrap().clone()
+}
+
+/// Shard 0's primary moves to a replica in another zone (`CLUSTER FAILOVER`): the drift shows in
+/// the leader's metrics within an observation cycle and on the Lease with its next renewal; after
+/// the quiet period the coordinator fails back and the condition clears.
+async fn drift_and_failback(stage: &ChartStage, pods: &[Pod], password: &str) {
+    let shard0 = shards(pods).remove("0").unwrap();
+    let replica = valkey_addr(&shard0[1]).unwrap();
+    let pw = password.to_owned();
+    let moved = Instant::now();
+    tokio::task::spawn_blocking(move || cmd(replica, Some(&pw), &["CLUSTER", "FAILOVER"]))
+        .await
+        .unwrap()
+        .unwrap();
+    let agent =
+        std::net::SocketAddr::new(valkey_addr(&leader(stage, pods).await).unwrap().ip(), 9736);
+    let metric = "valkey_sidecar_placement_drift{reason=\"FailoverDrift\"} 1";
+    let seen = poll_until(
+        "the drift metric",
+        10 * SECOND,
+        Duration::from_millis(10),
+        || async {
+            let (_, body) = http_get(agent, "/metrics", SECOND).await?;
+            Ok(body.contains(metric))
+        },
+    )
+    .await;
+    assert!(seen.is_ok(), "{seen:?}");
+    let in_metrics = moved.elapsed();
+    let drift = until_condition(stage, "PrimaryPlacementAligned", "False FailoverDrift").await;
+    let on_lease = moved.elapsed();
+    let aligned = until_condition(stage, "PrimaryPlacementAligned", "True").await;
+    println!(
+        "failover out of the preferred zone: drift in the leader's metrics after {in_metrics:?}, on the Lease after {on_lease:?} ({drift}); failed back, condition cleared after {:?} ({aligned})",
+        moved.elapsed()
+    );
+    let pods = wait_roles(stage, 3, 6).await;
+    let first = pods.iter().find(|p| name(p) == name(&shard0[0])).unwrap();
+    assert_eq!(
+        label(first, ROLE),
+        Some("primary"),
+        "failed back to the node-index 0 pod"
+    );
 }

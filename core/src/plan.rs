@@ -77,6 +77,17 @@ pub struct World {
     pub in_flight: Vec<InFlight>,
     /// When the last fail-back or balance move started (for the cooldown).
     pub last_move: Option<Millis>,
+    /// Pods of the deployment the scheduler could not place.
+    pub pending: Vec<Pending>,
+}
+
+/// A pod the scheduler could not place (`PodScheduled=False`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Pending {
+    pub pod: String,
+    /// The scheduler's reason (`Unschedulable`) and message (which rule it could not satisfy).
+    pub reason: String,
+    pub message: String,
 }
 
 /// Knobs, from configuration.
@@ -140,6 +151,8 @@ pub struct Drift {
     pub shard: String,
     pub reason: &'static str,
     pub message: String,
+    /// The pod it is about, if one (the Event's object).
+    pub pod: Option<String>,
 }
 
 /// The planner's answer.
@@ -461,8 +474,19 @@ pub fn settle(settling: &mut BTreeMap<String, (String, Millis)>, members: &[Memb
     });
 }
 
-/// Placement facts: primaries outside their preferred zone, nodes over the primary cap.
+/// Placement facts: primaries outside their preferred zone, nodes over the primary cap, shards
+/// whose members share a node or a zone, pods the scheduler could not place.
 fn drift(world: &World, policy: &Policy) -> Vec<Drift> {
+    let mut out = zone_drift(world, policy);
+    out.extend(balance_drift(world));
+    for shard in shards(world) {
+        out.extend(sharing(world, shard));
+    }
+    out.extend(world.pending.iter().map(unschedulable));
+    out
+}
+
+fn zone_drift(world: &World, policy: &Policy) -> Vec<Drift> {
     let mut out = Vec::new();
     for shard in shards(world) {
         let (Some(p), Some(zone)) = (primary(world, shard), preferred_zone(world, policy, shard))
@@ -479,9 +503,15 @@ fn drift(world: &World, policy: &Policy) -> Vec<Drift> {
                 shard: shard.into(),
                 reason: "FailoverDrift",
                 message,
+                pod: p.pod.as_ref().map(|p| p.name.clone()),
             });
         }
     }
+    out
+}
+
+fn balance_drift(world: &World) -> Vec<Drift> {
+    let mut out = Vec::new();
     let cap = primary_cap(world);
     for (node, c) in primaries_per_node(world)
         .into_iter()
@@ -491,7 +521,56 @@ fn drift(world: &World, policy: &Policy) -> Vec<Drift> {
             shard: String::new(),
             reason: "PrimaryImbalance",
             message: format!("node {node} carries {c} primaries (cap {cap})"),
+            pod: None,
         });
     }
     out
+}
+
+/// Members of one shard that share a node (`ShardSharesNode`) or a zone (`ShardSharesZone`):
+/// one failure there takes more than one copy of the shard.
+fn sharing(world: &World, shard: &str) -> Vec<Drift> {
+    let placed: Vec<(&str, &str, Option<&str>)> = members(world, shard)
+        .filter_map(|m| {
+            let pod = m.pod.as_ref()?;
+            let node = pod.node.as_deref()?;
+            Some((pod.name.as_str(), node, zone_of(world, m)))
+        })
+        .collect();
+    let by_node = crowded(placed.iter().map(|(p, n, _)| (*n, *p)));
+    let by_zone = crowded(placed.iter().filter_map(|(p, _, z)| Some(((*z)?, *p))));
+    let drift = |reason: &'static str, what: &str, (domain, pods): (&str, Vec<&str>)| Drift {
+        shard: shard.into(),
+        reason,
+        message: format!("pods {} share {what} {domain}", pods.join(", ")),
+        pod: pods.first().map(|p| (*p).to_owned()),
+    };
+    let nodes = by_node
+        .into_iter()
+        .map(|d| drift("ShardSharesNode", "node", d));
+    let zones = by_zone
+        .into_iter()
+        .map(|d| drift("ShardSharesZone", "zone", d));
+    nodes.chain(zones).collect()
+}
+
+/// Domains holding more than one of the given pods, with those pods.
+fn crowded<'a>(placed: impl Iterator<Item = (&'a str, &'a str)>) -> Vec<(&'a str, Vec<&'a str>)> {
+    let mut by: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (domain, pod) in placed {
+        by.entry(domain).or_default().push(pod);
+    }
+    by.into_iter().filter(|(_, pods)| pods.len() > 1).collect()
+}
+
+fn unschedulable(p: &Pending) -> Drift {
+    Drift {
+        shard: String::new(),
+        reason: "Unschedulable",
+        message: format!(
+            "pod {} is not scheduled ({}): {}",
+            p.pod, p.reason, p.message
+        ),
+        pod: Some(p.pod.clone()),
+    }
 }

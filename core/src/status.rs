@@ -19,6 +19,8 @@ pub const PLACEMENT: &str = "PrimaryPlacementAligned";
 pub const BALANCE: &str = "PrimariesBalanced";
 /// Every primary could be handed over now, and no needed hand-over is blocked.
 pub const HANDOVER: &str = "HandoverReady";
+/// Condition: every pod is scheduled and no shard has two members on one node or in one zone.
+pub const SCHEDULING: &str = "SchedulingSatisfied";
 
 /// One condition, in the manner of Kubernetes `status.conditions`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,13 +56,14 @@ pub fn conditions(world: &World, policy: &Policy, plan: &Plan) -> Vec<Condition>
         placement(plan, policy),
         balance(plan, policy),
         handover(world, policy, plan),
+        scheduling(plan),
     ]
 }
 
 /// The conditions while the holder has no fresh view: it cannot vouch for any of them, so each
 /// is False with a reason that says why rather than keeping an old True.
 pub fn without_view() -> Vec<Condition> {
-    [PLACEMENT, BALANCE, HANDOVER]
+    [PLACEMENT, BALANCE, HANDOVER, SCHEDULING]
         .into_iter()
         .map(|type_| Condition {
             type_,
@@ -134,6 +137,22 @@ fn balance(plan: &Plan, policy: &Policy) -> Condition {
     }
     let note = off_note(policy.balance, "balance");
     fails(BALANCE, "PrimaryImbalance", found.join("; ") + &note)
+}
+
+/// Pending pods first (something is not running at all), then members sharing a node, then a
+/// zone: the worst fact gives the reason, every fact of it the message.
+fn scheduling(plan: &Plan) -> Condition {
+    for reason in ["Unschedulable", "ShardSharesNode", "ShardSharesZone"] {
+        let found = drift_messages(plan, reason);
+        if !found.is_empty() {
+            return fails(SCHEDULING, reason, found.join("; "));
+        }
+    }
+    holds(
+        SCHEDULING,
+        "Satisfied",
+        "every pod is scheduled; no shard has two members on one node or in one zone",
+    )
 }
 
 fn handover(world: &World, policy: &Policy, plan: &Plan) -> Condition {
@@ -252,6 +271,7 @@ mod tests {
             shard: shard.into(),
             reason,
             message: message.into(),
+            pod: None,
         }
     }
 
@@ -377,6 +397,38 @@ mod tests {
                 HANDOVER,
                 (false, "HandoverBlocked", blocked),
             ),
+            (
+                "scheduled and spread",
+                Plan::default(),
+                &failback,
+                SCHEDULING,
+                (
+                    true,
+                    "Satisfied",
+                    "every pod is scheduled; no shard has two members on one node or in one zone",
+                ),
+            ),
+            (
+                "a zone shared, and a pod pending: the pending pod is the worse",
+                Plan {
+                    drift: vec![
+                        drift("s0", "ShardSharesZone", "pods a, b share zone z"),
+                        drift(
+                            "",
+                            "Unschedulable",
+                            "pod c is not scheduled (Unschedulable): 0/2 nodes",
+                        ),
+                    ],
+                    ..Plan::default()
+                },
+                &failback,
+                SCHEDULING,
+                (
+                    false,
+                    "Unschedulable",
+                    "pod c is not scheduled (Unschedulable): 0/2 nodes",
+                ),
+            ),
         ];
         for (name, plan, policy, type_, want) in cases {
             let got = conditions(&world(), policy, &plan);
@@ -446,9 +498,47 @@ mod tests {
     }
 
     #[test]
+    fn members_sharing_a_node_or_zone_and_pending_pods_are_drift() {
+        let mut w = world();
+        // r0 moves next to p0 (n0): node and zone shared.
+        w.members[1] = member("r0", "s0", Role::Replica, 100, "n0");
+        w.pending.push(crate::plan::Pending {
+            pod: "pod-x".into(),
+            reason: "Unschedulable".into(),
+            message: "0/4 nodes are available".into(),
+        });
+        let policy = Policy::default();
+        let plan = decide(&w, &policy);
+        let reasons: Vec<(&str, &str)> = plan
+            .drift
+            .iter()
+            .map(|d| (d.reason, d.message.as_str()))
+            .collect();
+        assert!(
+            reasons.contains(&("ShardSharesNode", "pods pod-p0, pod-r0 share node n0")),
+            "{reasons:?}"
+        );
+        assert!(
+            reasons.contains(&("ShardSharesZone", "pods pod-p0, pod-r0 share zone a")),
+            "{reasons:?}"
+        );
+        let got = conditions(&w, &policy, &plan);
+        let c = got.iter().find(|c| c.type_ == SCHEDULING).unwrap();
+        assert_eq!((c.status, c.reason), (false, "Unschedulable"));
+        assert!(
+            c.message
+                .contains("pod pod-x is not scheduled (Unschedulable): 0/4 nodes")
+        );
+        w.pending.clear();
+        let got = conditions(&w, &policy, &decide(&w, &policy));
+        let c = got.iter().find(|c| c.type_ == SCHEDULING).unwrap();
+        assert_eq!((c.status, c.reason), (false, "ShardSharesNode"));
+    }
+
+    #[test]
     fn without_a_view_nothing_is_vouched_for() {
         let got = without_view();
-        assert_eq!(got.len(), 3);
+        assert_eq!(got.len(), 4);
         assert!(got.iter().all(|c| !c.status && c.reason == "NoFreshView"));
     }
 

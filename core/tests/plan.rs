@@ -82,6 +82,7 @@ fn world() -> World {
         steady_since,
         in_flight: vec![],
         last_move: None,
+        pending: vec![],
     }
 }
 
@@ -386,6 +387,7 @@ fn arb_world() -> impl Strategy<Value = World> {
                 steady_since,
                 in_flight,
                 last_move: None,
+                pending: vec![],
             }
         })
 }

@@ -129,6 +129,8 @@ struct Memory {
     repl: replication::State,
     /// Cluster mode: when the last formation round ran.
     formed_at: Option<Millis>,
+    /// The drift last reported (reason, message), so each is an Event once.
+    drift: BTreeSet<(String, String)>,
 }
 
 /// Wall-clock time for the status: humans read it, no decision does.
@@ -351,6 +353,7 @@ impl Coordinator {
         self.metrics.drift(std::iter::empty());
         self.publish(None, memory);
         memory.shards.clear();
+        memory.drift.clear();
         // A new term reads every record afresh, so no expiry is judged on a history it missed.
         memory.repl = replication::State::default();
     }
@@ -432,9 +435,9 @@ impl Coordinator {
             return;
         };
         let members = world::members(&shards, &pods.state());
-        let world = self.world(members, nodes, memory, now, leader);
+        let world = self.world(members, (pods, nodes), memory, now, leader);
         let plan = decide(&world, &self.policy);
-        self.report(&plan, memory);
+        self.report(&plan, pods, memory);
         let conditions = leader.then(|| status::conditions(&world, &self.policy, &plan));
         for action in plan.actions {
             self.start(action, &shards, pods, memory, done);
@@ -451,7 +454,7 @@ impl Coordinator {
     fn world(
         &self,
         members: Vec<Member>,
-        nodes: &Store<Node>,
+        (pods, nodes): (&Store<Pod>, &Store<Node>),
         memory: &mut Memory,
         now: Millis,
         leader: bool,
@@ -470,12 +473,29 @@ impl Coordinator {
                 .collect(),
             in_flight: busy(memory),
             last_move: memory.last_move,
+            pending: world::pending(&pods.state()),
         }
     }
 
-    /// Drift into metrics; blocked moves logged when they first appear.
-    fn report(&self, plan: &Plan, memory: &mut Memory) {
+    /// Drift into metrics, and an Event (on the pod it is about) when a drift first appears;
+    /// blocked moves logged when they first appear.
+    fn report(&self, plan: &Plan, pods: &Store<Pod>, memory: &mut Memory) {
         self.metrics.drift(plan.drift.iter().map(|d| d.reason));
+        let now_drift: BTreeSet<(String, String)> = plan
+            .drift
+            .iter()
+            .map(|d| (d.reason.to_owned(), d.message.clone()))
+            .collect();
+        for d in plan.drift.iter().filter(|d| {
+            !memory
+                .drift
+                .contains(&(d.reason.to_owned(), d.message.clone()))
+        }) {
+            let pod = d.pod.as_deref().and_then(|p| self.pod_ref(pods, p));
+            tracing::warn!(reason = d.reason, shard = %d.shard, message = %d.message, "placement drift");
+            self.event(pod, EventType::Warning, d.reason, d.message.clone());
+        }
+        memory.drift = now_drift;
         let now_blocked: BTreeSet<String> = plan.blocked.iter().cloned().collect();
         for b in now_blocked.difference(&memory.blocked) {
             tracing::warn!(blocked = %b, "coordinator cannot act");
@@ -621,6 +641,12 @@ impl Coordinator {
     }
 
     /// Events go to the old primary's pod when known, else they are only logged.
+    /// A reference to the cluster's pod `name`, for an Event.
+    fn pod_ref(&self, pods: &Store<Pod>, name: &str) -> Option<ObjectReference> {
+        let key = reflector::ObjectRef::new(name).within(&self.namespace);
+        pods.get(&key).map(|p| p.object_ref(&()))
+    }
+
     fn event(
         &self,
         reference: Option<ObjectReference>,

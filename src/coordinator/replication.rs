@@ -321,9 +321,9 @@ impl Coordinator {
         let leader = self.leadership.borrow().may_act(now);
         self.metrics.coordinator_leader(leader);
         let members = shards.iter().flat_map(ShardRound::plan_members).collect();
-        let world = self.world(members, nodes, memory, now, leader);
+        let world = self.world(members, (pods, nodes), memory, now, leader);
         let plan = decide(&world, &self.policy);
-        self.report(&plan, memory);
+        self.report(&plan, pods, memory);
         let conditions = leader.then(|| status::conditions(&world, &self.policy, &plan));
         let planned: BTreeSet<String> = plan.actions.iter().map(|a| a.shard.clone()).collect();
         for action in plan.actions {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use valkey_sidecar_core::observation::{Observation, Role};
 use valkey_sidecar_core::placement::ZONE_LABEL;
-use valkey_sidecar_core::plan::{Member, NodeInfo, PodInfo};
+use valkey_sidecar_core::plan::{Member, NodeInfo, Pending, PodInfo};
 use valkey_sidecar_core::replication::{MemberValkey, ShardMember, ShardRecord};
 use valkey_sidecar_core::shards::{NodeHealth, Shard};
 
@@ -84,6 +84,27 @@ fn node_info(n: &Node) -> NodeInfo {
             .and_then(|s| s.unschedulable)
             .unwrap_or(false),
     }
+}
+
+/// The deployment's pods the scheduler could not place (`PodScheduled=False`, no node yet).
+pub fn pending(pods: &[Arc<Pod>]) -> Vec<Pending> {
+    pods.iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none())
+        .filter_map(|p| {
+            let c = p
+                .status
+                .as_ref()?
+                .conditions
+                .as_ref()?
+                .iter()
+                .find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
+            Some(Pending {
+                pod: p.metadata.name.clone()?,
+                reason: c.reason.clone().unwrap_or_default(),
+                message: c.message.clone().unwrap_or_default(),
+            })
+        })
+        .collect()
 }
 
 /// The replication shard a pod belongs to (spelled as the keepers spell it: the label's value, or

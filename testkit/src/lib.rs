@@ -7,6 +7,7 @@
 //!   everywhere before `start` returns.
 //! - [`TlsServer`]: a TLS-only server (Debian's `redis-server`) with a generated CA, server and client
 //!   certificates, and an unrelated CA for mismatch tests.
+//! - [`image`]: the Dockerfile's packaging rules, a static-ELF reader and the image's layer size.
 //!
 //! The `valkey-server` binary comes from `$VALKEY_SERVER`, else from `scripts/valkey-bin.sh`
 //! (valkey 9.1.2, installed into a cache on first use). Every server gets `--save ''`,
@@ -64,6 +65,7 @@
 
 mod binaries;
 mod cluster;
+pub mod image;
 mod info;
 pub mod k8s;
 mod net;

@@ -361,7 +361,7 @@ nodes without any pod of this Valkey deployment. */ -}}
 {{- $shard := include "valkey-sidecar.shardSelector" . -}}
 {{- $required := list -}}
 {{- $preferred := list -}}
-{{- range $key := list "node" "zone" -}}
+{{- range $key := list "node" "zone" "region" -}}
 {{- $s := get $root.Values.spread $key -}}
 {{- if and (ne $s.mode "Disabled") (eq (int $s.maxPerDomain) 1) -}}
 {{- $term := dict "topologyKey" $s.topologyKey "labelSelector" (dict "matchLabels" (fromYaml $shard)) -}}
@@ -376,6 +376,11 @@ nodes without any pod of this Valkey deployment. */ -}}
 {{- $all := dict "valkey.io/cluster" (include "valkey-sidecar.cluster" $root) -}}
 {{- $term := dict "topologyKey" $root.Values.spread.node.topologyKey "labelSelector" (dict "matchLabels" $all) -}}
 {{- $preferred = append $preferred (dict "weight" 50 "podAffinityTerm" $term) -}}
+{{- end -}}
+{{- if eq $root.Values.spread.primaries "Preferred" -}}
+{{- $intended := dict "valkey.io/cluster" (include "valkey-sidecar.cluster" $root) "valkey.io/node-index" "0" -}}
+{{- $term := dict "topologyKey" $root.Values.spread.node.topologyKey "labelSelector" (dict "matchLabels" $intended) -}}
+{{- $preferred = append $preferred (dict "weight" 80 "podAffinityTerm" $term) -}}
 {{- end -}}
 {{- if $required }}
 requiredDuringSchedulingIgnoredDuringExecution:
@@ -394,7 +399,7 @@ the emptiest domain as 0 and so turns maxSkew into a hard cap per domain. */ -}}
 {{- $root := .root -}}
 {{- $shard := include "valkey-sidecar.shardSelector" . -}}
 {{- $pods := add1 (int $root.Values.replicas) -}}
-{{- range $key := list "node" "zone" -}}
+{{- range $key := list "node" "zone" "region" -}}
 {{- $s := get $root.Values.spread $key -}}
 {{- if and (ne $s.mode "Disabled") (gt (int $s.maxPerDomain) 1) }}
 - topologyKey: {{ $s.topologyKey }}

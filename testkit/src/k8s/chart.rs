@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Pod, Secret, Service};
 use kube::Api;
 use kube::api::{ListParams, PostParams};
@@ -122,6 +123,8 @@ pub struct ChartStageOptions {
     pub objects: Vec<Value>,
     pub plane: ControlPlaneOptions,
     pub kubelet: KubeletOptions,
+    /// The fake nodes (six over three zones by default).
+    pub nodes: FakeNodesOptions,
     /// Install with `helm install` (a release helm can upgrade and uninstall) instead of rendering
     /// and applying the manifests (policies first, which `helm install` cannot order).
     pub helm_install: bool,
@@ -138,6 +141,7 @@ impl Default for ChartStageOptions {
             plane: ControlPlaneOptions::default(),
             kubelet: KubeletOptions::default().probe_period(Duration::from_millis(200)),
             helm_install: false,
+            nodes: FakeNodesOptions::default(),
         }
     }
 }
@@ -163,7 +167,7 @@ impl ChartStage {
     /// [`ChartStage::wait_ready`]).
     pub async fn start(opts: ChartStageOptions) -> Result<ChartStage> {
         let plane = ControlPlane::start(opts.plane.clone()).await?;
-        let nodes = FakeNodes::start(plane.client(), FakeNodesOptions::default()).await?;
+        let nodes = FakeNodes::start(plane.client(), opts.nodes.clone()).await?;
         nodes.wait_ready(Duration::from_secs(30)).await?;
         let kubelet = Kubelet::start(&plane, &nodes, opts.kubelet.clone()).await?;
         plane
@@ -198,6 +202,21 @@ impl ChartStage {
         let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         args.extend(["--wait".into(), "--kubeconfig".into(), kubeconfig]);
         helm(&args)
+    }
+
+    /// A status condition the coordinator writes on its Lease (`status.valkey.io/<type>`):
+    /// `"<True|False> <Reason>: <message>"`, if present.
+    pub async fn condition(&self, type_: &str) -> Result<Option<String>> {
+        let leases: Api<Lease> = Api::namespaced(self.plane.client(), &self.namespace);
+        let lease = leases
+            .get_opt(&format!("{}-coordinator", self.cluster))
+            .await?;
+        let annotations = lease
+            .and_then(|l| l.metadata.annotations)
+            .unwrap_or_default();
+        Ok(annotations
+            .get(&format!("status.valkey.io/{type_}"))
+            .cloned())
     }
 
     /// Every object left in the namespace (`kind/name`), but what every namespace has (the
@@ -435,11 +454,12 @@ async fn install(plane: &ControlPlane, opts: &ChartStageOptions) -> Result<(Stri
         let file = dir.join(format!("chart-{}-policies.yaml", opts.namespace));
         kubectl_apply(plane, &file, &policies).await?;
     }
-    let node_index = policies
+    let mutating = policies
         .iter()
-        .any(|d| kind_of(d) == Some("MutatingAdmissionPolicy"));
-    if node_index {
-        wait_node_index_policy(plane, &opts.namespace, &cluster).await?;
+        .filter(|d| kind_of(d) == Some("MutatingAdmissionPolicy"));
+    let zones = mutating.clone().any(|d| d.contains("placement.zones"));
+    if mutating.count() > 0 {
+        wait_mutating_policies(plane, &opts.namespace, &cluster, zones).await?;
     }
     let file = dir.join(format!("chart-{}-objects.yaml", opts.namespace));
     kubectl_apply(plane, &file, &rest).await?;
@@ -487,32 +507,41 @@ async fn kubectl_apply(plane: &ControlPlane, file: &Path, docs: &[&str]) -> Resu
     Ok(())
 }
 
-/// Waits until a pod created like the StatefulSet controller creates one gets
-/// `valkey.io/node-index` (a server-side dry run, so nothing is created).
-async fn wait_node_index_policy(
+/// Waits until a pod created like the StatefulSet controller creates one comes back with
+/// `valkey.io/node-index` (and, with `zones`, a node affinity): a server-side dry run.
+async fn wait_mutating_policies(
     plane: &ControlPlane,
     namespace: &str,
     cluster: &str,
+    zones: bool,
 ) -> Result<()> {
     let api: Api<Pod> = Api::namespaced(plane.client(), namespace);
     let probe: Pod = serde_json::from_value(json!({
         "metadata": {
             "name": "node-index-probe",
-            "labels": { CLUSTER_LABEL: cluster, "apps.kubernetes.io/pod-index": "7" },
+            "labels": {
+                CLUSTER_LABEL: cluster,
+                "apps.kubernetes.io/pod-index": "7",
+                SHARD_INDEX_LABEL: "0",
+            },
         },
         "spec": { "containers": [{ "name": "c", "image": "registry.k8s.io/pause:3.10" }] },
     }))?;
+    let pinned = |p: &Pod| {
+        let affinity = p.spec.as_ref().and_then(|s| s.affinity.as_ref());
+        !zones || affinity.is_some_and(|a| a.node_affinity.is_some())
+    };
     let params = PostParams {
         dry_run: true,
         ..PostParams::default()
     };
     poll_until(
-        "the node-index policy in force",
+        "the mutating admission policies in force",
         Duration::from_secs(30),
         Duration::from_millis(100),
         || async {
             let created = api.create(&params, &probe).await?;
-            Ok(label(&created, NODE_INDEX_LABEL) == Some("7"))
+            Ok(label(&created, NODE_INDEX_LABEL) == Some("7") && pinned(&created))
         },
     )
     .await
