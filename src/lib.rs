@@ -9,7 +9,7 @@
 //! - [`coordinator`]: the Lease holder's hand-overs, fail-back and balance.
 //! - [`metrics`], [`telemetry`], [`lifecycle`], [`clock`], [`retry`]: the usual plumbing.
 //! - [`agent`] wires them together; [`inject`] is the `inject` subcommand (manifests in, manifests
-//!   with the agent out).
+//!   with the agent out); [`drain`] is `drain-check` (can this node be drained now, and why not).
 //!
 //! The rules themselves (parsing, health verdicts, later lease and planning) live in the
 //! dependency-free `valkey-sidecar-core` crate.
@@ -18,6 +18,7 @@ pub mod agent;
 pub mod clock;
 pub mod config;
 pub mod coordinator;
+pub mod drain;
 pub mod http;
 pub mod inject;
 pub mod kube;

@@ -1,4 +1,5 @@
-//! The `valkey-sidecar` binary: parse configuration, start logging, run the agent (or `inject`).
+//! The `valkey-sidecar` binary: parse configuration, start logging, run the agent (or `inject`,
+//! `drain-check`).
 
 use std::process::ExitCode;
 
@@ -6,13 +7,16 @@ use clap::FromArgMatches;
 use valkey_sidecar::config::{Cli, Command, EXIT_CONFIG};
 
 fn main() -> ExitCode {
-    // `inject` is a tool of its own, not the agent: it gets its own arguments and exit codes.
+    // `inject` and `drain-check` are tools of their own, not the agent: their own arguments and
+    // exit codes.
     let matches = match valkey_sidecar::inject::command().try_get_matches() {
         Ok(m) => m,
         Err(e) => return usage_error(e),
     };
-    if let Some(("inject", args)) = matches.subcommand() {
-        return exit(valkey_sidecar::inject::main(args));
+    match matches.subcommand() {
+        Some(("inject", args)) => return exit(valkey_sidecar::inject::main(args)),
+        Some(("drain-check", args)) => return exit(valkey_sidecar::drain::main(args)),
+        _ => {}
     }
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,

@@ -229,6 +229,23 @@ impl HealthState {
         }
     }
 
+    /// `/prestop`: whether the pod may stop now (`Some`, and why) or should wait for its hand-over
+    /// (`None`). Not primary: nothing to hand over. A primary with no replica at all (a one-pod
+    /// shard, every replica failed): no hand-over can come, so waiting would only hold up the
+    /// drain — it stops as primary, and without persistence its data goes with it.
+    pub fn stop(&self, now: Millis, bounds: &Bounds) -> Option<Verdict> {
+        let role = self.role(now, bounds);
+        if role != Role::Primary {
+            return Some(Verdict::pass(format!(
+                "valkey is {}: nothing to hand over",
+                role.as_str()
+            )));
+        }
+        let obs = self.current(now, bounds)?;
+        (!obs.has_replica())
+            .then(|| Verdict::pass("primary without a replica: nothing can take over"))
+    }
+
     /// `/replica?lag=`: 200 only on an in-sync replica within `max_lag` bytes (default: the bound).
     pub fn replica(&self, now: Millis, bounds: &Bounds, max_lag: Option<u64>) -> Verdict {
         match self.fresh(now, bounds) {

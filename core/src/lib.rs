@@ -20,7 +20,9 @@
 //! - [`status`]: the coordinator's conditions for humans, rendered as Lease annotations.
 //! - [`replication`]: replication mode's shard record, fencing, promotion and switchover.
 //! - [`formation`]: forming a fresh Valkey Cluster from the pods, and re-adding replaced pods.
+//! - [`drain`]: whether a node can be drained now, and why not (`valkey-sidecar drain-check`).
 
+pub mod drain;
 pub mod formation;
 pub mod health;
 pub mod info;

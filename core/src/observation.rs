@@ -6,7 +6,7 @@
 
 use crate::info::{Info, record};
 use crate::reply::Reply;
-use crate::shards::{Shard, parse_shards};
+use crate::shards::{NodeHealth, Shard, parse_shards};
 
 /// How Valkey is deployed beside this agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -258,6 +258,18 @@ impl Observation {
         let cluster = self.cluster.as_ref()?;
         let me = cluster.my_id.as_deref()?;
         cluster.shards.iter().find(|s| s.contains(me))
+    }
+
+    /// Whether this node has any replica that could take over from it: in cluster mode another
+    /// node of its shard not marked failed; otherwise a replica its `INFO` lists.
+    pub fn has_replica(&self) -> bool {
+        match self.my_shard() {
+            Some(shard) => shard
+                .nodes
+                .iter()
+                .any(|n| n.role == Role::Replica && n.health != NodeHealth::Failed),
+            None => !self.replicas.is_empty(),
+        }
     }
 
     /// How many bytes this replica is behind its primary, when the primary's offset is known.

@@ -305,3 +305,24 @@ fn a_replica_that_never_synced_is_unsynced_whatever_keys_it_holds() {
     let primary = obs("standalone-primary", Mode::Replication);
     assert_eq!(primary.unsynced(), primary.fresh());
 }
+
+#[test]
+fn a_pod_may_stop_when_it_is_not_primary_or_no_replica_can_take_over() {
+    let (h, now) = health(&["replica-link-up"], Mode::Replication);
+    let v = h.stop(now, &BOUNDS).unwrap();
+    assert!(
+        v.ok && v.reason.contains("replica: nothing to hand over"),
+        "{v:?}"
+    );
+    // A cluster primary with a replica in its shard waits for the hand-over.
+    let (h, now) = health(&["cluster-primary"], Mode::Cluster);
+    assert!(obs("cluster-primary", Mode::Cluster).has_replica());
+    assert_eq!(h.stop(now, &BOUNDS), None);
+    // A primary nobody replicates from has nobody to wait for.
+    let mut alone = obs("standalone-primary", Mode::Replication);
+    alone.replicas.clear();
+    let mut h = HealthState::new(Millis(0));
+    h.record(Millis(10), Outcome::Observed(Box::new(alone)));
+    let v = h.stop(Millis(10), &BOUNDS).unwrap();
+    assert!(v.ok && v.reason.contains("without a replica"), "{v:?}");
+}

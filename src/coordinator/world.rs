@@ -49,13 +49,14 @@ pub fn pod_info(p: &Pod) -> PodInfo {
     PodInfo {
         name: p.metadata.name.clone().unwrap_or_default(),
         node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
-        ready: ready(p),
+        ready: is_ready(p),
         terminating: p.metadata.deletion_timestamp.is_some(),
         node_index: labels.and_then(crate::replication::node_index),
     }
 }
 
-fn ready(p: &Pod) -> bool {
+/// The pod's `Ready` condition is `True` (the agent's readiness: for a replica, in sync).
+pub fn is_ready(p: &Pod) -> bool {
     let conditions = p.status.as_ref().and_then(|s| s.conditions.as_ref());
     conditions.is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }

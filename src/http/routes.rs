@@ -9,7 +9,7 @@ use hyper::header::CONTENT_TYPE;
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::sync::watch;
 use valkey_sidecar_core::health::{Bounds, HealthState, Verdict};
-use valkey_sidecar_core::observation::{Mode, Role};
+use valkey_sidecar_core::observation::Mode;
 
 use super::status;
 use crate::clock::Clock;
@@ -51,14 +51,11 @@ impl App {
         let mut state = self.state.clone();
         let deadline = tokio::time::Instant::now() + limit;
         loop {
-            let role = state
+            let done = state
                 .borrow_and_update()
-                .role(self.clock.now(), &self.bounds);
-            if role != Role::Primary {
-                return Verdict {
-                    ok: true,
-                    reason: format!("valkey is {}: nothing to hand over", role.as_str()),
-                };
+                .stop(self.clock.now(), &self.bounds);
+            if let Some(verdict) = done {
+                return verdict;
             }
             if tokio::time::timeout_at(deadline, state.changed())
                 .await

@@ -284,9 +284,12 @@ fn inject_document(
     Ok((doc != before).then_some(doc))
 }
 
-/// The binary's command line: the agent's, with `inject` added.
+/// The binary's command line: the agent's, with `inject` and `drain-check` added.
 pub fn command() -> clap::Command {
-    Cli::command().subcommand(InjectArgs::augment_args(clap::Command::new("inject")))
+    let drain = crate::drain::DrainArgs::augment_args(clap::Command::new("drain-check"));
+    Cli::command()
+        .subcommand(InjectArgs::augment_args(clap::Command::new("inject")))
+        .subcommand(drain)
 }
 
 /// `valkey-sidecar inject`; returns the exit code.

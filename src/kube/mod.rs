@@ -64,6 +64,10 @@ pub async fn client() -> Result<kube::Client, KubeError> {
         hyper::header::USER_AGENT,
         hyper::header::HeaderValue::from_static(USER_AGENT),
     ));
+    // No retries hidden in the client: every caller retries at its own layer with its own
+    // deadline (a keeper's renewal must fail fast enough to fence on time), and a 429 from the
+    // Eviction API is an answer — a budget refuses — not throttling to retry for minutes.
+    config.default_retry = false;
     kube::Client::try_from(config).map_err(KubeError::Credentials)
 }
 

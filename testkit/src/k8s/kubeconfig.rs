@@ -53,8 +53,12 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<()> {
 /// A client from kubeconfig text (the same code path as a kubeconfig file).
 pub async fn client_from_text(text: &str) -> Result<kube::Client> {
     let kubeconfig = Kubeconfig::from_yaml(text).context("parsing a generated kubeconfig")?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .context("loading a generated kubeconfig")?;
+    let mut config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .context("loading a generated kubeconfig")?;
+    // A 429 from the Eviction API is an answer (a budget refuses), not throttling to retry for
+    // minutes behind the caller's back.
+    config.default_retry = false;
     kube::Client::try_from(config).context("building a kube client")
 }

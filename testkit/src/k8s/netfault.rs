@@ -178,6 +178,22 @@ impl NetFaults {
         nft(&["add", "rule", "inet", &self.table, "out", &rule])
     }
 
+    /// Throttles what the pod sends from its port `sport` to `to` to `bytes_per_second` (the rest
+    /// is dropped and retransmitted: TCP slows down), e.g. a primary's replication stream.
+    pub fn throttle(
+        &self,
+        cgroups: &Cgroups,
+        (from_uid, sport): (&str, u16),
+        to: Ipv4Addr,
+        bytes_per_second: u64,
+    ) -> Result<()> {
+        let rule = format!(
+            "{} ip daddr {to} tcp sport {sport} limit rate over {bytes_per_second} bytes/second drop",
+            cgroups.nft_match(from_uid)?
+        );
+        nft(&["add", "rule", "inet", &self.table, "out", &rule])
+    }
+
     /// Removes every rule: the network is whole again.
     pub fn heal(&self) -> Result<()> {
         nft(&["flush", "chain", "inet", &self.table, "out"])

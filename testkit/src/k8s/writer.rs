@@ -3,8 +3,8 @@
 //! acknowledged key is read back. Used by the hand-over tests and the benchmarks.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -12,6 +12,7 @@ use anyhow::{Context, anyhow};
 
 use super::valkey::cmd;
 use crate::Result;
+use crate::net::lock;
 
 /// What a writer saw.
 #[derive(Debug, Default)]
@@ -29,12 +30,21 @@ pub struct Writer {
     pub tag: String,
 }
 
+/// Addresses a writer may use, updated while it runs (pods recreated elsewhere get new IPs).
+pub type Targets = Arc<Mutex<Vec<SocketAddr>>>;
+
 impl Writer {
     /// Writes `{tag}:n` = n for n = 0, 1, … to whichever of `addrs` accepts writes.
     pub fn start(addrs: Vec<SocketAddr>, tag: String) -> Writer {
+        Writer::follow(Arc::new(Mutex::new(addrs)), tag)
+    }
+
+    /// Like [`Writer::start`], over a list the caller keeps current, as a client would follow a
+    /// Service's endpoints.
+    pub fn follow(targets: Targets, tag: String) -> Writer {
         let stop = Arc::new(AtomicBool::new(false));
         let (flag, key) = (stop.clone(), tag.clone());
-        let thread = std::thread::spawn(move || write_loop(&addrs, &key, &flag));
+        let thread = std::thread::spawn(move || write_loop(&targets, &key, &flag));
         Writer { stop, thread, tag }
     }
 
@@ -53,11 +63,23 @@ fn connect(addr: SocketAddr) -> Option<redis::Connection> {
         .ok()
 }
 
-fn write_loop(addrs: &[SocketAddr], tag: &str, stop: &AtomicBool) -> Written {
+fn write_loop(targets: &Targets, tag: &str, stop: &AtomicBool) -> Written {
     let mut w = Written::default();
     let (mut target, mut n, mut last_ok) = (0usize, 0u64, Instant::now());
+    let mut addrs = lock(targets).clone();
     let mut conns: Vec<Option<redis::Connection>> = addrs.iter().map(|_| None).collect();
     while !stop.load(Ordering::Relaxed) {
+        // The caller may have replaced the list (a recreated pod): start over with the new one.
+        let current = lock(targets).clone();
+        if current != addrs {
+            addrs = current;
+            conns = addrs.iter().map(|_| None).collect();
+            target = 0;
+        }
+        if addrs.is_empty() {
+            std::thread::sleep(Duration::from_millis(1));
+            continue;
+        }
         if conns[target].is_none() {
             conns[target] = connect(addrs[target]);
         }

@@ -494,6 +494,21 @@ impl Kubelet {
         faults.drop(cgroups, &cut)
     }
 
+    /// Throttles what pod `from` sends from its port `port` to pod `to` (e.g. a primary's
+    /// replication stream to one replica) to `bytes_per_second`.
+    pub fn throttle(
+        &self,
+        namespace: &str,
+        (from, port): (&str, u16),
+        to: &str,
+        bytes_per_second: u64,
+    ) -> Result<()> {
+        let (faults, cgroups) = self.faults()?;
+        let from = self.pod(namespace, from)?;
+        let to = self.pod(namespace, to)?;
+        faults.throttle(cgroups, (&from.uid, port), to.ip, bytes_per_second)
+    }
+
     /// Removes every network fault.
     pub fn heal_network(&self) -> Result<()> {
         self.faults()?.0.heal()

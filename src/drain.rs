@@ -1,0 +1,174 @@
+//! `valkey-sidecar drain-check NODE`: can this node be drained now, and if not, which shard would
+//! lose what. Read-only: it lists the deployment's pods, asks the apiserver for a server-side
+//! dry-run eviction of each pod on the node (the PodDisruptionBudgets' own verdict), and judges the
+//! rest with `core::drain::assess` (a primary needs an in-sync replica elsewhere to hand over to).
+//!
+//! Exit codes: 0 the node can be drained now, 1 a drain would wait or lose a shard's primary
+//! without a hand-over, 69 the API could not be asked (sysexits' EX_UNAVAILABLE), 64 bad usage.
+
+use std::collections::BTreeMap;
+
+use clap::{ArgMatches, Args, FromArgMatches};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use kube::api::{EvictParams, ListParams, PostParams};
+use valkey_sidecar_core::drain::{Copy, DrainView, Eviction, NodeVerdict, assess};
+use valkey_sidecar_core::observation::Role;
+
+use crate::kube::KubeError;
+
+/// The node cannot be drained now.
+pub const EXIT_NOT_NOW: i32 = 1;
+/// The API could not be asked.
+pub const EXIT_UNAVAILABLE: i32 = 69;
+
+/// Tell whether a node can be drained now without a shard losing its primary or its last
+/// in-sync copy (read-only; uses KUBECONFIG or the in-cluster account).
+#[derive(Debug, Clone, Args)]
+pub struct DrainArgs {
+    /// The node to drain.
+    pub node: String,
+    /// The namespace of the Valkey pods.
+    #[arg(long, short = 'n', default_value = "default")]
+    pub namespace: String,
+    /// Selects the Valkey pods.
+    #[arg(long, short = 'l', default_value = "valkey.io/cluster")]
+    pub selector: String,
+    /// The live role label the agents keep.
+    #[arg(long, default_value = "valkey.io/role")]
+    pub role_label: String,
+}
+
+/// `valkey-sidecar drain-check`; returns the exit code.
+pub fn main(matches: &ArgMatches) -> i32 {
+    let args = match DrainArgs::from_arg_matches(matches) {
+        Ok(args) => args,
+        Err(e) => {
+            let _ = e.print();
+            return crate::config::EXIT_CONFIG;
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    match runtime.map(|rt| rt.block_on(check(&args))) {
+        Ok(Ok(verdict)) => report(&args.node, &verdict),
+        Ok(Err(e)) => unavailable(&e.to_string()),
+        Err(e) => unavailable(&e.to_string()),
+    }
+}
+
+fn unavailable(e: &str) -> i32 {
+    eprintln!("valkey-sidecar drain-check: {e}");
+    EXIT_UNAVAILABLE
+}
+
+/// Asks the API and judges.
+pub async fn check(args: &DrainArgs) -> Result<NodeVerdict, KubeError> {
+    let client = crate::kube::client().await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &args.namespace);
+    let list = pods
+        .list(&ListParams::default().labels(&args.selector))
+        .await?;
+    let usable = usable_nodes(&client).await;
+    let copies: Vec<Copy> = list
+        .items
+        .iter()
+        .filter_map(|p| copy_of(p, &args.role_label, &usable))
+        .collect();
+    let mut evictions = BTreeMap::new();
+    for c in copies.iter().filter(|c| c.node == args.node) {
+        evictions.insert(c.pod.clone(), dry_run_eviction(&pods, &c.pod).await?);
+    }
+    Ok(assess(&DrainView {
+        node: args.node.clone(),
+        copies,
+        evictions,
+    }))
+}
+
+/// Node name → usable (Ready and schedulable). Without the right to list nodes every node counts
+/// as usable: the budgets still judge, only cordons go unseen.
+async fn usable_nodes(client: &kube::Client) -> Option<BTreeMap<String, bool>> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let list = nodes.list(&ListParams::default()).await.ok()?;
+    Some(
+        list.items
+            .iter()
+            .filter_map(|n| Some((n.metadata.name.clone()?, node_usable(n))))
+            .collect(),
+    )
+}
+
+fn node_usable(n: &Node) -> bool {
+    let cordoned = n
+        .spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false);
+    let conditions = n.status.as_ref().and_then(|s| s.conditions.as_ref());
+    let ready =
+        conditions.is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    ready && !cordoned
+}
+
+fn copy_of(p: &Pod, role_label: &str, usable: &Option<BTreeMap<String, bool>>) -> Option<Copy> {
+    let labels = p.metadata.labels.clone().unwrap_or_default();
+    let node = p.spec.as_ref()?.node_name.clone()?;
+    let shard = labels
+        .get("valkey.io/shard-index")
+        .or_else(|| labels.get("valkey.io/shard-id"))
+        .cloned()
+        .unwrap_or_else(|| "?".into());
+    let role = match labels.get(role_label).map(String::as_str) {
+        Some("primary" | "master") => Some(Role::Primary),
+        Some("replica" | "slave") => Some(Role::Replica),
+        _ => None,
+    };
+    Some(Copy {
+        pod: p.metadata.name.clone()?,
+        shard,
+        role,
+        ready: crate::coordinator::world::is_ready(p),
+        usable_node: usable
+            .as_ref()
+            .is_none_or(|u| u.get(&node).copied().unwrap_or(false)),
+        node,
+    })
+}
+
+/// A server-side dry run of the pod's eviction: the apiserver checks the budgets, nothing happens.
+async fn dry_run_eviction(pods: &Api<Pod>, pod: &str) -> Result<Eviction, KubeError> {
+    let params = EvictParams {
+        post_options: PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        },
+        ..EvictParams::default()
+    };
+    match pods.evict(pod, &params).await {
+        Ok(_) => Ok(Eviction::Allowed),
+        Err(kube::Error::Api(s)) if s.code == 429 || s.code == 403 => {
+            Ok(Eviction::Refused(s.message))
+        }
+        Err(e) => Err(KubeError::Api(e)),
+    }
+}
+
+/// Prints the verdict; the exit code says it.
+fn report(node: &str, v: &NodeVerdict) -> i32 {
+    let head = if v.now {
+        "can be drained now"
+    } else {
+        "cannot be drained now"
+    };
+    println!("node {node} {head}");
+    for p in &v.pods {
+        let mark = if p.now { "ok " } else { "NO " };
+        println!("  {mark} {} (shard {}): {}", p.pod, p.shard, p.reason);
+    }
+    for n in &v.notes {
+        println!("  note: {n}");
+    }
+    if v.now { 0 } else { EXIT_NOT_NOW }
+}

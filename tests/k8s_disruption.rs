@@ -1,0 +1,413 @@
+//! Disruption safety with the apiserver's own Eviction API and kube-controller-manager's
+//! disruption controller, fed by the agents' readiness (a replica is Ready only in sync):
+//! `kubectl drain` of every node in turn under writers, two nodes at once, a lagging replica, and a
+//! one-pod deployment on one node. The chart's budgets are what is tested (per shard
+//! `maxUnavailable: 1`), with the agents forming the cluster and handing primaries over.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::EvictParams;
+use valkey_sidecar_testkit::k8s::chart::{ChartStage, ChartStageOptions, label, node_of, shards};
+use valkey_sidecar_testkit::k8s::valkey::valkey_addr;
+use valkey_sidecar_testkit::k8s::writer::{Targets, Writer, lost, tag_for};
+use valkey_sidecar_testkit::k8s::{FakeNodesOptions, KubeletOptions, pod_is_ready, poll_until};
+use valkey_sidecar_testkit::redis;
+
+const SECOND: Duration = Duration::from_secs(1);
+const ROLE: &str = "valkey.io/role";
+
+/// Cluster mode without auth (the writers are plain clients), `sets` on top.
+fn options(namespace: &str, sets: &[&str]) -> ChartStageOptions {
+    let example = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/cluster-3x1.yaml");
+    let mut all = vec![
+        "auth.enabled=false",
+        "valkey.extraArgs={--repl-diskless-sync-delay,1}",
+    ];
+    all.extend(sets);
+    ChartStageOptions {
+        namespace: namespace.into(),
+        values: vec![example],
+        sets: all.into_iter().map(String::from).collect(),
+        kubelet: KubeletOptions::default()
+            .probe_period(Duration::from_millis(200))
+            .sidecar_bin(env!("CARGO_BIN_EXE_valkey-sidecar")),
+        ..ChartStageOptions::default()
+    }
+}
+
+fn name(p: &Pod) -> String {
+    p.metadata.name.clone().unwrap()
+}
+
+/// Waits until `count` pods are Ready with `primaries` primary labels, none terminating.
+async fn settled(stage: &ChartStage, count: usize, primaries: usize) -> Vec<Pod> {
+    let what = format!("{count} pods Ready, {primaries} primaries");
+    let waited = poll_until(&what, 120 * SECOND, Duration::from_millis(200), || async {
+        let pods = stage.pods().await?;
+        let ready = pods
+            .iter()
+            .all(|p| pod_is_ready(p) && p.metadata.deletion_timestamp.is_none());
+        let led = pods
+            .iter()
+            .filter(|p| label(p, ROLE) == Some("primary"))
+            .count();
+        let labelled = pods.iter().all(|p| label(p, ROLE).is_some());
+        Ok(pods.len() == count && ready && labelled && led == primaries)
+    })
+    .await;
+    if let Err(e) = waited {
+        panic!("{e:#}\n{}", stage.describe().await);
+    }
+    stage.pods().await.unwrap()
+}
+
+/// `valkey-sidecar drain-check` against the stage: exit code and output.
+fn drain_check(stage: &ChartStage, node: &str) -> (i32, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_valkey-sidecar"))
+        .args(["drain-check", node, "-n", &stage.namespace])
+        .env("KUBECONFIG", stage.plane.kubeconfig_path())
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), text)
+}
+
+/// Keeps `targets` equal to the deployment's current Valkey addresses (pods recreated elsewhere get
+/// new IPs), and records the fewest Ready pods any shard had, until dropped.
+struct Follower {
+    task: tokio::task::JoinHandle<()>,
+    fewest_ready: Arc<Mutex<BTreeMap<String, usize>>>,
+}
+
+impl Follower {
+    fn start(stage: &ChartStage, targets: Targets) -> Follower {
+        let api = stage.pods_api();
+        let fewest_ready = Arc::new(Mutex::new(BTreeMap::new()));
+        let fewest = fewest_ready.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                if let Ok(list) = api.list(&Default::default()).await {
+                    let pods = list.items;
+                    *targets.lock().unwrap() = pods.iter().filter_map(valkey_addr).collect();
+                    let mut fewest = fewest.lock().unwrap();
+                    for (shard, members) in shards(&pods) {
+                        let ready = members.iter().filter(|p| pod_is_ready(p)).count();
+                        let min = fewest.entry(shard).or_insert(ready);
+                        *min = (*min).min(ready);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        Follower { task, fewest_ready }
+    }
+
+    fn stop(self) -> BTreeMap<String, usize> {
+        self.task.abort();
+        self.fewest_ready.lock().unwrap().clone()
+    }
+}
+
+/// One writer per shard, each on a hash tag its shard serves.
+fn writers(pods: &[Pod], targets: &Targets) -> Vec<(String, Writer)> {
+    shards(pods)
+        .into_iter()
+        .map(|(shard, members)| {
+            let primary = members
+                .iter()
+                .find(|p| label(p, ROLE) == Some("primary"))
+                .unwrap();
+            let tag = tag_for(valkey_addr(primary).unwrap()).unwrap();
+            (shard, Writer::follow(targets.clone(), tag))
+        })
+        .collect()
+}
+
+/// Stops the writers; per shard (acknowledged, lost, longest pause), read back from its primary.
+async fn stop_writers(
+    stage: &ChartStage,
+    writers: Vec<(String, Writer)>,
+) -> Vec<(String, usize, usize, Duration)> {
+    let pods = stage.pods().await.unwrap();
+    let by_shard = shards(&pods);
+    writers
+        .into_iter()
+        .map(|(shard, w)| {
+            let tag = w.tag.clone();
+            let written = w.stop().unwrap();
+            let primary = by_shard[&shard]
+                .iter()
+                .find(|p| label(p, ROLE) == Some("primary"))
+                .unwrap();
+            let missing = lost(valkey_addr(primary).unwrap(), &tag, &written.acked).unwrap();
+            (shard, written.acked.len(), missing, written.longest_pause)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_every_node_in_turn_loses_nothing_and_two_at_once_is_refused_until_safe() {
+    let stage = ChartStage::start(options("drain", &["replicas=2"]))
+        .await
+        .unwrap();
+    let pods = settled(&stage, 9, 3).await;
+    let targets: Targets = Arc::new(Mutex::new(pods.iter().filter_map(valkey_addr).collect()));
+    let follower = Follower::start(&stage, targets.clone());
+    let writers = writers(&pods, &targets);
+    tokio::time::sleep(SECOND).await;
+    let nodes: Vec<String> = stage.nodes.names();
+    let start = Instant::now();
+    let mut drains = Vec::new();
+    for node in &nodes {
+        let (code, text) = drain_check(&stage, node);
+        println!("drain-check {node}: exit {code}\n{text}");
+        let t = Instant::now();
+        let out = stage
+            .plane
+            .kubectl(&[
+                "drain",
+                node,
+                "--ignore-daemonsets",
+                "--delete-emptydir-data",
+                "--timeout=300s",
+            ])
+            .await;
+        assert!(
+            out.is_ok(),
+            "kubectl drain {node}: {out:?}\n{}",
+            stage.describe().await
+        );
+        drains.push((node.clone(), t.elapsed()));
+        stage.plane.kubectl(&["uncordon", node]).await.unwrap();
+        settled(&stage, 9, 3).await;
+    }
+    let total = start.elapsed();
+    let fewest = follower.stop();
+    let written = stop_writers(&stage, writers).await;
+    println!(
+        "rolling drain of {} nodes: {total:?} in all, each {drains:?}",
+        nodes.len()
+    );
+    println!(
+        "fewest Ready pods per shard during it: {fewest:?}; writers (shard, acknowledged, lost, longest pause): {written:?}"
+    );
+    assert!(
+        fewest.values().all(|n| *n >= 1),
+        "a shard had no Ready member: {fewest:?}"
+    );
+    for (shard, acked, missing, _) in &written {
+        assert!(*acked > 100, "shard {shard}: {acked} writes");
+        assert_eq!(*missing, 0, "shard {shard} lost acknowledged writes");
+    }
+
+    two_evictions_at_once(&stage).await;
+}
+
+/// Evicts a shard's primary and one of its replicas at the same moment (as draining their two
+/// nodes at once would): the budget lets one go and refuses the other with 429 until the first's
+/// replacement is back and Ready.
+async fn two_evictions_at_once(stage: &ChartStage) {
+    let pods = settled(stage, 9, 3).await;
+    let shard1 = shards(&pods).remove("1").unwrap();
+    let (a, b) = (name(&shard1[0]), name(&shard1[1]));
+    let api = stage.pods_api();
+    let params = EvictParams::default();
+    let (ra, rb) = tokio::join!(api.evict(&a, &params), api.evict(&b, &params));
+    let refused =
+        |r: &Result<_, kube::Error>| matches!(r, Err(kube::Error::Api(s)) if s.code == 429);
+    println!(
+        "evicting {a} and {b} at once: {:?} / {:?}",
+        ra.as_ref().map(|_| "evicted"),
+        rb.as_ref().map(|_| "evicted")
+    );
+    assert!(
+        ra.is_ok() != rb.is_ok(),
+        "exactly one eviction may pass: {ra:?} {rb:?}"
+    );
+    assert!(
+        refused(&ra) || refused(&rb),
+        "the other is refused with 429: {ra:?} {rb:?}"
+    );
+    let waiting = if ra.is_ok() { b } else { a };
+    let t = Instant::now();
+    let mut refusals = 0;
+    loop {
+        match api.evict(&waiting, &params).await {
+            Ok(_) => break,
+            Err(kube::Error::Api(s)) if s.code == 429 => refusals += 1,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(
+            t.elapsed() < 120 * SECOND,
+            "{waiting} never became evictable"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!(
+        "{waiting}: refused {refusals} times, evicted {:?} later, once the shard was whole again",
+        t.elapsed()
+    );
+    assert!(refusals > 0);
+    settled(stage, 9, 3).await;
+}
+
+/// Writes 16 KiB values under `tag` to `addr` until `stop`: enough for a throttled replica to
+/// fall megabytes behind.
+fn bulk_writer(
+    addr: SocketAddr,
+    tag: String,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let client = redis::Client::open(format!("redis://{addr}")).unwrap();
+        let mut c = client.get_connection().unwrap();
+        let value = "x".repeat(16 * 1024);
+        let mut n = 0u64;
+        // About 3 MiB/s: the throttled replica falls behind fast, yet its backlog stays far under
+        // Valkey's replica output-buffer limits (a disconnect would mean a full resync).
+        while !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(5));
+            let _: redis::RedisResult<()> = redis::cmd("SET")
+                .arg(format!("{{{tag}}}:bulk:{}", n % 512))
+                .arg(&value)
+                .query(&mut c);
+            n += 1;
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_replica_blocks_the_eviction_of_its_primary_until_it_is_in_sync() {
+    let mut opts = options("lag", &[]);
+    opts.kubelet = opts.kubelet.network_faults();
+    let stage = ChartStage::start(opts).await.unwrap();
+    let pods = settled(&stage, 6, 3).await;
+    let shard0 = shards(&pods).remove("0").unwrap();
+    let primary = shard0
+        .iter()
+        .find(|p| label(p, ROLE) == Some("primary"))
+        .unwrap()
+        .clone();
+    let replica = shard0
+        .iter()
+        .find(|p| label(p, ROLE) == Some("replica"))
+        .unwrap()
+        .clone();
+    let addr = valkey_addr(&primary).unwrap();
+    // The primary's replication stream to the replica is throttled to 64 KiB/s while a client
+    // writes megabytes a second: the replica falls behind, beyond the agent's lag bound (1 MiB).
+    stage
+        .kubelet
+        .throttle(
+            &stage.namespace,
+            (&name(&primary), addr.port()),
+            &name(&replica),
+            64 * 1024,
+        )
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = bulk_writer(addr, tag_for(addr).unwrap(), stop.clone());
+    let lagging = Instant::now();
+    poll_until(
+        "the lagging replica not Ready",
+        60 * SECOND,
+        Duration::from_millis(100),
+        || async { Ok(!pod_is_ready(&stage.pods_api().get(&name(&replica)).await?)) },
+    )
+    .await
+    .unwrap();
+    println!("replica throttled: not Ready after {:?}", lagging.elapsed());
+    let dry = EvictParams {
+        post_options: kube::api::PostParams {
+            dry_run: true,
+            ..Default::default()
+        },
+        ..EvictParams::default()
+    };
+    let api = stage.pods_api();
+    let refused =
+        |r: &Result<_, kube::Error>| matches!(r, Err(kube::Error::Api(s)) if s.code == 429);
+    // The disruption controller needs a moment to count the unready replica.
+    let blocked = poll_until(
+        "the primary's eviction refused",
+        30 * SECOND,
+        Duration::from_millis(100),
+        || async { Ok(refused(&api.evict(&name(&primary), &dry).await)) },
+    )
+    .await;
+    assert!(blocked.is_ok(), "{blocked:?}");
+    println!(
+        "replica throttled: the primary's eviction refused after {:?}",
+        lagging.elapsed()
+    );
+    let (code, text) = drain_check(&stage, node_of(&primary).unwrap());
+    println!("drain-check while the replica lags: exit {code}\n{text}");
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains(&format!("NO  {}", name(&primary))), "{text}");
+    stop.store(true, Ordering::Relaxed);
+    load.join().unwrap();
+    let healed = Instant::now();
+    stage.kubelet.heal_network().unwrap();
+    poll_until(
+        "the primary evictable again",
+        60 * SECOND,
+        Duration::from_millis(100),
+        || async { Ok(api.evict(&name(&primary), &dry).await.is_ok()) },
+    )
+    .await
+    .unwrap();
+    println!(
+        "primary evictable {:?} after the throttle was lifted (the replica caught up, Ready again)",
+        healed.elapsed()
+    );
+    let (code, text) = drain_check(&stage, node_of(&primary).unwrap());
+    println!("drain-check after: exit {code}\n{text}");
+    assert_eq!(code, 0, "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_pod_deployment_on_one_node_drains_without_hanging() {
+    let mut opts = options("tiny", &["shards=1", "replicas=0"]);
+    opts.nodes = FakeNodesOptions {
+        count: 1,
+        zones: vec!["zone-a".into()],
+        ..FakeNodesOptions::default()
+    };
+    let stage = ChartStage::start(opts).await.unwrap();
+    let pods = settled(&stage, 1, 1).await;
+    let node = node_of(&pods[0]).unwrap().to_owned();
+    let (code, text) = drain_check(&stage, &node);
+    println!("drain-check: exit {code}\n{text}");
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("only pod"), "{text}");
+    let t = Instant::now();
+    stage
+        .plane
+        .kubectl(&[
+            "drain",
+            &node,
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--timeout=120s",
+        ])
+        .await
+        .unwrap();
+    let took = t.elapsed();
+    println!(
+        "one pod, one node, no replica: drained in {took:?} (no budget; the preStop wait ends at once, nothing can take over)"
+    );
+    assert!(
+        took < 15 * SECOND,
+        "the drain hung on the preStop wait: {took:?}"
+    );
+    stage.plane.kubectl(&["uncordon", &node]).await.unwrap();
+    settled(&stage, 1, 1).await;
+}
