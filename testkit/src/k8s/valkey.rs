@@ -177,6 +177,8 @@ pub async fn apply_agent_rbac(client: &Client, namespace: &str, account: &str) -
                     { "apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"] },
                     { "apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
                       "verbs": ["get", "list", "watch", "create", "update", "patch"] },
+                    { "apiGroups": [""], "resources": ["serviceaccounts"],
+                      "resourceNames": [account], "verbs": ["get"] },
                 ] }),
         json!({ "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
                 "metadata": { "name": account, "namespace": namespace },

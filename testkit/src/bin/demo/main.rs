@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::PostParams;
 use valkey_sidecar_testkit::k8s::valkey::{
-    ValkeyPodTemplate, apply_agent_rbac, form_cluster, valkey_pod, wait_valkey_up,
+    ValkeyPodTemplate, apply_agent_rbac, cmd, valkey_pod, wait_valkey_up,
 };
 use valkey_sidecar_testkit::k8s::{
     ControlPlane, ControlPlaneOptions, FakeNodes, FakeNodesOptions, Kubelet, KubeletOptions,
@@ -133,14 +133,13 @@ async fn run(args: Args) -> Result<()> {
     let addrs = wait_valkey_up(&pods, &names, READY_TIMEOUT).await?;
     say(&format!(
         "pods placed by kube-scheduler, Valkey answering on every pod IP {:.1?} after creation; \
-         forming the Valkey Cluster",
+         the agents form the Valkey Cluster",
         created.elapsed()
     ));
-    let shards = addrs.chunks(MEMBERS).map(<[_]>::to_vec).collect();
     let forming = Instant::now();
-    form_cluster(shards, Duration::from_secs(30)).await?;
+    wait_cluster_ok(&addrs, Duration::from_secs(60)).await?;
     say(&format!(
-        "cluster_state:ok on every node {:.1?} later",
+        "cluster_state:ok on every node {:.1?} later (pod 0 of each shard took a third of the slots, the others replicate it)",
         forming.elapsed()
     ));
     for name in &names {
@@ -175,9 +174,15 @@ async fn plane_only(plane: &ControlPlane, args: &Args) -> Result<()> {
 /// Namespace, ServiceAccount and RBAC as the chart would create them, then the six pods
 /// (no `nodeName`: the scheduler places them).
 async fn create_pods(plane: &ControlPlane) -> Result<Vec<String>> {
+    // The coordinator on, and forming the cluster: the agents do it, not the demo.
+    let env = [
+        ("SIDECAR_CLUSTER_NAME", "valkey"),
+        ("SIDECAR_CLUSTER_SHARDS", "3"),
+    ];
     let template = ValkeyPodTemplate {
         cluster: "valkey".into(),
         service_account: "valkey".into(),
+        sidecar_env: env.map(|(k, v)| (k.to_owned(), v.to_owned())).to_vec(),
         ..ValkeyPodTemplate::default()
     };
     apply_agent_rbac(&plane.client(), NAMESPACE, &template.service_account).await?;
@@ -232,4 +237,31 @@ async fn show(plane: &ControlPlane, args: &Args) -> Result<()> {
 
 fn say(line: &str) {
     println!("[demo] {line}");
+}
+
+/// Waits until every node reports `cluster_state:ok` (the agents form the cluster).
+async fn wait_cluster_ok(addrs: &[std::net::SocketAddr], timeout: Duration) -> Result<()> {
+    let addrs = addrs.to_vec();
+    valkey_sidecar_testkit::k8s::poll_until(
+        "cluster_state:ok everywhere",
+        timeout,
+        Duration::from_millis(100),
+        || {
+            let addrs = addrs.clone();
+            async move {
+                let ok = tokio::task::spawn_blocking(move || {
+                    addrs.iter().all(|a| {
+                        let info = cmd(*a, &["CLUSTER", "INFO"]).and_then(|v| {
+                            Ok(valkey_sidecar_testkit::redis::from_redis_value::<String>(
+                                v,
+                            )?)
+                        });
+                        info.is_ok_and(|t| t.contains("cluster_state:ok"))
+                    })
+                });
+                Ok(ok.await?)
+            }
+        },
+    )
+    .await
 }
