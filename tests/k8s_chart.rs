@@ -24,7 +24,7 @@ use valkey_sidecar_testkit::k8s::chart::{
     ChartStage, ChartStageOptions, cmd, label, node_of, role, shards, text,
 };
 use valkey_sidecar_testkit::k8s::valkey::valkey_addr;
-use valkey_sidecar_testkit::k8s::{KubeletOptions, http_get, pod_is_ready, poll_until};
+use valkey_sidecar_testkit::k8s::{http_get, pod_is_ready, poll_until};
 use valkey_sidecar_testkit::redis;
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -36,13 +36,8 @@ fn example(name: &str) -> PathBuf {
 }
 
 fn options(example_name: &str) -> ChartStageOptions {
-    ChartStageOptions {
-        values: vec![example(example_name)],
-        kubelet: KubeletOptions::default()
-            .probe_period(Duration::from_millis(200))
-            .sidecar_bin(env!("CARGO_BIN_EXE_valkey-sidecar")),
-        ..ChartStageOptions::default()
-    }
+    let agent = std::path::Path::new(env!("CARGO_BIN_EXE_valkey-sidecar"));
+    ChartStageOptions::example("valkey", example(example_name), &[], agent)
 }
 
 fn name(pod: &Pod) -> String {

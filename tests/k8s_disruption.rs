@@ -17,7 +17,7 @@ use kube::api::EvictParams;
 use valkey_sidecar_testkit::k8s::chart::{ChartStage, ChartStageOptions, label, node_of, shards};
 use valkey_sidecar_testkit::k8s::valkey::valkey_addr;
 use valkey_sidecar_testkit::k8s::writer::{Targets, Writer, lost, tag_for};
-use valkey_sidecar_testkit::k8s::{FakeNodesOptions, KubeletOptions, pod_is_ready, poll_until};
+use valkey_sidecar_testkit::k8s::{FakeNodesOptions, pod_is_ready, poll_until};
 use valkey_sidecar_testkit::redis;
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -31,15 +31,8 @@ fn options(namespace: &str, sets: &[&str]) -> ChartStageOptions {
         "valkey.extraArgs={--repl-diskless-sync-delay,1}",
     ];
     all.extend(sets);
-    ChartStageOptions {
-        namespace: namespace.into(),
-        values: vec![example],
-        sets: all.into_iter().map(String::from).collect(),
-        kubelet: KubeletOptions::default()
-            .probe_period(Duration::from_millis(200))
-            .sidecar_bin(env!("CARGO_BIN_EXE_valkey-sidecar")),
-        ..ChartStageOptions::default()
-    }
+    let agent = std::path::Path::new(env!("CARGO_BIN_EXE_valkey-sidecar"));
+    ChartStageOptions::example(namespace, example, &all, agent)
 }
 
 fn name(p: &Pod) -> String {

@@ -11,24 +11,19 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use valkey_sidecar_testkit::k8s::chart::{ChartStage, ChartStageOptions, label, node_of, shards};
-use valkey_sidecar_testkit::k8s::{FakeNodesOptions, KubeletOptions, poll_until};
+use valkey_sidecar_testkit::k8s::{FakeNodesOptions, poll_until};
 
 const SECOND: Duration = Duration::from_secs(1);
 
 /// Replication mode with a generated Secret, `sets` on top, on `nodes`.
 fn options(namespace: &str, sets: &[&str], nodes: FakeNodesOptions) -> ChartStageOptions {
     let example = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/replication-1x2.yaml");
-    let mut sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-    sets.push("auth.existingSecret=".into());
+    let mut sets = sets.to_vec();
+    sets.push("auth.existingSecret=");
+    let agent = std::path::Path::new(env!("CARGO_BIN_EXE_valkey-sidecar"));
     ChartStageOptions {
-        namespace: namespace.into(),
-        values: vec![example],
-        sets,
         nodes,
-        kubelet: KubeletOptions::default()
-            .probe_period(Duration::from_millis(200))
-            .sidecar_bin(env!("CARGO_BIN_EXE_valkey-sidecar")),
-        ..ChartStageOptions::default()
+        ..ChartStageOptions::example(namespace, example, &sets, agent)
     }
 }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
 use valkey_sidecar_core::formation::{ClusterNode, FormationView, Seat, Step, plan};
-use valkey_sidecar_core::observation::{self, Mode, Observation, Replies, Role};
+use valkey_sidecar_core::observation::{self, Mode, Observation, Role};
 use valkey_sidecar_core::shards::{NodeHealth, Shard};
 use valkey_sidecar_core::time::Millis;
 
@@ -94,16 +94,7 @@ impl Coordinator {
             .query(&observe::pipeline(Mode::Cluster))
             .await
             .ok()?;
-        let mut v = values.into_iter().map(|v| Some(observe::reply(v)));
-        let mut next = || v.next().flatten();
-        let replies = Replies {
-            role: next(),
-            info: next(),
-            cluster_info: next(),
-            my_id: next(),
-            shard_id: next(),
-            shards: next(),
-        };
+        let replies = observe::replies(values);
         cluster_node(&observation::observe(&replies, Mode::Cluster).ok()?)
     }
 

@@ -32,7 +32,7 @@ use kube::Resource;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
 use tokio::sync::mpsc;
-use valkey_sidecar_core::observation::{self, Mode, Replies, Role};
+use valkey_sidecar_core::observation::{self, Mode, Role};
 use valkey_sidecar_core::plan::{Action, InFlight, Member, World, decide, preferred_zone};
 use valkey_sidecar_core::replication::{
     Hold, HoldKind, MemberValkey, Promotion, SeenRecord, ShardRecord, ShardView, SwitchoverPlan,
@@ -216,17 +216,7 @@ async fn observe_members(
 
 /// The agent's own tick pipeline (`ROLE`, `INFO`), read by `core` plus one INFO field of ours.
 async fn observe_member(session: &mut Session, pipe: &redis::Pipeline) -> Option<MemberValkey> {
-    let mut values = session
-        .query(pipe)
-        .await
-        .ok()?
-        .into_iter()
-        .map(observe::reply);
-    let replies = Replies {
-        role: values.next(),
-        info: values.next(),
-        ..Replies::default()
-    };
+    let replies = observe::replies(session.query(pipe).await.ok()?);
     let obs = observation::observe(&replies, Mode::Replication).ok()?;
     Some(world::member_valkey(&obs))
 }

@@ -42,18 +42,23 @@ pub async fn tick(
     }
 }
 
-fn outcome(values: Vec<Value>, mode: Mode) -> Outcome {
+/// The pipeline's values, in [`pipeline`]'s order, as `core`'s replies (the cluster commands are
+/// absent in replication mode).
+pub fn replies(values: Vec<Value>) -> Replies {
     let mut replies = values.into_iter().map(|v| Some(reply(v)));
     let mut next = || replies.next().flatten();
-    let raw = Replies {
+    Replies {
         role: next(),
         info: next(),
         cluster_info: next(),
         my_id: next(),
         shard_id: next(),
         shards: next(),
-    };
-    match observe(&raw, mode) {
+    }
+}
+
+fn outcome(values: Vec<Value>, mode: Mode) -> Outcome {
+    match observe(&replies(values), mode) {
         Ok(obs) => Outcome::Observed(Box::new(obs)),
         Err(refusal) => Outcome::Refused(refusal.0),
     }

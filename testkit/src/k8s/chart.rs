@@ -146,6 +146,22 @@ impl Default for ChartStageOptions {
     }
 }
 
+impl ChartStageOptions {
+    /// The chart installed into `namespace` with the values file `example` and `sets` on top, its
+    /// pods' agent the binary `agent` (probes every 200 ms).
+    pub fn example(namespace: &str, example: PathBuf, sets: &[&str], agent: &Path) -> Self {
+        ChartStageOptions {
+            namespace: namespace.into(),
+            values: vec![example],
+            sets: sets.iter().map(|s| s.to_string()).collect(),
+            kubelet: KubeletOptions::default()
+                .probe_period(Duration::from_millis(200))
+                .sidecar_bin(agent),
+            ..ChartStageOptions::default()
+        }
+    }
+}
+
 /// A running chart install; fields drop in declaration order: pods' processes, nodes, control
 /// plane.
 pub struct ChartStage {
