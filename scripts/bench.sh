@@ -37,6 +37,9 @@ tmp=$(mktemp)
     BENCH_SENTINEL_RUNS="${BENCH_SENTINEL_RUNS:-20}" BENCH_SENTINEL_DEFAULT_RUNS="${BENCH_SENTINEL_DEFAULT_RUNS:-20}" \
     target/release/bench failover
   BENCH_SWITCHOVERS="${BENCH_SWITCHOVERS:-20}" target/release/bench switchover
+  echo "## Planner cost"
+  echo
+  target/release/bench planner
 } > "$tmp"
 mv "$tmp" "$out"
 cat "$out"

@@ -207,7 +207,7 @@ async fn moves(stage: &ChartStage) -> String {
         .unwrap_or_default();
     let moves: Vec<&str> = events
         .lines()
-        .filter(|l| l.contains("Handover") || l.contains("Failover"))
+        .filter(|l| l.contains("Handover") || l.contains("FailoverS") || l.contains("FailoverF"))
         .collect();
     moves.join("\n")
 }
@@ -332,7 +332,7 @@ async fn replication_1x2_installs_with_one_labelled_primary_behind_the_client_se
     // holder's record alone.
     assert!(moved.contains("HandoverSucceeded"), "{moved}");
     assert!(
-        !moved.contains("Failover"),
+        !moved.contains("FailoverStarted"),
         "a needless failover after the hand-over:\n{moved}"
     );
     let new_primary = with_role(&pods, "primary")[0];

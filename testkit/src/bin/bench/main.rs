@@ -1,6 +1,6 @@
 //! Benchmarks of the agent against real Valkey; prints Markdown for `docs/benchmarks.md`.
 //!
-//! `bench [probes|footprint|labels|api|handover|failover|switchover|sentinel|all]` — run through `scripts/bench.sh`,
+//! `bench [probes|footprint|labels|api|handover|failover|switchover|sentinel|planner|all]` — run through `scripts/bench.sh`,
 //! which builds the release binary and regenerates the report. Needs `VALKEY_SIDECAR_BIN` (the
 //! agent; not for `sentinel`) and a valkey-server (see `scripts/valkey-bin.sh`); `labels`, `api`
 //! and `handover` also need the Kubernetes binaries and helm (`scripts/k8s-bins.sh`,
@@ -24,6 +24,7 @@ use valkey_sidecar_testkit::{
 };
 
 mod failover;
+mod planner;
 mod report;
 
 fn main() -> Result<()> {
@@ -31,6 +32,10 @@ fn main() -> Result<()> {
     if what == "sentinel" {
         // The baseline runs no agent, so it needs no VALKEY_SIDECAR_BIN.
         return sentinel_baseline();
+    }
+    if what == "planner" {
+        planner::run();
+        return Ok(());
     }
     let bin = PathBuf::from(
         std::env::var("VALKEY_SIDECAR_BIN")
@@ -57,6 +62,9 @@ fn main() -> Result<()> {
     }
     if what == "switchover" || all {
         runtime()?.block_on(switchovers(&bin, env_count("BENCH_SWITCHOVERS", 20)))?;
+    }
+    if all {
+        planner::run();
     }
     Ok(())
 }
