@@ -155,5 +155,7 @@ async fn a_calm_shard_costs_a_read_per_retry_period_and_a_cordon_switches_over_l
     );
     assert_eq!(missing, 0, "a planned switchover lost acknowledged writes");
     assert!(events.contains("HandoverStarted") && events.contains("HandoverSucceeded"));
-    assert!(!events.contains("HandoverFailed") && !events.contains("Failover"));
+    // "FailoverDrift" may appear (the primary left its preferred zone); no failover may.
+    let failover = ["FailoverStarted", "FailoverSucceeded", "FailoverFailed"];
+    assert!(!events.contains("HandoverFailed") && !failover.iter().any(|r| events.contains(r)));
 }
