@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::observation::Role;
-use crate::plan::{Kind, Plan, Policy, World, candidates};
+use crate::plan::{Kind, Plan, Policy, Shards, World, candidates};
 use crate::shards::NodeHealth;
 
 /// The prefix of every status annotation.
@@ -159,9 +159,10 @@ fn handover(world: &World, policy: &Policy, plan: &Plan) -> Condition {
     if !plan.blocked.is_empty() {
         return fails(HANDOVER, "HandoverBlocked", plan.blocked.join("; "));
     }
+    let shards = Shards::new(world);
     let bare: Vec<String> = shards_with_primary(world)
         .into_iter()
-        .filter(|s| candidates(world, policy, s, None).is_empty())
+        .filter(|s| candidates(&shards, policy, s, None).is_empty())
         .map(|s| format!("shard {s}"))
         .collect();
     if bare.is_empty() {

@@ -33,7 +33,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
 use tokio::sync::mpsc;
 use valkey_sidecar_core::observation::{self, Mode, Role};
-use valkey_sidecar_core::plan::{Action, InFlight, Member, World, decide, preferred_zone};
+use valkey_sidecar_core::plan::{Action, InFlight, Member, Shards, World, decide, preferred_zone};
 use valkey_sidecar_core::replication::{
     Hold, HoldKind, MemberValkey, Promotion, SeenRecord, ShardRecord, ShardView, SwitchoverPlan,
     promote,
@@ -432,8 +432,9 @@ impl Coordinator {
         let free = shards
             .iter()
             .filter(|s| !busy.contains(&s.name) && !planned.contains(&s.name));
+        let grouped = Shards::new(world);
         for s in free {
-            let zone = preferred_zone(world, &self.policy, &s.name);
+            let zone = preferred_zone(&grouped, &self.policy, &s.name);
             let view = s.view(world, zone, self.timings.lease_ms);
             match promote(&view, &self.failover) {
                 Ok(p) => self.start_promotion(s, p, memory, done),
