@@ -7,4 +7,5 @@ scripts/install-deps.sh
 export VALKEY_SERVER="$(scripts/valkey-bin.sh)"
 export VALKEY_TESTKIT_K8S_BIN_DIR="$(scripts/k8s-bins.sh)"
 export HELM_BIN="$(scripts/helm-bin.sh)"
-cargo test --workspace --locked "$@"
+# --no-fail-fast: one failing test binary does not hide the others' results.
+cargo test --workspace --locked --no-fail-fast "$@"

@@ -442,8 +442,11 @@ pub fn shards(pods: &[Pod]) -> BTreeMap<String, Vec<Pod>> {
         shards.entry(shard).or_default().push(pod.clone());
     }
     for members in shards.values_mut() {
+        // As the agent reads it: node-index, else the StatefulSet's pod index (on a first
+        // `helm install` the StatefulSets may create pods before the node-index policy is in force).
         members.sort_by_key(|p| {
             label(p, NODE_INDEX_LABEL)
+                .or_else(|| label(p, "apps.kubernetes.io/pod-index"))
                 .and_then(|v| v.parse::<u32>().ok())
                 .unwrap_or(u32::MAX)
         });
