@@ -1,9 +1,10 @@
 //! Carries out one move.
 //!
-//! - Cluster mode, [`failover`]: a coordinated `CLUSTER FAILOVER` sent to the target replica, then
-//!   a wait until the target reports itself primary. Never `FORCE` or `TAKEOVER`: a planned move
-//!   must lose nothing, and a coordinated failover makes the target catch up with the primary
-//!   (which pauses its clients) before it switches.
+//! - Cluster mode, [`failover`]: once every reachable member of the shard knows the target
+//!   (gossip), a coordinated `CLUSTER FAILOVER` sent to the target replica, then a wait until the
+//!   target reports itself primary. Never `FORCE` or `TAKEOVER`: a planned move must lose
+//!   nothing, and a coordinated failover makes the target catch up with the primary (which
+//!   pauses its clients) before it switches.
 //! - Replication mode, [`switchover`]: a planned move, driven by `core::replication::step` —
 //!   pause the old primary, wait for the target to catch up, move the record, promote, repoint,
 //!   unpause (or unpause and leave everything as it was).
@@ -26,12 +27,13 @@ use valkey_sidecar_core::replication::{
     Command, Phase, Promotion, Switchover, SwitchoverObservation, SwitchoverPlan, WriteOutcome,
     step,
 };
+use valkey_sidecar_core::shards::parse_shards;
 use valkey_sidecar_core::time::Millis;
 
 use crate::clock::Clock;
 use crate::kube::KubeError;
 use crate::kube::shard_lease::ShardLeaseClient;
-use crate::valkey::{Connector, Session};
+use crate::valkey::{Connector, Session, observe};
 
 /// How one move ended.
 #[derive(Debug)]
@@ -61,14 +63,25 @@ impl Outcome {
     }
 }
 
-/// Sends the failover to `target` (the replica's address) and waits for its role to flip.
+/// How long a hand-over waits for the target's shard peers to learn of it (a replaced pod's
+/// Valkey joins through gossip in about a second) before it gives up and the coordinator plans
+/// again.
+const PEERS_KNOW_WITHIN: Duration = Duration::from_secs(5);
+
+/// Sends the failover to `target` (the replica's address) and waits for its role to flip;
+/// `peers`: the shard's other members, which must know the target first.
 pub async fn failover(
     action: &Action,
     target: Connector,
+    peers: Vec<Connector>,
     may_act: impl Fn() -> bool,
     limit: Duration,
 ) -> Outcome {
     let started = Instant::now();
+    let known_by = (started + PEERS_KNOW_WITHIN).min(started + limit);
+    if let Err(e) = known_by_peers(&action.to, peers, known_by).await {
+        return Outcome::Failed(e);
+    }
     let mut session = Session::new(target);
     // Connect first, so the lease check sits right before the command itself.
     if let Err(e) = session.connection().await {
@@ -94,6 +107,50 @@ pub async fn failover(
         },
         Err(e) => Outcome::Failed(e),
     }
+}
+
+/// Waits until every reachable peer lists `target` in its `CLUSTER SHARDS`.
+///
+/// A replica that does not know the target cannot follow it when it takes over: it goes on
+/// replicating the old primary, and once that pod is gone it runs an election of its own. With
+/// the old primary's slots already gone from its view every voter grants it, and the shard ends
+/// up with two primaries (seen when a pod was replaced and handed over to within a second). A
+/// peer that does not answer is not waited for.
+async fn known_by_peers(
+    target: &str,
+    peers: Vec<Connector>,
+    deadline: Instant,
+) -> Result<(), String> {
+    let mut pending: Vec<(String, Session)> = peers
+        .into_iter()
+        .map(|c| (c.host.clone(), Session::new(c)))
+        .collect();
+    loop {
+        let mut still = Vec::new();
+        for (host, mut session) in pending {
+            if knows(&mut session, target).await == Some(false) {
+                still.push((host, session));
+            }
+        }
+        if still.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            let hosts: Vec<&str> = still.iter().map(|(h, _)| h.as_str()).collect();
+            return Err(format!("{target} is not yet known to {}", hosts.join(", ")));
+        }
+        pending = still;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Whether the peer's `CLUSTER SHARDS` lists `id`; `None` when it does not answer.
+async fn knows(session: &mut Session, id: &str) -> Option<bool> {
+    let mut cmd = redis::cmd("CLUSTER");
+    cmd.arg("SHARDS");
+    let value = session.command(&cmd).await.ok()?;
+    let shards = parse_shards(&observe::reply(value));
+    Some(shards.iter().any(|s| s.contains(id)))
 }
 
 async fn is_primary(session: &mut Session) -> bool {

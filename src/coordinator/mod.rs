@@ -42,7 +42,7 @@ use valkey_sidecar_core::plan::{
     Action, InFlight, Kind, Member, Plan, Policy, ShardMemory, World, decide, settle, track,
 };
 use valkey_sidecar_core::replication::{FailoverPolicy, ShardRecord};
-use valkey_sidecar_core::shards::{NodeHealth, Shard};
+use valkey_sidecar_core::shards::{NodeHealth, Shard, ShardNode};
 use valkey_sidecar_core::status::{self, Condition, Decision, Status};
 use valkey_sidecar_core::time::Millis;
 
@@ -531,6 +531,7 @@ impl Coordinator {
         let Some(target) = self.target(&action, shards) else {
             return;
         };
+        let peers = self.peers(&action, shards);
         let reference = self
             .pod_of(&action.from, shards, pods)
             .map(|p| p.object_ref(&()));
@@ -538,7 +539,7 @@ impl Coordinator {
         let (lead, clock, limit) = (self.leadership.clone(), self.clock, self.handover_timeout);
         let run = async move {
             let may_act = || lead.borrow().may_act(clock.now());
-            execute::failover(&action, target, may_act, limit).await
+            execute::failover(&action, target, peers, may_act, limit).await
         };
         spawn_move(started, run, done);
     }
@@ -616,16 +617,30 @@ impl Coordinator {
             .iter()
             .flat_map(|s| &s.nodes)
             .find(|n| n.id == action.to)?;
+        Some(self.connector_of(node))
+    }
+
+    /// The move's shard's other members that are not marked failed (they must know the target).
+    fn peers(&self, action: &Action, shards: &[Shard]) -> Vec<Connector> {
+        let shard = shards.iter().find(|s| s.contains(&action.to));
+        let nodes = shard.into_iter().flat_map(|s| &s.nodes);
+        nodes
+            .filter(|n| n.id != action.to && n.health != NodeHealth::Failed)
+            .map(|n| self.connector_of(n))
+            .collect()
+    }
+
+    fn connector_of(&self, node: &ShardNode) -> Connector {
         let host = if node.ip.is_empty() {
             node.endpoint.clone()
         } else {
             node.ip.clone()
         };
-        Some(Connector {
+        Connector {
             host,
             port: node.port,
             ..self.connector.clone()
-        })
+        }
     }
 
     fn pod_of(&self, node_id: &str, shards: &[Shard], pods: &Store<Pod>) -> Option<Arc<Pod>> {
