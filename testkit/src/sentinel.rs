@@ -489,12 +489,14 @@ fn current_primary(set: &ReplicationSet) -> Result<&ValkeyServer> {
 /// then made a replica of the current primary.
 fn rejoin(node: &ValkeyServer, primary: SocketAddr) -> Result<()> {
     node.restart()?;
-    node.cmd(&[
-        "REPLICAOF",
-        &primary.ip().to_string(),
-        &primary.port().to_string(),
-    ])?;
-    Ok(())
+    let (ip, port) = (primary.ip().to_string(), primary.port().to_string());
+    // A restarted node may still be loading (it answers `LOADING` until it is done): ask again.
+    wait_for(
+        "the restarted node to accept REPLICAOF",
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        || Ok(node.cmd(&["REPLICAOF", &ip, &port]).is_ok()),
+    )
 }
 
 /// Run tags, so keys of different runs never collide.

@@ -92,6 +92,14 @@ impl PodRuntime {
 
     /// SIGKILL every process of the pod.
     pub fn kill_all(&self) {
+        // Freeze every container first: a stopped process keeps its sockets open, so no container
+        // sees another die and reacts (an agent releasing its Lease in the moment between its
+        // Valkey's kill and its own) — a node that is lost loses everything at once.
+        for c in self.containers() {
+            if let Err(e) = c.signal("STOP") {
+                eprintln!("valkey-testkit kubelet: stopping {}: {e:#}", c.label);
+            }
+        }
         for c in self.containers() {
             if let Err(e) = c.kill() {
                 eprintln!("valkey-testkit kubelet: killing {}: {e:#}", c.label);
