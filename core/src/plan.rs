@@ -57,6 +57,13 @@ pub struct Member {
     pub pod: Option<PodInfo>,
 }
 
+impl Member {
+    /// A primary Valkey does not mark failed: the one a shard's rules act on.
+    pub fn is_live_primary(&self) -> bool {
+        self.role == Role::Primary && self.health != NodeHealth::Failed
+    }
+}
+
 /// An action the coordinator started and has not seen finish.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InFlight {
@@ -174,11 +181,10 @@ pub struct Shards<'a> {
 
 impl<'a> Shards<'a> {
     pub fn new(world: &'a World) -> Self {
-        let mut by_shard: BTreeMap<&str, Vec<&Member>> = BTreeMap::new();
-        for m in &world.members {
-            by_shard.entry(m.shard.as_str()).or_default().push(m);
+        Shards {
+            world,
+            by_shard: by_shard(&world.members),
         }
-        Shards { world, by_shard }
     }
 
     /// The shard names, in order.
@@ -193,9 +199,17 @@ impl<'a> Shards<'a> {
 
     /// The shard's live primary.
     pub fn primary(&self, shard: &str) -> Option<&'a Member> {
-        self.members(shard)
-            .find(|m| m.role == Role::Primary && m.health != NodeHealth::Failed)
+        self.members(shard).find(|m| m.is_live_primary())
     }
+}
+
+/// Members grouped by shard, in shard order.
+fn by_shard(members: &[Member]) -> BTreeMap<&str, Vec<&Member>> {
+    let mut out: BTreeMap<&str, Vec<&Member>> = BTreeMap::new();
+    for m in members {
+        out.entry(m.shard.as_str()).or_default().push(m);
+    }
+    out
 }
 
 /// Decides what to do now.
@@ -372,11 +386,7 @@ fn primaries_per_node(world: &World) -> BTreeMap<&str, usize> {
         .filter(|(_, n)| n.usable())
         .map(|(k, _)| (k.as_str(), 0))
         .collect();
-    for m in world
-        .members
-        .iter()
-        .filter(|m| m.role == Role::Primary && m.health != NodeHealth::Failed)
-    {
+    for m in world.members.iter().filter(|m| m.is_live_primary()) {
         if let Some(node) = m.pod.as_ref().and_then(|p| p.node.as_deref()) {
             *count.entry(node).or_default() += 1;
         }
@@ -453,14 +463,8 @@ pub fn track(
     max_lag: u64,
 ) -> BTreeMap<String, ShardMemory> {
     let mut next = BTreeMap::new();
-    let mut by_shard: BTreeMap<&str, Vec<&Member>> = BTreeMap::new();
-    for m in members {
-        by_shard.entry(m.shard.as_str()).or_default().push(m);
-    }
-    for (shard, members) in by_shard {
-        let p = members
-            .iter()
-            .find(|m| m.role == Role::Primary && m.health != NodeHealth::Failed);
+    for (shard, members) in by_shard(members) {
+        let p = members.iter().find(|m| m.is_live_primary());
         let synced = p.is_some_and(|p| {
             members.iter().filter(|m| m.role == Role::Replica).all(|r| {
                 r.health == NodeHealth::Online && p.offset.saturating_sub(r.offset) <= max_lag

@@ -7,9 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::observation::Role;
 use crate::plan::{Kind, Plan, Policy, Shards, World, candidates};
-use crate::shards::NodeHealth;
 
 /// The prefix of every status annotation.
 pub const PREFIX: &str = "status.valkey.io/";
@@ -184,7 +182,7 @@ fn shards_with_primary(world: &World) -> BTreeSet<&str> {
     world
         .members
         .iter()
-        .filter(|m| m.role == Role::Primary && m.health != NodeHealth::Failed)
+        .filter(|m| m.is_live_primary())
         .map(|m| m.shard.as_str())
         .collect()
 }
@@ -223,7 +221,9 @@ fn decision(d: &Decision) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::observation::Role;
     use crate::plan::{Drift, Member, NodeInfo, PodInfo, decide};
+    use crate::shards::NodeHealth;
 
     fn member(id: &str, shard: &str, role: Role, offset: u64, node: &str) -> Member {
         Member {
