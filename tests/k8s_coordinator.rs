@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
+use valkey_sidecar_testkit::faults::{self, Outcome, show};
 use valkey_sidecar_testkit::k8s::valkey::cmd;
 use valkey_sidecar_testkit::k8s::writer::{Writer, Written, lost, tag_for};
 use valkey_sidecar_testkit::k8s::{ROLE_LABEL, Stage, StageOptions, poll_until};
@@ -65,19 +66,39 @@ fn shard_writer(s: &Stage, shard: usize) -> Writer {
     Writer::start(addrs, tag_for(s.valkey(&primary).unwrap()).unwrap())
 }
 
+/// What all writers saw together: acknowledged, lost, the longest pause of any.
+#[derive(Default)]
+struct Totals {
+    acked: usize,
+    lost: usize,
+    longest_pause: Duration,
+}
+
 /// Stops the writers (shard, writer) and checks every acknowledged write against each shard's
-/// primary now.
-fn check_writers(s: &Stage, writers: Vec<(usize, Writer)>) {
+/// primary now; the totals are for the fault table.
+fn check_writers(s: &Stage, writers: Vec<(usize, Writer)>) -> Totals {
+    let mut totals = Totals::default();
     for (shard, w) in writers {
         let tag = w.tag.clone();
         let written = w.stop().unwrap();
         let (primary, _) = s.primary_and_replicas(shard).unwrap();
         print!("shard {shard} (primary {primary}) ");
-        report(
-            &written,
-            lost(s.valkey(&primary).unwrap(), &tag, &written.acked).unwrap(),
-        );
+        let missing = lost(s.valkey(&primary).unwrap(), &tag, &written.acked).unwrap();
+        report(&written, missing);
+        totals.acked += written.acked.len();
+        totals.lost += missing;
+        totals.longest_pause = totals.longest_pause.max(written.longest_pause);
     }
+    totals
+}
+
+/// A planned move's row: its writer's count and, as the recovery, its longest write pause (the
+/// shard stays up; the pause is how long it was not writable).
+fn handover_outcome(scenario: &str, w: &Written, missing: usize, note: String) -> Outcome {
+    Outcome::new(module_path!(), scenario)
+        .writes(w.acked.len(), missing)
+        .recovery(w.longest_pause)
+        .note(format!("recovery: the longest write pause; {note}"))
 }
 
 /// Every preStop hook ran to HTTP 200: each waited for its hand-over, none timed out.
@@ -189,15 +210,24 @@ async fn deleting_a_primary_pod_hands_over_first_and_loses_no_write() {
         "lease holder {holder}; {primary} deleted → gone in {gone:?}; its preStop {:?} after {:?}",
         hook.result, hook.took
     );
+    let missing = lost(s.valkey(&replica).unwrap(), &tag, &w.acked).unwrap();
+    faults::record(&handover_outcome(
+        "primary pod deleted (cluster hand-over)",
+        &w,
+        missing,
+        format!(
+            "pod gone {} after the delete, its preStop returned after {}; writer errors while switching: {}",
+            show(gone),
+            show(hook.took),
+            w.errors
+        ),
+    ));
     assert_eq!(
         hook.result.as_deref(),
         Ok("HTTP 200"),
         "preStop returned because the hand-over finished, not on timeout"
     );
-    report(
-        &w,
-        lost(s.valkey(&replica).unwrap(), &tag, &w.acked).unwrap(),
-    );
+    report(&w, missing);
     assert_clean_events(s).await;
 }
 
@@ -222,11 +252,19 @@ async fn cordoning_a_primarys_node_hands_the_primary_over() {
     })
     .await;
     println!("lease holder {holder}; cordon → {primary} demoted after {moved:?}");
-    assert_eq!(s.role(&replica).as_deref(), Some("master"));
-    report(
+    let missing = lost(s.valkey(&replica).unwrap(), &tag, &w.acked).unwrap();
+    faults::record(&handover_outcome(
+        "primary's node cordoned (cluster hand-over)",
         &w,
-        lost(s.valkey(&replica).unwrap(), &tag, &w.acked).unwrap(),
-    );
+        missing,
+        format!(
+            "cordon → the old primary demoted {}; writer errors while switching: {}",
+            show(moved),
+            w.errors
+        ),
+    ));
+    assert_eq!(s.role(&replica).as_deref(), Some("master"));
+    report(&w, missing);
     assert_clean_events(s).await;
 }
 
@@ -334,9 +372,19 @@ async fn with_the_apiserver_stopped_for_30s_nothing_acts_and_everything_resumes(
     )
     .await
     .unwrap();
+    let labels_true = thawed.elapsed();
     println!(
-        "apiserver stopped 30 s: holder stepped down after {stepped_down:?} (renew deadline 4 s); after it resumed: a leader again in {leading:?}, the due fail-back done in {failed_back:?}, labels true in {:?}",
-        thawed.elapsed()
+        "apiserver stopped 30 s: holder stepped down after {stepped_down:?} (renew deadline 4 s); after it resumed: a leader again in {leading:?}, the due fail-back done in {failed_back:?}, labels true in {labels_true:?}"
+    );
+    faults::record(
+        &Outcome::new(module_path!(), "apiserver stopped for 30 s (cluster coordinator)")
+            .recovery(labels_true)
+            .note(format!(
+                "recovery: apiserver resumed → a leader again {}, the fail-back that fell due meanwhile done {}, labels true again; the holder stepped down {} after the stop (renew deadline 4 s), nothing acted while it was down",
+                show(leading),
+                show(failed_back),
+                show(stepped_down)
+            )),
     );
     assert!(
         stepped_down <= Duration::from_millis(4_500),
@@ -516,7 +564,20 @@ async fn draining_a_node_with_two_primaries_then_another_node_loses_no_write() {
             "shard {k}: {p} on {node}"
         );
     }
-    check_writers(&s, writers);
+    let totals = check_writers(&s, writers);
+    faults::record(
+        &Outcome::new(
+            module_path!(),
+            "node with two primaries drained, then the node of another",
+        )
+        .writes(totals.acked, totals.lost)
+        .recovery(totals.longest_pause)
+        .note(format!(
+            "recovery: the longest write pause of 3 shards' writers; drains took {} and {}",
+            show(first),
+            show(second)
+        )),
+    );
     assert_prestops_finished(&s);
     assert_clean_events(&s).await;
 }
@@ -548,13 +609,20 @@ async fn when_the_coordinator_dies_a_successor_does_the_hand_over() {
     println!(
         "coordinator {holder} died with its node; {primary} deleted → gone after {gone:?}; lease now held by {successor:?}"
     );
+    let missing = lost(s.valkey(&replica).unwrap(), &tag, &w.acked).unwrap();
+    faults::record(&handover_outcome(
+        "coordinator's node cut, at once a primary pod deleted elsewhere",
+        &w,
+        missing,
+        format!(
+            "a successor coordinator handed the primary over; pod gone {} after the delete",
+            show(gone)
+        ),
+    ));
     assert!(successor.is_some() && successor.as_deref() != Some(holder.as_str()));
     assert_eq!(s.role(&replica).as_deref(), Some("master"));
     assert_prestops_finished(s);
-    report(
-        &w,
-        lost(s.valkey(&replica).unwrap(), &tag, &w.acked).unwrap(),
-    );
+    report(&w, missing);
     assert_clean_events(s).await;
 }
 

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::EvictParams;
+use valkey_sidecar_testkit::faults::{self, Outcome, show};
 use valkey_sidecar_testkit::k8s::chart::{ChartStage, ChartStageOptions, label, node_of, shards};
 use valkey_sidecar_testkit::k8s::valkey::valkey_addr;
 use valkey_sidecar_testkit::k8s::writer::{Targets, Writer, lost, tag_for};
@@ -192,6 +193,7 @@ async fn draining_every_node_in_turn_loses_nothing_and_two_at_once_is_refused_un
     println!(
         "fewest Ready pods per shard during it: {fewest:?}; writers (shard, acknowledged, lost, longest pause): {written:?}"
     );
+    faults::record(&rolling_drain(&nodes, total, &drains, &fewest, &written));
     assert!(
         fewest.values().all(|n| *n >= 1),
         "a shard had no Ready member: {fewest:?}"
@@ -202,6 +204,32 @@ async fn draining_every_node_in_turn_loses_nothing_and_two_at_once_is_refused_un
     }
 
     two_evictions_at_once(&stage).await;
+}
+
+/// The fault table's row for the rolling drain: all shards' writers together, and as the recovery
+/// the longest write pause of any (the shards stay up; the pause is how long one was not
+/// writable).
+fn rolling_drain(
+    nodes: &[String],
+    total: Duration,
+    drains: &[(String, Duration)],
+    fewest: &BTreeMap<String, usize>,
+    written: &[(String, usize, usize, Duration)],
+) -> Outcome {
+    let acked = written.iter().map(|(_, a, _, _)| a).sum();
+    let missing = written.iter().map(|(_, _, m, _)| m).sum();
+    let pause = written.iter().map(|(_, _, _, p)| *p).max();
+    let slowest = drains.iter().map(|(_, d)| *d).max().unwrap_or_default();
+    let fewest = fewest.values().min().copied().unwrap_or_default();
+    Outcome::new(module_path!(), &format!("kubectl drain of all {} nodes in turn", nodes.len()))
+        .writes(acked, missing)
+        .recovery(pause.unwrap_or_default())
+        .note(format!(
+            "recovery: the longest write pause of {} shards' writers; {} in all, the slowest drain {}; every shard kept at least {fewest} Ready pod(s)",
+            written.len(),
+            show(total),
+            show(slowest)
+        ))
 }
 
 /// Evicts a shard's primary and one of its replicas at the same moment (as draining their two
@@ -244,9 +272,16 @@ async fn two_evictions_at_once(stage: &ChartStage) {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let whole = t.elapsed();
     println!(
-        "{waiting}: refused {refusals} times, evicted {:?} later, once the shard was whole again",
-        t.elapsed()
+        "{waiting}: refused {refusals} times, evicted {whole:?} later, once the shard was whole again"
+    );
+    faults::record(
+        &Outcome::new(module_path!(), "two evictions in one shard at once")
+            .recovery(whole)
+            .note(format!(
+                "recovery: first eviction → the shard whole again (the second eviction admitted); one admitted, the other refused with 429 {refusals} times; no writer"
+            )),
     );
     assert!(refusals > 0);
     settled(stage, 9, 3).await;
@@ -337,10 +372,8 @@ async fn a_lagging_replica_blocks_the_eviction_of_its_primary_until_it_is_in_syn
     )
     .await;
     assert!(blocked.is_ok(), "{blocked:?}");
-    println!(
-        "replica throttled: the primary's eviction refused after {:?}",
-        lagging.elapsed()
-    );
+    let refused_after = lagging.elapsed();
+    println!("replica throttled: the primary's eviction refused after {refused_after:?}");
     let (code, text) = drain_check(&stage, node_of(&primary).unwrap());
     println!("drain-check while the replica lags: exit {code}\n{text}");
     assert_eq!(code, 1, "{text}");
@@ -357,9 +390,17 @@ async fn a_lagging_replica_blocks_the_eviction_of_its_primary_until_it_is_in_syn
     )
     .await
     .unwrap();
+    let evictable = healed.elapsed();
     println!(
-        "primary evictable {:?} after the throttle was lifted (the replica caught up, Ready again)",
-        healed.elapsed()
+        "primary evictable {evictable:?} after the throttle was lifted (the replica caught up, Ready again)"
+    );
+    faults::record(
+        &Outcome::new(module_path!(), "replica lagging (replication throttled to 64 KiB/s)")
+            .recovery(evictable)
+            .note(format!(
+                "recovery: throttle lifted → the replica caught up and its primary evictable again; the primary's eviction refused (429) {} after the throttle began; bulk writer, not counted",
+                show(refused_after)
+            )),
     );
     let (code, text) = drain_check(&stage, node_of(&primary).unwrap());
     println!("drain-check after: exit {code}\n{text}");
@@ -401,6 +442,15 @@ async fn a_one_pod_deployment_on_one_node_drains_without_hanging() {
         took < 15 * SECOND,
         "the drain hung on the preStop wait: {took:?}"
     );
+    let uncordoned = Instant::now();
     stage.plane.kubectl(&["uncordon", &node]).await.unwrap();
     settled(&stage, 1, 1).await;
+    faults::record(
+        &Outcome::new(module_path!(), "one-pod deployment on one node drained")
+            .recovery(uncordoned.elapsed())
+            .note(format!(
+                "recovery: uncordon → the pod back, Ready and labelled (no replica: down meanwhile); the drain took {} (no hang on the preStop wait); no writer",
+                show(took)
+            )),
+    );
 }

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
+use valkey_sidecar_testkit::faults::{self, Outcome, show};
 use valkey_sidecar_testkit::k8s::shard::{
     Record, follows, new_primary, record, role_label, writable, write_acked,
 };
@@ -118,9 +119,17 @@ async fn a_primary_that_cannot_renew_fences_itself_before_the_record_expires() {
     )
     .await
     .unwrap();
+    let writable_again = thawed.elapsed();
     println!(
-        "apiserver frozen: last acknowledged write {fenced_after:?} after the freeze (renew deadline 4 s, lease 6 s); writable again {:?} after it resumed",
-        thawed.elapsed()
+        "apiserver frozen: last acknowledged write {fenced_after:?} after the freeze (renew deadline 4 s, lease 6 s); writable again {writable_again:?} after it resumed"
+    );
+    faults::record(
+        &Outcome::new(module_path!(), "apiserver frozen for 7 s: the primary fences itself")
+            .recovery(writable_again)
+            .note(format!(
+                "recovery: apiserver resumed → the primary acknowledges writes again; its last write before fencing was acknowledged {} after the freeze (renew deadline 4 s, lease 6 s)",
+                show(fenced_after)
+            )),
     );
     assert!(
         fenced_after < 4 * SECOND + Duration::from_millis(300),
@@ -198,6 +207,15 @@ async fn a_killed_primary_is_replaced_and_rejoins_as_a_replica() {
     tokio::time::sleep(SECOND).await;
     let w = writer.stop().unwrap();
     let missing = lost(s.valkey(&promoted).unwrap(), "w", &w.acked).unwrap();
+    faults::record(
+        &Outcome::new(module_path!(), "primary's Valkey killed (agent alive)")
+            .writes(w.acked.len(), missing)
+            .recovery(took)
+            .note(format!(
+                "recovery: kill → a replica writable and labelled primary; loss allowed (asynchronous replication); longest write pause {}",
+                show(w.longest_pause)
+            )),
+    );
     println!(
         "primary Valkey killed (agent alive): {promoted} writable and labelled primary after {took:?}; writer: {} acknowledged, {missing} lost (async replication), longest pause {:?}; record {:?}",
         w.acked.len(),
@@ -230,6 +248,11 @@ async fn a_lost_primary_pod_is_replaced_after_the_lease_expires() {
     println!(
         "primary pod's node cut: {promoted} writable and labelled primary after {took:?} (lease 4 s); record {:?}",
         record(&s, "0").await
+    );
+    faults::record(
+        &Outcome::new(module_path!(), "primary pod's node cut (Valkey and agent gone)")
+            .recovery(took)
+            .note("recovery: cut → a replica writable and labelled primary (lease 4 s, renew deadline 3 s); no writer"),
     );
     assert!(
         took >= 3 * SECOND,
@@ -266,6 +289,15 @@ async fn deleting_the_primary_pod_switches_over_without_losing_a_write() {
         "primary pod deleted: {promoted} writable and labelled after {took:?}; preStop {hooks:?}; writer: {} acknowledged, {missing} lost, longest pause {:?}",
         w.acked.len(),
         w.longest_pause
+    );
+    faults::record(
+        &Outcome::new(module_path!(), "primary pod deleted (replication switchover)")
+            .writes(w.acked.len(), missing)
+            .recovery(w.longest_pause)
+            .note(format!(
+                "recovery: the longest write pause (a planned move: the shard stays up); delete → a replica writable and labelled primary {}",
+                show(took)
+            )),
     );
     assert_eq!(missing, 0, "a planned switchover lost acknowledged writes");
     assert!(w.acked.len() > 100);

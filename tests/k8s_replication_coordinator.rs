@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
+use valkey_sidecar_testkit::faults::{self, Outcome, show};
 use valkey_sidecar_testkit::k8s::valkey::cmd;
 use valkey_sidecar_testkit::k8s::writer::{Writer, lost};
 use valkey_sidecar_testkit::k8s::{Stage, StageOptions, http_get, poll_until};
@@ -152,6 +153,15 @@ async fn a_calm_shard_costs_a_read_per_retry_period_and_a_cordon_switches_over_l
         "node {node} cordoned: {primary} primary on record and followed after {took:?}; writer: {} acknowledged, {missing} lost, longest pause {:?}\n{events}",
         w.acked.len(),
         w.longest_pause
+    );
+    faults::record(
+        &Outcome::new(module_path!(), "primary's node cordoned (replication switchover)")
+            .writes(w.acked.len(), missing)
+            .recovery(w.longest_pause)
+            .note(format!(
+                "recovery: the longest write pause (a planned move: the shard stays up); cordon → the new primary on record and followed {}",
+                show(took)
+            )),
     );
     assert_eq!(missing, 0, "a planned switchover lost acknowledged writes");
     assert!(events.contains("HandoverStarted") && events.contains("HandoverSucceeded"));

@@ -10,6 +10,7 @@
 
 use std::time::{Duration, Instant};
 
+use valkey_sidecar_testkit::faults::{self, Outcome, show};
 use valkey_sidecar_testkit::k8s::primaries::{PrimaryChecker, Seen};
 use valkey_sidecar_testkit::k8s::shard::{
     Record, follows, new_primary, record, role_label, wait_steady,
@@ -68,6 +69,22 @@ impl Watch {
     }
 }
 
+/// What the fault table keeps of a scenario: the checker's and the writer's measures.
+fn outcome(scenario: &str, seen: &Seen, w: &Written, missing: usize) -> Outcome {
+    Outcome::new(module_path!(), scenario)
+        .writes(w.acked.len(), missing)
+        .overlap(seen.longest_overlap())
+}
+
+/// The note's tail every scenario shares.
+fn measured(seen: &Seen, w: &Written) -> String {
+    format!(
+        "role changes {}; longest write pause {}",
+        seen.role_changes(),
+        show(w.longest_pause)
+    )
+}
+
 fn report(scenario: &str, seen: &Seen, w: &Written, missing: usize) {
     println!(
         "{scenario}: longest two-primary overlap {:?} (overlaps {}), role changes {}, writes acknowledged {}, lost {missing}, longest write pause {:?}",
@@ -110,8 +127,13 @@ async fn a_primary_cut_off_from_the_apiserver_fences_before_a_replica_is_promote
     rejoined(&s, &old, &promoted).await;
     tokio::time::sleep(SECOND).await;
     let (seen, w, missing) = watch.stop(&s, &promoted);
-    report("primary cut off from the apiserver", &seen, &w, missing);
+    let scenario = "primary cut off from the apiserver";
+    report(scenario, &seen, &w, missing);
     println!("  {promoted} promoted and labelled {took:?} after the cut (lease 4 s)");
+    faults::record(&outcome(scenario, &seen, &w, missing).recovery(took).note(format!(
+        "recovery: cut → a replica writable and labelled primary (lease 4 s, renew deadline 3 s); {}",
+        measured(&seen, &w)
+    )));
     assert_eq!(
         seen.longest_overlap(),
         Duration::ZERO,
@@ -147,7 +169,12 @@ async fn a_primary_cut_off_from_its_replicas_keeps_its_record_and_nobody_is_prom
     s.kubelet.heal_network().unwrap();
     let after = wait_steady(&s, 30 * SECOND).await.unwrap();
     let (seen, w, missing) = watch.stop(&s, &after);
-    report("primary cut off from its replicas", &seen, &w, missing);
+    let scenario = "primary cut off from its replicas (8 s)";
+    report(scenario, &seen, &w, missing);
+    faults::record(&outcome(scenario, &seen, &w, missing).note(format!(
+        "nothing to recover: nobody promoted, the record's epoch unchanged; {}",
+        measured(&seen, &w)
+    )));
     assert_eq!(after, old, "the primary stayed the primary");
     assert_eq!(during.map(|r| r.epoch), before.clone().map(|r| r.epoch));
     assert_eq!(
@@ -165,24 +192,25 @@ async fn a_frozen_primary_that_wakes_after_a_failover_takes_no_write() {
     let old = wait_steady(&s, 30 * SECOND).await.unwrap();
     let watch = Watch::start(&s, "w");
     tokio::time::sleep(SECOND).await;
+    let paused = Instant::now();
     s.kubelet.pause(&s.namespace, &old).unwrap();
     let promoted = new_primary(&s, &old, 30 * SECOND).await.unwrap();
+    let took = paused.elapsed();
     tokio::time::sleep(SECOND).await;
     let woke = Instant::now();
     s.kubelet.resume(&s.namespace, &old).unwrap();
     rejoined(&s, &old, &promoted).await;
-    println!(
-        "  woken primary rejoined {:?} after SIGCONT",
-        woke.elapsed()
-    );
+    let rejoin = woke.elapsed();
+    println!("  woken primary rejoined {rejoin:?} after SIGCONT");
     tokio::time::sleep(SECOND).await;
     let (seen, w, missing) = watch.stop(&s, &promoted);
-    report(
-        "primary SIGSTOPped, SIGCONTed after the failover",
-        &seen,
-        &w,
-        missing,
-    );
+    let scenario = "primary SIGSTOPped, SIGCONTed after the failover";
+    report(scenario, &seen, &w, missing);
+    faults::record(&outcome(scenario, &seen, &w, missing).recovery(took).note(format!(
+        "recovery: SIGSTOP → a replica writable and labelled primary (lease 4 s); the woken primary rejoined as a replica {} after SIGCONT; {}",
+        show(rejoin),
+        measured(&seen, &w)
+    )));
     assert_eq!(
         seen.longest_overlap(),
         Duration::ZERO,
@@ -214,12 +242,19 @@ async fn with_the_apiserver_down_for_a_minute_nothing_changes_hands() {
     )
     .await
     .unwrap();
-    println!(
-        "  writable again {:?} after the apiserver resumed",
-        thawed.elapsed()
-    );
+    let writable_again = thawed.elapsed();
+    println!("  writable again {writable_again:?} after the apiserver resumed");
     let (seen, w, missing) = watch.stop(&s, &after);
-    report("apiserver down for 60 s", &seen, &w, missing);
+    let scenario = "apiserver down for 60 s (SIGSTOP)";
+    report(scenario, &seen, &w, missing);
+    faults::record(
+        &outcome(scenario, &seen, &w, missing)
+            .recovery(writable_again)
+            .note(format!(
+                "recovery: apiserver resumed → the primary acknowledges writes again (it fenced itself at its renew deadline; nothing changed hands); {}",
+                measured(&seen, &w)
+            )),
+    );
     assert_eq!(after, old);
     assert_eq!(record(&s, "0").await.map(|r| r.epoch), Some(before.epoch));
     assert_eq!(seen.role_changes(), 0, "no node changed role");
@@ -233,20 +268,28 @@ async fn a_flapping_primary_never_leaves_two_writable_primaries() {
     let watch = Watch::start(&s, "w");
     let mut primary = wait_steady(&s, 30 * SECOND).await.unwrap();
     let mut epochs = vec![record(&s, "0").await.unwrap().epoch];
+    let mut slowest = Duration::ZERO;
     for _ in 0..4 {
         // Whoever is primary now restarts (its Valkey killed; the kubelet restarts it empty).
+        let crashed = Instant::now();
         s.kubelet
             .crash_container(&s.namespace, &primary, "valkey")
             .unwrap();
         let next = new_primary(&s, &primary, 20 * SECOND).await.unwrap();
+        slowest = slowest.max(crashed.elapsed());
         epochs.push(record(&s, "0").await.unwrap().epoch);
         tokio::time::sleep(3 * SECOND).await;
         primary = next;
     }
     let last = wait_steady(&s, 30 * SECOND).await.unwrap();
     let (seen, w, missing) = watch.stop(&s, &last);
-    report("primary restarted 4 times, 3 s apart", &seen, &w, missing);
+    let scenario = "primary restarted 4 times, 3 s apart (Valkey killed)";
+    report(scenario, &seen, &w, missing);
     println!("  epochs {epochs:?}");
+    faults::record(&outcome(scenario, &seen, &w, missing).recovery(slowest).note(format!(
+        "recovery: the slowest of the 4 kills → a replica writable and labelled primary; epochs {epochs:?}; {}",
+        measured(&seen, &w)
+    )));
     // One promotion per fault: no ping-pong between candidates.
     assert!(
         epochs.windows(2).all(|e| e[1] == e[0] + 1),

@@ -65,6 +65,7 @@
 
 mod binaries;
 mod cluster;
+pub mod faults;
 pub mod image;
 mod info;
 pub mod k8s;

@@ -258,6 +258,11 @@ impl Sentinels {
         &self.opts
     }
 
+    /// The sentinels' process ids (the benchmark measures their footprint).
+    pub fn pids(&self) -> Vec<u32> {
+        self.nodes.iter().map(|n| n.process.pid()).collect()
+    }
+
     /// The sentinels' addresses.
     pub fn addrs(&self) -> Vec<SocketAddr> {
         self.nodes.iter().map(|s| s.addr).collect()

@@ -128,6 +128,7 @@ async fn replaced(s: &Stage, old: &str, at: Instant) -> Result<(String, Duration
 }
 
 /// What one planned move measured.
+#[derive(Clone)]
 pub struct Move {
     pub pause: Duration,
     pub acked: usize,
@@ -139,6 +140,17 @@ fn moved(w: &Written, lost: usize) -> Move {
         pause: w.longest_pause,
         acked: w.acked.len(),
         lost,
+    }
+}
+
+/// Planned moves as a row of the fault table: recovery is the write pause.
+pub fn as_runs<'a>(scenario: &'a str, moves: &[Move]) -> crate::faults::Runs<'a> {
+    crate::faults::Runs {
+        scenario,
+        acked: Some(moves.iter().map(|m| m.acked).sum()),
+        lost: moves.iter().map(|m| m.lost).sum(),
+        recovery: moves.iter().map(|m| m.pause).collect(),
+        what: "the longest write pause",
     }
 }
 

@@ -136,8 +136,8 @@ fn formation(shards: usize, calls: usize) -> String {
     format!("{} / {}", fmt(p.0), fmt(p.1))
 }
 
-/// Prints the table.
-pub fn run() {
+/// Prints the table and plots how the cost grows.
+pub fn run() -> anyhow::Result<()> {
     let policy = Policy {
         failback: true,
         ..Policy::default()
@@ -150,6 +150,10 @@ pub fn run() {
         "| shards | members | `plan::decide` p50 / p99 | `status::conditions` p50 / p99 | `formation::plan` p50 / p99 | calls |"
     );
     println!("|---|---|---|---|---|---|");
+    let mut lines = [
+        crate::plot::Line::new("plan::decide p50"),
+        crate::plot::Line::new("status::conditions p50"),
+    ];
     for (shards, calls) in [(10, 2000), (100, 500), (1000, 50), (10_000, 5)] {
         let w = world(shards);
         let plan = decide(&w, &policy);
@@ -170,6 +174,14 @@ pub fn run() {
             "planner {shards} shards: decide {:?}, conditions {:?} (p50)",
             d.0, c.0
         );
+        lines[0].push(shards, d.0);
+        lines[1].push(shards, c.0);
     }
     println!("\n{FORMATION_NOTE}\n");
+    let title = "Planner cost per coordinator round";
+    println!(
+        "{}",
+        crate::plot::growth("planner", title, "shards", "ms per call", &lines)?
+    );
+    Ok(())
 }

@@ -24,7 +24,7 @@ fn p50_p99(v: Vec<Duration>) -> (Duration, Duration) {
 }
 
 /// `them / us`, as "12.3×" (how many times faster we are; below 1: slower).
-fn ratio(them: Duration, us: Duration) -> String {
+pub fn ratio(them: Duration, us: Duration) -> String {
     if us.is_zero() || them.is_zero() {
         return "–".into();
     }

@@ -1,0 +1,201 @@
+//! Kubernetes API usage per agent: from the apiserver's audit log (which names each request's
+//! pod) and, as a cross-check, from the apiserver's own `apiserver_request_total`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, Result, bail};
+use valkey_sidecar_testkit::k8s::Stage;
+use valkey_sidecar_testkit::k8s::audit::{AuditLog, Usage, pod_identity};
+
+use crate::{coordinated_stage, cordon, holder};
+
+/// The requests the apiserver received from `from` until `from + window` (sleeps until then).
+async fn usage_until(log: &AuditLog, from: SystemTime, window: Duration) -> Result<Usage> {
+    let left = (from + window)
+        .duration_since(SystemTime::now())
+        .unwrap_or_default();
+    tokio::time::sleep(left).await;
+    // Each request is logged as it completes: give the last ones time to reach the file.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    log.usage(from, from + window)
+}
+
+/// API requests per agent per minute by verb, from the apiserver's audit log: a steady-state
+/// window, then a window from the cordon of a primary's node (the coordinator hands over).
+pub async fn run(bin: &Path) -> Result<()> {
+    const STEADY: Duration = Duration::from_secs(60);
+    const HANDOVER: Duration = Duration::from_secs(30);
+    let (stage, leader) = coordinated_stage(bin, &[], true).await?;
+    let log = stage.plane.audit_log().context("the audit log is off")?;
+    // The agents' start-up requests (lists, label writes) are behind them.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let counted = request_totals(&stage).await?;
+    let steady = usage_until(&log, SystemTime::now(), STEADY).await?;
+    let steady_metric = since(&request_totals(&stage).await?, &counted);
+    let (primary, replica) = stage.primary_and_replica(1)?;
+    let node = stage.node_of(&primary).await?;
+    let counted = request_totals(&stage).await?;
+    let cordoned = SystemTime::now();
+    cordon(&stage, &node, true).await?;
+    let moving = usage_until(&log, cordoned, HANDOVER).await?;
+    let moving_metric = since(&request_totals(&stage).await?, &counted);
+    cordon(&stage, &node, false).await?;
+    if holder(&stage).await?.as_deref() != Some(leader.as_str()) {
+        bail!("the Lease changed hands during the measurement");
+    }
+    let agents = |moved: bool| -> Vec<(String, String)> {
+        let role = |p: &String| {
+            let base = if *p == leader { "leader" } else { "follower" };
+            match p {
+                p if moved && *p == primary => format!("{base}, old primary"),
+                p if moved && *p == replica => format!("{base}, new primary"),
+                _ => base.to_owned(),
+            }
+        };
+        let who = |p: &String| pod_identity(&stage.namespace, p);
+        stage
+            .pods
+            .iter()
+            .map(|p| (format!("{p} ({})", role(p)), who(p)))
+            .collect()
+    };
+    println!("### API requests per agent (real kube-apiserver v1.37.2, from its audit log)\n");
+    println!(
+        "Requests per minute by verb, 3 shards × 2 members, coordinator on with the default Lease timings (retry period 2 s). Agents are told apart by the pod their bound ServiceAccount token names (`user.extra[\"authentication.kubernetes.io/pod-name\"]` of each audit event); they also send `User-Agent: valkey-sidecar/<version>`. Command: `target/release/bench api`.\n"
+    );
+    println!("#### Steady state ({} s window)\n", STEADY.as_secs());
+    println!("{}", steady.verb_table(&agents(false)));
+    let followers = stage.pods.iter().filter(|p| **p != leader);
+    let follower_writes = followers
+        .map(|p| steady.writes(&pod_identity(&stage.namespace, p)))
+        .max()
+        .unwrap_or(0);
+    let me = pod_identity(&stage.namespace, &leader);
+    println!(
+        "Writes per minute: leader {:.1}, of which Lease renewals (`update leases`) {:.1}; followers at most {:.1}. The whole apiserver served {:.0} requests per minute in the window (the harness kubelet, node heartbeats, scheduler and controller-manager included).\n",
+        steady.per_minute(steady.writes(&me)),
+        steady.per_minute(steady.get(&me, "update", "leases")),
+        steady.per_minute(follower_writes),
+        steady.per_minute(all_requests(&steady)),
+    );
+    println!(
+        "#### During a hand-over ({} s window from cordoning the node of a primary)\n",
+        HANDOVER.as_secs()
+    );
+    println!("{}", moving.verb_table(&agents(true)));
+    println!("By resource, requests in the window:\n");
+    println!("{}", moving.detail_table(&agents(true)));
+    let ids: Vec<String> = stage
+        .pods
+        .iter()
+        .map(|p| pod_identity(&stage.namespace, p))
+        .collect();
+    cross_check(
+        &[
+            ("steady state", &steady, &steady_metric),
+            ("hand-over", &moving, &moving_metric),
+        ],
+        &ids,
+    );
+    Ok(())
+}
+
+/// `(verb, resource)` → requests, with the audit log's lower-case verbs.
+type Totals = BTreeMap<(String, String), f64>;
+
+/// `apiserver_request_total` summed over its other labels, as the apiserver counts it itself.
+async fn request_totals(stage: &Stage) -> Result<Totals> {
+    let req = http::Request::get("/metrics").body(Vec::new())?;
+    let text = stage.plane.client().request_text(req).await?;
+    Ok(parse_totals(&text))
+}
+
+fn parse_totals(text: &str) -> Totals {
+    let mut totals = Totals::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let (Some(verb), Some(resource)) = (label(labels, "verb"), label(labels, "resource"))
+        else {
+            continue;
+        };
+        let n: f64 = value.trim().parse().unwrap_or(0.0);
+        *totals
+            .entry((audit_verb(verb), resource.to_owned()))
+            .or_default() += n;
+    }
+    totals
+}
+
+fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
+    let start = labels.find(&format!("{name}=\""))? + name.len() + 2;
+    let len = labels[start..].find('"')?;
+    Some(&labels[start..start + len])
+}
+
+/// The metric's verb (HTTP-like, server-side apply apart) as the audit log names it.
+fn audit_verb(metric: &str) -> String {
+    match metric {
+        "PUT" => "update",
+        "POST" => "create",
+        "APPLY" => "patch",
+        other => return other.to_ascii_lowercase(),
+    }
+    .to_owned()
+}
+
+fn since(after: &Totals, before: &Totals) -> Totals {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, v)| *v > 0.0)
+        .collect()
+}
+
+/// The resources and verbs the agents use (watches are long-running and counted when they end).
+const AGENT_CALLS: [(&str, &str); 6] = [
+    ("get", "leases"),
+    ("update", "leases"),
+    ("create", "leases"),
+    ("patch", "pods"),
+    ("get", "pods"),
+    ("create", "events"),
+];
+
+/// The apiserver's own counter against the audit log, per verb and resource: it has no label
+/// naming the client (only verb, resource, code, scope, component…), so it counts everyone's
+/// requests, and agrees with the audit log's count of all clients when the method is sound.
+fn cross_check(windows: &[(&str, &Usage, &Totals)], agents: &[String]) {
+    println!("#### Cross-check with the apiserver's `apiserver_request_total`\n");
+    println!(
+        "`apiserver_request_total` has no label naming the client (its labels: verb, dry_run, group, version, resource, subresource, scope, component, code), so it cannot split requests by user agent; the tables above split them by the pod named in each audit event. To check that method, the counter was scraped from the apiserver's `/metrics` at the start and end of each window: its increase (all clients: the harness kubelet's node leases and the scheduler's and controller-manager's leader election use `leases` too) against the audit log's count of all clients and of the agents alone, in the same window. The counter's window is about a second longer (it is scraped again only after the audit log's last second has reached the file), hence a few more requests in its column.\n"
+    );
+    println!(
+        "| window | verb | resource | `apiserver_request_total` increase | audit log, all clients | audit log, the agents |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for (name, usage, metric) in windows {
+        for (verb, resource) in AGENT_CALLS {
+            let key = (verb.to_owned(), resource.to_owned());
+            let all: u64 = usage
+                .by_client
+                .keys()
+                .map(|w| usage.get(w, verb, resource))
+                .sum();
+            let ours: u64 = agents.iter().map(|w| usage.get(w, verb, resource)).sum();
+            let counted = metric.get(&key).copied().unwrap_or(0.0);
+            println!("| {name} | {verb} | {resource} | {counted:.0} | {all} | {ours} |");
+        }
+    }
+    println!();
+}
+
+fn all_requests(usage: &Usage) -> u64 {
+    usage.by_client.values().flat_map(|c| c.values()).sum()
+}

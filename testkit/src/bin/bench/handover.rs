@@ -1,0 +1,383 @@
+//! Cluster mode, planned and unplanned: the agents' hand-over when a primary's node is cordoned
+//! and a crash of a primary's Valkey, against Valkey on its own (`alone`).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use valkey_sidecar_testkit::k8s::valkey::cmd;
+use valkey_sidecar_testkit::k8s::writer::{Writer, lost, tag_for};
+use valkey_sidecar_testkit::k8s::{ROLE_LABEL, Stage, poll_until};
+
+use crate::report::percentile;
+use crate::{coordinated_stage, cordon};
+
+/// What one hand-over looked like.
+struct Handover {
+    /// The writer's longest pause between two acknowledged writes.
+    pause: Duration,
+    /// From the cordon to the old primary answering `ROLE` as a replica.
+    demoted: Duration,
+    acked: usize,
+    lost: usize,
+    /// The coordinator counted the move as succeeded.
+    succeeded: bool,
+}
+
+/// The node timeout of the agents' stage (testkit's default), used for Valkey alone too.
+const NODE_TIMEOUT_MS: u64 = 2000;
+
+/// `bench handover`: `runs` hand-overs and `runs` crashes of a primary's Valkey on one
+/// coordinated stage, then the same moves by Valkey on its own, and the comparison.
+pub async fn run(bin: &Path, runs: usize) -> Result<()> {
+    let (stage, leader) = coordinated_stage(bin, &[("SIDECAR_BALANCE", "false")], false).await?;
+    let moves = handovers(&stage, runs).await?;
+    let crashes = crashes(&stage, runs).await?;
+    drop(stage);
+    let wait = Duration::from_secs(10);
+    let alone =
+        tokio::task::spawn_blocking(move || crate::alone::measure(runs, NODE_TIMEOUT_MS, wait))
+            .await??;
+    print_handovers(&moves, &leader);
+    print_crashes(&crashes, &alone.crash);
+    let pauses: Vec<Duration> = moves.iter().map(|m| m.pause).collect();
+    crate::alone::report(
+        &alone,
+        &pauses,
+        &format!("BENCH_HANDOVERS={runs} target/release/bench handover"),
+    );
+    println!("{}", plot(&moves, &crashes, &alone)?);
+    log_runs(&moves, &crashes, &alone);
+    Ok(())
+}
+
+/// The runs as rows of the fault table.
+fn log_runs(moves: &[Handover], crashes: &[Crash], alone: &crate::alone::Baselines) {
+    use crate::faults::{Runs, record_runs};
+    record_runs(
+        "handover",
+        Runs {
+            scenario: "cluster: hand-over on cordon (agent)",
+            acked: Some(moves.iter().map(|m| m.acked).sum()),
+            lost: moves.iter().map(|m| m.lost).sum(),
+            recovery: moves.iter().map(|m| m.pause).collect(),
+            what: "the longest write pause",
+        },
+    );
+    record_runs(
+        "handover",
+        Runs {
+            scenario: "cluster: primary's Valkey killed (agents alive)",
+            acked: Some(crashes.iter().map(|c| c.acked).sum()),
+            lost: crashes.iter().map(|c| c.lost).sum(),
+            recovery: crashes.iter().map(|c| c.labelled).collect(),
+            what: "kill -9 → the replica writable and labelled primary",
+        },
+    );
+    for (scenario, runs) in [
+        (
+            "cluster, no agent: `shutdown-on-sigterm failover` + SIGTERM",
+            &alone.failover,
+        ),
+        ("cluster, no agent: plain pod kill (SIGTERM)", &alone.plain),
+        ("cluster, no agent: SIGKILL", &alone.crash),
+    ] {
+        let moves: Vec<crate::failover::Move> = runs.iter().map(|s| s.moved.clone()).collect();
+        record_runs("handover", crate::failover::as_runs(scenario, &moves));
+    }
+}
+
+/// `runs` hand-overs on one stage: each cordons the node of a shard's primary (shards in turn)
+/// with a writer on that shard, waits for the old primary to be demoted, then uncordons and
+/// lets the shard settle. Balance is off so that nothing else moves between runs.
+async fn handovers(stage: &Stage, runs: usize) -> Result<Vec<Handover>> {
+    let mut results = Vec::new();
+    for i in 0..runs {
+        let r = handover(stage, i % 3).await?;
+        eprintln!(
+            "hand-over {}/{runs}: pause {:?}, demoted after {:?}, {} acked, {} lost",
+            i + 1,
+            r.pause,
+            r.demoted,
+            r.acked,
+            r.lost
+        );
+        results.push(r);
+    }
+    Ok(results)
+}
+
+fn sorted(mut v: Vec<Duration>) -> Vec<Duration> {
+    v.sort();
+    v
+}
+
+fn row(label: &str, v: &[Duration]) -> String {
+    let ms = |d: Duration| format!("{:.0}", d.as_secs_f64() * 1000.0);
+    format!(
+        "| {label} | {} | {} | {} | {} |",
+        v.len(),
+        ms(percentile(v, 0.5)),
+        ms(percentile(v, 0.99)),
+        ms(*v.last().unwrap_or(&Duration::ZERO))
+    )
+}
+
+fn print_handovers(results: &[Handover], leader: &str) {
+    let runs = results.len();
+    let pauses = sorted(results.iter().map(|r| r.pause).collect());
+    let demoted = sorted(results.iter().map(|r| r.demoted).collect());
+    println!(
+        "### Hand-over when a primary's node is cordoned (real kube-apiserver v1.37.2, {runs} hand-overs)\n"
+    );
+    println!(
+        "Command: `BENCH_HANDOVERS={runs} target/release/bench handover`. One coordinated stage (3 shards × 2 members, Lease holder {leader}, `SIDECAR_BALANCE=false`, `cluster-node-timeout` {NODE_TIMEOUT_MS} ms); each run starts a writer (one `SET` at a time, unique keys) on the next shard, cordons the node of its primary, waits until the old primary is a replica, stops the writer a second later, reads every acknowledged key back from the new primary, uncordons and waits for the shard to settle. The pause is the longest gap between two acknowledged writes in the run, as the client sees it (target: p99 ≤ 250 ms). With {runs} runs p99 is the maximum.\n"
+    );
+    println!("| measure | hand-overs | p50 ms | p99 ms | max ms |");
+    println!("|---|---|---|---|---|");
+    println!("{}", row("longest write pause", &pauses));
+    println!("{}", row("cordon → old primary demoted", &demoted));
+    let acked: usize = results.iter().map(|r| r.acked).sum();
+    let lost: usize = results.iter().map(|r| r.lost).sum();
+    let succeeded = results.iter().filter(|r| r.succeeded).count();
+    println!(
+        "\nAcknowledged writes: {acked}, lost: {lost}. Hand-overs the coordinator counted as succeeded: {succeeded} of {runs}.\n"
+    );
+}
+
+/// What one crash of a primary's Valkey looked like, its agent alive.
+struct Crash {
+    /// From the SIGKILL to the shard's replica accepting a `SET`.
+    writable: Duration,
+    /// ... and carrying `valkey.io/role=primary`.
+    labelled: Duration,
+    acked: usize,
+    lost: usize,
+}
+
+/// `runs` crashes, shards in turn: SIGKILL of the primary's Valkey container (the kubelet
+/// restarts it; it rejoins as a replica), Valkey Cluster fails over by itself after the node
+/// timeout, the agents relabel.
+async fn crashes(stage: &Stage, runs: usize) -> Result<Vec<Crash>> {
+    let mut out = Vec::new();
+    for i in 0..runs {
+        let c = crash(stage, i % 3).await?;
+        eprintln!(
+            "crash {}/{runs}: writable {:?}, labelled {:?}, {} lost",
+            i + 1,
+            c.writable,
+            c.labelled,
+            c.lost
+        );
+        out.push(c);
+    }
+    Ok(out)
+}
+
+async fn crash(stage: &Stage, shard: usize) -> Result<Crash> {
+    let (primary, replica) = stage.primary_and_replica(shard)?;
+    let (paddr, raddr) = (stage.valkey(&primary)?, stage.valkey(&replica)?);
+    let writer = Writer::start(vec![paddr, raddr], tag_for(paddr)?);
+    let probe = format!("{{{}}}:probe", writer.tag);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let at = Instant::now();
+    stage
+        .kubelet
+        .crash_container(&stage.namespace, &primary, "valkey")?;
+    let writable = poll_until(
+        "the replica takes writes",
+        Duration::from_secs(30),
+        Duration::from_millis(5),
+        || async { Ok(cmd(raddr, &["SET", &probe, "1"]).is_ok()) },
+    )
+    .await
+    .map(|_| at.elapsed())?;
+    let labelled = poll_until(
+        "the replica is labelled primary",
+        Duration::from_secs(30),
+        Duration::from_millis(5),
+        || async {
+            Ok(stage
+                .labels(&replica)
+                .await?
+                .get(ROLE_LABEL)
+                .map(String::as_str)
+                == Some("primary"))
+        },
+    )
+    .await
+    .map(|_| at.elapsed())?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let tag = writer.tag.clone();
+    let written = writer.stop()?;
+    let missing = lost(raddr, &tag, &written.acked)?;
+    rejoined(stage, &primary).await?;
+    Ok(Crash {
+        writable,
+        labelled,
+        acked: written.acked.len(),
+        lost: missing,
+    })
+}
+
+/// The crashed pod is Ready again and labelled a replica: the next run finds a whole shard.
+async fn rejoined(stage: &Stage, pod: &str) -> Result<()> {
+    let ready = Duration::from_secs(60);
+    stage
+        .kubelet
+        .wait_ready(&stage.namespace, pod, ready)
+        .await?;
+    poll_until(
+        "the crashed pod is labelled replica",
+        ready,
+        Duration::from_millis(50),
+        || async {
+            Ok(stage.labels(pod).await?.get(ROLE_LABEL).map(String::as_str) == Some("replica"))
+        },
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    Ok(())
+}
+
+fn print_crashes(ours: &[Crash], alone: &[crate::alone::Stopped]) {
+    let runs = ours.len();
+    println!(
+        "### Cluster mode, unplanned: a primary's Valkey crashes, with the agents and on its own\n"
+    );
+    println!(
+        "Command: `BENCH_HANDOVERS={runs} target/release/bench handover`. With the agents: the stage above, SIGKILL of the primary's Valkey container (its agent lives; the kubelet restarts Valkey, which rejoins as a replica), shards in turn, a writer on the shard; *writable*: the shard's replica accepts a `SET` (offered every 5 ms), *labelled*: it also carries `{ROLE_LABEL}=primary`. Valkey alone: the loopback cluster of the next section, SIGKILL of a primary. `cluster-node-timeout` {NODE_TIMEOUT_MS} ms in both: Valkey Cluster elects the replica itself, the agent never forces a failover (`CLUSTER FAILOVER FORCE`/`TAKEOVER` could lose acknowledged writes), so it only adds the label. With at most 50 runs p99 is the maximum.\n"
+    );
+    println!("| measure | runs | p50 ms | p99 ms | max ms |");
+    println!("|---|---|---|---|---|");
+    let writable = sorted(ours.iter().map(|c| c.writable).collect());
+    let labelled = sorted(ours.iter().map(|c| c.labelled).collect());
+    let theirs = sorted(alone.iter().map(|s| s.writable).collect());
+    println!(
+        "{}",
+        row("with the agents: kill -9 → replica writable", &writable)
+    );
+    println!(
+        "{}",
+        row(
+            "with the agents: kill -9 → writable and labelled",
+            &labelled
+        )
+    );
+    println!(
+        "{}",
+        row("Valkey alone: kill -9 → replica writable", &theirs)
+    );
+    let acked: usize = ours.iter().map(|c| c.acked).sum();
+    let lost: usize = ours.iter().map(|c| c.lost).sum();
+    let r = |p: f64| crate::report::ratio(percentile(&theirs, p), percentile(&labelled, p));
+    println!(
+        "\nWith the agents: {acked} acknowledged writes, {lost} lost. Ratio (Valkey alone to writable ÷ the agents' to writable and labelled; above 1 the agent is faster): p50 {}, p99 {}.\n",
+        r(0.5),
+        r(0.99)
+    );
+    println!(
+        "Where the agent does not win: an unplanned failover in cluster mode is Valkey's own election, so the agent makes it no faster (a ratio near 1); what it adds is the label — Services and PDBs selecting `{ROLE_LABEL}=primary` follow within the difference between the two rows — and a planned hand-over that does not wait for the node timeout at all (above).\n"
+    );
+}
+
+fn plot(moves: &[Handover], crashes: &[Crash], alone: &crate::alone::Baselines) -> Result<String> {
+    use crate::plot::Bar;
+    let bar = |label: &str, v: Vec<Duration>| {
+        let v = sorted(v);
+        Bar::new(label, percentile(&v, 0.5), percentile(&v, 0.99))
+    };
+    let pause = |s: &[crate::alone::Stopped]| s.iter().map(|s| s.moved.pause).collect();
+    let bars = [
+        bar(
+            "agent hand-over (cordon): write pause",
+            moves.iter().map(|m| m.pause).collect(),
+        ),
+        bar(
+            "Valkey shutdown-on-sigterm failover: pause",
+            pause(&alone.failover),
+        ),
+        bar(
+            "plain pod kill (SIGTERM), no sidecar: pause",
+            pause(&alone.plain),
+        ),
+        bar(
+            "crash, agents: writable + labelled",
+            crashes.iter().map(|c| c.labelled).collect(),
+        ),
+        bar(
+            "crash, Valkey alone: writable",
+            alone.crash.iter().map(|s| s.writable).collect(),
+        ),
+    ];
+    crate::plot::bars(
+        "cluster",
+        "Cluster mode: planned and unplanned moves",
+        "ms",
+        &bars,
+    )
+}
+
+/// One hand-over of `shard`'s primary by cordoning its node.
+async fn handover(stage: &Stage, shard: usize) -> Result<Handover> {
+    let (primary, replica) = stage.primary_and_replica(shard)?;
+    let (paddr, raddr) = (stage.valkey(&primary)?, stage.valkey(&replica)?);
+    let before = handovers_ok(stage).await?;
+    let writer = Writer::start(vec![paddr, raddr], tag_for(paddr)?);
+    let tag = writer.tag.clone();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let node = stage.node_of(&primary).await?;
+    let cordoned = Instant::now();
+    cordon(stage, &node, true).await?;
+    poll_until(
+        "the old primary is demoted",
+        Duration::from_secs(20),
+        Duration::from_millis(5),
+        || async { Ok(stage.role(&primary).as_deref() == Some("slave")) },
+    )
+    .await?;
+    let demoted = cordoned.elapsed();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let written = writer.stop()?;
+    let missing = lost(raddr, &tag, &written.acked)?;
+    cordon(stage, &node, false).await?;
+    let succeeded = settle(stage, &primary, before).await?;
+    Ok(Handover {
+        pause: written.longest_pause,
+        demoted,
+        acked: written.acked.len(),
+        lost: missing,
+        succeeded,
+    })
+}
+
+/// Successful hand-overs as the agents count them (only a leader counts; the sum survives a
+/// change of leader).
+async fn handovers_ok(stage: &Stage) -> Result<u64> {
+    const OK: &str = "valkey_sidecar_coordinator_actions_total{kind=\"Handover\",result=\"ok\"}";
+    let mut n = 0;
+    for p in &stage.pods {
+        n += stage.agent_counter(p, OK).await?;
+    }
+    Ok(n)
+}
+
+/// Waits until the coordinator counts one more successful hand-over than `before` (so the next run
+/// does not meet this one's move) and the old primary's pod is Ready again (a synced replica, a
+/// candidate for the next hand-over of its shard); whether the count went up.
+async fn settle(stage: &Stage, old_primary: &str, before: u64) -> Result<bool> {
+    let counted = poll_until(
+        "the coordinator counts the hand-over",
+        Duration::from_secs(15),
+        Duration::from_millis(100),
+        || async { Ok(handovers_ok(stage).await? > before) },
+    )
+    .await
+    .is_ok();
+    stage
+        .kubelet
+        .wait_ready(&stage.namespace, old_primary, Duration::from_secs(30))
+        .await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    Ok(counted)
+}
