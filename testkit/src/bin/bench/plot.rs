@@ -64,6 +64,9 @@ fn plot_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
 /// Horizontal bars on a log scale: each bar is the p50, its whisker reaches the p99. A log axis
 /// because the alternatives differ by orders of magnitude (28 ms against 30 s).
 pub fn bars(name: &str, title: &str, unit: &str, bars: &[Bar]) -> Result<String> {
+    if bars.is_empty() {
+        return Ok(String::new());
+    }
     let (path, md) = target(name, title)?;
     draw_bars(&path, title, unit, bars)?;
     Ok(md)

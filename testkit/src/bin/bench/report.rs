@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use crate::plot::Bar;
+
 use valkey_sidecar_testkit::sentinel::{SentinelOptions, UnplannedFailover};
 
 use crate::failover::{Move, Run};
@@ -147,6 +149,23 @@ pub fn failover(
         }
     }
     println!("\n{WHERE_WE_LOSE}\n");
+    let bars: Vec<Bar> = lines
+        .iter()
+        .map(|l| {
+            let (p50, p99) = l.done();
+            Bar::new(l.who.replace('`', ""), p50, p99)
+        })
+        .collect();
+    let title = "Replication mode, unplanned: fault → new primary writable (agent: and labelled)";
+    show_plot(crate::plot::bars("failover", title, "ms", &bars));
+}
+
+/// Prints a plot's Markdown, or why it is missing: a plot failing must not lose the run's numbers.
+fn show_plot(plot: anyhow::Result<String>) {
+    match plot {
+        Ok(md) => println!("{md}"),
+        Err(e) => println!("(plot not drawn: {e:#})\n"),
+    }
 }
 
 /// Said with every failover report: the ratio table shows it, the reason belongs beside it.
@@ -188,6 +207,12 @@ pub fn switchover(ours: &[Move], theirs: &[Move]) {
         ratio(f.0, a.0),
         ratio(f.1, a.1)
     );
+    let bars = [
+        Bar::new("agent switchover (node cordoned)", a.0, a.1),
+        Bar::new("FAILOVER TO (Valkey)", f.0, f.1),
+    ];
+    let title = "Replication mode, planned: longest write pause";
+    show_plot(crate::plot::bars("switchover", title, "ms", &bars));
 }
 
 /// The Sentinel baseline in detail: each configuration's runs, and its second failovers.
