@@ -178,7 +178,7 @@ fn relink_replicas(cluster: &ValkeyCluster) -> Result<()> {
 }
 
 /// The member of `members` that is primary now (the roles swap from run to run).
-fn current_primary(members: &[ValkeyServer]) -> Result<&ValkeyServer> {
+pub fn current_primary(members: &[ValkeyServer]) -> Result<&ValkeyServer> {
     for n in members {
         if n.is_primary()? {
             return Ok(n);
@@ -188,7 +188,7 @@ fn current_primary(members: &[ValkeyServer]) -> Result<&ValkeyServer> {
 }
 
 /// Lets the writer go on against `new` for a moment, stops it, reads its keys back from `new`.
-fn finish(writer: Writer, new: &ValkeyServer) -> Result<Move> {
+pub fn finish(writer: Writer, new: &ValkeyServer) -> Result<Move> {
     std::thread::sleep(AFTER);
     let tag = writer.tag.clone();
     let written = writer.stop()?;

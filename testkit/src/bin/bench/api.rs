@@ -199,3 +199,31 @@ fn cross_check(windows: &[(&str, &Usage, &Totals)], agents: &[String]) {
 fn all_requests(usage: &Usage) -> u64 {
     usage.by_client.values().flat_map(|c| c.values()).sum()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_totals_sum_over_the_other_labels_under_the_audit_logs_verbs() {
+        let text = r#"# HELP apiserver_request_total Counter of apiserver requests
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="coordination.k8s.io",resource="leases",scope="resource",subresource="",verb="PUT",version="v1"} 30
+apiserver_request_total{code="409",component="apiserver",dry_run="",group="coordination.k8s.io",resource="leases",scope="resource",subresource="",verb="PUT",version="v1"} 2
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="pods",scope="resource",subresource="",verb="APPLY",version="v1"} 4
+apiserver_request_duration_seconds_count{resource="pods",verb="GET"} 99
+"#;
+        let totals = parse_totals(text);
+        let get = |v: &str, r: &str| totals.get(&(v.to_owned(), r.to_owned())).copied();
+        assert_eq!(get("update", "leases"), Some(32.0));
+        assert_eq!(get("patch", "pods"), Some(4.0));
+        assert_eq!(totals.len(), 2, "other metrics are not counted: {totals:?}");
+    }
+
+    #[test]
+    fn a_window_keeps_only_what_grew() {
+        let key = |v: &str| (v.to_owned(), "leases".to_owned());
+        let before = Totals::from([(key("get"), 10.0), (key("update"), 5.0)]);
+        let after = Totals::from([(key("get"), 25.0), (key("update"), 5.0)]);
+        assert_eq!(since(&after, &before), Totals::from([(key("get"), 15.0)]));
+    }
+}

@@ -6,6 +6,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
+
+use crate::report::percentile;
 use valkey_sidecar_testkit::faults::{self, Outcome, show};
 
 /// The test binaries with chaos scenarios, in the order the command runs them.
@@ -123,18 +125,17 @@ pub struct Runs<'a> {
 pub fn record_runs(bench: &str, r: Runs<'_>) {
     let mut v = r.recovery;
     v.sort();
-    let (p50, p99) = (
-        crate::report::percentile(&v, 0.5),
-        crate::report::percentile(&v, 0.99),
-    );
-    let mut o = Outcome::new(&format!("bench {bench}"), r.scenario)
-        .recovery(p50)
-        .note(format!(
+    let mut o = Outcome::new(&format!("bench {bench}"), r.scenario).note(r.what);
+    if !v.is_empty() {
+        let (p50, p99) = (percentile(&v, 0.5), percentile(&v, 0.99));
+        let note = format!(
             "recovery: {}; median of {} runs, p99 {}",
             r.what,
             v.len(),
             show(p99)
-        ));
+        );
+        o = o.recovery(p50).note(note);
+    }
     o.acked = r.acked;
     o.lost = Some(r.lost);
     faults::record(&o);

@@ -30,6 +30,7 @@ mod labels;
 mod planner;
 mod plot;
 mod report;
+mod restart;
 
 fn main() -> Result<()> {
     let what = std::env::args().nth(1).unwrap_or_else(|| "all".into());
@@ -42,6 +43,9 @@ fn main() -> Result<()> {
             .nth(2)
             .context("usage: bench faults <log>")?;
         return faults::run(Path::new(&log));
+    }
+    if what == "restart" {
+        return restart::run(env_count("BENCH_RESTARTS", 10));
     }
     if what == "planner" {
         return planner::run();

@@ -174,7 +174,8 @@ the shard's Lease, and the agent promotes only after the record has stood unchan
 guarantee that the old primary fenced itself first, whatever the partition. Sentinel at `down-after-milliseconds 1000` \
 does not wait for that and is faster there (ratio below 1), at the price the table shows: acknowledged writes lost in the \
 runs where its sentinels failed over twice. A shorter lease buys speed against apiserver load (one renewal per retry \
-period per shard).";
+period per shard). Every loss, the agent's included, is in the table's last column: an agent row that lost writes is a \
+finding to explain, not noise.";
 
 /// The planned-switchover comparison: the agents' switchover against `FAILOVER TO`.
 pub fn switchover(ours: &[Move], theirs: &[Move]) {
