@@ -95,13 +95,27 @@ async fn wait_roles(stage: &ChartStage, primaries: usize, replicas: usize) -> Ve
             && with_role(&pods, "replica").len() == replicas
             && pods
                 .iter()
-                .all(|p| pod_is_ready(p) && p.metadata.deletion_timestamp.is_none()))
+                .all(|p| pod_is_ready(p) && p.metadata.deletion_timestamp.is_none())
+            && one_shard_id_per_shard(&pods))
     })
     .await;
     if let Err(e) = waited {
         panic!("{e:#}\n{}", stage.describe().await);
     }
     stage.pods().await.unwrap()
+}
+
+/// Every shard's pods carry the same `valkey.io/shard-id` (or none). A replica just made one by
+/// `CLUSTER REPLICATE` can report its role before its new shard id, so its labels settle on the
+/// agent's next tick: formation is labelled when the shard ids agree too.
+fn one_shard_id_per_shard(pods: &[Pod]) -> bool {
+    shards(pods).values().all(|members| {
+        let ids: BTreeSet<Option<&str>> = members
+            .iter()
+            .map(|p| label(p, "valkey.io/shard-id"))
+            .collect();
+        ids.len() == 1
+    })
 }
 
 /// Polls `probe` until it gives a value; on timeout the namespace's events and the pods are

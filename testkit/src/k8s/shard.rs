@@ -143,14 +143,23 @@ pub async fn steady(s: &Stage) -> Option<String> {
     (linked && role_label(s, &primary).await.as_deref() == Some("primary")).then_some(primary)
 }
 
-/// Waits for [`steady`]; returns the primary.
+/// Waits for [`steady`]; returns the primary it saw. The primary comes from the steady look
+/// itself: asking again a moment later can meet a transient (right after an apiserver outage a
+/// replica's link or a label still catching up) and fail a test whose shard was steady.
 pub async fn wait_steady(s: &Stage, timeout: Duration) -> Result<String> {
+    let seen = std::sync::Mutex::new(None);
     poll_until(
         "a steady shard",
         timeout,
         Duration::from_millis(50),
-        || async { Ok(steady(s).await.is_some()) },
+        || async {
+            let primary = steady(s).await;
+            let found = primary.is_some();
+            *crate::net::lock(&seen) = primary;
+            Ok(found)
+        },
     )
     .await?;
-    steady(s).await.context("the shard is no longer steady")
+    let primary = crate::net::lock(&seen).take();
+    primary.context("a steady shard was seen but not kept")
 }

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use valkey_sidecar_testkit::k8s::valkey::cmd;
@@ -35,8 +36,6 @@ fn poller(api: Api<Pod>, pods: Vec<(String, SocketAddr)>) -> tokio::task::JoinHa
         }
     })
 }
-
-use k8s_openapi::api::core::v1::Pod;
 
 async fn poll_one(
     api: &Api<Pod>,

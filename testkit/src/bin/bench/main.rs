@@ -1,15 +1,19 @@
-//! Benchmarks of the agent against real Valkey; prints Markdown for `docs/benchmarks.md`.
+//! Benchmarks of the agent against real Valkey; prints Markdown for `docs/benchmarks.md` and
+//! writes its plots (`$BENCH_PLOTS_DIR`, default `docs/plots`).
 //!
-//! `bench [probes|footprint|labels|api|handover|failover|switchover|sentinel|planner|all]` — run through `scripts/bench.sh`,
-//! which builds the release binary and regenerates the report. Needs `VALKEY_SIDECAR_BIN` (the
-//! agent; not for `sentinel`) and a valkey-server (see `scripts/valkey-bin.sh`); `labels`, `api`
-//! and `handover` also need the Kubernetes binaries and helm (`scripts/k8s-bins.sh`,
-//! `scripts/helm-bin.sh`).
+//! `bench [probes|footprint|labels|api|handover|restart|failover|switchover|sentinel|planner|all]`
+//! and `bench faults <log>` — run through `scripts/bench.sh`, which builds the release binary,
+//! runs every section and the chaos tests, and regenerates the report. Needs
+//! `VALKEY_SIDECAR_BIN` (the agent; not for `sentinel`, `planner`, `restart` or `faults`) and a
+//! valkey-server (see `scripts/valkey-bin.sh`); `labels`, `api`, `handover`, `failover` and
+//! `switchover` also need the Kubernetes binaries and helm (`scripts/k8s-bins.sh`,
+//! `scripts/helm-bin.sh`). With `VALKEY_TESTKIT_FAULT_LOG` set, each configuration's runs are
+//! also logged as rows of the fault table.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
@@ -32,8 +36,27 @@ mod plot;
 mod report;
 mod restart;
 
+/// The sections `bench` knows (`faults` takes a log path too).
+const SECTIONS: [&str; 12] = [
+    "probes",
+    "footprint",
+    "labels",
+    "api",
+    "handover",
+    "restart",
+    "failover",
+    "switchover",
+    "sentinel",
+    "planner",
+    "faults",
+    "all",
+];
+
 fn main() -> Result<()> {
     let what = std::env::args().nth(1).unwrap_or_else(|| "all".into());
+    if !SECTIONS.contains(&what.as_str()) {
+        bail!("unknown section {what:?}: one of {}", SECTIONS.join(", "));
+    }
     if what == "sentinel" {
         // The baseline runs no agent, so it needs no VALKEY_SIDECAR_BIN.
         return sentinel_baseline();
@@ -77,6 +100,7 @@ fn main() -> Result<()> {
         runtime()?.block_on(switchovers(&bin, env_count("BENCH_SWITCHOVERS", 20)))?;
     }
     if all {
+        restart::run(env_count("BENCH_RESTARTS", 10))?;
         planner::run()?;
     }
     Ok(())
