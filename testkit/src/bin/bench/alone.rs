@@ -22,7 +22,7 @@ use valkey_sidecar_testkit::{
 };
 
 use crate::failover::Move;
-use crate::report::{duration_row, percentile};
+use crate::report::{duration_row, p50_p99, ratio};
 
 const SHARDS: usize = 3;
 /// One replica per shard, as the sidecar's stage has (3 shards × 2 members).
@@ -285,24 +285,6 @@ fn rand_tag() -> u128 {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
-}
-
-/// `them / us`, as "12.3×" (above 1 the agent is faster).
-fn ratio(them: Duration, us: Duration) -> String {
-    if us.is_zero() || them.is_zero() {
-        return "–".into();
-    }
-    format!("{:.1}×", them.as_secs_f64() / us.as_secs_f64())
-}
-
-fn sorted(mut v: Vec<Duration>) -> Vec<Duration> {
-    v.sort();
-    v
-}
-
-fn p50_p99(v: Vec<Duration>) -> (Duration, Duration) {
-    let v = sorted(v);
-    (percentile(&v, 0.5), percentile(&v, 0.99))
 }
 
 /// One baseline row: who, its runs, what the ratio compares.

@@ -9,7 +9,7 @@ use valkey_sidecar_testkit::k8s::valkey::cmd;
 use valkey_sidecar_testkit::k8s::writer::{Writer, lost, tag_for};
 use valkey_sidecar_testkit::k8s::{ROLE_LABEL, Stage, poll_until};
 
-use crate::report::percentile;
+use crate::report::{percentile, sorted, summary_row as row};
 use crate::{coordinated_stage, cordon};
 
 /// What one hand-over looked like.
@@ -105,22 +105,6 @@ async fn handovers(stage: &Stage, runs: usize) -> Result<Vec<Handover>> {
         results.push(r);
     }
     Ok(results)
-}
-
-fn sorted(mut v: Vec<Duration>) -> Vec<Duration> {
-    v.sort();
-    v
-}
-
-fn row(label: &str, v: &[Duration]) -> String {
-    let ms = |d: Duration| format!("{:.0}", d.as_secs_f64() * 1000.0);
-    format!(
-        "| {label} | {} | {} | {} | {} |",
-        v.len(),
-        ms(percentile(v, 0.5)),
-        ms(percentile(v, 0.99)),
-        ms(*v.last().unwrap_or(&Duration::ZERO))
-    )
 }
 
 fn print_handovers(results: &[Handover], leader: &str) {

@@ -14,7 +14,7 @@ use valkey_sidecar_testkit::k8s::valkey::cmd;
 use valkey_sidecar_testkit::k8s::{ROLE_LABEL, RoleWatch, Stage, StageOptions};
 
 use crate::plot::Bar;
-use crate::report::{percentile, ratio};
+use crate::report::{p50_p99, ratio, summary_row};
 
 /// The label the baseline poller writes, beside the agent's own.
 const POLLED_LABEL: &str = "bench.valkey.io/polled-role";
@@ -159,25 +159,6 @@ async fn writes(stage: &Stage, a: &str, b: &str) -> Result<u64> {
     Ok(stage.agent_counter(a, WRITES).await? + stage.agent_counter(b, WRITES).await?)
 }
 
-fn p50_p99(v: &[Duration]) -> (Duration, Duration) {
-    let mut v = v.to_vec();
-    v.sort();
-    (percentile(&v, 0.5), percentile(&v, 0.99))
-}
-
-fn row(label: &str, v: &[Duration]) -> String {
-    let ms = |d: Duration| format!("{:.0}", d.as_secs_f64() * 1000.0);
-    let (p50, p99) = p50_p99(v);
-    let max = v.iter().max().copied().unwrap_or_default();
-    format!(
-        "| {label} | {} | {} | {} | {} |",
-        v.len(),
-        ms(p50),
-        ms(p99),
-        ms(max)
-    )
-}
-
 const ROWS: [&str; 4] = [
     "agent: promoted (label → primary)",
     "agent: demoted (label → replica)",
@@ -196,7 +177,7 @@ fn report(stage: &Stage, f: &Flips, flips: usize) -> Result<()> {
     println!("|---|---|---|---|---|");
     let series = [&f.up, &f.down, &f.polled_up, &f.polled_down];
     for (label, v) in ROWS.iter().zip(series) {
-        println!("{}", row(label, v));
+        println!("{}", summary_row(label, v));
     }
     ratios(f);
     println!("{}", plot(f)?);
@@ -212,7 +193,7 @@ fn ratios(f: &Flips) {
         ("promoted", &f.up, &f.polled_up),
         ("demoted", &f.down, &f.polled_down),
     ] {
-        let (a, b) = (p50_p99(ours), p50_p99(theirs));
+        let (a, b) = (p50_p99(ours.to_vec()), p50_p99(theirs.to_vec()));
         println!("| {pod} | {} | {} |", ratio(b.0, a.0), ratio(b.1, a.1));
     }
     println!();
@@ -224,7 +205,7 @@ fn plot(f: &Flips) -> Result<String> {
         .iter()
         .zip(series)
         .map(|(label, v)| {
-            let (p50, p99) = p50_p99(v);
+            let (p50, p99) = p50_p99(v.to_vec());
             Bar::new(*label, p50, p99)
         })
         .collect();

@@ -14,13 +14,13 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-fn sorted(mut v: Vec<Duration>) -> Vec<Duration> {
+pub fn sorted(mut v: Vec<Duration>) -> Vec<Duration> {
     v.sort();
     v
 }
 
 /// p50 and p99 of `v`, sorted.
-fn p50_p99(v: Vec<Duration>) -> (Duration, Duration) {
+pub fn p50_p99(v: Vec<Duration>) -> (Duration, Duration) {
     let v = sorted(v);
     (percentile(&v, 0.5), percentile(&v, 0.99))
 }
@@ -257,6 +257,21 @@ pub fn sentinel(measured: &[(SentinelOptions, Vec<UnplannedFailover>)]) {
             results.len()
         );
     }
+}
+
+/// `| label | runs | p50 | p99 | max |` in whole milliseconds.
+pub fn summary_row(label: &str, v: &[Duration]) -> String {
+    let v = sorted(v.to_vec());
+    let ms = |d: Duration| format!("{:.0}", d.as_secs_f64() * 1000.0);
+    let max = v.last().copied().unwrap_or_default();
+    let (p50, p99) = (percentile(&v, 0.5), percentile(&v, 0.99));
+    format!(
+        "| {label} | {} | {} | {} | {} |",
+        v.len(),
+        ms(p50),
+        ms(p99),
+        ms(max)
+    )
 }
 
 pub fn duration_row(config: &str, measure: &str, mut v: Vec<Duration>) -> String {
