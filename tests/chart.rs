@@ -535,7 +535,7 @@ fn check_budgets(name: &str, objects: &[Value]) {
             assert!(b["spec"]["maxUnavailable"].is_null(), "{name}: {b}");
             assert!(b["spec"]["minAvailable"].is_i64(), "{name}: {b}");
         }
-        assert_eq!(b["spec"]["unhealthyPodEvictionPolicy"], "AlwaysAllow");
+        assert_eq!(b["spec"]["unhealthyPodEvictionPolicy"], "IfHealthyBudget");
     }
     for sts in of_kind(objects, "StatefulSet") {
         let base: BTreeMap<String, String> =
