@@ -20,6 +20,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Api;
 use kube::api::{DeleteParams, EvictParams, PostParams};
 use serde_json::json;
+use valkey_sidecar_testkit::faults::{self, Outcome, show};
 use valkey_sidecar_testkit::k8s::chart::{
     ChartStage, ChartStageOptions, cmd, label, node_of, role, shards, text,
 };
@@ -339,6 +340,11 @@ async fn replication_1x2_installs_with_one_labelled_primary_behind_the_client_se
     let took = delete_primary(&stage, &primary).await;
     assert!(took < 10 * SECOND, "{took:?}");
     let pods = wait_roles(&stage, 1, 2).await;
+    faults::record(
+        &Outcome::new(module_path!(), "primary pod deleted (chart, replication 1×2)")
+            .recovery(took)
+            .note("recovery: delete → the preStop wait on Valkey answered (the primary handed over); no writer"),
+    );
     tokio::time::sleep(2 * SECOND).await;
     let moved = moves(&stage).await;
     println!("moves:\n{moved}");
@@ -407,6 +413,14 @@ async fn replication_1x2_installs_with_one_labelled_primary_behind_the_client_se
     println!(
         "Valkey of {killed_pod} killed: {} labelled primary after {took:?}, the killed one back as a replica",
         name(promoted)
+    );
+    faults::record(
+        &Outcome::new(module_path!(), "primary's Valkey killed (chart, replication 1×2)")
+            .recovery(took)
+            .note(format!(
+                "recovery: kill → another pod labelled primary; the killed one back as a replica and the client Service on the new primary {} after the kill; no writer",
+                show(killed.elapsed())
+            )),
     );
     check_acl_log(&stage, PASSWORD).await;
     println!("done after {:?}\n{}", t0.elapsed(), stage.describe().await);

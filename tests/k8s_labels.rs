@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
+use valkey_sidecar_testkit::faults::{self, Outcome, show};
 use valkey_sidecar_testkit::k8s::valkey::{ValkeyPodTemplate, cmd};
 use valkey_sidecar_testkit::k8s::{
     ControlPlaneOptions, ROLE_LABEL as ROLE, RoleWatch, Stage, StageOptions, poll_until,
@@ -185,6 +186,16 @@ async fn a_killed_primary_loses_its_label_and_the_promoted_replica_gains_it() {
         unlabelled.duration_since(killed)
     );
     assert!(promoted.saturating_duration_since(valkey_promoted) < 2 * SECOND);
+    faults::record(
+        &Outcome::new(module_path!(), "primary's Valkey killed (cluster mode, labels)")
+            .recovery(promoted.duration_since(killed))
+            .note(format!(
+                "recovery: kill → the promoted replica labelled primary; Valkey Cluster promoted it after {} (node timeout 2 s), the label {} later; the killed pod's role label removed after {}; no writer",
+                show(valkey_promoted.duration_since(killed)),
+                show(promoted.saturating_duration_since(valkey_promoted)),
+                show(unlabelled.duration_since(killed))
+            )),
+    );
     // Valkey restarts (kubelet back-off), rejoins as a replica, and the label says so.
     let rejoined = seen
         .wait(&primary, Some("replica"), unlabelled, 30 * SECOND)

@@ -6,7 +6,8 @@
 //! - cluster, a plain pod kill: SIGTERM with the default `shutdown-on-sigterm`, so the replica
 //!   waits out `cluster-node-timeout` and elects itself;
 //! - cluster, a crash: SIGKILL;
-//! - replication mode: `shutdown-on-sigterm failover` and SIGTERM on a primary + 2 replicas.
+//! - replication mode: SIGTERM on a primary + 2 replicas, with `shutdown-on-sigterm failover` and
+//!   without (a plain pod kill).
 //!
 //! Each cluster run puts a writer on one shard (shards in turn), stops its primary, reads every
 //! acknowledged key back from the replica that took over, restarts the stopped node (it keeps
@@ -62,8 +63,10 @@ pub struct Stopped {
 /// What Valkey logs when `shutdown-on-sigterm failover` found a caught-up replica to hand to.
 const HANDED_OVER: &str = "Perform auto failover to replica";
 
-/// Replication mode: `shutdown-on-sigterm failover` and SIGTERM on the primary of 1 + 2.
+/// Replication mode: a stop of the primary of 1 + 2.
 pub struct Standalone {
+    /// `SigtermFailover` or a plain `Sigterm` (a pod kill with no sidecar).
+    pub how: Stop,
     /// From the signal to a replica accepting a `SET`; `None`: none did within `wait`.
     pub writable: Option<Duration>,
     pub wait: Duration,
@@ -79,18 +82,22 @@ pub struct Baselines {
     pub failover: Vec<Stopped>,
     pub plain: Vec<Stopped>,
     pub crash: Vec<Stopped>,
-    pub replication: Standalone,
+    pub replication: Vec<Standalone>,
 }
 
 /// All baselines: `runs` of each cluster move (`cluster-node-timeout` `node_timeout_ms`), and the
-/// replication-mode SIGTERM once, waiting up to `wait` for a writable replica.
+/// replication-mode SIGTERM once with `shutdown-on-sigterm failover` and once without, waiting up
+/// to `wait` for a writable replica.
 pub fn measure(runs: usize, node_timeout_ms: u64, wait: Duration) -> Result<Baselines> {
     Ok(Baselines {
         node_timeout_ms,
         failover: cluster_sigterm_failover_runs(runs, node_timeout_ms)?,
         plain: cluster_plain_kill_runs(runs, node_timeout_ms)?,
         crash: cluster_unplanned_kill_runs(runs, node_timeout_ms)?,
-        replication: replication_sigterm_failover(wait)?,
+        replication: vec![
+            replication_stop(Stop::SigtermFailover, wait)?,
+            replication_stop(Stop::Sigterm, wait)?,
+        ],
     })
 }
 
@@ -248,26 +255,27 @@ fn first_writable<'a>(
     None
 }
 
-/// Replication mode (no cluster), once: a primary + 2 replicas, `shutdown-on-sigterm failover`,
-/// SIGTERM the primary under a writer; does a replica take writes within `wait`?
-pub fn replication_sigterm_failover(wait: Duration) -> Result<Standalone> {
+/// Replication mode (no cluster), once: a primary + 2 replicas, the primary stopped `how`
+/// (SIGTERM, with `shutdown-on-sigterm failover` or without) under a writer; does a replica take
+/// writes within `wait`?
+pub fn replication_stop(how: Stop, wait: Duration) -> Result<Standalone> {
     let set = ReplicationSet::start(2, ServerOptions::default())?;
     let addrs = set.nodes().iter().map(|n| n.addr()).collect();
     let writer = Writer::start(addrs, format!("alone{}", rand_tag()));
     std::thread::sleep(AROUND);
     let replicas: Vec<&ValkeyServer> = set.replicas().iter().collect();
-    let how = Stop::SigtermFailover;
     let (exited, took) = stop_and_poll(set.primary(), &replicas, &writer.tag, how, wait)?;
     // Replicas serve reads, so the keys can be counted even where none took writes.
     let reader = took.map_or(replicas.first().copied(), |(n, _)| Some(n));
     let moved = finish(writer, reader.context("no replica")?)?;
     eprintln!(
-        "alone replication SIGTERM failover: writable {:?}, exited {exited:?}, {} acked, {} lost",
+        "alone replication {how:?}: writable {:?}, exited {exited:?}, {} acked, {} lost",
         took.map(|t| t.1),
         moved.acked,
         moved.lost
     );
     Ok(Standalone {
+        how,
         writable: took.map(|t| t.1),
         wait,
         exited,
@@ -343,7 +351,9 @@ pub fn report(b: &Baselines, ours: &[Duration], command: &str) {
     table(b, &lines, ours);
     handed_over(&b.failover);
     ratios(&lines, ours);
-    replication(&b.replication);
+    for r in &b.replication {
+        replication(r);
+    }
 }
 
 fn heading(b: &Baselines, command: &str) {
@@ -370,7 +380,7 @@ then falls back to the node timeout, as seen in a trial): every replica reconnec
 replicas too but does not fail over, so the replica waits out `cluster-node-timeout` and elects itself. *A crash*: \
 SIGKILL. The pause is the longest gap between two acknowledged writes; the agent's row is its hand-over (node cordoned, \
 `bench handover`), its writes acknowledged and lost are in that table. Replication mode: a primary + 2 replicas \
-(`ReplicationSet`), `shutdown-on-sigterm failover` and SIGTERM under the same writer, every replica offered a `SET` \
+(`ReplicationSet`), SIGTERM with `shutdown-on-sigterm failover` and, once more, without it (a plain pod kill) under the same writer, every replica offered a `SET` \
 every 5 ms.";
 
 fn table(b: &Baselines, lines: &[Line], ours: &[Duration]) {
@@ -385,15 +395,27 @@ fn table(b: &Baselines, lines: &[Line], ours: &[Duration]) {
     for l in lines.iter().filter(|l| !l.runs.is_empty()) {
         l.print();
     }
-    let r = &b.replication;
-    let writable = r.writable.map_or(
-        format!("no replica accepted a write within {} s", r.wait.as_secs()),
-        |w| format!("{:.0} ms", ms(w)),
-    );
-    println!(
-        "| replication mode (1 primary + 2 replicas), `shutdown-on-sigterm failover` + SIGTERM | signal → a replica accepts `SET` | 1 | {writable} | | | {} | {} |",
-        r.acked, r.lost
-    );
+    for r in &b.replication {
+        let writable = r.writable.map_or(
+            format!("no replica accepted a write within {} s", r.wait.as_secs()),
+            |w| format!("{:.0} ms", ms(w)),
+        );
+        println!(
+            "| replication mode (1 primary + 2 replicas), {} | signal → a replica accepts `SET` | 1 | {writable} | | | {} | {} |",
+            stop_name(r.how),
+            r.acked,
+            r.lost
+        );
+    }
+}
+
+/// How a replication-mode stop is named in the report.
+fn stop_name(how: Stop) -> &'static str {
+    match how {
+        Stop::SigtermFailover => "`shutdown-on-sigterm failover` + SIGTERM",
+        Stop::Sigterm => "plain pod kill (SIGTERM, no sidecar, no Sentinel)",
+        Stop::Sigkill => "SIGKILL (no sidecar, no Sentinel)",
+    }
 }
 
 /// How often `shutdown-on-sigterm failover` found a replica to hand to.
@@ -466,7 +488,8 @@ fn replication(r: &Standalone) {
         ),
     };
     println!(
-        "Replication mode: with `shutdown-on-sigterm failover` the primary exited {:.0} ms after SIGTERM and {took}; of {} acknowledged writes, {} were missing on the replica read back.\n",
+        "Replication mode, {}: the primary exited {:.0} ms after the signal and {took}; of {} acknowledged writes, {} were missing on the replica read back.\n",
+        stop_name(r.how),
         ms(r.exited),
         r.acked,
         r.lost

@@ -2,12 +2,16 @@
 //! pod) and, as a cross-check, from the apiserver's own `apiserver_request_total`.
 
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::time::{Duration, SystemTime};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
-use valkey_sidecar_testkit::k8s::Stage;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
 use valkey_sidecar_testkit::k8s::audit::{AuditLog, Usage, pod_identity};
+use valkey_sidecar_testkit::k8s::chart::{ChartStage, ChartStageOptions, label, node_of};
+use valkey_sidecar_testkit::k8s::valkey::SHARD_INDEX_LABEL;
+use valkey_sidecar_testkit::k8s::{ControlPlane, ROLE_LABEL, pod_is_ready, poll_until};
 
 use crate::{coordinated_stage, cordon, holder};
 
@@ -31,16 +35,16 @@ pub async fn run(bin: &Path) -> Result<()> {
     let log = stage.plane.audit_log().context("the audit log is off")?;
     // The agents' start-up requests (lists, label writes) are behind them.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let counted = request_totals(&stage).await?;
+    let counted = request_totals(&stage.plane).await?;
     let steady = usage_until(&log, SystemTime::now(), STEADY).await?;
-    let steady_metric = since(&request_totals(&stage).await?, &counted);
+    let steady_metric = since(&request_totals(&stage.plane).await?, &counted);
     let (primary, replica) = stage.primary_and_replica(1)?;
     let node = stage.node_of(&primary).await?;
-    let counted = request_totals(&stage).await?;
+    let counted = request_totals(&stage.plane).await?;
     let cordoned = SystemTime::now();
     cordon(&stage, &node, true).await?;
     let moving = usage_until(&log, cordoned, HANDOVER).await?;
-    let moving_metric = since(&request_totals(&stage).await?, &counted);
+    let moving_metric = since(&request_totals(&stage.plane).await?, &counted);
     cordon(&stage, &node, false).await?;
     if holder(&stage).await?.as_deref() != Some(leader.as_str()) {
         bail!("the Lease changed hands during the measurement");
@@ -92,23 +96,162 @@ pub async fn run(bin: &Path) -> Result<()> {
         .iter()
         .map(|p| pod_identity(&stage.namespace, p))
         .collect();
-    cross_check(
-        &[
-            ("steady state", &steady, &steady_metric),
-            ("hand-over", &moving, &moving_metric),
-        ],
-        &ids,
-    );
+    drop(stage);
+    let drain = drain(bin).await?;
+    let windows = [
+        ("steady state", &steady, &steady_metric, &ids),
+        ("hand-over", &moving, &moving_metric, &ids),
+        ("drain", &drain.usage, &drain.metric, &drain.agents),
+    ];
+    cross_check(&windows);
     Ok(())
+}
+
+/// What the drain window counted.
+struct Drained {
+    usage: Usage,
+    metric: Totals,
+    /// The agents' audit identities.
+    agents: Vec<String>,
+}
+
+/// A real `kubectl drain` of a primary's node in a chart install: the Eviction API and the
+/// disruption controller admit the eviction, the agent hands the primary over in its preStop
+/// wait, the StatefulSet recreates the pod and it syncs again. The window starts at the drain
+/// and lasts a minute, which the whole sequence fits in.
+async fn drain(bin: &Path) -> Result<Drained> {
+    const WINDOW: Duration = Duration::from_secs(60);
+    let stage = chart_stage(bin).await?;
+    let log = stage.plane.audit_log().context("the audit log is off")?;
+    settled(&stage).await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let pods = settled(&stage).await?;
+    let primary = pods
+        .iter()
+        .find(|p| label(p, ROLE_LABEL) == Some("primary"))
+        .context("no primary")?;
+    let (old, node) = (name(primary), node_of(primary).context("unscheduled")?);
+    let counted = request_totals(&stage.plane).await?;
+    let (from, t) = (SystemTime::now(), Instant::now());
+    let args = [
+        "drain",
+        node,
+        "--ignore-daemonsets",
+        "--delete-emptydir-data",
+    ];
+    stage
+        .plane
+        .kubectl(&[&args[..], &["--timeout=120s"]].concat())
+        .await?;
+    let drained = t.elapsed();
+    stage.plane.kubectl(&["uncordon", node]).await?;
+    let after = settled(&stage).await?;
+    let whole = t.elapsed();
+    if whole + Duration::from_secs(5) > WINDOW {
+        bail!("the drain took {whole:?}, longer than its window");
+    }
+    let usage = usage_until(&log, from, WINDOW).await?;
+    let metric = since(&request_totals(&stage.plane).await?, &counted);
+    let leader = chart_holder(&stage).await?.unwrap_or_default();
+    let agents = chart_agents(&stage, &after, &leader, &old, primary);
+    println!(
+        "#### During a `kubectl drain` ({} s window from the drain's start)\n",
+        WINDOW.as_secs()
+    );
+    println!(
+        "A chart install (`examples/cluster-3x1.yaml`: 3 shards × 1 replica, StatefulSets, per-shard budgets, kube-scheduler and kube-controller-manager running) on 6 nodes. `kubectl drain {node}` evicted the primary {old}: its agent handed the primary over in the preStop wait, the pod was deleted, its StatefulSet recreated it and it synced again. The drain returned after {:.1} s; all 6 pods were Ready, 3 of them primaries, {:.1} s after it began. The recreated pod keeps its name, so its row counts both of its lives.\n",
+        drained.as_secs_f64(),
+        whole.as_secs_f64()
+    );
+    println!("{}", usage.verb_table(&agents));
+    println!("By resource, requests in the window:\n");
+    println!("{}", usage.detail_table(&agents));
+    let agents = agents.into_iter().map(|(_, id)| id).collect();
+    Ok(Drained {
+        usage,
+        metric,
+        agents,
+    })
+}
+
+/// The chart install the drain window runs on, the apiserver keeping an audit log.
+async fn chart_stage(bin: &Path) -> Result<ChartStage> {
+    let example = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/cluster-3x1.yaml");
+    let mut opts = ChartStageOptions::example("drain", example, &["auth.enabled=false"], bin);
+    opts.plane.audit = true;
+    ChartStage::start(opts).await
+}
+
+/// Waits until the install's 6 pods are Ready, labelled, 3 of them primaries.
+async fn settled(stage: &ChartStage) -> Result<Vec<Pod>> {
+    poll_until(
+        "6 pods Ready, 3 primaries",
+        Duration::from_secs(180),
+        Duration::from_millis(200),
+        || async {
+            let pods = stage.pods().await?;
+            let ready = pods.len() == 6 && pods.iter().all(pod_is_ready);
+            let primaries = pods
+                .iter()
+                .filter(|p| label(p, ROLE_LABEL) == Some("primary"))
+                .count();
+            let labelled = pods.iter().all(|p| label(p, ROLE_LABEL).is_some());
+            Ok(ready && labelled && primaries == 3)
+        },
+    )
+    .await?;
+    stage.pods().await
+}
+
+fn name(p: &Pod) -> String {
+    p.metadata.name.clone().unwrap_or_default()
+}
+
+/// The holder of the chart install's coordinator Lease.
+async fn chart_holder(stage: &ChartStage) -> Result<Option<String>> {
+    let leases: kube::Api<Lease> = kube::Api::namespaced(stage.plane.client(), &stage.namespace);
+    let lease = leases
+        .get_opt(&format!("{}-coordinator", stage.cluster))
+        .await?;
+    Ok(lease.and_then(|l| l.spec?.holder_identity))
+}
+
+/// Each agent's row title (its part in the drain) and audit identity.
+fn chart_agents(
+    stage: &ChartStage,
+    pods: &[Pod],
+    leader: &str,
+    old: &str,
+    primary: &Pod,
+) -> Vec<(String, String)> {
+    let shard = |p: &Pod| label(p, SHARD_INDEX_LABEL).map(str::to_owned);
+    let new = pods
+        .iter()
+        .find(|p| shard(p) == shard(primary) && label(p, ROLE_LABEL) == Some("primary"))
+        .map(name);
+    pods.iter()
+        .map(|p| {
+            let pod = name(p);
+            let mut part = vec![if pod == leader { "leader" } else { "follower" }];
+            if pod == old {
+                part.push("evicted primary, recreated");
+            }
+            if Some(&pod) == new.as_ref() {
+                part.push("new primary");
+            }
+            let title = format!("{pod} ({})", part.join(", "));
+            (title, pod_identity(&stage.namespace, &pod))
+        })
+        .collect()
 }
 
 /// `(verb, resource)` → requests, with the audit log's lower-case verbs.
 type Totals = BTreeMap<(String, String), f64>;
 
 /// `apiserver_request_total` summed over its other labels, as the apiserver counts it itself.
-async fn request_totals(stage: &Stage) -> Result<Totals> {
+async fn request_totals(plane: &ControlPlane) -> Result<Totals> {
     let req = http::Request::get("/metrics").body(Vec::new())?;
-    let text = stage.plane.client().request_text(req).await?;
+    let text = plane.client().request_text(req).await?;
     Ok(parse_totals(&text))
 }
 
@@ -121,19 +264,24 @@ fn parse_totals(text: &str) -> Totals {
         let Some((labels, value)) = rest.rsplit_once("} ") else {
             continue;
         };
-        let (Some(verb), Some(resource)) = (label(labels, "verb"), label(labels, "resource"))
-        else {
+        let (Some(verb), Some(resource)) = (
+            metric_label(labels, "verb"),
+            metric_label(labels, "resource"),
+        ) else {
             continue;
         };
+        // The audit log names a subresource as `pods/status`; so does this.
+        let resource = match metric_label(labels, "subresource").filter(|s| !s.is_empty()) {
+            Some(sub) => format!("{resource}/{sub}"),
+            None => resource.to_owned(),
+        };
         let n: f64 = value.trim().parse().unwrap_or(0.0);
-        *totals
-            .entry((audit_verb(verb), resource.to_owned()))
-            .or_default() += n;
+        *totals.entry((audit_verb(verb), resource)).or_default() += n;
     }
     totals
 }
 
-fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
+fn metric_label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
     let start = labels.find(&format!("{name}=\""))? + name.len() + 2;
     let len = labels[start..].find('"')?;
     Some(&labels[start..start + len])
@@ -171,7 +319,7 @@ const AGENT_CALLS: [(&str, &str); 6] = [
 /// The apiserver's own counter against the audit log, per verb and resource: it has no label
 /// naming the client (only verb, resource, code, scope, component…), so it counts everyone's
 /// requests, and agrees with the audit log's count of all clients when the method is sound.
-fn cross_check(windows: &[(&str, &Usage, &Totals)], agents: &[String]) {
+fn cross_check(windows: &[(&str, &Usage, &Totals, &Vec<String>)]) {
     println!("#### Cross-check with the apiserver's `apiserver_request_total`\n");
     println!(
         "`apiserver_request_total` has no label naming the client (its labels: verb, dry_run, group, version, resource, subresource, scope, component, code), so it cannot split requests by user agent; the tables above split them by the pod named in each audit event. To check that method, the counter was scraped from the apiserver's `/metrics` at the start and end of each window: its increase (all clients: the harness kubelet's node leases and the scheduler's and controller-manager's leader election use `leases` too) against the audit log's count of all clients and of the agents alone, in the same window. The counter's window is about a second longer (it is scraped again only after the audit log's last second has reached the file), hence a few more requests in its column.\n"
@@ -180,7 +328,7 @@ fn cross_check(windows: &[(&str, &Usage, &Totals)], agents: &[String]) {
         "| window | verb | resource | `apiserver_request_total` increase | audit log, all clients | audit log, the agents |"
     );
     println!("|---|---|---|---|---|---|");
-    for (name, usage, metric) in windows {
+    for (name, usage, metric, agents) in windows {
         for (verb, resource) in AGENT_CALLS {
             let key = (verb.to_owned(), resource.to_owned());
             let all: u64 = usage
@@ -210,13 +358,15 @@ mod tests {
 apiserver_request_total{code="200",component="apiserver",dry_run="",group="coordination.k8s.io",resource="leases",scope="resource",subresource="",verb="PUT",version="v1"} 30
 apiserver_request_total{code="409",component="apiserver",dry_run="",group="coordination.k8s.io",resource="leases",scope="resource",subresource="",verb="PUT",version="v1"} 2
 apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="pods",scope="resource",subresource="",verb="APPLY",version="v1"} 4
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="pods",scope="resource",subresource="status",verb="PATCH",version="v1"} 7
 apiserver_request_duration_seconds_count{resource="pods",verb="GET"} 99
 "#;
         let totals = parse_totals(text);
         let get = |v: &str, r: &str| totals.get(&(v.to_owned(), r.to_owned())).copied();
         assert_eq!(get("update", "leases"), Some(32.0));
         assert_eq!(get("patch", "pods"), Some(4.0));
-        assert_eq!(totals.len(), 2, "other metrics are not counted: {totals:?}");
+        assert_eq!(get("patch", "pods/status"), Some(7.0));
+        assert_eq!(totals.len(), 3, "other metrics are not counted: {totals:?}");
     }
 
     #[test]
