@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark command: builds the release agent, runs every benchmark and the chaos tests on
 # the local control plane, and regenerates docs/benchmarks.md and its plots (docs/plots/*.svg).
-# About 55 minutes on 2 cores; BENCH_* variables shorten it (see each section's command).
+# About 51 minutes on 2 cores; BENCH_* variables shorten it (see each section's command).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh

@@ -181,7 +181,7 @@ mod tests {
     fn faults_section_has_the_heading_the_command_and_the_table() {
         let md = markdown(&sample());
         assert!(md.starts_with("### Fault table ("), "{md}");
-        let command = "`VALKEY_TESTKIT_FAULT_LOG=<log> cargo test --locked -p valkey-sidecar --test k8s_split_brain --test k8s_disruption --test k8s_replication --test k8s_replication_coordinator --test k8s_coordinator -- --test-threads 1`, then `target/release/bench faults <log>`";
+        let command = "`VALKEY_TESTKIT_FAULT_LOG=<log> cargo test --locked -p valkey-sidecar --test k8s_split_brain --test k8s_disruption --test k8s_replication --test k8s_replication_coordinator --test k8s_coordinator --test k8s_chart --test k8s_labels -- --test-threads 1`, then `target/release/bench faults <log>`";
         assert!(md.contains(command), "{md}");
         let table: Vec<&str> = md.lines().filter(|l| l.starts_with('|')).collect();
         assert_eq!(table.len(), 2 + 3, "{md}");
