@@ -1,9 +1,12 @@
-//! Retry schedules: exponential with jitter and no limit, from `backon` (the `backoff` crate is
-//! unmaintained). Each user keeps its own iterator and rebuilds it after a success.
+//! Retry schedules from `backon` (the `backoff` crate is unmaintained): exponential with jitter
+//! and no limit for loops that run for good, constant and few for one step of a move. Each user
+//! keeps its own iterator and rebuilds it after a success.
 
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+use backon::{
+    BackoffBuilder, ConstantBackoff, ConstantBuilder, ExponentialBackoff, ExponentialBuilder,
+};
 
 /// Delays from `min`, doubling up to `max`, jittered so many agents do not retry in lockstep.
 pub fn exponential(min: Duration, max: Duration) -> ExponentialBackoff {
@@ -15,9 +18,23 @@ pub fn exponential(min: Duration, max: Duration) -> ExponentialBackoff {
         .build()
 }
 
+/// `times` delays of `delay` each, then none: for a step that is worth a few quick tries.
+pub fn few(delay: Duration, times: usize) -> ConstantBackoff {
+    ConstantBuilder::default()
+        .with_delay(delay)
+        .with_max_times(times)
+        .build()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn few_runs_out() {
+        let delays: Vec<Duration> = few(Duration::from_millis(5), 3).collect();
+        assert_eq!(delays, vec![Duration::from_millis(5); 3]);
+    }
 
     #[test]
     fn grows_and_stays_bounded() {

@@ -293,7 +293,8 @@ async fn a_flapping_primary_never_leaves_two_writable_primaries() {
     // One promotion per fault: no ping-pong between candidates.
     assert!(
         epochs.windows(2).all(|e| e[1] == e[0] + 1),
-        "epochs {epochs:?}"
+        "epochs {epochs:?}\n{}",
+        decisions(&s)
     );
     assert_eq!(
         seen.longest_overlap(),
@@ -308,4 +309,26 @@ async fn a_flapping_primary_never_leaves_two_writable_primaries() {
             epoch: *epochs.last().unwrap()
         })
     );
+}
+
+/// Every agent's record actions and the coordinator's moves, from their whole logs: enough to
+/// tell why a fault cost more than one promotion.
+fn decisions(s: &Stage) -> String {
+    let wanted = [
+        "failover",
+        "\"release\"",
+        "named primary",
+        "finished",
+        "switchover",
+    ];
+    let mut out = String::new();
+    for pod in &s.pods {
+        let log = s
+            .kubelet
+            .container_log(&s.namespace, pod, "sidecar", 100_000);
+        for line in log.lines().filter(|l| wanted.iter().any(|w| l.contains(w))) {
+            out.push_str(&format!("{pod}: {line}\n"));
+        }
+    }
+    out
 }

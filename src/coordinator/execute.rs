@@ -24,8 +24,8 @@ use tokio::time::Instant;
 use valkey_sidecar_core::info::Info;
 use valkey_sidecar_core::plan::Action;
 use valkey_sidecar_core::replication::{
-    Command, Phase, Promotion, Switchover, SwitchoverObservation, SwitchoverPlan, WriteOutcome,
-    step,
+    Command, Phase, Promotion, ShardRecord, Switchover, SwitchoverObservation, SwitchoverPlan,
+    WriteOutcome, step,
 };
 use valkey_sidecar_core::shards::parse_shards;
 use valkey_sidecar_core::time::Millis;
@@ -509,11 +509,40 @@ async fn promotion(
         leading(may_act)?;
         fence(links, pod, fence_ms).await;
     }
-    leading(may_act)?;
-    let promoted = links.command(&p.target, &replicaof_no_one()).await;
-    promoted.map_err(|e| Outcome::Failed(format!("REPLICAOF NO ONE on {e}")))?;
+    promote_target(links, p, may_act).await?;
     repoint_all(links, p, may_act).await;
     Ok(())
+}
+
+/// Pause between tries of a promotion step whose answer did not come.
+const PROMOTION_RETRY: Duration = Duration::from_millis(200);
+
+/// Tries of a promotion step after the first: about a second in all, well inside the shortest
+/// renew deadline the timings allow (more than 1.2 retry periods of at least a second).
+const PROMOTION_RETRIES: usize = 4;
+
+/// `REPLICAOF NO ONE` on the target, tried again while it fails: the record already names the
+/// target, whose agent waits for this command only until its renew deadline and then releases —
+/// one lost answer on a loaded machine would cost the shard a second failover. Idempotent: a
+/// master answers OK.
+async fn promote_target(
+    links: &mut Links,
+    p: &Promotion,
+    may_act: &impl Fn() -> bool,
+) -> Result<(), Outcome> {
+    let mut delays = crate::retry::few(PROMOTION_RETRY, PROMOTION_RETRIES);
+    loop {
+        leading(may_act)?;
+        let e = match links.command(&p.target, &replicaof_no_one()).await {
+            Ok(_) => return Ok(()),
+            Err(e) => e,
+        };
+        let Some(delay) = delays.next() else {
+            return Err(Outcome::Failed(format!("REPLICAOF NO ONE on {e}")));
+        };
+        tracing::warn!(error = %e, "failover: REPLICAOF NO ONE failed; trying again");
+        tokio::time::sleep(delay).await;
+    }
 }
 
 fn leading(may_act: &impl Fn() -> bool) -> Result<(), Outcome> {
@@ -525,15 +554,50 @@ fn leading(may_act: &impl Fn() -> bool) -> Result<(), Outcome> {
 }
 
 /// The record first, carrying the decision's `resourceVersion`: a 409 means the holder renewed
-/// (or someone else wrote) since, and nothing may follow.
+/// (or someone else wrote) since, and nothing may follow. A refused write stops the promotion;
+/// one whose answer was lost (timeout, 5xx) may have landed and is read back
+/// ([`landed_promotion`]).
 async fn write_promotion(p: &Promotion, record: &ShardLeaseClient) -> Result<(), Outcome> {
     match record.write(&p.record()).await {
         Ok(_) => Ok(()),
         Err(e) if e.kind() == "conflict" => Err(Outcome::Conflict(
             "the record changed since the decision".into(),
         )),
-        // Unknown or refused: the target's agent releases a record that brought no promotion.
-        Err(e) => Err(Outcome::Failed(format!("writing the record: {e}"))),
+        Err(e) if not_applied(&e) => Err(Outcome::Failed(format!("writing the record: {e}"))),
+        Err(e) => {
+            tracing::warn!(error = %e, "failover: the record write's outcome is unknown; reading it back");
+            let read = || record.read();
+            landed_promotion(p, read, &e.to_string()).await
+        }
+    }
+}
+
+/// Whether a record write of unknown outcome landed, by reading the record back (tried again
+/// while the reads fail too). Landed: the promotion goes on, as after an answered write — else
+/// the target's agent would wait out its renew deadline for a `REPLICAOF NO ONE` that never
+/// comes, release, and the shard would fail over a second time. Not landed, or still unknown:
+/// nothing follows, and the target's agent releases a record that may name it.
+async fn landed_promotion<F, Fut>(p: &Promotion, mut read: F, error: &str) -> Result<(), Outcome>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<ShardRecord>, KubeError>>,
+{
+    let mut delays = crate::retry::few(PROMOTION_RETRY, PROMOTION_RETRIES);
+    loop {
+        match read().await {
+            Ok(Some(r)) if r.same_claim(&p.record()) => return Ok(()),
+            Ok(_) => {
+                let why = format!("writing the record: {error}; it did not land");
+                return Err(Outcome::Conflict(why));
+            }
+            Err(e) => {
+                let Some(delay) = delays.next() else {
+                    let why = format!("writing the record: {error}; reading it back: {e}");
+                    return Err(Outcome::Failed(why));
+                };
+                tokio::time::sleep(delay).await;
+            }
+        }
     }
 }
 
@@ -563,5 +627,127 @@ async fn repoint_all(links: &mut Links, p: &Promotion, may_act: &impl Fn() -> bo
         if repoint(links, pod, &to).await && p.fence.contains(pod) {
             unpause(links, pod).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::cell::Cell;
+    use std::net::SocketAddr;
+
+    use valkey_sidecar_testkit::{ServerOptions, ValkeyServer};
+
+    use super::*;
+
+    fn promotion(target: &str) -> Promotion {
+        Promotion {
+            target: target.into(),
+            epoch: 2,
+            version: "7".into(),
+            fence: Vec::new(),
+            repoint: Vec::new(),
+            reason: "test".into(),
+        }
+    }
+
+    fn held_by(holder: &str, epoch: u64) -> ShardRecord {
+        ShardRecord {
+            holder: Some(holder.into()),
+            primary: Some(holder.into()),
+            epoch,
+            version: "8".into(),
+        }
+    }
+
+    fn timed_out() -> KubeError {
+        KubeError::Timeout(Duration::from_millis(1))
+    }
+
+    /// Answers each read with the next of `answers`, counting the reads.
+    fn reads(
+        answers: Vec<Result<Option<ShardRecord>, KubeError>>,
+        count: &Cell<usize>,
+    ) -> impl FnMut() -> std::future::Ready<Result<Option<ShardRecord>, KubeError>> + '_ {
+        let mut answers = answers.into_iter();
+        move || {
+            count.set(count.get() + 1);
+            std::future::ready(answers.next().unwrap_or_else(|| Err(timed_out())))
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unanswered_record_write_that_landed_lets_the_promotion_go_on() {
+        let count = Cell::new(0);
+        let answers = vec![Err(timed_out()), Ok(Some(held_by("b", 2)))];
+        let out = landed_promotion(&promotion("b"), reads(answers, &count), "timeout").await;
+        assert!(out.is_ok(), "{out:?}");
+        assert_eq!(count.get(), 2, "read again after a failed read");
+    }
+
+    #[tokio::test]
+    async fn an_unanswered_record_write_that_did_not_land_stops_the_promotion() {
+        for seen in [Some(held_by("a", 1)), Some(held_by("c", 2)), None] {
+            let count = Cell::new(0);
+            let out = landed_promotion(&promotion("b"), reads(vec![Ok(seen)], &count), "t").await;
+            assert!(matches!(out, Err(Outcome::Conflict(_))), "{out:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_record_that_cannot_be_read_back_stops_the_promotion_after_a_few_reads() {
+        let count = Cell::new(0);
+        let out = landed_promotion(&promotion("b"), reads(Vec::new(), &count), "t").await;
+        assert!(matches!(out, Err(Outcome::Failed(_))), "{out:?}");
+        assert_eq!(count.get(), 1 + PROMOTION_RETRIES);
+    }
+
+    fn links_to(pod: &str, addr: SocketAddr) -> Links {
+        let connector = Connector {
+            host: addr.ip().to_string(),
+            port: addr.port(),
+            username: None,
+            password_file: None,
+            tls: None,
+            timeout: Duration::from_millis(150),
+        };
+        Links::new(BTreeMap::from([(pod.to_owned(), connector)]))
+    }
+
+    /// A real replica, frozen (SIGSTOP) when the promotion starts and thawed 400 ms later: the
+    /// first `REPLICAOF NO ONE` goes unanswered, a later try promotes it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unanswered_replicaof_no_one_is_tried_again() {
+        let primary = ValkeyServer::start(ServerOptions::default()).unwrap();
+        let replica =
+            ValkeyServer::start(ServerOptions::default().replica_of(primary.addr())).unwrap();
+        let mut links = links_to("b", replica.addr());
+        replica.pause().unwrap();
+        let thaw = std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(400));
+                replica.resume().unwrap();
+            });
+            tokio::task::block_in_place(|| {
+                tokio::runtime::Handle::current().block_on(promote_target(
+                    &mut links,
+                    &promotion("b"),
+                    &|| true,
+                ))
+            })
+        });
+        assert!(thaw.is_ok(), "{thaw:?}");
+        assert!(replica.is_primary().unwrap());
+    }
+
+    #[tokio::test]
+    async fn no_replicaof_no_one_without_the_lease() {
+        let replica = ValkeyServer::start(ServerOptions::default()).unwrap();
+        replica.cmd(&["REPLICAOF", "127.0.0.1", "1"]).unwrap();
+        let mut links = links_to("b", replica.addr());
+        let out = promote_target(&mut links, &promotion("b"), &|| false).await;
+        assert!(matches!(out, Err(Outcome::NoLease)), "{out:?}");
+        assert!(!replica.is_primary().unwrap());
     }
 }
