@@ -11,12 +11,14 @@ use crate::report::percentile;
 use valkey_sidecar_testkit::faults::{self, Outcome, show};
 
 /// The test binaries with chaos scenarios, in the order the command runs them.
-pub const TESTS: [&str; 5] = [
+pub const TESTS: [&str; 7] = [
     "k8s_split_brain",
     "k8s_disruption",
     "k8s_replication",
     "k8s_replication_coordinator",
     "k8s_coordinator",
+    "k8s_chart",
+    "k8s_labels",
 ];
 
 /// `bench faults <log>`: the table of the outcomes in `log`.
@@ -187,6 +189,20 @@ mod tests {
         assert_eq!(table.len(), 2 + 3, "{md}");
         let cells = |l: &&str| l.starts_with("|---") || l.matches(" | ").count() == 6;
         assert!(table.iter().all(cells), "seven cells a row: {md}");
+    }
+
+    /// The table names the command `scripts/bench.sh` runs: the same test binaries.
+    #[test]
+    fn the_tests_are_the_ones_bench_sh_reruns() {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/bench.sh");
+        let text = std::fs::read_to_string(script).unwrap();
+        let line = text.lines().find(|l| l.starts_with("chaos=(")).unwrap();
+        let listed: Vec<&str> = line
+            .trim_start_matches("chaos=(")
+            .trim_end_matches(')')
+            .split_whitespace()
+            .collect();
+        assert_eq!(listed, TESTS);
     }
 
     #[test]
