@@ -517,9 +517,18 @@ async fn promotion(
 /// Pause between tries of a promotion step whose answer did not come.
 const PROMOTION_RETRY: Duration = Duration::from_millis(200);
 
-/// Tries of a promotion step after the first: about a second in all, well inside the shortest
-/// renew deadline the timings allow (more than 1.2 retry periods of at least a second).
+/// Tries of a promotion step after the first, and how long after the first try another may
+/// start: a second, inside the shortest renew deadline the timings allow (more than 1.2 retry
+/// periods of at least a second), so the target still holds the record when its promotion lands.
 const PROMOTION_RETRIES: usize = 4;
+const PROMOTION_RETRY_FOR: Duration = Duration::from_secs(1);
+
+/// The pause before another try of a promotion step, if one is left.
+fn next_try(delays: &mut backon::ConstantBackoff, first: Instant) -> Option<Duration> {
+    (first.elapsed() < PROMOTION_RETRY_FOR)
+        .then(|| delays.next())
+        .flatten()
+}
 
 /// `REPLICAOF NO ONE` on the target, tried again while it fails: the record already names the
 /// target, whose agent waits for this command only until its renew deadline and then releases —
@@ -530,14 +539,17 @@ async fn promote_target(
     p: &Promotion,
     may_act: &impl Fn() -> bool,
 ) -> Result<(), Outcome> {
-    let mut delays = crate::retry::few(PROMOTION_RETRY, PROMOTION_RETRIES);
+    let (mut delays, first) = (
+        crate::retry::few(PROMOTION_RETRY, PROMOTION_RETRIES),
+        Instant::now(),
+    );
     loop {
         leading(may_act)?;
         let e = match links.command(&p.target, &replicaof_no_one()).await {
             Ok(_) => return Ok(()),
             Err(e) => e,
         };
-        let Some(delay) = delays.next() else {
+        let Some(delay) = next_try(&mut delays, first) else {
             return Err(Outcome::Failed(format!("REPLICAOF NO ONE on {e}")));
         };
         tracing::warn!(error = %e, "failover: REPLICAOF NO ONE failed; trying again");
@@ -582,7 +594,10 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<Option<ShardRecord>, KubeError>>,
 {
-    let mut delays = crate::retry::few(PROMOTION_RETRY, PROMOTION_RETRIES);
+    let (mut delays, first) = (
+        crate::retry::few(PROMOTION_RETRY, PROMOTION_RETRIES),
+        Instant::now(),
+    );
     loop {
         match read().await {
             Ok(Some(r)) if r.same_claim(&p.record()) => return Ok(()),
@@ -591,7 +606,7 @@ where
                 return Err(Outcome::Conflict(why));
             }
             Err(e) => {
-                let Some(delay) = delays.next() else {
+                let Some(delay) = next_try(&mut delays, first) else {
                     let why = format!("writing the record: {error}; reading it back: {e}");
                     return Err(Outcome::Failed(why));
                 };
@@ -700,7 +715,12 @@ mod tests {
         let count = Cell::new(0);
         let out = landed_promotion(&promotion("b"), reads(Vec::new(), &count), "t").await;
         assert!(matches!(out, Err(Outcome::Failed(_))), "{out:?}");
-        assert_eq!(count.get(), 1 + PROMOTION_RETRIES);
+        // Every retry, unless a slow machine ran out of the retry window first.
+        assert!(
+            (2..=1 + PROMOTION_RETRIES).contains(&count.get()),
+            "{}",
+            count.get()
+        );
     }
 
     fn links_to(pod: &str, addr: SocketAddr) -> Links {
