@@ -42,24 +42,10 @@ fn name(p: &Pod) -> String {
 
 /// Waits until `count` pods are Ready with `primaries` primary labels, none terminating.
 async fn settled(stage: &ChartStage, count: usize, primaries: usize) -> Vec<Pod> {
-    let what = format!("{count} pods Ready, {primaries} primaries");
-    let waited = poll_until(&what, 120 * SECOND, Duration::from_millis(200), || async {
-        let pods = stage.pods().await?;
-        let ready = pods
-            .iter()
-            .all(|p| pod_is_ready(p) && p.metadata.deletion_timestamp.is_none());
-        let led = pods
-            .iter()
-            .filter(|p| label(p, ROLE) == Some("primary"))
-            .count();
-        let labelled = pods.iter().all(|p| label(p, ROLE).is_some());
-        Ok(pods.len() == count && ready && labelled && led == primaries)
-    })
-    .await;
-    if let Err(e) = waited {
-        panic!("{e:#}\n{}", stage.describe().await);
-    }
-    stage.pods().await.unwrap()
+    stage
+        .wait_settled(count, primaries, 120 * SECOND)
+        .await
+        .unwrap()
 }
 
 /// `valkey-sidecar drain-check` against the stage: exit code and output.

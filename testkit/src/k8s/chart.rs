@@ -29,7 +29,7 @@ use super::util::poll_until;
 use super::valkey::{CLUSTER_LABEL, NODE_INDEX_LABEL, SHARD_INDEX_LABEL, apply, valkey_addr};
 use super::{
     ControlPlane, ControlPlaneOptions, FakeNodes, FakeNodesOptions, Kubelet, KubeletOptions,
-    helm_bin,
+    ROLE_LABEL, helm_bin,
 };
 use crate::Result;
 
@@ -223,16 +223,29 @@ impl ChartStage {
     /// A status condition the coordinator writes on its Lease (`status.valkey.io/<type>`):
     /// `"<True|False> <Reason>: <message>"`, if present.
     pub async fn condition(&self, type_: &str) -> Result<Option<String>> {
-        let leases: Api<Lease> = Api::namespaced(self.plane.client(), &self.namespace);
-        let lease = leases
-            .get_opt(&format!("{}-coordinator", self.cluster))
-            .await?;
-        let annotations = lease
+        let annotations = self
+            .coordinator_lease()
+            .await?
             .and_then(|l| l.metadata.annotations)
             .unwrap_or_default();
         Ok(annotations
             .get(&format!("status.valkey.io/{type_}"))
             .cloned())
+    }
+
+    /// The coordinator Lease (`<cluster>-coordinator`), if it exists.
+    pub async fn coordinator_lease(&self) -> Result<Option<Lease>> {
+        let leases: Api<Lease> = Api::namespaced(self.plane.client(), &self.namespace);
+        let name = format!("{}-coordinator", self.cluster);
+        Ok(leases.get_opt(&name).await?)
+    }
+
+    /// Who holds the coordinator Lease now.
+    pub async fn coordinator_holder(&self) -> Result<Option<String>> {
+        let lease = self.coordinator_lease().await?;
+        Ok(lease
+            .and_then(|l| l.spec?.holder_identity)
+            .filter(|h| !h.is_empty()))
     }
 
     /// Every object left in the namespace (`kind/name`), but what every namespace has (the
@@ -324,6 +337,35 @@ impl ChartStage {
         let waited = poll_until(&what, timeout, Duration::from_millis(200), || async {
             let pods = self.pods().await?;
             Ok(pods.len() == count && pods.iter().all(super::pod_is_ready))
+        })
+        .await;
+        if let Err(e) = waited {
+            bail!("{e:#}\n{}", self.describe().await);
+        }
+        self.pods().await
+    }
+
+    /// Waits until `count` pods exist, all Ready, none terminating, each with a role label, and
+    /// `primaries` of them labelled primary: the deployment settled. Returns them by name.
+    pub async fn wait_settled(
+        &self,
+        count: usize,
+        primaries: usize,
+        timeout: Duration,
+    ) -> Result<Vec<Pod>> {
+        let what = format!("{count} pods Ready, {primaries} primaries");
+        let waited = poll_until(&what, timeout, Duration::from_millis(200), || async {
+            let pods = self.pods().await?;
+            let settled = |p: &Pod| {
+                super::pod_is_ready(p)
+                    && p.metadata.deletion_timestamp.is_none()
+                    && label(p, ROLE_LABEL).is_some()
+            };
+            let led = pods
+                .iter()
+                .filter(|p| label(p, ROLE_LABEL) == Some("primary"))
+                .count();
+            Ok(pods.len() == count && pods.iter().all(settled) && led == primaries)
         })
         .await;
         if let Err(e) = waited {

@@ -6,12 +6,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use valkey_sidecar_testkit::k8s::audit::{AuditLog, Usage, pod_identity};
 use valkey_sidecar_testkit::k8s::chart::{ChartStage, ChartStageOptions, label, node_of};
 use valkey_sidecar_testkit::k8s::valkey::SHARD_INDEX_LABEL;
-use valkey_sidecar_testkit::k8s::{ControlPlane, ROLE_LABEL, pod_is_ready, poll_until};
+use valkey_sidecar_testkit::k8s::{ControlPlane, ROLE_LABEL};
 
 use crate::{coordinated_stage, cordon, holder};
 
@@ -152,7 +151,7 @@ async fn drain(bin: &Path) -> Result<Drained> {
     }
     let usage = usage_until(&log, from, WINDOW).await?;
     let metric = since(&request_totals(&stage.plane).await?, &counted);
-    let leader = chart_holder(&stage).await?.unwrap_or_default();
+    let leader = stage.coordinator_holder().await?.unwrap_or_default();
     let agents = chart_agents(&stage, &after, &leader, &old, primary);
     println!(
         "#### During a `kubectl drain` ({} s window from the drain's start)\n",
@@ -182,38 +181,13 @@ async fn chart_stage(bin: &Path) -> Result<ChartStage> {
     ChartStage::start(opts).await
 }
 
-/// Waits until the install's 6 pods are Ready, labelled, 3 of them primaries.
+/// The install settled: its 6 pods Ready and labelled, 3 of them primaries.
 async fn settled(stage: &ChartStage) -> Result<Vec<Pod>> {
-    poll_until(
-        "6 pods Ready, 3 primaries",
-        Duration::from_secs(180),
-        Duration::from_millis(200),
-        || async {
-            let pods = stage.pods().await?;
-            let ready = pods.len() == 6 && pods.iter().all(pod_is_ready);
-            let primaries = pods
-                .iter()
-                .filter(|p| label(p, ROLE_LABEL) == Some("primary"))
-                .count();
-            let labelled = pods.iter().all(|p| label(p, ROLE_LABEL).is_some());
-            Ok(ready && labelled && primaries == 3)
-        },
-    )
-    .await?;
-    stage.pods().await
+    stage.wait_settled(6, 3, Duration::from_secs(180)).await
 }
 
 fn name(p: &Pod) -> String {
     p.metadata.name.clone().unwrap_or_default()
-}
-
-/// The holder of the chart install's coordinator Lease.
-async fn chart_holder(stage: &ChartStage) -> Result<Option<String>> {
-    let leases: kube::Api<Lease> = kube::Api::namespaced(stage.plane.client(), &stage.namespace);
-    let lease = leases
-        .get_opt(&format!("{}-coordinator", stage.cluster))
-        .await?;
-    Ok(lease.and_then(|l| l.spec?.holder_identity))
 }
 
 /// Each agent's row title (its part in the drain) and audit identity.
