@@ -72,6 +72,7 @@ pub mod k8s;
 mod net;
 mod process;
 mod replication;
+pub mod resp;
 pub mod sentinel;
 mod server;
 mod sidecar;
