@@ -251,6 +251,22 @@ impl Conn {
         read_reply(&mut self.stream)
     }
 
+    /// [`Conn::cmd`] for the harness's own queries, where a refusal is as much a failure as no
+    /// reply: either becomes an error naming the command and the server.
+    pub fn call<A: AsRef<[u8]>>(&mut self, args: &[A]) -> crate::Result<Reply> {
+        let name = args
+            .iter()
+            .map(|a| String::from_utf8_lossy(a.as_ref()).into_owned())
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(" ");
+        match self.cmd(args) {
+            Ok(Reply::Error(e)) => Err(anyhow::anyhow!("{name} on {}: {e}", self.peer)),
+            Ok(reply) => Ok(reply),
+            Err(e) => Err(anyhow::Error::new(e).context(format!("{name} on {}", self.peer))),
+        }
+    }
+
     /// The server's address.
     pub fn peer(&self) -> SocketAddr {
         self.peer
