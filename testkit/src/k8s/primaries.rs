@@ -6,6 +6,10 @@
 //! nodes overlap where their spans intersect: both acknowledged a client's write within that window,
 //! and a client could have been acknowledged by either — the split brain that loses writes. The
 //! measure errs on the side of reporting overlap (a span covers each probe's whole round trip).
+//!
+//! What the checker can miss is bounded by how densely it probed: [`Seen::density`] gives per node
+//! the probes, their rate and the longest gap between two probe sends (a stalled thread, or a
+//! connect timing out against an unreachable node), so a report can say how fine its net was.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,6 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::anyhow;
 
 use crate::Result;
+use crate::resp::{ClientOptions, Conn, Reply};
 
 /// Pause between two probes of one node.
 const PERIOD: Duration = Duration::from_millis(5);
@@ -127,6 +132,51 @@ impl Seen {
             .sum()
     }
 
+    /// The whole run: from the first probe sent to the last one answered, over all nodes.
+    pub fn run(&self) -> Option<Span> {
+        let probes = || self.nodes.iter().flat_map(|(_, p)| p.iter());
+        Some(Span {
+            from: probes().map(|p| p.sent).min()?,
+            to: probes().map(|p| p.answered).max()?,
+        })
+    }
+
+    /// How densely each node was probed over the [`Seen::run`].
+    pub fn density(&self) -> Vec<Density> {
+        let run = self.run().map(|r| r.len()).unwrap_or_default();
+        self.nodes
+            .iter()
+            .map(|(node, probes)| Density::of(node, probes, run))
+            .collect()
+    }
+
+    /// The longest time between two consecutive probe sends of any one node.
+    pub fn longest_probe_gap(&self) -> Duration {
+        self.density()
+            .iter()
+            .map(|d| d.longest_gap)
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// One line for a report: `probes/s per node: a 180, b 179; longest gap 61 ms`.
+    pub fn density_summary(&self) -> String {
+        let rates: Vec<String> = self
+            .density()
+            .iter()
+            .map(|d| format!("{} {:.0}", d.node, d.per_second))
+            .collect();
+        format!(
+            "probes/s per node: {}; longest gap {} ms",
+            if rates.is_empty() {
+                "none".to_string()
+            } else {
+                rates.join(", ")
+            },
+            self.longest_probe_gap().as_millis()
+        )
+    }
+
     /// The nodes that acknowledged a probe write at `at` ± [`BRIDGE`].
     pub fn writable_at(&self, at: Instant) -> Vec<String> {
         let near = |p: &Probe| p.wrote && p.answered + BRIDGE >= at && p.sent <= at + BRIDGE;
@@ -138,6 +188,39 @@ impl Seen {
     }
 }
 
+/// How densely the checker probed one node: a two-primaries window shorter than the longest gap
+/// can fall between two probes unseen.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Density {
+    pub node: String,
+    pub probes: usize,
+    /// Probes per second over the whole run ([`Seen::run`]), so a node whose thread stalled shows
+    /// a lower rate than the others.
+    pub per_second: f64,
+    /// Longest time between two consecutive probe sends (zero with fewer than two probes).
+    pub longest_gap: Duration,
+}
+
+impl Density {
+    fn of(node: &str, probes: &[Probe], run: Duration) -> Density {
+        let secs = run.as_secs_f64();
+        Density {
+            node: node.to_string(),
+            probes: probes.len(),
+            per_second: if secs > 0.0 {
+                probes.len() as f64 / secs
+            } else {
+                0.0
+            },
+            longest_gap: probes
+                .windows(2)
+                .map(|w| w[1].sent.saturating_duration_since(w[0].sent))
+                .max()
+                .unwrap_or_default(),
+        }
+    }
+}
+
 /// A running checker; [`PrimaryChecker::stop`] ends it.
 pub struct PrimaryChecker {
     stop: Arc<AtomicBool>,
@@ -145,14 +228,27 @@ pub struct PrimaryChecker {
 }
 
 impl PrimaryChecker {
-    /// Starts polling every `(name, addr)`.
+    /// Starts polling every `(name, addr)`, without authentication.
     pub fn start(nodes: Vec<(String, SocketAddr)>) -> PrimaryChecker {
+        PrimaryChecker::start_with(nodes, &ClientOptions::default())
+    }
+
+    /// Like [`PrimaryChecker::start`], connecting as `opts` says (authentication, source address);
+    /// `opts.timeout` is replaced by the probe's own 50 ms, since a probe must not hold up the
+    /// next one by a client's usual second.
+    pub fn start_with(nodes: Vec<(String, SocketAddr)>, opts: &ClientOptions) -> PrimaryChecker {
         let stop = Arc::new(AtomicBool::new(false));
+        let opts = ClientOptions {
+            timeout: PROBE_TIMEOUT,
+            ..opts.clone()
+        };
         let threads = nodes
             .into_iter()
             .map(|(name, addr)| {
                 let (flag, key) = (stop.clone(), format!("__primary_checker__:{name}"));
-                (name, std::thread::spawn(move || poll(addr, &key, &flag)))
+                let opts = opts.clone();
+                let thread = std::thread::spawn(move || poll(addr, &opts, &key, &flag));
+                (name, thread)
             })
             .collect();
         PrimaryChecker { stop, threads }
@@ -171,22 +267,14 @@ impl PrimaryChecker {
     }
 }
 
-fn connect(addr: SocketAddr) -> Option<redis::Connection> {
-    let client = redis::Client::open(format!("redis://{addr}")).ok()?;
-    let c = client.get_connection_with_timeout(PROBE_TIMEOUT).ok()?;
-    c.set_read_timeout(Some(PROBE_TIMEOUT)).ok()?;
-    c.set_write_timeout(Some(PROBE_TIMEOUT)).ok()?;
-    Some(c)
-}
-
-fn poll(addr: SocketAddr, key: &str, stop: &AtomicBool) -> Vec<Probe> {
+fn poll(addr: SocketAddr, opts: &ClientOptions, key: &str, stop: &AtomicBool) -> Vec<Probe> {
     let mut probes = Vec::new();
-    let mut conn: Option<redis::Connection> = None;
+    let mut conn: Option<Conn> = None;
     let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) {
         let sent = Instant::now();
         if conn.is_none() {
-            conn = connect(addr);
+            conn = Conn::connect(addr, opts).ok();
         }
         let (role, wrote) = match conn.as_mut() {
             Some(c) => probe(c, key, n),
@@ -210,32 +298,26 @@ fn poll(addr: SocketAddr, key: &str, stop: &AtomicBool) -> Vec<Probe> {
 
 /// `ROLE`, then `SET key n`: the role (if it answered) and `Some(acknowledged)`, or `None` when
 /// the connection failed (timeout, reset) rather than Valkey refusing the write.
-fn probe(c: &mut redis::Connection, key: &str, n: u64) -> (Option<String>, Option<bool>) {
-    let role = match redis::cmd("ROLE").query::<redis::Value>(c) {
-        Ok(redis::Value::Array(items)) => items.first().and_then(text),
-        Ok(_) => None,
-        Err(e) if e.is_io_error() || e.is_timeout() => return (None, None),
-        Err(_) => None,
+fn probe(c: &mut Conn, key: &str, n: u64) -> (Option<String>, Option<bool>) {
+    let role = match c.cmd(&["ROLE"]) {
+        Ok(reply) => reply
+            .into_array()
+            .and_then(|items| items.first().and_then(Reply::text)),
+        Err(_) => return (None, None),
     };
-    match redis::cmd("SET").arg(key).arg(n).query::<redis::Value>(c) {
-        Ok(_) => (role, Some(true)),
-        Err(e) if e.is_io_error() || e.is_timeout() => (role, None),
+    match c.cmd(&["SET", key, &n.to_string()]) {
         // READONLY, NOREPLICAS, …: Valkey answered and refused.
-        Err(_) => (role, Some(false)),
-    }
-}
-
-fn text(v: &redis::Value) -> Option<String> {
-    match v {
-        redis::Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
-        redis::Value::SimpleString(s) => Some(s.clone()),
-        _ => None,
+        Ok(reply) => (role, Some(!reply.is_error())),
+        Err(_) => (role, None),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use super::*;
+    use crate::{ServerOptions, ValkeyServer};
 
     fn probe(at: Instant, ms: u64, wrote: bool) -> Probe {
         Probe {
@@ -269,6 +351,79 @@ mod tests {
         let after = t + Duration::from_millis(100);
         assert_eq!(seen.longest_overlap_after(after), Duration::from_millis(1));
         assert_eq!(seen.role_changes(), 1);
+    }
+
+    #[test]
+    fn density_counts_probes_their_rate_and_the_longest_gap_between_sends() {
+        let t = Instant::now();
+        let a: Vec<Probe> = (0..20).map(|i| probe(t, i * 5, true)).collect();
+        let b: Vec<Probe> = [0, 10, 71, 80]
+            .iter()
+            .map(|ms| probe(t, *ms, false))
+            .collect();
+        let seen = Seen {
+            nodes: vec![("a".into(), a), ("b".into(), b)],
+        };
+        // The run: a's first send at 0 ms to its last answer at 96 ms.
+        assert_eq!(seen.run().map(|r| r.len()), Some(Duration::from_millis(96)));
+        let d = seen.density();
+        assert_eq!((d[0].probes, d[1].probes), (20, 4));
+        assert!((d[0].per_second - 20.0 / 0.096).abs() < 1e-6, "{d:?}");
+        assert!((d[1].per_second - 4.0 / 0.096).abs() < 1e-6, "{d:?}");
+        assert_eq!(d[0].longest_gap, Duration::from_millis(5));
+        assert_eq!(d[1].longest_gap, Duration::from_millis(61));
+        assert_eq!(seen.longest_probe_gap(), Duration::from_millis(61));
+        assert_eq!(
+            seen.density_summary(),
+            "probes/s per node: a 208, b 42; longest gap 61 ms"
+        );
+    }
+
+    #[test]
+    fn density_of_too_few_probes_is_zero_not_a_panic() {
+        let empty = Seen { nodes: Vec::new() };
+        assert_eq!(empty.run(), None);
+        assert_eq!(
+            empty.density_summary(),
+            "probes/s per node: none; longest gap 0 ms"
+        );
+        let t = Instant::now();
+        let one = Seen {
+            nodes: vec![("a".into(), vec![probe(t, 0, true)]), ("b".into(), vec![])],
+        };
+        let d = one.density();
+        assert_eq!((d[0].probes, d[0].longest_gap), (1, Duration::ZERO));
+        assert_eq!((d[1].probes, d[1].per_second), (0, 0.0));
+        assert_eq!(
+            one.density_summary(),
+            "probes/s per node: a 1000, b 0; longest gap 0 ms"
+        );
+    }
+
+    #[test]
+    fn probes_a_real_server_with_auth_from_a_source_address() {
+        let server = ValkeyServer::start(ServerOptions::default().requirepass("pw")).unwrap();
+        let opts = ClientOptions::default()
+            .password("pw")
+            .source(Ipv4Addr::new(127, 0, 0, 78));
+        let nodes = vec![("v".to_string(), server.addr())];
+        let checker = PrimaryChecker::start_with(nodes.clone(), &opts);
+        let anonymous = PrimaryChecker::start(vec![("anon".to_string(), server.addr())]);
+        std::thread::sleep(Duration::from_millis(300));
+        let clients: String = server.query(&["CLIENT", "LIST"]).unwrap();
+        let (seen, anon) = (checker.stop().unwrap(), anonymous.stop().unwrap());
+        assert!(clients.contains("addr=127.0.0.78:"), "{clients}");
+        let probes = &seen.nodes[0].1;
+        assert!(probes.len() > 10, "{}", seen.density_summary());
+        assert!(
+            probes
+                .iter()
+                .all(|p| p.wrote && p.role.as_deref() == Some("master"))
+        );
+        // Without the password Valkey answers NOAUTH: no role, no write, but probed all along.
+        let refused = &anon.nodes[0].1;
+        assert!(refused.len() > 10 && refused.iter().all(|p| !p.wrote && p.role.is_none()));
+        eprintln!("{}", seen.density_summary());
     }
 
     #[test]
