@@ -47,7 +47,7 @@ impl Default for StageOptions {
         Self {
             namespace: "valkey".into(),
             plane: ControlPlaneOptions::default(),
-            kubelet: KubeletOptions::default().probe_period(Duration::from_millis(200)),
+            kubelet: KubeletOptions::default(),
             template: ValkeyPodTemplate::default(),
             shards: 3,
             members: 2,
