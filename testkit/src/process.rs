@@ -247,6 +247,21 @@ fn start_spawner() -> Option<mpsc::Sender<SpawnRequest>> {
     started.ok().map(|_| tx)
 }
 
+/// `kill -s NAME pid...` in one run: every pid gets the signal at about the same moment. Pids
+/// that are gone by then are skipped (a process may exit while the caller collects pids).
+pub(crate) fn signal_pids(pids: &[u32], name: &str) -> Result<()> {
+    if pids.is_empty() {
+        return Ok(());
+    }
+    Command::new("kill")
+        .args(["-s", name])
+        .args(pids.iter().map(u32::to_string))
+        .stderr(Stdio::null())
+        .status()
+        .context("running kill")?;
+    Ok(())
+}
+
 /// `kill -s NAME pid` via the `kill` binary: the crate forbids `unsafe`, so no libc.
 fn send_signal(pid: u32, name: &str) -> Result<()> {
     let status = Command::new("kill")

@@ -50,7 +50,7 @@ fn valkey_pod(name: &str) -> Pod {
                         { "name": "SIDECAR_MODE", "value": "replication" },
                         { "name": "SIDECAR_POLL_INTERVAL", "value": "100ms" },
                     ],
-                    "readinessProbe": { "httpGet": { "path": "/readyz", "port": "probe" } },
+                    "readinessProbe": { "httpGet": { "path": "/readyz", "port": "probe" }, "periodSeconds": 1 },
                     "livenessProbe": { "httpGet": { "path": "/livez", "port": 9736 }, "failureThreshold": 10 },
                     "lifecycle": { "preStop": { "httpGet": { "path": "/livez", "port": 9736 } } },
                 },
@@ -86,13 +86,9 @@ async fn pod_is_scheduled_runs_becomes_ready_and_stops_gracefully() {
     zones.dedup();
     assert_eq!(zones, ["zone-a", "zone-b", "zone-c"]);
 
-    let kubelet = Kubelet::start(
-        &plane,
-        &nodes,
-        KubeletOptions::default().probe_period(Duration::from_millis(200)),
-    )
-    .await
-    .unwrap();
+    let kubelet = Kubelet::start(&plane, &nodes, KubeletOptions::default())
+        .await
+        .unwrap();
     let pods: Api<Pod> = Api::namespaced(plane.client(), NS);
     let created = Instant::now();
     pods.create(&PostParams::default(), &valkey_pod("smoke"))

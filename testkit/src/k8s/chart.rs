@@ -139,7 +139,7 @@ impl Default for ChartStageOptions {
             sets: Vec::new(),
             objects: Vec::new(),
             plane: ControlPlaneOptions::default(),
-            kubelet: KubeletOptions::default().probe_period(Duration::from_millis(200)),
+            kubelet: KubeletOptions::default(),
             helm_install: false,
             nodes: FakeNodesOptions::default(),
         }
@@ -148,15 +148,13 @@ impl Default for ChartStageOptions {
 
 impl ChartStageOptions {
     /// The chart installed into `namespace` with the values file `example` and `sets` on top, its
-    /// pods' agent the binary `agent` (probes every 200 ms).
+    /// pods' agent the binary `agent` (probes as the chart sets them).
     pub fn example(namespace: &str, example: PathBuf, sets: &[&str], agent: &Path) -> Self {
         ChartStageOptions {
             namespace: namespace.into(),
             values: vec![example],
             sets: sets.iter().map(|s| s.to_string()).collect(),
-            kubelet: KubeletOptions::default()
-                .probe_period(Duration::from_millis(200))
-                .sidecar_bin(agent),
+            kubelet: KubeletOptions::default().sidecar_bin(agent),
             ..ChartStageOptions::default()
         }
     }

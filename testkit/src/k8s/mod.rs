@@ -60,9 +60,12 @@ mod util;
 
 use k8s_openapi::api::core::v1::Pod;
 
-/// Whether the pod's `Ready` condition is `True`.
+/// Whether the pod is Ready as the rest of Kubernetes sees it: its `Ready` condition is `True`
+/// and it is not being deleted. A terminating pod may still report `Ready=True` (the kubelet
+/// leaves the condition alone while it stops the containers), but EndpointSlices and the
+/// disruption controller count it out from its `deletionTimestamp` on.
 pub fn pod_is_ready(pod: &Pod) -> bool {
-    pod_condition(pod, "Ready") == Some(true)
+    pod.metadata.deletion_timestamp.is_none() && pod_condition(pod, "Ready") == Some(true)
 }
 
 /// The status of one of the pod's conditions, if present.

@@ -47,7 +47,7 @@ impl Default for StageOptions {
         Self {
             namespace: "valkey".into(),
             plane: ControlPlaneOptions::default(),
-            kubelet: KubeletOptions::default().probe_period(Duration::from_millis(200)),
+            kubelet: KubeletOptions::default(),
             template: ValkeyPodTemplate::default(),
             shards: 3,
             members: 2,
@@ -61,10 +61,10 @@ impl StageOptions {
     /// One shard of three pods in replication mode, the agents (`sidecar_bin`) with the
     /// coordinator on (cluster name `valkey`) plus `env`.
     ///
-    /// Valkey's `repl-diskless-sync-delay` is 2 s here (the harness default is 0 for speed, Valkey's
-    /// own 5 s): without persistence a primary that restarts empty must not stream its empty
-    /// dataset to the replicas before its agent has released the record and the coordinator has
-    /// promoted a replica.
+    /// Valkey's `repl-diskless-sync-delay` is 2 s here (Valkey's own default is 5 s; the kubelet
+    /// adds no defaults): a primary that restarts empty (killed before any snapshot) must not
+    /// stream its empty dataset to the replicas before its agent has released the record and the
+    /// coordinator has promoted a replica.
     pub fn replication(namespace: &str, sidecar_bin: &Path, env: &[(&str, &str)]) -> StageOptions {
         let mut o = StageOptions {
             namespace: namespace.into(),

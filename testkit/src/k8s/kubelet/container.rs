@@ -2,7 +2,7 @@
 
 use std::net::Ipv4Addr;
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -11,7 +11,8 @@ use anyhow::Context;
 use k8s_openapi::api::core::v1::Container;
 use k8s_openapi::jiff::Timestamp;
 
-use super::probe::{Action, ProbeKind, Prober};
+use super::backoff::CrashLoop;
+use super::probe::{Action, ProbeKind, Prober, in_cgroup};
 use super::spec::{Kind, command_line, valkey_args};
 use crate::Result;
 use crate::net::lock;
@@ -78,6 +79,12 @@ pub(crate) struct ContainerState {
     /// Why the container is not running: reason and message.
     pub waiting: Option<(String, String)>,
     pub restart_at: Option<Instant>,
+    /// When the current run ended, as the back-off counts it.
+    pub exited_at: Option<Instant>,
+    pub crash_loop: CrashLoop,
+    /// A liveness or startup probe failed past its threshold: the next sync pass kills the
+    /// container (the probe runs apart from the sync loop, which decides on restarts).
+    pub probe_kill: bool,
     pub probers: Vec<Prober>,
     /// The pid of the latest run, for `containerID`.
     pub last_pid: Option<u32>,
@@ -117,6 +124,15 @@ pub(crate) struct Setup {
     pub cgroup: Option<PathBuf>,
 }
 
+/// A probe run the sync pass hands to its own task.
+pub(crate) struct DueProbe {
+    pub index: usize,
+    /// Of the container run it probes (see [`Prober::generation`]).
+    pub generation: u64,
+    pub action: Action,
+    pub timeout: Duration,
+}
+
 /// A container: spec, resolved environment and command line, and its process once started.
 pub(crate) struct ContainerRuntime {
     pub name: String,
@@ -135,7 +151,7 @@ pub(crate) struct ContainerRuntime {
 }
 
 impl ContainerRuntime {
-    pub fn new(setup: Setup, ip: Ipv4Addr, probe_period: Option<Duration>) -> Result<Self> {
+    pub fn new(setup: Setup, ip: Ipv4Addr) -> Result<Self> {
         let Setup {
             spec,
             class,
@@ -154,7 +170,7 @@ impl ContainerRuntime {
         for (kind, probe) in probes {
             let Some(probe) = probe else { continue };
             if let Some(action) = Action::of_probe(probe, &spec, ip)? {
-                probers.push(Prober::new(kind, probe, action, probe_period));
+                probers.push(Prober::new(kind, probe, action));
             }
         }
         let state = ContainerState {
@@ -231,15 +247,19 @@ impl ContainerRuntime {
             }
         };
         let mut state = lock(&self.state);
+        let now = Instant::now();
         if let Some(previous) = state.terminated.take() {
             state.last_terminated = Some(previous);
             state.restart_count += 1;
+            let exited = state.exited_at.unwrap_or(now);
+            state.crash_loop.restarted(exited, now);
         }
         state.running_since = Some(Timestamp::now());
         state.waiting = None;
         state.restart_at = None;
+        state.exited_at = None;
+        state.probe_kill = false;
         state.last_pid = Some(process.pid());
-        let now = Instant::now();
         for p in &mut state.probers {
             p.reset(now);
         }
@@ -272,14 +292,16 @@ impl ContainerRuntime {
                 (args, dir.path().join("output.log"))
             }
         };
-        let spec = in_cgroup(
+        let (program, args) = in_cgroup(
             self.cgroup.as_deref(),
-            ProcessSpec {
-                program: PathBuf::from("env"),
-                args: env_args(&self.env, &program, args),
-                label: self.label.clone(),
-            },
+            "env".into(),
+            env_args(&self.env, &program, args),
         );
+        let spec = ProcessSpec {
+            program: PathBuf::from(program),
+            args,
+            label: self.label.clone(),
+        };
         ServerProcess::spawn(spec, dir, log)
     }
 
@@ -291,7 +313,13 @@ impl ContainerRuntime {
         let status = process.exit_status()?;
         let terminated = terminated(status, state.running_since.take());
         state.terminated = Some(terminated.clone());
+        state.exited_at = Some(Instant::now());
         Some(terminated)
+    }
+
+    /// The pod cgroup's `cgroup.procs`, when pods have cgroups.
+    pub fn cgroup(&self) -> Option<&Path> {
+        self.cgroup.as_deref()
     }
 
     /// The pid while the process runs.
@@ -332,32 +360,61 @@ impl ContainerRuntime {
             .unwrap_or_default()
     }
 
-    /// Probes that are due now: index, action and timeout.
-    pub fn due_probes(&self, now: Instant) -> Vec<(usize, Action, Duration)> {
-        let state = lock(&self.state);
+    /// Probes that are due now, marked as running: one [`DueProbe`] each.
+    pub fn due_probes(&self, now: Instant) -> Vec<DueProbe> {
+        let mut state = lock(&self.state);
         if state.running_since.is_none() {
             return Vec::new();
         }
         let startup_pending = state.verdict(ProbeKind::Startup) == Some(false);
-        state
-            .probers
-            .iter()
-            .enumerate()
+        let mut due = Vec::new();
+        for (index, p) in state.probers.iter_mut().enumerate() {
             // Liveness and readiness wait for the startup probe, as in the kubelet.
-            .filter(|(_, p)| p.due(now) && (p.kind == ProbeKind::Startup || !startup_pending))
-            .filter(|(_, p)| !(p.kind == ProbeKind::Startup && p.passing))
-            .map(|(i, p)| (i, p.action.clone(), p.timeout))
-            .collect()
+            let waits = p.kind != ProbeKind::Startup && startup_pending;
+            let done = p.kind == ProbeKind::Startup && p.passing;
+            if !p.due(now) || waits || done {
+                continue;
+            }
+            p.begin(now);
+            due.push(DueProbe {
+                index,
+                generation: p.generation,
+                action: p.action.clone(),
+                timeout: p.timeout,
+            });
+        }
+        due
     }
 
-    /// Records a probe result; `true` if the container must be restarted (liveness or startup
-    /// failed past the threshold).
-    pub fn record_probe(&self, index: usize, result: Result<String>) -> bool {
+    /// Records the result of a probe run. A result from before the latest (re)start is dropped.
+    /// A liveness or startup probe failing past its threshold marks the container for a kill
+    /// ([`ContainerState::probe_kill`]).
+    pub fn record_probe(&self, probe: &DueProbe, result: Result<String>) {
         let mut state = lock(&self.state);
-        state
-            .probers
-            .get_mut(index)
-            .is_some_and(|p| p.record(result, Instant::now()))
+        let Some(p) = state.probers.get_mut(probe.index) else {
+            return;
+        };
+        if p.generation != probe.generation {
+            return;
+        }
+        if p.record(result) {
+            state.probe_kill = true;
+        }
+    }
+
+    /// The node rebooted: the back-off history is gone (the kubelet keeps it in memory), so a
+    /// container waiting out a back-off starts at once.
+    pub fn rebooted(&self) {
+        let mut state = lock(&self.state);
+        state.crash_loop.forget();
+        if state.restart_at.is_some() {
+            state.restart_at = Some(Instant::now());
+        }
+    }
+
+    /// Whether a probe asked for the container to be killed; clears the request.
+    pub fn take_probe_kill(&self) -> bool {
+        std::mem::take(&mut lock(&self.state).probe_kill)
     }
 }
 
@@ -386,26 +443,6 @@ fn terminated(status: ExitStatus, started_at: Option<Timestamp>) -> Terminated {
         started_at,
         finished_at: Timestamp::now(),
         message: None,
-    }
-}
-
-/// `spec` run from a shell that first moves itself into the pod's cgroup, then execs: every
-/// socket the container ever opens belongs to the pod (a restart joins it again).
-fn in_cgroup(procs: Option<&std::path::Path>, spec: ProcessSpec) -> ProcessSpec {
-    let Some(procs) = procs else {
-        return spec;
-    };
-    let mut args: Vec<std::ffi::OsString> = vec![
-        "-c".into(),
-        r#"echo $$ > "$0" && exec "$@""#.into(),
-        procs.into(),
-        spec.program.into(),
-    ];
-    args.extend(spec.args);
-    ProcessSpec {
-        program: PathBuf::from("sh"),
-        args,
-        label: spec.label,
     }
 }
 

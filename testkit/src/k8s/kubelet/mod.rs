@@ -12,14 +12,22 @@
 //!    under a `mountPath` to them ([`volume`]),
 //! 4. starts the containers it recognises (see [`spec`] for the image → program mapping, the
 //!    downward-API environment and the pod-local loopback rule) in the kubelet's order (below),
+//!    each pod's processes in a cgroup of their own below one per node
+//!    (`<root>/<node>/<pod uid>`, [`super::netfault`]),
 //! 5. reports status like a kubelet (phase, pod/host IPs, `initContainerStatuses` and
 //!    `containerStatuses`, the `Initialized`/`ContainersReady`/`Ready` conditions) and runs
-//!    startup, liveness and readiness probes ([`probe`]), restarting crashed containers after a
-//!    fixed short back-off,
+//!    startup, liveness and readiness probes as the pod specifies them ([`probe`]: every
+//!    `periodSeconds`, `timeoutSeconds`, threshold and initial delay, period and timeout at least
+//!    1 s, each probe in a task of its own), restarting exited containers with the kubelet's
+//!    crash-loop back-off ([`backoff`]: at once, then 10 s, 20 s, … up to 5 min, reported as
+//!    `waiting.reason: CrashLoopBackOff`; a liveness kill counts),
 //! 6. on a `deletionTimestamp`: stops the containers in the kubelet's order ([`terminate`]: every
 //!    container's own `preStop` at once, SIGTERM to each main container after its hook, to the
 //!    native sidecars only after every main container has exited, in reverse order; SIGKILL at
-//!    the end of the grace period) and removes the pod object (grace 0).
+//!    the end of the grace period) and removes the pod object (grace 0). Like the kubelet, it
+//!    does not report the pod unready for its termination: the `Ready` condition stays as it
+//!    was. What treats a terminating pod as not ready is everyone else (EndpointSlices, the
+//!    disruption controller), and so does [`super::pod_is_ready`] (and [`Kubelet::wait_ready`]).
 //!
 //! **Init containers and native sidecars** (Kubernetes ≥ 1.29, KEP-753). `initContainers` run one
 //! at a time in order before the main containers. A regular one (no `restartPolicy`) must exit 0
@@ -34,17 +42,66 @@
 //! (`UnsupportedImage`) without holding up the next container, and keeps the pod unready. The
 //! pod is `Pending` until every init container has passed.
 //!
-//! Chaos: [`Kubelet::crash`] (SIGKILL behind Kubernetes' back; the kubelet notices and restarts),
-//! [`Kubelet::pause`]/[`Kubelet::resume`] (SIGSTOP/SIGCONT), [`Kubelet::cut_node`] (every process
-//! of the node killed and its heartbeat stopped: the node goes Unknown, its pods stay as they are
-//! in the API, as with a real dead node) and [`Kubelet::restore_node`]. Records with timings:
-//! [`Kubelet::starts`], [`Kubelet::hook_runs`], [`Kubelet::stops`].
+//! **Chaos.** Per pod: [`Kubelet::crash`] (SIGKILL behind Kubernetes' back; the kubelet notices
+//! and restarts), [`Kubelet::pause`]/[`Kubelet::resume`] (SIGSTOP/SIGCONT), and network faults
+//! between pods ([`Kubelet::partition`], [`Kubelet::cut_from_apiserver`], [`Kubelet::throttle`],
+//! undone by [`Kubelet::heal_network`]). Per node, each undone by its twin:
+//! - [`Kubelet::power_off`] / [`Kubelet::power_on`]: the node's addresses go silent (packets
+//!   dropped, not refused) before every process of its pods is killed; peers and clients hang
+//!   until their own timeouts. Its heartbeat stops (the node goes `Unknown` after the
+//!   controller-manager's grace period) and the kubelet stops acting for it: no restarts, no
+//!   status, deletions stay pending. Powered on, the containers start again at once, as after a
+//!   reboot (back-off forgotten, `emptyDir` volumes kept).
+//! - [`Kubelet::partition_node`] / [`Kubelet::heal_node`]: the processes keep running, but its
+//!   pods reach only each other, the node's InternalIP ([`Kubelet::node_client_ip`]: a test
+//!   client bound to it is on the node) and the observer; nobody else reaches them and they do
+//!   not reach the apiserver. Heartbeat and kubelet stop as for a power-off.
+//! - [`Kubelet::freeze_node`] / [`Kubelet::thaw_node`]: SIGSTOP / SIGCONT to every process of its
+//!   pods; heartbeat and kubelet stop / resume.
 //!
-//! Not supported: `envFrom`, gRPC probes, HTTPS probes, resource limits, volume types other than
-//! the five above (they are empty directories), re-running init containers after a crash of the
-//! whole pod.
+//! A client bound to [`Kubelet::observer_ip`] is exempt from every network fault. Records with
+//! timings: [`Kubelet::starts`], [`Kubelet::hook_runs`], [`Kubelet::stops`].
+//!
+//! Needs root, cgroup v2 and `nft` unless [`KubeletOptions::network_faults`] is turned off (then
+//! no network or node fault but [`Kubelet::freeze_node`] is available).
+//!
+//! **Differences from a real kubelet**, all of them deliberate or at least known:
+//! - *Images and programs*: only `valkey`, `valkey-sidecar` and `pause` images run (see [`spec`]);
+//!   other init containers are reported completed without running, other containers wait.
+//! - *Probes*: `httpGet` (HTTP only), `tcpSocket` and `exec`; no gRPC probes, no HTTPS. HTTP and
+//!   TCP probes come from the test process (source `127.0.0.1`), not from the node's address;
+//!   exec probes run on the host (in the pod's cgroup, with the container's environment), not
+//!   in the container's filesystem. The first probe runs right after `initialDelaySeconds`, with
+//!   no random offset.
+//! - *No isolation*: processes are not chrooted and share the host's network namespace and
+//!   loopback; container paths under a volume's `mountPath` are rewritten to the volume's host
+//!   directory, and `127.0.0.1`/`localhost` in environment values and exec arguments to the pod
+//!   IP (pod-local loopback, see [`spec`]). A process that connects to `127.0.0.1` by other
+//!   means reaches the host. No resource requests or limits are enforced, no users, no
+//!   capabilities, no `readOnly` mounts.
+//! - *Valkey*: the harness forces `bind`, `bind-source-addr` (the pod IP), `dir`, `logfile` and
+//!   `daemonize` over the pod's arguments, because every pod shares the host; everything else
+//!   is what the pod says. The config-file argument is skipped.
+//! - *Restarts*: the crash-loop back-off is exact (the kubelet restarts on its own re-sync, a few
+//!   seconds later); after a whole pod died (a crash of every container, a power-off) each
+//!   container is restarted on its own — init containers do not run again, sidecars and main
+//!   containers start together.
+//! - *Node faults*: a partitioned or frozen node's kubelet stops acting entirely, where a real
+//!   one would keep probing and restarting locally (and only fail to report). A powered-off
+//!   node's processes are killed with SIGKILL and report exit code 137 (a real reboot reports
+//!   the old containers as `Unknown`). Packets the kernel sends for a socket that is gone carry
+//!   no cgroup: resets for the dead node's connections *from `127.0.0.1`* (its agents' API and
+//!   peer connections) still reach their peers, which then see a reset where a real peer would
+//!   time out (connections to its pod IPs stay silent). A frozen node's kernel still completes
+//!   TCP handshakes and ACKs data for its stopped processes (only the processes stop, not the
+//!   machine).
+//! - *Not supported*: `envFrom`, `resourceFieldRef`, volume types other than the five above (they
+//!   are empty directories), ephemeral containers, `kubectl exec` through the API (see
+//!   [`Kubelet::exec`] for a harness-side equivalent), logs through the API, events.
 
+mod backoff;
 mod container;
+mod faults;
 mod ips;
 mod pod;
 mod probe;
@@ -56,6 +113,7 @@ mod volume;
 use std::collections::{HashMap, HashSet};
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
+use std::process::Output;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -68,8 +126,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use self::pod::PodRuntime;
+use self::probe::{ExecIn, exec_command};
 use super::control_plane::ControlPlane;
-use super::netfault::{Cgroups, Cut, NetFaults};
+use super::netfault::{Cgroups, NetFaults};
 use super::nodes::{FakeNodes, NodesShared};
 use super::util::poll_until;
 use crate::Result;
@@ -81,10 +140,6 @@ pub struct KubeletOptions {
     /// The agent binary for `valkey-sidecar` images; `None`: [`super::sidecar_bin`] (if that
     /// fails, such containers wait with reason `StartError`).
     pub sidecar_bin: Option<PathBuf>,
-    /// Replaces every probe's `periodSeconds` (default: the probe's, else 1 s).
-    pub probe_period: Option<Duration>,
-    /// Delay before a crashed container is restarted.
-    pub restart_backoff: Duration,
     /// How often each pod checks its processes and reports status.
     pub sync_period: Duration,
     /// Lifetime requested for pod ServiceAccount tokens.
@@ -92,8 +147,9 @@ pub struct KubeletOptions {
     /// How often Secret, ConfigMap, downward-API and token volumes are refreshed (the kubelet's
     /// sync period is about a minute).
     pub volume_refresh: Duration,
-    /// Run each pod in a cgroup of its own, so [`Kubelet::partition`] and
-    /// [`Kubelet::cut_from_apiserver`] can cut its traffic (needs root, cgroup v2 and `nft`).
+    /// Run each pod in a cgroup of its own and keep an nftables table, so pod and node network
+    /// faults ([`Kubelet::partition`], [`Kubelet::power_off`], …) can cut its traffic. On by
+    /// default; needs root, cgroup v2 and `nft`.
     pub network_faults: bool,
 }
 
@@ -101,29 +157,21 @@ impl Default for KubeletOptions {
     fn default() -> Self {
         Self {
             sidecar_bin: None,
-            probe_period: None,
-            restart_backoff: Duration::from_secs(1),
             sync_period: Duration::from_millis(100),
             token_ttl: Duration::from_secs(3600),
             volume_refresh: Duration::from_secs(60),
-            network_faults: false,
+            network_faults: true,
         }
     }
 }
 
 impl KubeletOptions {
-    /// Probes every `period` instead of the pods' `periodSeconds`.
-    pub fn probe_period(mut self, period: Duration) -> Self {
-        self.probe_period = Some(period);
-        self
-    }
-
     pub fn sidecar_bin(mut self, path: impl Into<PathBuf>) -> Self {
         self.sidecar_bin = Some(path.into());
         self
     }
 
-    /// See [`KubeletOptions::network_faults`].
+    /// See [`KubeletOptions::network_faults`] (already the default).
     pub fn network_faults(mut self) -> Self {
         self.network_faults = true;
         self
@@ -185,12 +233,13 @@ pub(crate) struct Shared {
     /// Node name → host IP, for the nodes this kubelet serves.
     host_ips: HashMap<String, String>,
     opts: KubeletOptions,
-    binaries: HashMap<&'static str, PathBuf>,
+    binaries: Arc<HashMap<&'static str, PathBuf>>,
     /// Why `valkey-sidecar` images cannot run, if they cannot.
     sidecar_missing: Option<String>,
     /// By pod uid.
     pods: Mutex<HashMap<String, PodEntry>>,
-    cut: Mutex<HashSet<String>>,
+    /// Nodes that are down, and why (see [`Down`]).
+    down: Mutex<HashMap<String, HashSet<Down>>>,
     /// With [`KubeletOptions::network_faults`]: the pods' cgroups and the drop rules. Declared
     /// rules first: the table goes before the cgroups it names.
     faults: Option<(NetFaults, Cgroups)>,
@@ -199,9 +248,65 @@ pub(crate) struct Shared {
     stops: Mutex<Vec<StopRecord>>,
 }
 
+/// Why a node is down: its heartbeat stops and the kubelet stops acting for it while any of
+/// these holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Down {
+    PowerOff,
+    Partition,
+    Freeze,
+}
+
 impl Shared {
-    fn is_cut(&self, node: &str) -> bool {
-        lock(&self.cut).contains(node)
+    /// Whether the kubelet has stopped acting for `node` (no restarts, probes, status or
+    /// finalised deletions).
+    fn is_down(&self, node: &str) -> bool {
+        lock(&self.down)
+            .get(node)
+            .is_some_and(|why| !why.is_empty())
+    }
+
+    /// Runs `f` (which starts a process) only while `node` is up, and keeps it from going down
+    /// meanwhile: once [`Self::go_down`] has returned, nothing starts there.
+    fn while_up<T>(&self, node: &str, f: impl FnOnce() -> T) -> Option<T> {
+        let down = lock(&self.down);
+        if down.get(node).is_some_and(|why| !why.is_empty()) {
+            return None;
+        }
+        let out = f();
+        drop(down);
+        Some(out)
+    }
+
+    /// Marks `node` down for `why` and stops its heartbeat.
+    fn go_down(&self, node: &str, why: Down) -> Result<()> {
+        if !self.host_ips.contains_key(node) {
+            anyhow::bail!("{node} is not a node of this kubelet");
+        }
+        let mut down = lock(&self.down);
+        if !down.entry(node.to_owned()).or_default().insert(why) {
+            anyhow::bail!("{node} is already down ({why:?})");
+        }
+        self.nodes.set_beating(node, false)
+    }
+
+    /// Clears `why`; once nothing keeps `node` down, its heartbeat and the kubelet resume.
+    fn come_up(&self, node: &str, why: Down) -> Result<()> {
+        let mut down = lock(&self.down);
+        let reasons = down.entry(node.to_owned()).or_default();
+        if !reasons.remove(&why) {
+            anyhow::bail!("{node} is not down ({why:?})");
+        }
+        if reasons.is_empty() {
+            self.nodes.set_beating(node, true)?;
+        }
+        Ok(())
+    }
+
+    /// The pods of `node`.
+    fn pods_on(&self, node: &str) -> Vec<Arc<PodRuntime>> {
+        let pods = self.runtimes().into_iter();
+        pods.filter(|p| p.node == node).collect()
     }
 
     /// A new or changed pod from the watch.
@@ -244,7 +349,7 @@ impl Shared {
     fn admit(&self, pod: &Pod, node: String, host_ip: String) -> Result<Arc<PodRuntime>> {
         let ip = ips::allocate(&ips::ports_of(pod))?;
         let cgroup = match (&self.faults, pod.metadata.uid.as_deref()) {
-            (Some((_, cgroups)), Some(uid)) => Some(cgroups.pod(uid)?),
+            (Some((_, cgroups)), Some(uid)) => Some(cgroups.pod(&node, uid)?),
             _ => None,
         };
         Ok(Arc::new(PodRuntime::new(pod, node, host_ip, ip, cgroup)?))
@@ -363,11 +468,11 @@ impl Kubelet {
                 .iter()
                 .map(|n| (n.name.clone(), n.internal_ip.to_string()))
                 .collect(),
-            binaries: pod::binaries(sidecar.ok(), Some(valkey)),
+            binaries: Arc::new(pod::binaries(sidecar.ok(), Some(valkey))),
             sidecar_missing,
             opts,
             pods: Mutex::new(HashMap::new()),
-            cut: Mutex::new(HashSet::new()),
+            down: Mutex::new(HashMap::new()),
             faults,
             hooks: Mutex::new(Vec::new()),
             starts: Mutex::new(Vec::new()),
@@ -429,99 +534,6 @@ impl Kubelet {
         c.kill()
     }
 
-    /// SIGSTOP every process of the pod (probes then time out).
-    pub fn pause(&self, namespace: &str, name: &str) -> Result<()> {
-        self.signal_pod(namespace, name, "STOP")
-    }
-
-    /// SIGCONT after [`Self::pause`].
-    pub fn resume(&self, namespace: &str, name: &str) -> Result<()> {
-        self.signal_pod(namespace, name, "CONT")
-    }
-
-    fn signal_pod(&self, namespace: &str, name: &str, signal: &str) -> Result<()> {
-        for c in self.pod(namespace, name)?.containers() {
-            c.signal(signal)?;
-        }
-        Ok(())
-    }
-
-    /// The node dies: SIGKILL every process of its pods, stop its heartbeat, and stop acting for
-    /// it (no restarts, no status, deletions stay pending) until [`Self::restore_node`].
-    pub fn cut_node(&self, node: &str) -> Result<()> {
-        self.shared.nodes.set_beating(node, false)?;
-        lock(&self.shared.cut).insert(node.to_owned());
-        for pod in self.shared.runtimes().iter().filter(|p| p.node == node) {
-            pod.kill_all();
-        }
-        Ok(())
-    }
-
-    /// The node comes back: heartbeat resumes, its pods' containers restart.
-    pub fn restore_node(&self, node: &str) -> Result<()> {
-        lock(&self.shared.cut).remove(node);
-        self.shared.nodes.set_beating(node, true)
-    }
-
-    /// Cuts the network between pod `a` and each of `others` (both directions), as a partition
-    /// would: their connections hang, everything else still works.
-    pub fn partition(&self, namespace: &str, a: &str, others: &[&str]) -> Result<()> {
-        let (faults, cgroups) = self.faults()?;
-        let a = self.pod(namespace, a)?;
-        for other in others {
-            let b = self.pod(namespace, other)?;
-            for (from, to) in [(&a, &b), (&b, &a)] {
-                let cut = Cut {
-                    from_uid: from.uid.clone(),
-                    to: to.ip,
-                    port: None,
-                };
-                faults.drop(cgroups, &cut)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Cuts the pod off from the apiserver (its requests hang); pods still reach each other.
-    pub fn cut_from_apiserver(&self, namespace: &str, pod: &str) -> Result<()> {
-        let (faults, cgroups) = self.faults()?;
-        let (host, port) = apiserver_addr(&self.shared.url)?;
-        let cut = Cut {
-            from_uid: self.pod(namespace, pod)?.uid.clone(),
-            to: host,
-            port: Some(port),
-        };
-        faults.drop(cgroups, &cut)
-    }
-
-    /// Throttles what pod `from` sends from its port `port` to pod `to` (e.g. a primary's
-    /// replication stream to one replica) to `bytes_per_second`.
-    pub fn throttle(
-        &self,
-        namespace: &str,
-        (from, port): (&str, u16),
-        to: &str,
-        bytes_per_second: u64,
-    ) -> Result<()> {
-        let (faults, cgroups) = self.faults()?;
-        let from = self.pod(namespace, from)?;
-        let to = self.pod(namespace, to)?;
-        faults.throttle(cgroups, (&from.uid, port), to.ip, bytes_per_second)
-    }
-
-    /// Removes every network fault.
-    pub fn heal_network(&self) -> Result<()> {
-        self.faults()?.0.heal()
-    }
-
-    fn faults(&self) -> Result<(&NetFaults, &Cgroups)> {
-        let (faults, cgroups) =
-            self.shared.faults.as_ref().context(
-                "the kubelet runs without network faults (KubeletOptions::network_faults)",
-            )?;
-        Ok((faults, cgroups))
-    }
-
     /// Every lifecycle hook run so far, in order.
     pub fn hook_runs(&self) -> Vec<HookRun> {
         lock(&self.shared.hooks).clone()
@@ -566,7 +578,41 @@ impl Kubelet {
             .unwrap_or_default()
     }
 
-    /// Waits until the pod object reports `Ready=True`; returns it.
+    /// Runs `command` in the container's pod as `kubectl exec` would, but from the harness's side:
+    /// on the host, inside the pod's cgroup (so the pod's and its node's network faults apply),
+    /// with the container's environment, `127.0.0.1`/`localhost` arguments rewritten to the pod
+    /// IP and `valkey-server`/`valkey-sidecar` found as for exec probes (volume paths are not
+    /// rewritten). Works whatever the node's state, like a console on the machine. The command is
+    /// killed after `timeout` (an error).
+    pub async fn exec(
+        &self,
+        namespace: &str,
+        name: &str,
+        container: &str,
+        command: &[&str],
+        timeout: Duration,
+    ) -> Result<Output> {
+        let pod = self.pod(namespace, name)?;
+        let c = pod
+            .containers()
+            .into_iter()
+            .find(|c| c.name == container)
+            .with_context(|| format!("pod {namespace}/{name} has no container {container}"))?;
+        let argv: Vec<String> = command.iter().map(|a| spec::localize(a, pod.ip)).collect();
+        let exec = ExecIn {
+            env: &c.env,
+            binaries: &self.shared.binaries,
+            cgroup: c.cgroup(),
+        };
+        let mut cmd = exec_command(&argv, &exec)?;
+        tokio::time::timeout(timeout, cmd.output())
+            .await
+            .with_context(|| format!("{argv:?} in {namespace}/{name} timed out after {timeout:?}"))?
+            .with_context(|| format!("running {argv:?} in {namespace}/{name}"))
+    }
+
+    /// Waits until the pod object reports `Ready=True` and is not being deleted
+    /// ([`super::pod_is_ready`]); returns it.
     pub async fn wait_ready(&self, namespace: &str, name: &str, timeout: Duration) -> Result<Pod> {
         let api: Api<Pod> = Api::namespaced(self.shared.client.clone(), namespace);
         let what = format!("pod {namespace}/{name} Ready");
@@ -579,11 +625,11 @@ impl Kubelet {
 }
 
 /// The apiserver's IP and port from its URL (`https://127.0.0.1:6443`).
-fn apiserver_addr(url: &str) -> Result<(Ipv4Addr, u16)> {
+fn apiserver_addr(url: &str) -> Result<std::net::SocketAddrV4> {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let hostport = rest.split('/').next().unwrap_or(rest);
     let (host, port) = hostport
         .rsplit_once(':')
         .with_context(|| format!("no port in {url}"))?;
-    Ok((host.parse()?, port.parse()?))
+    Ok(std::net::SocketAddrV4::new(host.parse()?, port.parse()?))
 }

@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use futures::future::join_all;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Container, Pod, ServiceAccount};
 use k8s_openapi::jiff::Timestamp;
@@ -20,7 +19,7 @@ use tempfile::TempDir;
 use tokio::sync::watch;
 
 use super::container::{Class, ContainerRuntime, Setup};
-use super::probe::Action;
+use super::probe::{Action, ExecIn};
 use super::spec::{Kind, PodFacts, harness_env, kind_of, pod_env};
 use super::status::{PodView, Transitions, status_patch};
 use super::terminate::terminate;
@@ -28,8 +27,10 @@ use super::volume::{Mounts, Sources, Volumes};
 use super::{HookRun, Shared, StartRecord};
 use crate::Result;
 use crate::k8s::kubeconfig::{self, Credential};
+use crate::k8s::netfault::{cgroup_pids, kill_cgroup};
 use crate::k8s::pod_condition;
 use crate::net::lock;
+use crate::process::signal_pids;
 
 /// A pod the kubelet runs.
 pub(crate) struct PodRuntime {
@@ -90,20 +91,54 @@ impl PodRuntime {
         lock(&self.containers).clone()
     }
 
-    /// SIGKILL every process of the pod.
+    /// SIGKILL every process of the pod at once (children too, with a cgroup), and reap them.
     pub fn kill_all(&self) {
-        // Freeze every container first: a stopped process keeps its sockets open, so no container
-        // sees another die and reacts (an agent releasing its Lease in the moment between its
-        // Valkey's kill and its own) — a node that is lost loses everything at once.
-        for c in self.containers() {
-            if let Err(e) = c.signal("STOP") {
-                eprintln!("valkey-testkit kubelet: stopping {}: {e:#}", c.label);
+        match &self.cgroup {
+            Some(procs) => {
+                if let Err(e) = kill_cgroup(procs) {
+                    eprintln!("valkey-testkit kubelet: {e:#}");
+                }
+            }
+            None => {
+                // Freeze every container first: a stopped process keeps its sockets open, so no
+                // container sees another die and reacts (an agent releasing its Lease in the
+                // moment between its Valkey's kill and its own) — a pod that is lost loses
+                // everything at once.
+                for c in self.containers() {
+                    if let Err(e) = c.signal("STOP") {
+                        eprintln!("valkey-testkit kubelet: stopping {}: {e:#}", c.label);
+                    }
+                }
             }
         }
+        self.reap();
+    }
+
+    /// SIGKILL to what is still running and reap every container's process (killed behind its
+    /// back, e.g. by `cgroup.kill`).
+    pub fn reap(&self) {
         for c in self.containers() {
             if let Err(e) = c.kill() {
                 eprintln!("valkey-testkit kubelet: killing {}: {e:#}", c.label);
             }
+        }
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`, …) to every process of the pod: with a cgroup every
+    /// process in it (children a container started too), else each container's process.
+    pub fn signal_all(&self, signal: &str) -> Result<()> {
+        let pids = match &self.cgroup {
+            Some(procs) => cgroup_pids(procs)?,
+            None => self.pids(),
+        };
+        signal_pids(&pids, signal)
+    }
+
+    /// The node came back from a power-off: the kubelet forgot every back-off, containers start
+    /// again at once.
+    pub fn rebooted(&self) {
+        for c in self.containers() {
+            c.rebooted();
         }
     }
 
@@ -171,7 +206,8 @@ async fn lifecycle(
 enum Step {
     /// The object was removed (force-deleted, or finalised by us).
     Gone,
-    /// The node is cut: nobody restarts, probes or reports, nobody finalises a deletion.
+    /// The node is down (powered off, partitioned or frozen): nobody restarts, probes or
+    /// reports, nobody finalises a deletion.
     Frozen,
     Terminate(Pod),
     Run(Pod),
@@ -181,7 +217,7 @@ fn next_step(shared: &Shared, pod: &PodRuntime, rx: &mut watch::Receiver<Option<
     let Some(object) = rx.borrow_and_update().clone() else {
         return Step::Gone;
     };
-    if shared.is_cut(&pod.node) {
+    if shared.is_down(&pod.node) {
         Step::Frozen
     } else if deleting(&object) {
         Step::Terminate(object)
@@ -222,7 +258,7 @@ async fn prepare(shared: &Shared, pod: &PodRuntime, object: &Pod) -> Result<()> 
     let mut containers = Vec::new();
     for (container, class) in all {
         let setup = setup(shared, pod, &facts, container, class).await?;
-        let runtime = ContainerRuntime::new(setup, pod.ip, shared.opts.probe_period)?;
+        let runtime = ContainerRuntime::new(setup, pod.ip)?;
         containers.push(Arc::new(runtime));
     }
     *lock(&pod.containers) = containers;
@@ -383,11 +419,16 @@ async fn launch(shared: &Shared, pod: &PodRuntime, c: &ContainerRuntime) {
     lock(&c.state).waiting = Some((why.0.into(), why.1));
 }
 
-/// Starts (or restarts) one container and runs its postStart hook.
+/// Starts (or restarts) one container and runs its postStart hook. Nothing starts on a node
+/// that is down, even if this pass began before it went down.
 async fn start_container(shared: &Shared, pod: &PodRuntime, c: &ContainerRuntime) {
-    if let Err(e) = c.start() {
-        lock(&c.state).waiting = Some(("StartError".into(), format!("{e:#}")));
-        return;
+    match shared.while_up(&pod.node, || c.start()) {
+        None => return,
+        Some(Err(e)) => {
+            lock(&c.state).waiting = Some(("StartError".into(), format!("{e:#}")));
+            return;
+        }
+        Some(Ok(())) => {}
     }
     lock(&shared.starts).push(StartRecord {
         namespace: pod.namespace.clone(),
@@ -413,13 +454,22 @@ async fn start_container(shared: &Shared, pod: &PodRuntime, c: &ContainerRuntime
     }
 }
 
-/// One pass: exits and restarts, due probes, the init sequence, token and volume renewal,
-/// status report.
+/// One pass: probe kills, exits and restarts, due probes, the init sequence, token and volume
+/// renewal, status report.
 async fn sync(shared: &Shared, pod: &PodRuntime, object: &Pod) {
     let policy = restart_policy(object);
     for c in pod.containers() {
+        if c.take_probe_kill() {
+            eprintln!(
+                "valkey-testkit kubelet: {} failed its probe; restarting it",
+                c.label
+            );
+            if let Err(e) = c.kill() {
+                eprintln!("valkey-testkit kubelet: killing {}: {e:#}", c.label);
+            }
+        }
         if let Some(t) = c.check_exit() {
-            schedule_restart(shared, &c, &policy, t.exit_code);
+            schedule_restart(pod, &c, &policy, t.exit_code);
         }
         let due = lock(&c.state)
             .restart_at
@@ -428,7 +478,7 @@ async fn sync(shared: &Shared, pod: &PodRuntime, object: &Pod) {
             start_container(shared, pod, &c).await;
         }
     }
-    run_probes(shared, pod, &policy).await;
+    run_probes(shared, pod);
     advance(shared, pod).await;
     refresh_volumes(shared, pod, object).await;
     let renew = lock(&pod.token_refresh_at).is_some_and(|at| Instant::now() >= at);
@@ -472,42 +522,59 @@ async fn refresh_volumes(shared: &Shared, pod: &PodRuntime, object: &Pod) {
     }
 }
 
-/// Restarts after [`super::KubeletOptions::restart_backoff`] per [`Class::restarts`] (the
-/// kubelet's back-off grows from 10 s to 5 min; a fixed short one keeps tests quick).
-fn schedule_restart(shared: &Shared, c: &ContainerRuntime, policy: &str, exit_code: i32) {
-    if c.class.restarts(policy, exit_code) {
-        lock(&c.state).restart_at = Some(Instant::now() + shared.opts.restart_backoff);
+/// Schedules the restart of a container whose run just ended, if [`Class::restarts`] says so:
+/// at once or after the crash-loop back-off ([`super::backoff`]), reporting `CrashLoopBackOff`
+/// while it waits.
+fn schedule_restart(pod: &PodRuntime, c: &ContainerRuntime, policy: &str, exit_code: i32) {
+    if !c.class.restarts(policy, exit_code) {
+        return;
+    }
+    let mut state = lock(&c.state);
+    let exited = state.exited_at.unwrap_or_else(Instant::now);
+    let delay = state.crash_loop.delay(exited);
+    state.restart_at = Some(exited + delay);
+    if !delay.is_zero() {
+        let message = format!(
+            "back-off {} restarting failed container={} pod={}_{}({})",
+            go_duration(delay),
+            c.name,
+            pod.name,
+            pod.namespace,
+            pod.uid
+        );
+        state.waiting = Some(("CrashLoopBackOff".into(), message));
     }
 }
 
-/// Runs every due probe of every container concurrently and records the results; a failed
-/// liveness or startup probe kills the container (it restarts per policy).
-async fn run_probes(shared: &Shared, pod: &PodRuntime, policy: &str) {
-    let now = Instant::now();
-    let mut due = Vec::new();
-    for c in pod.containers() {
-        for (index, action, timeout) in c.due_probes(now) {
-            due.push((Arc::clone(&c), index, action, timeout));
-        }
+/// A whole-second duration as Go prints it (`10s`, `2m40s`, `5m0s`), as in the kubelet's
+/// messages.
+fn go_duration(d: Duration) -> String {
+    let secs = d.as_secs();
+    match secs / 60 {
+        0 => format!("{secs}s"),
+        minutes => format!("{minutes}m{}s", secs % 60),
     }
-    let runs = due
-        .into_iter()
-        .map(|(c, index, action, timeout)| async move {
-            let result = action.run(timeout, &c.env, &shared.binaries).await;
-            (c, index, result)
-        });
-    for (c, index, result) in join_all(runs).await {
-        if c.record_probe(index, result) {
-            eprintln!(
-                "valkey-testkit kubelet: {} failed its probe; restarting it",
-                c.label
-            );
-            if let Err(e) = c.kill() {
-                eprintln!("valkey-testkit kubelet: killing {}: {e:#}", c.label);
-            }
-            if let Some(t) = c.check_exit() {
-                schedule_restart(shared, &c, policy, t.exit_code);
-            }
+}
+
+/// Starts every due probe in a task of its own, as the kubelet's prober workers run apart from
+/// its sync loop: a probe that hangs until its timeout holds up neither the other probes nor
+/// the status. Results land in the container's state; a liveness or startup failure past its
+/// threshold is acted on by the next pass.
+fn run_probes(shared: &Shared, pod: &PodRuntime) {
+    let now = Instant::now();
+    for c in pod.containers() {
+        for probe in c.due_probes(now) {
+            let c = Arc::clone(&c);
+            let binaries = Arc::clone(&shared.binaries);
+            tokio::spawn(async move {
+                let exec = ExecIn {
+                    env: &c.env,
+                    binaries: &binaries,
+                    cgroup: c.cgroup(),
+                };
+                let result = probe.action.run(probe.timeout, &exec).await;
+                c.record_probe(&probe, result);
+            });
         }
     }
 }
@@ -576,7 +643,12 @@ pub(super) async fn run_hook(
     let at = Instant::now();
     let (action, result) = match Action::of_hook(handler, &c.spec, pod.ip) {
         Ok(action) => {
-            let result = action.run(timeout, &c.env, &shared.binaries).await;
+            let exec = ExecIn {
+                env: &c.env,
+                binaries: &shared.binaries,
+                cgroup: c.cgroup(),
+            };
+            let result = action.run(timeout, &exec).await;
             (action.describe(), result)
         }
         Err(e) => ("invalid".into(), Err(e)),
@@ -613,4 +685,18 @@ pub(crate) fn binaries(
         map.insert("valkey-server", p);
     }
     map
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn back_off_messages_print_durations_as_go_does() {
+        let secs = |s| go_duration(Duration::from_secs(s));
+        assert_eq!(
+            [secs(10), secs(40), secs(160), secs(300)],
+            ["10s", "40s", "2m40s", "5m0s"]
+        );
+    }
 }

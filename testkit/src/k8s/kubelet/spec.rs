@@ -9,10 +9,12 @@
 //!   as a native sidecar; `valkey-sidecar --version` as an init container that completes).
 //! - **valkey-server arguments.** `command` + `args`, after `$(VAR)` expansion, from the first
 //!   `--name` on (a leading `valkey-server` or config-file path is skipped), are passed through
-//!   as `--name value...`. The harness first sets test-friendly defaults (no persistence,
-//!   `repl-diskless-sync-delay 0`, see [`crate::ServerOptions`]) and last forces `bind` and
-//!   `bind-source-addr` to the pod IP and `dir`/`logfile`/`daemonize` to the container's own
-//!   temp dir, whatever the pod says. Without `--port` Valkey's 6379 applies.
+//!   as `--name value...`: what the pod (e.g. the Helm chart) says is what runs, with Valkey's
+//!   own defaults for the rest (RDB snapshots, `repl-diskless-sync-delay 5`, no `DEBUG`
+//!   command, …). The harness adds no defaults of its own; it only forces, last, what a shared
+//!   loopback host must: `bind` and `bind-source-addr` to the pod IP, `dir`/`logfile`/
+//!   `daemonize` to the container's own temp dir, whatever the pod says. Without `--port`
+//!   Valkey's 6379 applies.
 //! - **Environment.** `value` (with `$(VAR)` expansion of earlier variables), and `valueFrom`:
 //!   `fieldRef` (`metadata.name|namespace|uid`, `metadata.labels['k']`,
 //!   `metadata.annotations['k']`, `spec.nodeName`, `spec.serviceAccountName`, `status.podIP`,
@@ -67,24 +69,15 @@ pub(crate) fn kind_of(image: &str) -> Kind {
 /// Default admin port of the agent.
 const SIDECAR_ADMIN_PORT: u16 = 9737;
 
-/// Settings the harness forces on every `valkey-server`, after the pod's own arguments.
+/// Settings the harness forces on every `valkey-server`, after the pod's own arguments: every
+/// pod shares the host, so each must listen and connect from its own address and keep its files
+/// apart.
 const VALKEY_FORCED: [&str; 5] = ["bind", "bind-source-addr", "dir", "logfile", "daemonize"];
 
-/// Test-friendly defaults, before the pod's own arguments (so the pod can override them).
-const VALKEY_DEFAULTS: [(&str, &str); 5] = [
-    ("save", ""),
-    ("appendonly", "no"),
-    ("enable-debug-command", "yes"),
-    ("repl-diskless-sync-delay", "0"),
-    ("repl-diskless-load", "flush-before-load"),
-];
-
-/// The `valkey-server` arguments for a container with `tokens` (`command` + `args`, expanded).
+/// The `valkey-server` arguments for a container with `tokens` (`command` + `args`, expanded):
+/// the pod's own, then the forced ones.
 pub(crate) fn valkey_args(tokens: &[String], ip: Ipv4Addr, dir: &Path) -> Vec<OsString> {
     let mut out: Vec<OsString> = Vec::new();
-    for (k, v) in VALKEY_DEFAULTS {
-        out.extend([format!("--{k}").into(), v.into()]);
-    }
     for (name, values) in flag_groups(tokens) {
         if VALKEY_FORCED.contains(&name.as_str()) {
             continue;
@@ -405,7 +398,10 @@ mod tests {
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
         let joined = args.join(" ");
-        assert!(joined.contains("--port 7000 --cluster-enabled yes --save 900 1"));
+        assert!(
+            joined.starts_with("--port 7000 --cluster-enabled yes --save 900 1 --bind"),
+            "the pod's arguments and nothing of the harness's before them: {joined}"
+        );
         assert!(!joined.contains("0.0.0.0"));
         assert!(joined.ends_with("--bind 127.1.0.1 --bind-source-addr 127.1.0.1 --daemonize no --dir /d --logfile /d/valkey.log"));
         assert_eq!(valkey_port(&tokens), 7000);

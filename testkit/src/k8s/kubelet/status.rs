@@ -186,7 +186,12 @@ fn container_status(c: &ContainerRuntime, state: &ContainerState, ready: bool) -
             })
         }
     };
-    let last = match &state.last_terminated {
+    // While a container waits to restart (CrashLoopBackOff), its last run is `lastState`.
+    let previous = match (&state.running_since, &state.waiting) {
+        (None, Some(_)) => state.terminated.as_ref().or(state.last_terminated.as_ref()),
+        _ => state.last_terminated.as_ref(),
+    };
+    let last = match previous {
         Some(t) => json!({ "terminated": terminated(t, None) }),
         None => json!({ "terminated": null }),
     };

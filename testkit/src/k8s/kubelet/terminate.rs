@@ -47,6 +47,11 @@ pub(super) async fn terminate(shared: &Shared, pod: &PodRuntime, object: &Pod) -
         .into_iter()
         .map(|c| stop_container(shared, pod, c, grace, deadline, &turns));
     join_all(stops).await;
+    // A node that went down meanwhile finalises nothing: the pod stays Terminating until it is
+    // back, as with a real dead node.
+    while shared.is_down(&pod.node) {
+        tokio::time::sleep(shared.opts.sync_period).await;
+    }
     let api: Api<Pod> = Api::namespaced(shared.client.clone(), &pod.namespace);
     let params = DeleteParams {
         grace_period_seconds: Some(0),
@@ -189,7 +194,7 @@ mod tests {
             program: None,
             cgroup: None,
         };
-        Arc::new(ContainerRuntime::new(setup, Ipv4Addr::LOCALHOST, None).unwrap())
+        Arc::new(ContainerRuntime::new(setup, Ipv4Addr::LOCALHOST).unwrap())
     }
 
     #[tokio::test]
