@@ -7,5 +7,9 @@ scripts/install-deps.sh
 export VALKEY_SERVER="$(scripts/valkey-bin.sh)"
 export VALKEY_TESTKIT_K8S_BIN_DIR="$(scripts/k8s-bins.sh)"
 export HELM_BIN="$(scripts/helm-bin.sh)"
+# Every pod the Kubernetes-level tests run gets the release agent, as users do and as the
+# benchmark's figures do (the fault log records the build of each scenario).
+cargo build --release --locked --bin valkey-sidecar -p valkey-sidecar
+export VALKEY_SIDECAR_BIN="${CARGO_TARGET_DIR:-$PWD/target}/release/valkey-sidecar"
 # --no-fail-fast: one failing test binary does not hide the others' results.
 cargo test --workspace --locked --no-fail-fast "$@"

@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use serde_json::{Value, json};
-use valkey_sidecar_testkit::k8s::valkey::{ValkeyPodTemplate, valkey_pod};
 use valkey_sidecar_testkit::k8s::{ControlPlane, ControlPlaneOptions};
 
 /// A fixed image, so the goldens do not change with the crate's version.
@@ -261,12 +260,19 @@ fn the_default_image_is_this_version() {
 }
 
 #[test]
-fn a_pod_with_the_agent_already_is_left_alone() {
-    // The pod shape the end-to-end tests run (agent container named `sidecar`), as JSON.
-    let template = ValkeyPodTemplate::default();
-    let pod = serde_json::to_string_pretty(&valkey_pod(&template, 0, 0).unwrap()).unwrap();
-    assert_eq!(injected(&[], &pod), pod);
-    assert_eq!(inject(&["--check"], &pod).status.code(), Some(0));
+fn the_charts_pods_with_the_agent_already_are_left_alone() {
+    // What the chart renders (the pods every end-to-end test runs), native and classic sidecar.
+    for example in ["cluster-3x1", "classic-sidecar"] {
+        let rendered =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("examples/rendered/{example}.yaml"));
+        let rendered = read(&rendered);
+        assert_eq!(injected(&[], &rendered), rendered, "{example}");
+        assert_eq!(
+            inject(&["--check"], &rendered).status.code(),
+            Some(0),
+            "{example}"
+        );
+    }
 }
 
 #[test]

@@ -4,8 +4,6 @@
 
 use std::time::{Duration, SystemTime};
 
-use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::Api;
 use valkey_sidecar_testkit::k8s::audit::pod_identity;
 use valkey_sidecar_testkit::k8s::{ROLE_LABEL, Stage, StageOptions, poll_until};
 
@@ -16,31 +14,16 @@ const WINDOW: Duration = Duration::from_secs(30);
 
 /// The Lease's holder now.
 async fn holder(s: &Stage) -> Option<String> {
-    let leases: Api<Lease> = Api::namespaced(s.plane.client(), &s.namespace);
-    let lease = leases.get_opt("valkey-coordinator").await.ok().flatten();
-    lease
-        .and_then(|l| l.spec?.holder_identity)
-        .filter(|h| !h.is_empty())
+    s.coordinator_holder().await.unwrap()
 }
 
-/// A stage whose agents run the coordinator, with the apiserver's audit log on; returns it once
-/// some agent holds the Lease.
+/// The chart's 3 × 2 cluster with the apiserver's audit log on; returns it once some agent holds
+/// the Lease.
 async fn coordinated_stage(namespace: &str) -> (Stage, String) {
-    let mut o = StageOptions::default();
-    o.namespace = namespace.into();
+    let mut o = StageOptions::cluster(namespace, 3, 1);
     o.plane = o.plane.audit();
-    o.kubelet = o.kubelet.sidecar_bin(env!("CARGO_BIN_EXE_valkey-sidecar"));
-    o.template.sidecar_env = vec![("SIDECAR_CLUSTER_NAME".into(), "valkey".into())];
     let s = Stage::start(o).await.unwrap();
-    poll_until(
-        "a coordinator holds the lease",
-        30 * SECOND,
-        Duration::from_millis(100),
-        || async { Ok(holder(&s).await.is_some()) },
-    )
-    .await
-    .unwrap();
-    let h = holder(&s).await.unwrap();
+    let h = s.wait_coordinator(30 * SECOND).await.unwrap();
     (s, h)
 }
 

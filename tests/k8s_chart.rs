@@ -6,12 +6,11 @@
 //!
 //! Pod IPs are loopback addresses here, which EndpointSlices may not hold: the client Service is
 //! checked through its selector and through the endpoints kube-controller-manager's
-//! EndpointSlice controller tried to write ([`ChartStage::attempted_endpoints`]).
+//! EndpointSlice controller tried to write ([`Stage::attempted_endpoints`]).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -19,26 +18,20 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Api;
 use kube::api::{DeleteParams, EvictParams, PostParams};
-use serde_json::json;
 use valkey_sidecar_testkit::faults::{self, Outcome, show};
-use valkey_sidecar_testkit::k8s::chart::{
-    ChartStage, ChartStageOptions, cmd, label, node_of, role, shards, text,
-};
+use valkey_sidecar_testkit::k8s::chart::{cmd, label, node_of, role, shards, text};
 use valkey_sidecar_testkit::k8s::valkey::valkey_addr;
-use valkey_sidecar_testkit::k8s::{http_get, pod_is_ready, poll_until};
+use valkey_sidecar_testkit::k8s::{Stage, StageOptions, http_get, pod_is_ready, poll_until};
 use valkey_sidecar_testkit::redis;
 
 const SECOND: Duration = Duration::from_secs(1);
 const ROLE: &str = "valkey.io/role";
 const PASSWORD: &str = "test-default-password";
 
-fn example(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("examples/{name}.yaml"))
-}
-
-fn options(example_name: &str) -> ChartStageOptions {
-    let agent = std::path::Path::new(env!("CARGO_BIN_EXE_valkey-sidecar"));
-    ChartStageOptions::example("valkey", example(example_name), &[], agent)
+/// The chart with `examples/<name>.yaml` (and the Secret it names, `PASSWORD` for the default
+/// user).
+fn options(example_name: &str) -> StageOptions {
+    StageOptions::example("valkey", example_name)
 }
 
 fn name(pod: &Pod) -> String {
@@ -65,8 +58,8 @@ async fn valkey_role(addr: SocketAddr, password: &str) -> String {
 }
 
 /// Nothing the agents sent was refused by their ACL user: `ACL LOG` is empty on every Ready pod.
-async fn check_acl_log(stage: &ChartStage, password: &str) {
-    for pod in stage.pods().await.unwrap() {
+async fn check_acl_log(stage: &Stage, password: &str) {
+    for pod in stage.pod_objects().await.unwrap() {
         let live = pod_is_ready(&pod) && pod.metadata.deletion_timestamp.is_none();
         let Some(addr) = valkey_addr(&pod).filter(|_| live) else {
             continue;
@@ -87,10 +80,10 @@ async fn check_acl_log(stage: &ChartStage, password: &str) {
 
 /// Waits until the pods carry `primaries` primary and `replicas` replica labels and all are
 /// Ready; returns them.
-async fn wait_roles(stage: &ChartStage, primaries: usize, replicas: usize) -> Vec<Pod> {
+async fn wait_roles(stage: &Stage, primaries: usize, replicas: usize) -> Vec<Pod> {
     let want = format!("{primaries} primaries and {replicas} replicas labelled, all Ready");
     let waited = poll_until(&want, 60 * SECOND, Duration::from_millis(200), || async {
-        let pods = stage.pods().await?;
+        let pods = stage.pod_objects().await?;
         Ok(pods.len() == primaries + replicas
             && with_role(&pods, "primary").len() == primaries
             && with_role(&pods, "replica").len() == replicas
@@ -103,7 +96,7 @@ async fn wait_roles(stage: &ChartStage, primaries: usize, replicas: usize) -> Ve
     if let Err(e) = waited {
         panic!("{e:#}\n{}", stage.describe().await);
     }
-    stage.pods().await.unwrap()
+    stage.pod_objects().await.unwrap()
 }
 
 /// Every shard's pods carry the same `valkey.io/shard-id` (or none). A replica just made one by
@@ -121,12 +114,7 @@ fn one_shard_id_per_shard(pods: &[Pod]) -> bool {
 
 /// Polls `probe` until it gives a value; on timeout the namespace's events and the pods are
 /// printed.
-async fn until_or_dump<T, F, Fut>(
-    stage: &ChartStage,
-    what: &str,
-    timeout: Duration,
-    mut probe: F,
-) -> T
+async fn until_or_dump<T, F, Fut>(stage: &Stage, what: &str, timeout: Duration, mut probe: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
@@ -163,7 +151,7 @@ where
 }
 
 /// Waits until the EndpointSlice controller's endpoints for `service` are exactly `ips`.
-async fn wait_endpoints(stage: &ChartStage, service: &str, ips: &BTreeSet<String>) {
+async fn wait_endpoints(stage: &Stage, service: &str, ips: &BTreeSet<String>) {
     let what = format!("endpoints of {service} = {ips:?}");
     let waited = poll_until(&what, 30 * SECOND, Duration::from_millis(200), || async {
         Ok(stage.attempted_endpoints(service).await?.as_ref() == Some(ips))
@@ -177,9 +165,9 @@ async fn wait_endpoints(stage: &ChartStage, service: &str, ips: &BTreeSet<String
 
 /// Deletes `pod` (a primary) and waits for the preStop wait on its Valkey: it answers 200 only
 /// once the local Valkey is no longer primary, i.e. after a hand-over. Returns how long it took.
-async fn delete_primary(stage: &ChartStage, pod: &Pod) -> Duration {
+async fn delete_primary(stage: &Stage, pod: &Pod) -> Duration {
     stage
-        .pods_api()
+        .api()
         .delete(&name(pod), &DeleteParams::default())
         .await
         .unwrap();
@@ -206,7 +194,7 @@ async fn delete_primary(stage: &ChartStage, pod: &Pod) -> Duration {
 }
 
 /// The coordinator's Events (hand-overs, failovers), one per line.
-async fn moves(stage: &ChartStage) -> String {
+async fn moves(stage: &Stage) -> String {
     let columns = "custom-columns=TIME:.eventTime,REASON:.reason,POD:.regarding.name,NOTE:.note";
     let events = stage
         .plane
@@ -229,7 +217,7 @@ async fn moves(stage: &ChartStage) -> String {
 
 /// Every pod may be evicted one at a time (a server-side dry run through the Eviction API): each is
 /// covered by one budget only, and each budget allows one disruption.
-async fn check_evictions(stage: &ChartStage, budgets: usize) {
+async fn check_evictions(stage: &Stage, budgets: usize) {
     let api: Api<PodDisruptionBudget> = Api::namespaced(stage.plane.client(), &stage.namespace);
     poll_until(
         "every budget allows one disruption",
@@ -254,9 +242,9 @@ async fn check_evictions(stage: &ChartStage, budgets: usize) {
         },
         ..EvictParams::default()
     };
-    for pod in stage.pods().await.unwrap() {
+    for pod in stage.pod_objects().await.unwrap() {
         stage
-            .pods_api()
+            .api()
             .evict(&name(&pod), &dry)
             .await
             .unwrap_or_else(|e| panic!("evicting {}: {e}", name(&pod)));
@@ -266,14 +254,7 @@ async fn check_evictions(stage: &ChartStage, budgets: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replication_1x2_installs_with_one_labelled_primary_behind_the_client_service() {
     let t0 = Instant::now();
-    let mut opts = options("replication-1x2");
-    // The example's auth.existingSecret.
-    opts.objects.push(json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": { "name": "valkey-auth" },
-        "stringData": { "default-password": PASSWORD, "agent-password": "test-agent-password" },
-    }));
-    let stage = ChartStage::start(opts).await.unwrap();
+    let stage = Stage::install(options("replication-1x2")).await.unwrap();
     println!("control plane, nodes and chart up after {:?}", t0.elapsed());
 
     let pods = wait_roles(&stage, 1, 2).await;
@@ -390,7 +371,7 @@ async fn replication_1x2_installs_with_one_labelled_primary_behind_the_client_se
         30 * SECOND,
         Duration::from_millis(10),
         || async {
-            let pods = stage.pods().await?;
+            let pods = stage.pod_objects().await?;
             Ok(with_role(&pods, "primary")
                 .iter()
                 .any(|p| name(p) != killed_pod))
@@ -429,20 +410,17 @@ async fn replication_1x2_installs_with_one_labelled_primary_behind_the_client_se
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_3x1_installs_forms_and_labels_three_shards_spread_over_nodes() {
     let t0 = Instant::now();
-    let mut opts = options("cluster-3x1");
     // The chart generates the Secret (instead of the example's existing one).
-    opts.sets.push("auth.existingSecret=".into());
-    let stage = ChartStage::start(opts).await.unwrap();
+    let stage = Stage::install(options("cluster-3x1").generated_auth())
+        .await
+        .unwrap();
     let password = stage
         .secret("valkey-auth", "default-password")
         .await
         .unwrap();
     assert_eq!(password.len(), 32);
 
-    let pods = stage
-        .wait_valkey_up(6, Some(&password), 90 * SECOND)
-        .await
-        .unwrap();
+    let pods = stage.wait_valkey_up(6, 90 * SECOND).await.unwrap();
     println!("6 pods with Valkey up after {:?}", t0.elapsed());
     assert_eq!(shards(&pods).len(), 3);
     // Nobody forms the cluster but the agents (formCluster, the default): pod 0 of every shard
@@ -511,7 +489,7 @@ async fn cluster_3x1_installs_forms_and_labels_three_shards_spread_over_nodes() 
         "the replica labelled primary",
         30 * SECOND,
         Duration::from_millis(100),
-        || async { Ok(label(&stage.pods_api().get(&replica).await?, ROLE) == Some("primary")) },
+        || async { Ok(label(&stage.api().get(&replica).await?, ROLE) == Some("primary")) },
     )
     .await
     .unwrap();
@@ -556,7 +534,7 @@ async fn cluster_3x1_installs_forms_and_labels_three_shards_spread_over_nodes() 
 }
 
 /// Zone label and Valkey's `availability-zone` agree with the pod's node.
-async fn zones_agree(stage: &ChartStage, pods: &[Pod], password: &str) {
+async fn zones_agree(stage: &Stage, pods: &[Pod], password: &str) {
     let nodes: Api<Node> = Api::all(stage.plane.client());
     for p in pods {
         let node = nodes.get(node_of(p).unwrap()).await.unwrap();
@@ -581,28 +559,20 @@ async fn zones_agree(stage: &ChartStage, pods: &[Pod], password: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_3x2_helm_install_forms_and_labels_and_helm_uninstall_leaves_nothing() {
     let t0 = Instant::now();
-    let mut opts = options("cluster-3x1");
-    opts.sets.extend(
-        [
-            "auth.existingSecret=",
-            "replicas=2",
-            "sidecar.env.SIDECAR_FAILBACK=true",
-            "sidecar.env.SIDECAR_QUIET_PERIOD=3s",
-            "sidecar.env.SIDECAR_MOVE_COOLDOWN=1s",
-        ]
-        .map(String::from),
-    );
+    let mut opts = options("cluster-3x1")
+        .generated_auth()
+        .set("replicas=2")
+        .env("SIDECAR_FAILBACK", "true")
+        .env("SIDECAR_QUIET_PERIOD", "3s")
+        .env("SIDECAR_MOVE_COOLDOWN", "1s");
     opts.helm_install = true;
-    let stage = ChartStage::start(opts).await.unwrap();
+    let stage = Stage::install(opts).await.unwrap();
     let installed = t0.elapsed();
     let password = stage
         .secret("valkey-auth", "default-password")
         .await
         .unwrap();
-    let pods = stage
-        .wait_valkey_up(9, Some(&password), 120 * SECOND)
-        .await
-        .unwrap();
+    let pods = stage.wait_valkey_up(9, 120 * SECOND).await.unwrap();
     let up = t0.elapsed();
     assert_eq!(shards(&pods).len(), 3);
     // The agents form the cluster: 3 primaries, 2 replicas each, all Ready, labelled.
@@ -666,7 +636,7 @@ async fn cluster_3x2_helm_install_forms_and_labels_and_helm_uninstall_leaves_not
 }
 
 /// Waits until the coordinator's condition `type_` starts with `want` (on its Lease); returns it.
-async fn until_condition(stage: &ChartStage, type_: &str, want: &str) -> String {
+async fn until_condition(stage: &Stage, type_: &str, want: &str) -> String {
     let what = format!("{type_} {want}");
     let waited = poll_until(&what, 30 * SECOND, Duration::from_millis(20), || async {
         Ok(stage
@@ -684,7 +654,7 @@ async fn until_condition(stage: &ChartStage, type_: &str, want: &str) -> String 
 }
 
 /// The Lease holder's pod.
-async fn leader(stage: &ChartStage, pods: &[Pod]) -> Pod {
+async fn leader(stage: &Stage, pods: &[Pod]) -> Pod {
     let leases: Api<Lease> = Api::namespaced(stage.plane.client(), &stage.namespace);
     let lease = leases.get("valkey-coordinator").await.unwrap();
     let holder = lease.spec.unwrap().holder_identity.unwrap();
@@ -694,7 +664,7 @@ async fn leader(stage: &ChartStage, pods: &[Pod]) -> Pod {
 /// Shard 0's primary moves to a replica in another zone (`CLUSTER FAILOVER`): the drift shows in
 /// the leader's metrics within an observation cycle and on the Lease with its next renewal; after
 /// the quiet period the coordinator fails back and the condition clears.
-async fn drift_and_failback(stage: &ChartStage, pods: &[Pod], password: &str) {
+async fn drift_and_failback(stage: &Stage, pods: &[Pod], password: &str) {
     let shard0 = shards(pods).remove("0").unwrap();
     let replica = valkey_addr(&shard0[1]).unwrap();
     let pw = password.to_owned();

@@ -1,69 +1,42 @@
-//! The coordinator end to end: deleting a primary's pod makes the Lease holder hand the primary
-//! over (coordinated `CLUSTER FAILOVER`) while the pod's preStop hook waits, with a writer
-//! recording every acknowledged write.
+//! The coordinator end to end on the chart's pods: deleting a primary's pod makes the Lease holder
+//! hand the primary over (coordinated `CLUSTER FAILOVER`) while the pod's preStop hook waits, with
+//! a writer recording every acknowledged write.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::Api;
 use valkey_sidecar_testkit::faults::{self, Outcome, show};
-use valkey_sidecar_testkit::k8s::valkey::cmd;
-use valkey_sidecar_testkit::k8s::writer::{Writer, Written, lost, tag_for};
-use valkey_sidecar_testkit::k8s::{ROLE_LABEL, Stage, StageOptions, poll_until};
+use valkey_sidecar_testkit::k8s::chart::{label, node_of};
+use valkey_sidecar_testkit::k8s::writer::{Writer, Written};
+use valkey_sidecar_testkit::k8s::{FakeNodesOptions, ROLE_LABEL, Stage, StageOptions, poll_until};
 
 const SECOND: Duration = Duration::from_secs(1);
 
-/// A stage whose agents run the coordinator; returns it once some agent holds the Lease.
+/// The chart's 3 × 2 cluster with `env` for the agents; returns it once settled and some agent
+/// holds the coordinator Lease.
 async fn coordinated_stage(namespace: &str, env: &[(&str, &str)]) -> (Stage, String) {
-    let o = StageOptions {
-        namespace: namespace.into(),
-        ..StageOptions::default()
-    };
-    coordinated(o, env).await
+    coordinated(StageOptions::cluster(namespace, 3, 1), env).await
 }
 
-/// [`coordinated_stage`] with other stage options.
+/// [`coordinated_stage`] with other chart values.
 async fn coordinated(mut o: StageOptions, env: &[(&str, &str)]) -> (Stage, String) {
-    o.kubelet = o.kubelet.sidecar_bin(env!("CARGO_BIN_EXE_valkey-sidecar"));
-    let env = [("SIDECAR_CLUSTER_NAME", "valkey")].iter().chain(env);
-    o.template.sidecar_env = env.map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    for (k, v) in env {
+        o = o.env(k, v);
+    }
     let s = Stage::start(o).await.unwrap();
-    let leases: Api<Lease> = Api::namespaced(s.plane.client(), &s.namespace);
-    let holder = || async {
-        let lease = leases.get_opt("valkey-coordinator").await.ok().flatten();
-        lease
-            .and_then(|l| l.spec?.holder_identity)
-            .filter(|h| !h.is_empty())
-    };
-    poll_until(
-        "a coordinator holds the lease",
-        30 * SECOND,
-        Duration::from_millis(100),
-        || async { Ok(holder().await.is_some()) },
-    )
-    .await
-    .unwrap();
-    let h = holder().await.unwrap();
-    (s, h)
+    let holder = s.wait_coordinator(30 * SECOND).await.unwrap();
+    (s, holder)
 }
 
 /// The Lease's holder now.
 async fn lease_holder(s: &Stage) -> Option<String> {
-    let leases: Api<Lease> = Api::namespaced(s.plane.client(), &s.namespace);
-    let lease = leases.get_opt("valkey-coordinator").await.ok()??;
-    lease.spec?.holder_identity.filter(|h| !h.is_empty())
+    s.coordinator_holder().await.unwrap()
 }
 
 /// A writer on shard `shard`, trying all its members.
 fn shard_writer(s: &Stage, shard: usize) -> Writer {
-    let (primary, _) = s.primary_and_replicas(shard).unwrap();
-    let addrs = s
-        .shard_pods(shard)
-        .iter()
-        .map(|p| s.valkey(p).unwrap())
-        .collect();
-    Writer::start(addrs, tag_for(s.valkey(&primary).unwrap()).unwrap())
+    s.shard_writer(shard).unwrap()
 }
 
 /// What all writers saw together: acknowledged, lost, the longest pause of any.
@@ -83,7 +56,7 @@ fn check_writers(s: &Stage, writers: Vec<(usize, Writer)>) -> Totals {
         let written = w.stop().unwrap();
         let (primary, _) = s.primary_and_replicas(shard).unwrap();
         print!("shard {shard} (primary {primary}) ");
-        let missing = lost(s.valkey(&primary).unwrap(), &tag, &written.acked).unwrap();
+        let missing = s.lost(&primary, &tag, &written.acked).unwrap();
         report(&written, missing);
         totals.acked += written.acked.len();
         totals.lost += missing;
@@ -117,7 +90,7 @@ fn assert_prestops_finished(s: &Stage) {
     assert!(!hooks.is_empty(), "no preStop hook ran");
 }
 
-/// `kubectl drain` (the Eviction API); the pods are bare, hence `--force`.
+/// `kubectl drain` (the Eviction API, the chart's budgets).
 async fn drain(s: &Stage, node: &str) -> Duration {
     let t = Instant::now();
     let out = s
@@ -125,8 +98,8 @@ async fn drain(s: &Stage, node: &str) -> Duration {
         .kubectl(&[
             "drain",
             node,
-            "--force",
             "--ignore-daemonsets",
+            "--delete-emptydir-data",
             "--timeout=90s",
         ])
         .await
@@ -147,8 +120,7 @@ where
     Fut: std::future::Future<Output = Duration>,
 {
     let (primary, replica) = s.primary_and_replica(shard).unwrap();
-    let (paddr, raddr) = (s.valkey(&primary).unwrap(), s.valkey(&replica).unwrap());
-    let writes = Writer::start(vec![paddr, raddr], tag_for(paddr).unwrap());
+    let writes = s.shard_writer(shard).unwrap();
     let tag = writes.tag.clone();
     tokio::time::sleep(SECOND).await;
     let took = disrupt(primary.clone()).await;
@@ -210,7 +182,7 @@ async fn deleting_a_primary_pod_hands_over_first_and_loses_no_write() {
         "lease holder {holder}; {primary} deleted → gone in {gone:?}; its preStop {:?} after {:?}",
         hook.result, hook.took
     );
-    let missing = lost(s.valkey(&replica).unwrap(), &tag, &w.acked).unwrap();
+    let missing = s.lost(&replica, &tag, &w.acked).unwrap();
     faults::record(&handover_outcome(
         "primary pod deleted (cluster hand-over)",
         &w,
@@ -252,7 +224,7 @@ async fn cordoning_a_primarys_node_hands_the_primary_over() {
     })
     .await;
     println!("lease holder {holder}; cordon → {primary} demoted after {moved:?}");
-    let missing = lost(s.valkey(&replica).unwrap(), &tag, &w.acked).unwrap();
+    let missing = s.lost(&replica, &tag, &w.acked).unwrap();
     faults::record(&handover_outcome(
         "primary's node cordoned (cluster hand-over)",
         &w,
@@ -325,7 +297,7 @@ async fn with_the_apiserver_stopped_for_30s_nothing_acts_and_everything_resumes(
     let stepped_down = frozen.elapsed();
     // A move becomes due: shard 0's primary leaves its preferred zone. With fail-back on and a
     // 3 s quiet period the coordinator would move it back — but nobody holds a valid lease.
-    cmd(s.valkey(other).unwrap(), &["CLUSTER", "FAILOVER"]).unwrap();
+    s.cmd(other, &["CLUSTER", "FAILOVER"]).unwrap();
     poll_until(
         "the failover finished",
         5 * SECOND,
@@ -435,7 +407,7 @@ async fn a_primary_fails_back_to_its_preferred_zone_after_the_quiet_period() {
     // valkey-0-0 (node-index 0) is the intended primary: its zone is the shard's preferred zone.
     let (intended, other) = ("valkey-0-0".to_string(), "valkey-0-1".to_string());
     assert_eq!(s.role(&intended).as_deref(), Some("master"));
-    cmd(s.valkey(&other).unwrap(), &["CLUSTER", "FAILOVER"]).unwrap();
+    s.cmd(&other, &["CLUSTER", "FAILOVER"]).unwrap();
     let drifted = Instant::now();
     poll_until(
         "the failover happened",
@@ -516,51 +488,67 @@ async fn a_primary_fails_back_to_its_preferred_zone_after_the_quiet_period() {
     println!("kubectl get lease -o yaml:\n{described}");
 }
 
-/// Pins `(pod, node)` pairs.
-fn pinned(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
-    pairs
-        .iter()
-        .map(|(p, n)| (p.to_string(), n.to_string()))
-        .collect()
+/// A node the scheduler gave two pods of different shards, and those pods: with
+/// `CLUSTER FAILOVER` where needed it carries two primaries, as after an unlucky recovery.
+async fn shared_node(s: &Stage) -> (String, Vec<String>) {
+    let mut by_node: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for p in s.pod_objects().await.unwrap() {
+        let node = node_of(&p).unwrap().to_owned();
+        by_node
+            .entry(node)
+            .or_default()
+            .push(p.metadata.name.clone().unwrap());
+    }
+    let (node, pods) = by_node
+        .into_iter()
+        .find(|(_, pods)| pods.len() >= 2)
+        .expect("more pods than nodes: some node has two");
+    (node, pods.into_iter().take(2).collect())
+}
+
+/// Makes `pod` its shard's primary (coordinated `CLUSTER FAILOVER` from its replica seat).
+async fn promote(s: &Stage, pod: &str) {
+    if s.role(pod).as_deref() == Some("master") {
+        return;
+    }
+    s.cmd(pod, &["CLUSTER", "FAILOVER"]).unwrap();
+    poll_until(
+        &format!("{pod} primary"),
+        10 * SECOND,
+        Duration::from_millis(10),
+        || async { Ok(s.role(pod).as_deref() == Some("master")) },
+    )
+    .await
+    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn draining_a_node_with_two_primaries_then_another_node_loses_no_write() {
-    let mut o = StageOptions {
-        namespace: "coord-drain".into(),
-        members: 3,
-        ..StageOptions::default()
-    };
-    // node-a1 carries the primaries of shards 0 and 1 (node-index 0 starts as primary).
-    o.template.pinned = pinned(&[
-        ("valkey-0-0", "node-a1"),
-        ("valkey-0-1", "node-b1"),
-        ("valkey-0-2", "node-c1"),
-        ("valkey-1-0", "node-a1"),
-        ("valkey-1-1", "node-c2"),
-        ("valkey-1-2", "node-b2"),
-        ("valkey-2-0", "node-a2"),
-        ("valkey-2-1", "node-b1"),
-        ("valkey-2-2", "node-c2"),
-    ]);
-    // Balance would move one of node-a1's primaries away before the drain.
+    // 3 shards × 3 pods on 6 nodes: some node carries two pods of different shards; both are
+    // made primaries. Balance would move one of them away before the drain.
+    let o = StageOptions::cluster("coord-drain", 3, 2);
     let (s, holder) = coordinated(o, &[("SIDECAR_BALANCE", "false")]).await;
+    let (crowded, pair) = shared_node(&s).await;
+    for p in &pair {
+        promote(&s, p).await;
+    }
+    println!("{crowded} carries the primaries {pair:?}");
     let writers: Vec<_> = (0..3).map(|k| (k, shard_writer(&s, k))).collect();
     tokio::time::sleep(SECOND).await;
-    s.plane.kubectl(&["cordon", "node-a1"]).await.unwrap();
-    let first = drain(&s, "node-a1").await;
+    s.plane.kubectl(&["cordon", &crowded]).await.unwrap();
+    let first = drain(&s, &crowded).await;
     let (p0, _) = s.primary_and_replicas(0).unwrap();
     let second_node = s.node_of(&p0).await.unwrap();
     let second = drain(&s, &second_node).await;
     tokio::time::sleep(SECOND).await;
     println!(
-        "lease holder {holder}; drained node-a1 (2 primaries) in {first:?}, then {second_node} (primary {p0}) in {second:?}"
+        "lease holder {holder}; drained {crowded} (2 primaries) in {first:?}, then {second_node} (primary {p0}) in {second:?}"
     );
     for k in 0..3 {
         let (p, _) = s.primary_and_replicas(k).unwrap();
         let node = s.node_of(&p).await.unwrap();
         assert!(
-            node != "node-a1" && node != second_node,
+            node != crowded && node != second_node,
             "shard {k}: {p} on {node}"
         );
     }
@@ -596,9 +584,9 @@ async fn when_the_coordinator_dies_a_successor_does_the_hand_over() {
     let s = &s;
     let holder_node = s.node_of(&holder).await.unwrap();
     let (w, tag, primary, replica, gone) = with_writer(s, shard, |primary| async move {
-        // The coordinator's node dies (every process of its pod killed, no restart), and at
-        // once a primary elsewhere must be handed over: only a successor can do it.
-        s.kubelet.cut_node(&holder_node).unwrap();
+        // The coordinator's node loses power (its pods silent, no restart), and at once a primary
+        // elsewhere must be handed over: only a successor can do it.
+        s.kubelet.power_off(&holder_node).unwrap();
         let t = Instant::now();
         s.api().delete(&primary, &Default::default()).await.unwrap();
         s.wait_gone(&primary, 40 * SECOND).await.unwrap();
@@ -609,7 +597,7 @@ async fn when_the_coordinator_dies_a_successor_does_the_hand_over() {
     println!(
         "coordinator {holder} died with its node; {primary} deleted → gone after {gone:?}; lease now held by {successor:?}"
     );
-    let missing = lost(s.valkey(&replica).unwrap(), &tag, &w.acked).unwrap();
+    let missing = s.lost(&replica, &tag, &w.acked).unwrap();
     faults::record(&handover_outcome(
         "coordinator's node cut, at once a primary pod deleted elsewhere",
         &w,
@@ -626,64 +614,80 @@ async fn when_the_coordinator_dies_a_successor_does_the_hand_over() {
     assert_clean_events(s).await;
 }
 
+/// How many primaries (by Valkey's word) each node carries.
+async fn primaries_per_node(s: &Stage) -> BTreeMap<String, usize> {
+    let mut count = BTreeMap::new();
+    for p in s.pod_objects().await.unwrap() {
+        let name = p.metadata.name.clone().unwrap();
+        if s.role(&name).as_deref() == Some("master") {
+            *count.entry(node_of(&p).unwrap().to_owned()).or_default() += 1;
+        }
+    }
+    count
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_with_two_primaries_is_rebalanced() {
-    let mut o = StageOptions {
-        namespace: "coord-balance".into(),
-        ..StageOptions::default()
+    // 6 pods on 4 nodes: two nodes carry two pods each (of different shards).
+    let nodes = FakeNodesOptions {
+        count: 4,
+        ..FakeNodesOptions::default()
     };
-    o.template.pinned = pinned(&[
-        ("valkey-0-0", "node-a1"),
-        ("valkey-0-1", "node-b1"),
-        ("valkey-1-0", "node-b2"),
-        ("valkey-1-1", "node-a1"),
-        ("valkey-2-0", "node-c1"),
-        ("valkey-2-1", "node-c2"),
-    ]);
+    let o = StageOptions::cluster("coord-balance", 3, 1).nodes(nodes);
     let quiet = [
         ("SIDECAR_QUIET_PERIOD", "3s"),
         ("SIDECAR_MOVE_COOLDOWN", "1s"),
     ];
     let (s, _) = coordinated(o, &quiet).await;
-    let writer = shard_writer(&s, 1);
-    // Valkey fails shard 1 over to valkey-1-1 (a recovery, say): node-a1 now carries two
-    // primaries, over the cap of ⌈3 / 6⌉ = 1.
-    cmd(s.valkey("valkey-1-1").unwrap(), &["CLUSTER", "FAILOVER"]).unwrap();
-    let crowded = Instant::now();
-    poll_until(
-        "node-a1 carries two primaries",
-        5 * SECOND,
-        Duration::from_millis(5),
-        || async {
-            // Both sides of the flip: the old primary may say `master` for a moment longer.
-            Ok(s.role("valkey-1-1").as_deref() == Some("master")
-                && s.role("valkey-1-0").as_deref() == Some("slave"))
-        },
-    )
-    .await
-    .unwrap();
-    // Shard 0's primary stays (moving it would leave its preferred zone-a); shard 1's goes back
-    // to node-b2 in its preferred zone-b.
+    let (crowded, pair) = shared_node(&s).await;
+    let moved = pair
+        .iter()
+        .find(|p| s.role(p).as_deref() != Some("master"))
+        .unwrap_or(&pair[1]);
+    // Pods are named <cluster>-<shard>-<index>.
+    let shard: usize = moved.split('-').nth(1).unwrap().parse().unwrap();
+    let writer = shard_writer(&s, shard);
+    // Valkey fails the shard over to the pod beside another primary (a recovery, say): the node
+    // now carries two primaries, over the cap of ⌈3 / 4⌉ = 1.
+    for p in &pair {
+        promote(&s, p).await;
+    }
+    let crowded_at = Instant::now();
+    println!("{crowded} carries the primaries {pair:?}");
     poll_until(
         "rebalanced",
         30 * SECOND,
         Duration::from_millis(20),
-        || async { Ok(s.role("valkey-1-0").as_deref() == Some("master")) },
+        || async { Ok(primaries_per_node(&s).await.values().all(|n| *n <= 1)) },
     )
     .await
     .unwrap();
-    let took = crowded.elapsed();
-    println!("rebalanced {took:?} after node-a1 got its second primary (quiet period 3 s)");
+    let took = crowded_at.elapsed();
+    println!("rebalanced {took:?} after {crowded} got its second primary (quiet period 3 s)");
     assert!(
         took >= 3 * SECOND,
         "moved inside the quiet period: {took:?}"
     );
-    assert_eq!(s.role("valkey-0-0").as_deref(), Some("master"));
-    check_writers(&s, vec![(1, writer)]);
+    check_writers(&s, vec![(shard, writer)]);
     let events = s.events().await.unwrap();
     assert!(
         events.contains("RebalanceStarted") && events.contains("RebalanceSucceeded"),
         "{events}"
     );
     assert!(!events.contains("RebalanceFailed"), "{events}");
+    // Labels follow: one pod per shard labelled primary.
+    poll_until(
+        "one primary label per shard",
+        5 * SECOND,
+        Duration::from_millis(50),
+        || async {
+            let pods = s.pod_objects().await?;
+            let labelled = pods
+                .iter()
+                .filter(|p| label(p, ROLE_LABEL) == Some("primary"));
+            Ok(labelled.count() == 3)
+        },
+    )
+    .await
+    .unwrap();
 }

@@ -7,7 +7,6 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,25 +14,24 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::EvictParams;
 use valkey_sidecar_testkit::faults::{self, Outcome, show};
-use valkey_sidecar_testkit::k8s::chart::{ChartStage, ChartStageOptions, label, node_of, shards};
+use valkey_sidecar_testkit::k8s::chart::{label, node_of, shards};
 use valkey_sidecar_testkit::k8s::valkey::valkey_addr;
-use valkey_sidecar_testkit::k8s::writer::{Targets, Writer, lost, tag_for};
-use valkey_sidecar_testkit::k8s::{FakeNodesOptions, pod_is_ready, poll_until};
+use valkey_sidecar_testkit::k8s::writer::{Targets, Writer, missing, tag_for_with};
+use valkey_sidecar_testkit::k8s::{
+    FakeNodesOptions, Stage, StageOptions, pod_is_ready, poll_until, sidecar_bin,
+};
 use valkey_sidecar_testkit::redis;
 
 const SECOND: Duration = Duration::from_secs(1);
 const ROLE: &str = "valkey.io/role";
 
-/// Cluster mode without auth (the writers are plain clients), `sets` on top.
-fn options(namespace: &str, sets: &[&str]) -> ChartStageOptions {
-    let example = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/cluster-3x1.yaml");
-    let mut all = vec![
-        "auth.enabled=false",
-        "valkey.extraArgs={--repl-diskless-sync-delay,1}",
-    ];
-    all.extend(sets);
-    let agent = std::path::Path::new(env!("CARGO_BIN_EXE_valkey-sidecar"));
-    ChartStageOptions::example(namespace, example, &all, agent)
+/// The chart's `cluster-3x1` example (auth on, the chart's Valkey settings), `sets` on top.
+fn options(namespace: &str, sets: &[&str]) -> StageOptions {
+    let mut o = StageOptions::example(namespace, "cluster-3x1");
+    for set in sets {
+        o = o.set(set);
+    }
+    o
 }
 
 fn name(p: &Pod) -> String {
@@ -41,7 +39,7 @@ fn name(p: &Pod) -> String {
 }
 
 /// Waits until `count` pods are Ready with `primaries` primary labels, none terminating.
-async fn settled(stage: &ChartStage, count: usize, primaries: usize) -> Vec<Pod> {
+async fn settled(stage: &Stage, count: usize, primaries: usize) -> Vec<Pod> {
     stage
         .wait_settled(count, primaries, 120 * SECOND)
         .await
@@ -49,8 +47,8 @@ async fn settled(stage: &ChartStage, count: usize, primaries: usize) -> Vec<Pod>
 }
 
 /// `valkey-sidecar drain-check` against the stage: exit code and output.
-fn drain_check(stage: &ChartStage, node: &str) -> (i32, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_valkey-sidecar"))
+fn drain_check(stage: &Stage, node: &str) -> (i32, String) {
+    let out = std::process::Command::new(sidecar_bin().unwrap())
         .args(["drain-check", node, "-n", &stage.namespace])
         .env("KUBECONFIG", stage.plane.kubeconfig_path())
         .output()
@@ -68,8 +66,8 @@ struct Follower {
 }
 
 impl Follower {
-    fn start(stage: &ChartStage, targets: Targets) -> Follower {
-        let api = stage.pods_api();
+    fn start(stage: &Stage, targets: Targets) -> Follower {
+        let api = stage.api();
         let fewest_ready = Arc::new(Mutex::new(BTreeMap::new()));
         let fewest = fewest_ready.clone();
         let task = tokio::spawn(async move {
@@ -97,7 +95,7 @@ impl Follower {
 }
 
 /// One writer per shard, each on a hash tag its shard serves.
-fn writers(pods: &[Pod], targets: &Targets) -> Vec<(String, Writer)> {
+fn writers(stage: &Stage, pods: &[Pod], targets: &Targets) -> Vec<(String, Writer)> {
     shards(pods)
         .into_iter()
         .map(|(shard, members)| {
@@ -105,18 +103,21 @@ fn writers(pods: &[Pod], targets: &Targets) -> Vec<(String, Writer)> {
                 .iter()
                 .find(|p| label(p, ROLE) == Some("primary"))
                 .unwrap();
-            let tag = tag_for(valkey_addr(primary).unwrap()).unwrap();
-            (shard, Writer::follow(targets.clone(), tag))
+            let tag = tag_for_with(valkey_addr(primary).unwrap(), &stage.client()).unwrap();
+            (
+                shard,
+                stage.writer_with(targets.clone(), &tag, stage.client()),
+            )
         })
         .collect()
 }
 
 /// Stops the writers; per shard (acknowledged, lost, longest pause), read back from its primary.
 async fn stop_writers(
-    stage: &ChartStage,
+    stage: &Stage,
     writers: Vec<(String, Writer)>,
 ) -> Vec<(String, usize, usize, Duration)> {
-    let pods = stage.pods().await.unwrap();
+    let pods = stage.pod_objects().await.unwrap();
     let by_shard = shards(&pods);
     writers
         .into_iter()
@@ -127,21 +128,27 @@ async fn stop_writers(
                 .iter()
                 .find(|p| label(p, ROLE) == Some("primary"))
                 .unwrap();
-            let missing = lost(valkey_addr(primary).unwrap(), &tag, &written.acked).unwrap();
-            (shard, written.acked.len(), missing, written.longest_pause)
+            let addr = valkey_addr(primary).unwrap();
+            let missing = missing(addr, &stage.client(), &tag, &written.acked).unwrap();
+            (
+                shard,
+                written.acked.len(),
+                missing.len(),
+                written.longest_pause,
+            )
         })
         .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn draining_every_node_in_turn_loses_nothing_and_two_at_once_is_refused_until_safe() {
-    let stage = ChartStage::start(options("drain", &["replicas=2"]))
+    let stage = Stage::install(options("drain", &["replicas=2"]))
         .await
         .unwrap();
     let pods = settled(&stage, 9, 3).await;
     let targets: Targets = Arc::new(Mutex::new(pods.iter().filter_map(valkey_addr).collect()));
     let follower = Follower::start(&stage, targets.clone());
-    let writers = writers(&pods, &targets);
+    let writers = writers(&stage, &pods, &targets);
     tokio::time::sleep(SECOND).await;
     let nodes: Vec<String> = stage.nodes.names();
     let start = Instant::now();
@@ -221,11 +228,11 @@ fn rolling_drain(
 /// Evicts a shard's primary and one of its replicas at the same moment (as draining their two
 /// nodes at once would): the budget lets one go and refuses the other with 429 until the first's
 /// replacement is back and Ready.
-async fn two_evictions_at_once(stage: &ChartStage) {
+async fn two_evictions_at_once(stage: &Stage) {
     let pods = settled(stage, 9, 3).await;
     let shard1 = shards(&pods).remove("1").unwrap();
     let (a, b) = (name(&shard1[0]), name(&shard1[1]));
-    let api = stage.pods_api();
+    let api = stage.api();
     let params = EvictParams::default();
     let (ra, rb) = tokio::join!(api.evict(&a, &params), api.evict(&b, &params));
     let refused =
@@ -276,12 +283,13 @@ async fn two_evictions_at_once(stage: &ChartStage) {
 /// Writes 16 KiB values under `tag` to `addr` until `stop`: enough for a throttled replica to
 /// fall megabytes behind.
 fn bulk_writer(
-    addr: SocketAddr,
+    (addr, password): (SocketAddr, &str),
     tag: String,
     stop: Arc<AtomicBool>,
 ) -> std::thread::JoinHandle<()> {
+    let url = format!("redis://:{password}@{addr}");
     std::thread::spawn(move || {
-        let client = redis::Client::open(format!("redis://{addr}")).unwrap();
+        let client = redis::Client::open(url).unwrap();
         let mut c = client.get_connection().unwrap();
         let value = "x".repeat(16 * 1024);
         let mut n = 0u64;
@@ -300,9 +308,7 @@ fn bulk_writer(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lagging_replica_blocks_the_eviction_of_its_primary_until_it_is_in_sync() {
-    let mut opts = options("lag", &[]);
-    opts.kubelet = opts.kubelet.network_faults();
-    let stage = ChartStage::start(opts).await.unwrap();
+    let stage = Stage::install(options("lag", &[])).await.unwrap();
     let pods = settled(&stage, 6, 3).await;
     let shard0 = shards(&pods).remove("0").unwrap();
     let primary = shard0
@@ -328,13 +334,15 @@ async fn a_lagging_replica_blocks_the_eviction_of_its_primary_until_it_is_in_syn
         )
         .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
-    let load = bulk_writer(addr, tag_for(addr).unwrap(), stop.clone());
+    let password = stage.password.clone().unwrap();
+    let tag = tag_for_with(addr, &stage.client()).unwrap();
+    let load = bulk_writer((addr, &password), tag, stop.clone());
     let lagging = Instant::now();
     poll_until(
         "the lagging replica not Ready",
         60 * SECOND,
         Duration::from_millis(100),
-        || async { Ok(!pod_is_ready(&stage.pods_api().get(&name(&replica)).await?)) },
+        || async { Ok(!pod_is_ready(&stage.api().get(&name(&replica)).await?)) },
     )
     .await
     .unwrap();
@@ -346,7 +354,7 @@ async fn a_lagging_replica_blocks_the_eviction_of_its_primary_until_it_is_in_syn
         },
         ..EvictParams::default()
     };
-    let api = stage.pods_api();
+    let api = stage.api();
     let refused =
         |r: &Result<_, kube::Error>| matches!(r, Err(kube::Error::Api(s)) if s.code == 429);
     // The disruption controller needs a moment to count the unready replica.
@@ -401,7 +409,7 @@ async fn a_one_pod_deployment_on_one_node_drains_without_hanging() {
         zones: vec!["zone-a".into()],
         ..FakeNodesOptions::default()
     };
-    let stage = ChartStage::start(opts).await.unwrap();
+    let stage = Stage::install(opts).await.unwrap();
     let pods = settled(&stage, 1, 1).await;
     let node = node_of(&pods[0]).unwrap().to_owned();
     let (code, text) = drain_check(&stage, &node);

@@ -5,26 +5,24 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
-use valkey_sidecar_testkit::k8s::chart::{ChartStage, ChartStageOptions, label, node_of, shards};
-use valkey_sidecar_testkit::k8s::{FakeNodesOptions, poll_until};
+use valkey_sidecar_testkit::k8s::chart::{label, node_of, shards};
+use valkey_sidecar_testkit::k8s::{FakeNodesOptions, Stage, StageOptions, poll_until};
 
 const SECOND: Duration = Duration::from_secs(1);
 
 /// Replication mode with a generated Secret, `sets` on top, on `nodes`.
-fn options(namespace: &str, sets: &[&str], nodes: FakeNodesOptions) -> ChartStageOptions {
-    let example = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/replication-1x2.yaml");
-    let mut sets = sets.to_vec();
-    sets.push("auth.existingSecret=");
-    let agent = std::path::Path::new(env!("CARGO_BIN_EXE_valkey-sidecar"));
-    ChartStageOptions {
-        nodes,
-        ..ChartStageOptions::example(namespace, example, &sets, agent)
+fn options(namespace: &str, sets: &[&str], nodes: FakeNodesOptions) -> StageOptions {
+    let mut o = StageOptions::example(namespace, "replication-1x2")
+        .generated_auth()
+        .nodes(nodes);
+    for set in sets {
+        o = o.set(set);
     }
+    o
 }
 
 fn nodes(count: usize, zones: &[&str]) -> FakeNodesOptions {
@@ -36,7 +34,7 @@ fn nodes(count: usize, zones: &[&str]) -> FakeNodesOptions {
 }
 
 /// Node name → zone.
-async fn zones(stage: &ChartStage) -> BTreeMap<String, String> {
+async fn zones(stage: &Stage) -> BTreeMap<String, String> {
     let api: Api<Node> = Api::all(stage.plane.client());
     let list = api.list(&Default::default()).await.unwrap().items;
     list.into_iter()
@@ -48,10 +46,7 @@ async fn zones(stage: &ChartStage) -> BTreeMap<String, String> {
 }
 
 /// Per shard: its pods' (name, node, zone), pods without a node left out.
-async fn placement(
-    stage: &ChartStage,
-    pods: &[Pod],
-) -> BTreeMap<String, Vec<(String, String, String)>> {
+async fn placement(stage: &Stage, pods: &[Pod]) -> BTreeMap<String, Vec<(String, String, String)>> {
     let zone_of = zones(stage).await;
     shards(pods)
         .into_iter()
@@ -70,7 +65,7 @@ async fn placement(
 }
 
 /// Waits until the coordinator's `SchedulingSatisfied` condition starts with `want`; returns it.
-async fn condition(stage: &ChartStage, want: &str) -> String {
+async fn condition(stage: &Stage, want: &str) -> String {
     let what = format!("SchedulingSatisfied to be {want}");
     let waited = poll_until(&what, 60 * SECOND, Duration::from_millis(200), || async {
         Ok(stage
@@ -96,7 +91,7 @@ async fn condition(stage: &ChartStage, want: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_two_nodes_in_one_zone_preferred_spread_schedules_everything_and_says_what_is_shared() {
     let sets = ["shards=3", "replicas=2"];
-    let stage = ChartStage::start(options("place-pref", &sets, nodes(2, &["zone-a"])))
+    let stage = Stage::install(options("place-pref", &sets, nodes(2, &["zone-a"])))
         .await
         .unwrap();
     let pods = stage.wait_ready(9, 120 * SECOND).await.unwrap();
@@ -118,7 +113,7 @@ async fn on_two_nodes_in_one_zone_preferred_spread_schedules_everything_and_says
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_two_nodes_required_node_spread_leaves_the_surplus_pending_and_the_status_says_why() {
     let sets = ["shards=3", "replicas=2", "spread.node.mode=Required"];
-    let stage = ChartStage::start(options("place-req", &sets, nodes(2, &["zone-a"])))
+    let stage = Stage::install(options("place-req", &sets, nodes(2, &["zone-a"])))
         .await
         .unwrap();
     let pending = poll_until(
@@ -126,14 +121,14 @@ async fn on_two_nodes_required_node_spread_leaves_the_surplus_pending_and_the_st
         120 * SECOND,
         SECOND,
         || async {
-            let pods = stage.pods().await?;
+            let pods = stage.pod_objects().await?;
             let unplaced = pods.iter().filter(|p| node_of(p).is_none()).count();
             Ok(pods.len() == 9 && unplaced == 3)
         },
     )
     .await;
     assert!(pending.is_ok(), "{pending:?}\n{}", stage.describe().await);
-    let pods = stage.pods().await.unwrap();
+    let pods = stage.pod_objects().await.unwrap();
     let unplaced: Vec<String> = pods
         .iter()
         .filter(|p| node_of(p).is_none())
@@ -163,7 +158,7 @@ async fn at_most_two_pods_of_a_shard_per_zone_with_five_pods_over_three_zones() 
         "spread.zone.mode=Required",
         "spread.zone.maxPerDomain=2",
     ];
-    let stage = ChartStage::start(options("place-cap", &sets, FakeNodesOptions::default()))
+    let stage = Stage::install(options("place-cap", &sets, FakeNodesOptions::default()))
         .await
         .unwrap();
     let pods = stage.wait_ready(5, 120 * SECOND).await.unwrap();
@@ -185,7 +180,7 @@ async fn pinned_zones_put_each_shards_intended_primary_in_its_own_zone() {
         "placement.zones={zone-a,zone-b,zone-c}",
         "placement.zonePinning=Required",
     ];
-    let stage = ChartStage::start(options("place-pin", &sets, FakeNodesOptions::default()))
+    let stage = Stage::install(options("place-pin", &sets, FakeNodesOptions::default()))
         .await
         .unwrap();
     let pods = stage.wait_ready(6, 120 * SECOND).await.unwrap();

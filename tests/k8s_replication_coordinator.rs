@@ -8,17 +8,15 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use valkey_sidecar_testkit::faults::{self, Outcome, show};
-use valkey_sidecar_testkit::k8s::valkey::cmd;
-use valkey_sidecar_testkit::k8s::writer::{Writer, lost};
 use valkey_sidecar_testkit::k8s::{Stage, StageOptions, http_get, poll_until};
 use valkey_sidecar_testkit::redis;
 
 const SECOND: Duration = Duration::from_secs(1);
 
-/// One shard of three pods in replication mode; the agents run the keeper and the coordinator.
+/// The chart's replication mode, one shard of three pods (the agents run the keeper and the
+/// coordinator).
 async fn replication_stage(namespace: &str) -> Stage {
-    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_valkey-sidecar"));
-    Stage::start(StageOptions::replication(namespace, bin, &[]))
+    Stage::start(StageOptions::replication(namespace, 2))
         .await
         .unwrap()
 }
@@ -37,7 +35,7 @@ async fn record(s: &Stage) -> Option<(String, String)> {
 
 /// `ROLE` of `pod`'s Valkey: `master`, or `slave` with the port of its primary's host.
 fn role(s: &Stage, pod: &str) -> Option<(String, String)> {
-    let redis::Value::Array(items) = cmd(s.valkey(pod).ok()?, &["ROLE"]).ok()? else {
+    let redis::Value::Array(items) = s.cmd(pod, &["ROLE"]).ok()? else {
         return None;
     };
     let text = |v: Option<&redis::Value>| match v {
@@ -59,7 +57,7 @@ fn led_by(s: &Stage, primary: &str) -> bool {
 
 /// Whether `pod`'s Valkey has its link to its primary up.
 fn link_up(s: &Stage, pod: &str) -> bool {
-    let info = cmd(s.valkey(pod).unwrap(), &["INFO", "replication"]);
+    let info = s.cmd(pod, &["INFO", "replication"]);
     match info {
         Ok(redis::Value::BulkString(b)) => {
             String::from_utf8_lossy(&b).contains("master_link_status:up")
@@ -118,10 +116,7 @@ async fn a_calm_shard_costs_a_read_per_retry_period_and_a_cordon_switches_over_l
     // replica's link down and read once more — but never every round (40).
     assert!((3..=12).contains(&reads), "{reads} reads in 10 s");
 
-    let writer = Writer::start(
-        s.pods.iter().map(|p| s.valkey(p).unwrap()).collect(),
-        "w".into(),
-    );
+    let writer = s.writer(s.pods.iter().map(|p| s.valkey(p).unwrap()).collect(), "w");
     tokio::time::sleep(SECOND).await;
     let node = s.node_of("valkey-0-0").await.unwrap();
     let cordoned = Instant::now();
@@ -147,7 +142,7 @@ async fn a_calm_shard_costs_a_read_per_retry_period_and_a_cordon_switches_over_l
     let took = cordoned.elapsed();
     tokio::time::sleep(SECOND).await;
     let w = writer.stop().unwrap();
-    let missing = lost(s.valkey(&primary).unwrap(), "w", &w.acked).unwrap();
+    let missing = s.lost(&primary, "w", &w.acked).unwrap();
     let events = s.events().await.unwrap();
     println!(
         "node {node} cordoned: {primary} primary on record and followed after {took:?}; writer: {} acknowledged, {missing} lost, longest pause {:?}\n{events}",

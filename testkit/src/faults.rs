@@ -42,10 +42,15 @@ pub struct Outcome {
     pub lost: Option<usize>,
     /// The longest time two nodes accepted writes at once.
     pub overlap: Option<Duration>,
+    /// Writes a deposed primary acknowledged after the new primary took its first write.
+    pub deposed: Option<usize>,
     /// The scenario's own time to writable or healthy again; `note` says from what to what.
     pub recovery: Option<Duration>,
     /// What `recovery` measures, and whatever else the scenario measured.
     pub note: String,
+    /// The agent build the scenario ran (`release` or `debug`, from the binary's path; empty when
+    /// the scenario ran no agent or the log predates the field).
+    pub build: String,
 }
 
 impl Outcome {
@@ -69,6 +74,11 @@ impl Outcome {
         self
     }
 
+    pub fn deposed(mut self, acks: usize) -> Outcome {
+        self.deposed = Some(acks);
+        self
+    }
+
     pub fn recovery(mut self, took: Duration) -> Outcome {
         self.recovery = Some(took);
         self
@@ -86,8 +96,10 @@ impl Outcome {
             "acked": self.acked,
             "lost": self.lost,
             "overlap_ms": self.overlap.map(millis),
+            "deposed": self.deposed,
             "recovery_ms": self.recovery.map(millis),
             "note": self.note,
+            "build": self.build,
         })
     }
 
@@ -103,8 +115,10 @@ impl Outcome {
             acked: count(v, "acked")?,
             lost: count(v, "lost")?,
             overlap: duration(v, "overlap_ms")?,
+            deposed: count(v, "deposed")?,
             recovery: duration(v, "recovery_ms")?,
             note: text("note").into(),
+            build: text("build").into(),
         })
     }
 }
@@ -159,12 +173,29 @@ pub fn record(o: &Outcome) {
     let Some(path) = std::env::var_os(FAULT_LOG_ENV) else {
         return;
     };
-    if let Err(e) = append(Path::new(&path), o) {
+    let mut o = o.clone();
+    if o.build.is_empty() {
+        o.build = agent_build();
+    }
+    if let Err(e) = append(Path::new(&path), &o) {
         eprintln!(
             "fault log {}: could not record {:?}: {e:#}",
             path.to_string_lossy(),
             o.scenario
         );
+    }
+}
+
+/// `release` or `debug`: the cargo profile directory the agent binary the pods run sits in (see
+/// [`crate::k8s::sidecar_bin`]); `unknown` when it cannot be told.
+pub fn agent_build() -> String {
+    let Ok(bin) = crate::k8s::sidecar_bin() else {
+        return "unknown".into();
+    };
+    let profile = bin.parent().and_then(|d| d.file_name());
+    match profile.and_then(|p| p.to_str()) {
+        Some(p @ ("release" | "debug")) => p.into(),
+        _ => "unknown".into(),
     }
 }
 

@@ -192,10 +192,23 @@ config file, so the pod needs no init step; secrets come in through `$(VAR)` fro
 - --min-replicas-max-lag
 - {{ $v.valkey.minReplicasMaxLag | quote }}
 {{- end }}
-{{- if and $v.persistence.enabled $v.persistence.appendonly }}
+{{- if $v.persistence.enabled }}
+{{- if $v.persistence.appendonly }}
 - --appendonly
 - "yes"
 {{- end }}
+{{- else }}
+# No persistence: no RDB snapshots either. They would fork (up to twice the memory) and fill an
+# emptyDir that dies with the pod anyway.
+- --save
+- ""
+- --appendonly
+- "no"
+{{- end }}
+# A full sync starts only this long after a replica asks for one: time for the agents to fence a
+# primary the kubelet restarted empty before it could stream its empty dataset to the replicas.
+- --repl-diskless-sync-delay
+- {{ $v.valkey.replDisklessSyncDelay | quote }}
 {{- range $v.valkey.extraArgs }}
 - {{ . | quote }}
 {{- end }}

@@ -34,12 +34,13 @@
 
 pub use audit::{AuditLog, Usage};
 pub use bins::{K8S_BIN_DIR_ENV, SIDECAR_BIN_ENV, k8s_bin_dir, kubectl_bin, sidecar_bin};
+pub use chart::helm_bin;
 pub use control_plane::{
     ADMIN_USER, ControlPlane, ControlPlaneOptions, LIMITED_USER, SERVICE_CIDR, StartTimings,
 };
 pub use kubelet::{HookRun, Kubelet, KubeletOptions, StartRecord, StopRecord};
 pub use nodes::{FakeNode, FakeNodes, FakeNodesOptions, HOSTNAME_LABEL, REGION_LABEL, ZONE_LABEL};
-pub use stage::{ROLE_LABEL, RoleWatch, Stage, StageOptions, helm_bin};
+pub use stage::{ROLE_LABEL, RoleWatch, Stage, StageOptions};
 pub use util::{http_get, poll_until, process_alive};
 
 pub mod audit;

@@ -7,7 +7,6 @@ use anyhow::Context;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 
-use super::valkey::cmd;
 use super::{ROLE_LABEL, Stage, poll_until};
 use crate::Result;
 
@@ -19,11 +18,11 @@ pub struct Record {
     pub epoch: u64,
 }
 
-/// The record of `shard` of the cluster `valkey` (`valkey-<shard>-primary`), if it exists.
+/// The record of the stage's `shard` (`<cluster>-<shard>-primary`), if it exists.
 pub async fn record(s: &Stage, shard: &str) -> Option<Record> {
     let leases: Api<Lease> = Api::namespaced(s.plane.client(), &s.namespace);
     let lease = leases
-        .get_opt(&format!("valkey-{shard}-primary"))
+        .get_opt(&format!("{}-{shard}-primary", s.cluster))
         .await
         .ok()??;
     let epoch = lease
@@ -48,7 +47,7 @@ pub fn follows(s: &Stage, pod: &str, primary: &str) -> bool {
     let (Ok(addr), Ok(primary)) = (s.valkey(pod), s.valkey(primary)) else {
         return false;
     };
-    let Ok(redis::Value::Array(items)) = cmd(addr, &["ROLE"]) else {
+    let Ok(redis::Value::Array(items)) = s.cmd_at(addr, &["ROLE"]) else {
         return false;
     };
     text(items.get(1)) == Some(primary.ip().to_string())
@@ -61,7 +60,11 @@ pub fn write_acked(s: &Stage, pod: &str, limit: Duration) -> bool {
     let Ok(addr) = s.valkey(pod) else {
         return false;
     };
-    let Ok(client) = redis::Client::open(format!("redis://{addr}")) else {
+    let url = match &s.password {
+        Some(p) => format!("redis://:{}@{addr}", super::valkey::percent_encode(p)),
+        None => format!("redis://{addr}"),
+    };
+    let Ok(client) = redis::Client::open(url) else {
         return false;
     };
     let Ok(mut c) = client.get_connection_with_timeout(limit) else {

@@ -1,164 +1,299 @@
-//! A whole stage for end-to-end tests and benchmarks: control plane, six nodes over three zones,
-//! the kubelet, the chart's RBAC and admission policy (rendered by the real `helm`), and Valkey
-//! pods with the agent beside each, optionally formed into a Valkey Cluster.
+//! The stage every Kubernetes-level test, the demo and the benchmarks run on: the control plane,
+//! six nodes over three zones, the kubelet, and the production chart (`charts/valkey-sidecar`)
+//! installed the way a user installs it — kube-controller-manager creates the pods from the
+//! chart's StatefulSets, kube-scheduler binds them, the process kubelet runs the chart's Valkey and
+//! agent containers with the chart's arguments and probes.
+//!
+//! There is one pod definition: the chart's. A test chooses the shape with chart values
+//! ([`StageOptions::cluster`], [`StageOptions::replication`], an example file, `--set`s and agent
+//! settings through `sidecar.env`); the harness overrides only what a loopback host forces
+//! (addresses, directories — see the kubelet's module docs). Auth is on, as in the chart's
+//! defaults: the stage reads the generated default password back ([`Stage::password`]) and every
+//! helper here uses it.
+//!
+//! The apply order differs from `helm install` in one way (unless [`StageOptions::helm_install`]):
+//! the admission policies go first, and the node-index policy is in force (checked with a dry-run
+//! pod) before the StatefulSets exist, so every pod is created with `valkey.io/node-index`.
+//!
+//! Harness limits that shape the tests: pod IPs are loopback addresses, which EndpointSlices may
+//! not hold, so the EndpointSlice controller's *attempted* endpoints are read from its events
+//! ([`Stage::attempted_endpoints`]); PersistentVolumeClaims are never bound (keep
+//! `persistence.enabled=false`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Event, Pod, Secret, Service};
+use kube::api::{Api, ListParams};
 use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::{Value, json};
 
+use super::chart::{self, label, node_of};
 use super::util::poll_until;
-use super::valkey::{
-    SIDECAR_PORT, VALKEY_PORT, ValkeyPodTemplate, cmd, form_cluster, valkey_pod, wait_valkey_up,
-};
+use super::valkey::{CLUSTER_LABEL, SIDECAR_PORT, VALKEY_PORT, apply, cmd_as, valkey_addr};
+use super::writer::{Targets, Writer, WriterOptions, missing, tag_for_with};
 use super::{
     ControlPlane, ControlPlaneOptions, FakeNodes, FakeNodesOptions, Kubelet, KubeletOptions,
     http_get,
 };
 use crate::Result;
+use crate::resp::ClientOptions;
 
 /// The role label key the chart and the agent use by default.
 pub const ROLE_LABEL: &str = "valkey.io/role";
 
-/// How to build a [`Stage`].
+/// How to build a [`Stage`]: the chart's values and the harness around it.
 #[derive(Clone, Debug)]
 pub struct StageOptions {
     pub namespace: String,
+    /// The Helm release (and, by the chart's default, the Valkey deployment's name).
+    pub release: String,
+    /// Values files, in order (`-f`).
+    pub values: Vec<PathBuf>,
+    /// `--set` arguments, after the files.
+    pub sets: Vec<String>,
+    /// `--set-string` arguments, after the `--set`s (agent settings: `sidecar.env.NAME=value`).
+    pub set_strings: Vec<String>,
+    /// Objects applied before the chart, e.g. the Secret of `auth.existingSecret` (server-side
+    /// apply; a namespaced one without a namespace gets [`StageOptions::namespace`]).
+    pub objects: Vec<Value>,
     pub plane: ControlPlaneOptions,
     pub kubelet: KubeletOptions,
-    pub template: ValkeyPodTemplate,
-    pub shards: usize,
-    pub members: usize,
-    /// Form a Valkey Cluster across the pods (cluster mode).
-    pub form_cluster: bool,
-    /// Grant the agent `get nodes` (chart value `sidecar.readNodes`).
-    pub read_nodes: bool,
+    /// The fake nodes (six over three zones by default).
+    pub nodes: FakeNodesOptions,
+    /// Install with `helm install` (a release helm can upgrade and uninstall) instead of rendering
+    /// and applying the manifests (policies first, which `helm install` cannot order).
+    pub helm_install: bool,
 }
 
 impl Default for StageOptions {
     fn default() -> Self {
         Self {
             namespace: "valkey".into(),
+            release: "valkey".into(),
+            values: Vec::new(),
+            sets: Vec::new(),
+            set_strings: Vec::new(),
+            objects: Vec::new(),
             plane: ControlPlaneOptions::default(),
             kubelet: KubeletOptions::default(),
-            template: ValkeyPodTemplate::default(),
-            shards: 3,
-            members: 2,
-            form_cluster: true,
-            read_nodes: true,
+            helm_install: false,
+            nodes: FakeNodesOptions::default(),
         }
     }
 }
 
 impl StageOptions {
-    /// One shard of three pods in replication mode, the agents (`sidecar_bin`) with the
-    /// coordinator on (cluster name `valkey`) plus `env`.
-    ///
-    /// Valkey's `repl-diskless-sync-delay` is 2 s here (Valkey's own default is 5 s; the kubelet
-    /// adds no defaults): a primary that restarts empty (killed before any snapshot) must not
-    /// stream its empty dataset to the replicas before its agent has released the record and the
-    /// coordinator has promoted a replica.
-    pub fn replication(namespace: &str, sidecar_bin: &Path, env: &[(&str, &str)]) -> StageOptions {
-        let mut o = StageOptions {
+    /// The chart's defaults in cluster mode: `shards` × (1 + `replicas`) pods in `namespace`.
+    pub fn cluster(namespace: &str, shards: usize, replicas: usize) -> Self {
+        StageOptions {
             namespace: namespace.into(),
-            shards: 1,
-            members: 3,
-            form_cluster: false,
             ..StageOptions::default()
-        };
-        o.template.mode = "replication".into();
-        o.template.valkey_args = vec!["--repl-diskless-sync-delay".into(), "2".into()];
-        o.kubelet = o.kubelet.sidecar_bin(sidecar_bin);
-        let env = [("SIDECAR_CLUSTER_NAME", "valkey")].iter().chain(env);
-        o.template.sidecar_env = env.map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        o
+        }
+        .set("mode=cluster")
+        .set(&format!("shards={shards}"))
+        .set(&format!("replicas={replicas}"))
+    }
+
+    /// The chart's defaults in replication mode: one shard of 1 + `replicas` pods.
+    pub fn replication(namespace: &str, replicas: usize) -> Self {
+        StageOptions {
+            namespace: namespace.into(),
+            ..StageOptions::default()
+        }
+        .set("mode=replication")
+        .set("shards=1")
+        .set(&format!("replicas={replicas}"))
+    }
+
+    /// The chart with the values file `examples/<name>.yaml` of this repository, and the Secret
+    /// `valkey-auth` the examples name (`auth.existingSecret`), created first as they say.
+    pub fn example(namespace: &str, name: &str) -> Self {
+        StageOptions {
+            namespace: namespace.into(),
+            values: vec![chart::example(name)],
+            objects: vec![auth_secret("valkey-auth")],
+            ..StageOptions::default()
+        }
+    }
+
+    /// The chart generates the auth Secret (`auth.existingSecret=`) instead of the example's
+    /// `valkey-auth` created beforehand.
+    pub fn generated_auth(mut self) -> Self {
+        self.objects
+            .retain(|o| o["kind"] != "Secret" || o["metadata"]["name"] != "valkey-auth");
+        self.set("auth.existingSecret=")
+    }
+
+    /// One more `--set`.
+    pub fn set(mut self, set: &str) -> Self {
+        self.sets.push(set.into());
+        self
+    }
+
+    /// An agent setting: `sidecar.env.<name>=<value>` (as a string).
+    pub fn env(mut self, name: &str, value: &str) -> Self {
+        self.set_strings.push(format!("sidecar.env.{name}={value}"));
+        self
+    }
+
+    /// More `valkey-server` arguments (`valkey.extraArgs`), e.g. `--enable-debug-command yes`
+    /// for a test that blocks Valkey with `DEBUG SLEEP`.
+    pub fn valkey_args(self, args: &[&str]) -> Self {
+        let list = args
+            .iter()
+            .map(|a| a.replace(',', "\\,"))
+            .collect::<Vec<_>>()
+            .join(",");
+        self.set(&format!("valkey.extraArgs={{{list}}}"))
+    }
+
+    /// A short coordinator and shard-record lease: `lease` / renew deadline / retry period.
+    pub fn lease(self, lease: &str, renew: &str, retry: &str) -> Self {
+        self.env("SIDECAR_LEASE_DURATION", lease)
+            .env("SIDECAR_LEASE_RENEW_DEADLINE", renew)
+            .env("SIDECAR_LEASE_RETRY_PERIOD", retry)
+    }
+
+    /// Other fake nodes.
+    pub fn nodes(mut self, nodes: FakeNodesOptions) -> Self {
+        self.nodes = nodes;
+        self
     }
 }
 
-/// A running stage; fields drop in declaration order: pods' processes, nodes, control plane.
+/// A running chart install; fields drop in declaration order: pods' processes, nodes, control
+/// plane.
 pub struct Stage {
     pub kubelet: Kubelet,
     pub nodes: FakeNodes,
     pub plane: ControlPlane,
     pub namespace: String,
-    /// Pods in creation order: shard 0's members, then shard 1's, …
+    /// The Helm release.
+    pub release: String,
+    /// The Valkey deployment's name (`valkey.io/cluster`).
+    pub cluster: String,
+    /// The rendered manifests as applied.
+    pub manifest: PathBuf,
+    /// The pods the chart's StatefulSets create, in order: shard 0's (`<cluster>-0-0`,
+    /// `<cluster>-0-1`, …), then shard 1's, …
     pub pods: Vec<String>,
-    /// Members per shard.
+    /// Pods per shard.
     pub members: usize,
-}
-
-/// The `helm` binary: `$HELM_BIN`, else `scripts/helm-bin.sh` (builds it if needed).
-pub fn helm_bin() -> Result<PathBuf> {
-    if let Ok(p) = std::env::var("HELM_BIN") {
-        return Ok(PathBuf::from(p));
-    }
-    crate::binaries::path_from_script("helm-bin.sh")
+    /// The default user's password (auth on), read back from the chart's Secret.
+    pub password: Option<String>,
 }
 
 impl Stage {
-    /// Starts everything and waits until every pod is Ready.
+    /// Installs the chart and waits until the deployment has settled: every pod Ready and
+    /// labelled, one primary per shard (the agents formed the cluster or bootstrapped the record).
     pub async fn start(opts: StageOptions) -> Result<Stage> {
+        let stage = Stage::install(opts).await?;
+        let shards = stage.pods.len() / stage.members.max(1);
+        stage
+            .wait_settled(stage.pods.len(), shards, Duration::from_secs(120))
+            .await?;
+        Ok(stage)
+    }
+
+    /// Starts the control plane, the nodes and the kubelet, then installs the chart. Returns once
+    /// everything is applied; the pods come up on their own (see [`Stage::wait_settled`]).
+    pub async fn install(opts: StageOptions) -> Result<Stage> {
         let plane = ControlPlane::start(opts.plane.clone()).await?;
-        let nodes = FakeNodes::start(plane.client(), FakeNodesOptions::default()).await?;
+        let nodes = FakeNodes::start(plane.client(), opts.nodes.clone()).await?;
         nodes.wait_ready(Duration::from_secs(30)).await?;
         let kubelet = Kubelet::start(&plane, &nodes, opts.kubelet.clone()).await?;
-        install_chart(&plane, &opts).await?;
+        plane
+            .kubectl(&["create", "namespace", &opts.namespace])
+            .await?;
+        for mut object in opts.objects.clone() {
+            if object["metadata"]["namespace"].is_null() && object["kind"] != "Namespace" {
+                object["metadata"]["namespace"] = json!(opts.namespace);
+            }
+            apply(&plane.client(), object).await?;
+        }
+        let (cluster, manifest) = chart::install(&plane, &opts).await?;
         let mut stage = Stage {
             kubelet,
             nodes,
             plane,
-            namespace: opts.namespace.clone(),
+            namespace: opts.namespace,
+            release: opts.release,
+            cluster,
+            manifest,
             pods: Vec::new(),
-            members: opts.members,
+            members: 0,
+            password: None,
         };
-        stage.create_pods(&opts).await?;
+        stage.learn_deployment().await?;
         Ok(stage)
     }
 
-    async fn create_pods(&mut self, opts: &StageOptions) -> Result<()> {
-        let api = self.api();
-        for shard in 0..opts.shards {
-            for member in 0..opts.members {
-                let pod = valkey_pod(&opts.template, shard, member)?;
-                let name = pod.metadata.name.clone().unwrap_or_default();
-                match api.create(&PostParams::default(), &pod).await {
-                    Ok(_) => {}
-                    // The client retries a request the busy apiserver answered late; the
-                    // first attempt may have created the pod.
-                    Err(kube::Error::Api(e)) if e.code == 409 => {}
-                    Err(e) => return Err(e.into()),
-                }
-                self.pods.push(name);
-            }
+    /// The pod names and the password, from the StatefulSets as the apiserver has them.
+    async fn learn_deployment(&mut self) -> Result<()> {
+        let api: Api<StatefulSet> = Api::namespaced(self.plane.client(), &self.namespace);
+        let selector = format!("{CLUSTER_LABEL}={}", self.cluster);
+        let mut sets = api
+            .list(&ListParams::default().labels(&selector))
+            .await?
+            .items;
+        sets.sort_by_key(|s| shard_of(s).unwrap_or(usize::MAX));
+        for set in &sets {
+            let name = set.metadata.name.clone().unwrap_or_default();
+            let replicas = set.spec.replicas.unwrap_or(1);
+            let replicas = usize::try_from(replicas).unwrap_or(0);
+            self.members = self.members.max(replicas);
+            self.pods
+                .extend((0..replicas).map(|i| format!("{name}-{i}")));
         }
-        let addrs = wait_valkey_up(&api, &self.pods, Duration::from_secs(60)).await?;
-        if opts.form_cluster {
-            form_cluster(
-                addrs.chunks(opts.members).map(<[_]>::to_vec).collect(),
-                Duration::from_secs(30),
-            )
-            .await?;
-        }
-        for p in &self.pods {
-            self.kubelet
-                .wait_ready(&self.namespace, p, Duration::from_secs(60))
-                .await?;
+        if let Some(set) = sets.first() {
+            self.password = self.default_password(set).await?;
         }
         Ok(())
+    }
+
+    /// The value of the Valkey container's `VALKEY_PASSWORD` (a Secret key reference), if set.
+    async fn default_password(&self, set: &StatefulSet) -> Result<Option<String>> {
+        let Some(reference) = password_ref(set) else {
+            return Ok(None);
+        };
+        Ok(Some(self.secret(&reference.0, &reference.1).await?))
+    }
+
+    /// `helm uninstall` of a release made with [`StageOptions::helm_install`], waiting until its
+    /// objects are gone.
+    pub fn uninstall(&self) -> Result<String> {
+        let kubeconfig = self.plane.kubeconfig_path().display().to_string();
+        let args = ["uninstall", &self.release, "--namespace", &self.namespace];
+        let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        args.extend(["--wait".into(), "--kubeconfig".into(), kubeconfig]);
+        chart::helm(&args)
     }
 
     pub fn api(&self) -> Api<Pod> {
         Api::namespaced(self.plane.client(), &self.namespace)
     }
 
-    /// Valkey's address in `pod`.
+    /// The Valkey deployment's pods as the apiserver has them now, by name.
+    pub async fn pod_objects(&self) -> Result<Vec<Pod>> {
+        let selector = format!("{CLUSTER_LABEL}={}", self.cluster);
+        let mut pods = self
+            .api()
+            .list(&ListParams::default().labels(&selector))
+            .await?
+            .items;
+        pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        Ok(pods)
+    }
+
+    /// Valkey's address in `pod` (its current incarnation's IP).
     pub fn valkey(&self, pod: &str) -> Result<SocketAddr> {
         let ip = self
             .kubelet
@@ -176,9 +311,19 @@ impl Stage {
         Ok(SocketAddr::new(ip.into(), SIDECAR_PORT))
     }
 
+    /// One command to `pod`'s Valkey as the default user.
+    pub fn cmd(&self, pod: &str, args: &[&str]) -> Result<redis::Value> {
+        cmd_as(self.valkey(pod)?, self.password.as_deref(), args)
+    }
+
+    /// One command to the Valkey at `addr` as the default user.
+    pub fn cmd_at(&self, addr: SocketAddr, args: &[&str]) -> Result<redis::Value> {
+        cmd_as(addr, self.password.as_deref(), args)
+    }
+
     /// `master` / `slave` as Valkey's `ROLE` says, `None` when it does not answer.
     pub fn role(&self, pod: &str) -> Option<String> {
-        let redis::Value::Array(items) = cmd(self.valkey(pod).ok()?, &["ROLE"]).ok()? else {
+        let redis::Value::Array(items) = self.cmd(pod, &["ROLE"]).ok()? else {
             return None;
         };
         match items.first()? {
@@ -195,14 +340,19 @@ impl Stage {
             .with_context(|| format!("{pod} is not scheduled"))
     }
 
-    /// Waits until the pod object is gone (its containers stopped and the kubelet removed it).
+    /// Waits until the pod object as it is now is gone (its containers stopped and the kubelet
+    /// removed it): the name may come back at once, the StatefulSet's new pod of the same name.
     pub async fn wait_gone(&self, pod: &str, timeout: Duration) -> Result<()> {
         let api = self.api();
+        let Some(uid) = api.get_opt(pod).await?.and_then(|p| p.metadata.uid) else {
+            return Ok(());
+        };
+        let gone = |p: Option<Pod>| p.is_none_or(|p| p.metadata.uid.as_deref() != Some(&uid));
         poll_until(
             &format!("{pod} is gone"),
             timeout,
             Duration::from_millis(20),
-            || async { Ok(api.get_opt(pod).await?.is_none()) },
+            || async { Ok(gone(api.get_opt(pod).await?)) },
         )
         .await
     }
@@ -266,7 +416,7 @@ impl Stage {
         Ok(value.map(|v| v.trim().parse()).transpose()?.unwrap_or(0))
     }
 
-    /// The pods of shard `shard` (including deleted ones).
+    /// The pods of shard `shard` by name (whether or not they exist now).
     pub fn shard_pods(&self, shard: usize) -> &[String] {
         let start = (shard * self.members).min(self.pods.len());
         let end = ((shard + 1) * self.members).min(self.pods.len());
@@ -290,52 +440,325 @@ impl Stage {
         let replica = replicas.into_iter().next().context("no replica")?;
         Ok((primary, replica))
     }
+
+    /// A status condition the coordinator writes on its Lease (`status.valkey.io/<type>`):
+    /// `"<True|False> <Reason>: <message>"`, if present.
+    pub async fn condition(&self, type_: &str) -> Result<Option<String>> {
+        let annotations = self
+            .coordinator_lease()
+            .await?
+            .and_then(|l| l.metadata.annotations)
+            .unwrap_or_default();
+        Ok(annotations
+            .get(&format!("status.valkey.io/{type_}"))
+            .cloned())
+    }
+
+    /// The coordinator Lease (`<cluster>-coordinator`), if it exists.
+    pub async fn coordinator_lease(&self) -> Result<Option<Lease>> {
+        let leases: Api<Lease> = Api::namespaced(self.plane.client(), &self.namespace);
+        let name = format!("{}-coordinator", self.cluster);
+        Ok(leases.get_opt(&name).await?)
+    }
+
+    /// Who holds the coordinator Lease now.
+    pub async fn coordinator_holder(&self) -> Result<Option<String>> {
+        let lease = self.coordinator_lease().await?;
+        Ok(lease
+            .and_then(|l| l.spec?.holder_identity)
+            .filter(|h| !h.is_empty()))
+    }
+
+    /// Waits until some agent holds the coordinator Lease; returns it.
+    pub async fn wait_coordinator(&self, timeout: Duration) -> Result<String> {
+        poll_until(
+            "a coordinator holds the lease",
+            timeout,
+            Duration::from_millis(100),
+            || async { Ok(self.coordinator_holder().await?.is_some()) },
+        )
+        .await?;
+        self.coordinator_holder()
+            .await?
+            .context("the coordinator Lease lost its holder")
+    }
+
+    /// Every object left in the namespace (`kind/name`), but what every namespace has (the
+    /// `default` ServiceAccount, the `kube-root-ca.crt` ConfigMap) and Events, which expire.
+    pub async fn leftovers(&self) -> Result<Vec<String>> {
+        let kinds = self
+            .plane
+            .kubectl(&[
+                "api-resources",
+                "--verbs=list",
+                "--namespaced",
+                "-o",
+                "name",
+            ])
+            .await?;
+        let kinds: Vec<&str> = kinds.lines().filter(|k| !k.starts_with("events")).collect();
+        let listed = self
+            .plane
+            .kubectl(&["get", &kinds.join(","), "-n", &self.namespace, "-o", "name"])
+            .await?;
+        let expected = ["serviceaccount/default", "configmap/kube-root-ca.crt"];
+        let mut left: Vec<String> = listed
+            .lines()
+            .filter(|l| !l.is_empty() && !expected.contains(l))
+            .map(str::to_owned)
+            .collect();
+        let cluster_wide = "clusterroles,clusterrolebindings,validatingadmissionpolicies,validatingadmissionpolicybindings,mutatingadmissionpolicies,mutatingadmissionpolicybindings";
+        let selector = format!("app.kubernetes.io/instance={}", self.release);
+        let global = self
+            .plane
+            .kubectl(&["get", cluster_wide, "-l", &selector, "-o", "name"])
+            .await?;
+        left.extend(global.lines().filter(|l| !l.is_empty()).map(str::to_owned));
+        Ok(left)
+    }
+
+    /// Waits until `count` pods of the deployment exist and every one has an IP and a Valkey
+    /// that answers `PING`; returns them by name.
+    pub async fn wait_valkey_up(&self, count: usize, timeout: Duration) -> Result<Vec<Pod>> {
+        let what = format!("{count} pods with Valkey up");
+        poll_until(&what, timeout, Duration::from_millis(200), || async {
+            let pods = self.pod_objects().await?;
+            if pods.len() != count {
+                return Ok(false);
+            }
+            for pod in &pods {
+                let Some(addr) = valkey_addr(pod) else {
+                    return Ok(false);
+                };
+                let password = self.password.clone();
+                let up = tokio::task::spawn_blocking(move || {
+                    cmd_as(addr, password.as_deref(), &["PING"]).is_ok()
+                })
+                .await?;
+                if !up {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        })
+        .await?;
+        self.pod_objects().await
+    }
+
+    /// Waits until `count` pods of the deployment exist and all are Ready; returns them by name.
+    pub async fn wait_ready(&self, count: usize, timeout: Duration) -> Result<Vec<Pod>> {
+        let what = format!("{count} pods Ready");
+        let waited = poll_until(&what, timeout, Duration::from_millis(200), || async {
+            let pods = self.pod_objects().await?;
+            Ok(pods.len() == count && pods.iter().all(super::pod_is_ready))
+        })
+        .await;
+        if let Err(e) = waited {
+            bail!("{e:#}\n{}", self.describe().await);
+        }
+        self.pod_objects().await
+    }
+
+    /// Waits until `count` pods exist, all Ready (none terminating), each with a role label, and
+    /// `primaries` of them labelled primary: the deployment settled. Returns them by name.
+    pub async fn wait_settled(
+        &self,
+        count: usize,
+        primaries: usize,
+        timeout: Duration,
+    ) -> Result<Vec<Pod>> {
+        let what = format!("{count} pods Ready, {primaries} primaries");
+        let waited = poll_until(&what, timeout, Duration::from_millis(200), || async {
+            let pods = self.pod_objects().await?;
+            let settled = |p: &Pod| super::pod_is_ready(p) && label(p, ROLE_LABEL).is_some();
+            let led = pods
+                .iter()
+                .filter(|p| label(p, ROLE_LABEL) == Some("primary"))
+                .count();
+            Ok(pods.len() == count && pods.iter().all(settled) && led == primaries)
+        })
+        .await;
+        if let Err(e) = waited {
+            bail!("{e:#}\n{}", self.describe().await);
+        }
+        self.pod_objects().await
+    }
+
+    /// Pods with their node, readiness and valkey.io labels, for failure messages.
+    pub async fn describe(&self) -> String {
+        let Ok(pods) = self.pod_objects().await else {
+            return "(pods cannot be listed)".into();
+        };
+        pods.iter()
+            .map(|p| {
+                let labels: Vec<String> = p
+                    .metadata
+                    .labels
+                    .iter()
+                    .flatten()
+                    .filter(|(k, _)| k.starts_with("valkey.io/"))
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect();
+                format!(
+                    "{} node={} ready={} {}",
+                    p.metadata.name.as_deref().unwrap_or("?"),
+                    node_of(p).unwrap_or("-"),
+                    super::pod_is_ready(p),
+                    labels.join(",")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// A key of a Secret in the namespace, as text.
+    pub async fn secret(&self, name: &str, key: &str) -> Result<String> {
+        let api: Api<Secret> = Api::namespaced(self.plane.client(), &self.namespace);
+        let secret = api.get(name).await?;
+        let value = secret
+            .data
+            .and_then(|d| d.get(key).cloned())
+            .with_context(|| format!("secret {name} has no key {key}"))?;
+        Ok(String::from_utf8(value.0)?)
+    }
+
+    /// The pods a Service's selector picks, by name: what its EndpointSlices should hold.
+    pub async fn service_pods(&self, service: &str) -> Result<Vec<Pod>> {
+        let api: Api<Service> = Api::namespaced(self.plane.client(), &self.namespace);
+        let selector = api
+            .get(service)
+            .await?
+            .spec
+            .and_then(|s| s.selector)
+            .with_context(|| format!("service {service} has no selector"))?;
+        let labels: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let mut pods = self
+            .api()
+            .list(&ListParams::default().labels(&labels.join(",")))
+            .await?
+            .items;
+        pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        Ok(pods)
+    }
+
+    /// The endpoint IPs kube-controller-manager's EndpointSlice controller last tried to write
+    /// for `service`. The harness's pod IPs are loopback addresses, which the apiserver refuses
+    /// in EndpointSlices; the controller reports the refused addresses in a
+    /// `FailedToUpdateEndpointSlices` event, so that event shows the endpoints it computed.
+    /// `None` before any such event.
+    pub async fn attempted_endpoints(&self, service: &str) -> Result<Option<BTreeSet<String>>> {
+        let api: Api<Event> = Api::namespaced(self.plane.client(), &self.namespace);
+        let events = api.list(&ListParams::default()).await?.items;
+        let latest = events
+            .iter()
+            .filter(|e| {
+                e.reason.as_deref() == Some("FailedToUpdateEndpointSlices")
+                    && e.involved_object.kind.as_deref() == Some("Service")
+                    && e.involved_object.name.as_deref() == Some(service)
+            })
+            .max_by_key(|e| {
+                let at = e.last_timestamp.as_ref().map(|t| t.0);
+                (at, e.count.unwrap_or(0))
+            });
+        Ok(latest.map(|e| chart::quoted_ips(e.message.as_deref().unwrap_or(""))))
+    }
 }
 
-/// The chart's RBAC and admission policy, rendered by `helm template` and applied server-side.
-async fn install_chart(plane: &ControlPlane, opts: &StageOptions) -> Result<()> {
-    plane
-        .kubectl(&["create", "namespace", &opts.namespace])
-        .await?;
-    let chart = std::env::var_os("VALKEY_TESTKIT_CHART").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../charts/valkey-sidecar"),
-        PathBuf::from,
-    );
-    let sets = [
-        format!("clusterName={}", opts.template.cluster),
-        format!(
-            "sidecar.serviceAccount.name={}",
-            opts.template.service_account
-        ),
-        format!("sidecar.readNodes={}", opts.read_nodes),
-    ];
-    let mut args = vec![
-        "template".to_string(),
-        opts.template.cluster.clone(),
-        chart.display().to_string(),
-        "--namespace".into(),
-        opts.namespace.clone(),
-    ];
-    for s in sets {
-        args.extend(["--set".into(), s]);
+/// Clients of the deployment's Valkeys, as its users would be: authenticated, 1 s timeouts.
+impl Stage {
+    /// How a client of this deployment connects (the default user's password, 1 s timeouts).
+    pub fn client(&self) -> ClientOptions {
+        ClientOptions {
+            password: self.password.clone(),
+            ..ClientOptions::default()
+        }
     }
-    // Only the agent's permissions: this stage brings its own bare Valkey pods, so the chart's
-    // workloads, Services and budgets stay out.
-    for t in ["templates/rbac.yaml", "templates/admission-policy.yaml"] {
-        args.extend(["--show-only".into(), t.into()]);
+
+    /// A client that watches from outside every fault: the kubelet's observer address (no node
+    /// fault cuts it), for checkers that must see both sides of a partition.
+    pub fn observer(&self) -> ClientOptions {
+        ClientOptions {
+            source: Some(self.kubelet.observer_ip()),
+            ..self.client()
+        }
     }
-    let out = std::process::Command::new(helm_bin()?)
-        .args(&args)
-        .output()?;
-    if !out.status.success() {
-        bail!("helm template: {}", String::from_utf8_lossy(&out.stderr));
+
+    /// A client on `node`'s side of a partition: its source address is the node's own.
+    pub fn client_on(&self, node: &str) -> Result<ClientOptions> {
+        Ok(ClientOptions {
+            source: Some(self.kubelet.node_client_ip(node)?),
+            ..self.client()
+        })
     }
-    let file = plane.dir().join(format!("chart-{}.yaml", opts.namespace));
-    std::fs::write(&file, &out.stdout)?;
-    plane
-        .kubectl(&["apply", "--server-side", "-f", &file.display().to_string()])
-        .await?;
-    Ok(())
+
+    /// A writer of `{tag}:n` keys over `addrs` (whichever accepts writes).
+    pub fn writer(&self, addrs: Vec<SocketAddr>, tag: &str) -> Writer {
+        self.writer_with(Arc::new(Mutex::new(addrs)), tag, self.client())
+    }
+
+    /// A writer over a list the caller keeps current, with its own client options (e.g. a source
+    /// address on one side of a partition).
+    pub fn writer_with(&self, targets: Targets, tag: &str, client: ClientOptions) -> Writer {
+        let opts = WriterOptions {
+            client,
+            tag: tag.to_owned(),
+        };
+        Writer::start_with(targets, opts)
+    }
+
+    /// A writer on shard `shard` of a Valkey Cluster: keys of a hash tag the shard serves, over
+    /// all its members.
+    pub fn shard_writer(&self, shard: usize) -> Result<Writer> {
+        let (primary, _) = self.primary_and_replicas(shard)?;
+        let tag = tag_for_with(self.valkey(&primary)?, &self.client())?;
+        let addrs = self
+            .shard_pods(shard)
+            .iter()
+            .map(|p| self.valkey(p))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(self.writer(addrs, &tag))
+    }
+
+    /// How many of `acked` (`{tag}:n` keys) `pod`'s Valkey lacks.
+    pub fn lost(&self, pod: &str, tag: &str, acked: &[u64]) -> Result<usize> {
+        Ok(missing(self.valkey(pod)?, &self.client(), tag, acked)?.len())
+    }
+}
+
+/// A Secret `name` with both of the chart's password keys (test passwords named after the key).
+pub fn auth_secret(name: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": { "name": name },
+        "stringData": {
+            "default-password": "test-default-password",
+            "agent-password": "test-agent-password",
+        },
+    })
+}
+
+/// A StatefulSet's shard index (`valkey.io/shard-index`).
+fn shard_of(set: &StatefulSet) -> Option<usize> {
+    set.metadata
+        .labels
+        .as_ref()?
+        .get(super::valkey::SHARD_INDEX_LABEL)?
+        .parse()
+        .ok()
+}
+
+/// The Secret name and key the Valkey container's `VALKEY_PASSWORD` comes from.
+fn password_ref(set: &StatefulSet) -> Option<(String, String)> {
+    let template = set.spec.template.spec.as_ref()?;
+    let valkey = template.containers.iter().find(|c| c.name == "valkey")?;
+    let var = valkey
+        .env
+        .iter()
+        .flatten()
+        .find(|v| v.name == "VALKEY_PASSWORD")?;
+    let key = var.value_from.as_ref()?.secret_key_ref.as_ref()?;
+    Some((key.name.clone(), key.key.clone()))
 }
 
 /// One watch event: when it arrived, the pod, and its role label.
@@ -377,6 +800,30 @@ impl RoleWatch {
         seen.iter()
             .find(|(t, p, r)| *t >= since && p == pod && r.as_deref() == want)
             .map(|(t, _, _)| *t)
+    }
+
+    /// The longest time, from `from` on, that two or more of `pods` carried the role `value` at
+    /// once, as the watch saw it (an episode still open counts until now).
+    pub fn longest_overlap(&self, pods: &[String], value: &str, from: Instant) -> Duration {
+        let Ok(seen) = self.seen.lock() else {
+            return Duration::ZERO;
+        };
+        let mut current: BTreeMap<&str, bool> = BTreeMap::new();
+        let (mut since, mut longest) = (None::<Instant>, Duration::ZERO);
+        for (t, pod, role) in seen.iter().filter(|(_, p, _)| pods.contains(p)) {
+            current.insert(pod, role.as_deref() == Some(value));
+            let both = current.values().filter(|v| **v).count() >= 2;
+            match (both, since) {
+                (true, None) => since = Some((*t).max(from)),
+                (false, Some(s)) => {
+                    longest = longest.max(t.saturating_duration_since(s));
+                    since = None;
+                }
+                _ => {}
+            }
+        }
+        let open = since.map(|s| Instant::now().saturating_duration_since(s));
+        longest.max(open.unwrap_or_default())
     }
 
     /// Waits for [`RoleWatch::seen_at`].

@@ -2,17 +2,17 @@
 //! pod) and, as a cross-check, from the apiserver's own `apiserver_request_total`.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Pod;
 use valkey_sidecar_testkit::k8s::audit::{AuditLog, Usage, pod_identity};
-use valkey_sidecar_testkit::k8s::chart::{ChartStage, ChartStageOptions, label, node_of};
+use valkey_sidecar_testkit::k8s::chart::{label, node_of};
 use valkey_sidecar_testkit::k8s::valkey::SHARD_INDEX_LABEL;
-use valkey_sidecar_testkit::k8s::{ControlPlane, ROLE_LABEL};
+use valkey_sidecar_testkit::k8s::{ControlPlane, ROLE_LABEL, Stage, StageOptions};
 
-use crate::{coordinated_stage, cordon, holder};
+use crate::{coordinated_stage, cordon};
 
 /// The requests the apiserver received from `from` until `from + window` (sleeps until then).
 async fn usage_until(log: &AuditLog, from: SystemTime, window: Duration) -> Result<Usage> {
@@ -45,7 +45,7 @@ pub async fn run(bin: &Path) -> Result<()> {
     let moving = usage_until(&log, cordoned, HANDOVER).await?;
     let moving_metric = since(&request_totals(&stage.plane).await?, &counted);
     cordon(&stage, &node, false).await?;
-    if holder(&stage).await?.as_deref() != Some(leader.as_str()) {
+    if stage.coordinator_holder().await?.as_deref() != Some(leader.as_str()) {
         bail!("the Lease changed hands during the measurement");
     }
     let agents = |moved: bool| -> Vec<(String, String)> {
@@ -174,15 +174,15 @@ async fn drain(bin: &Path) -> Result<Drained> {
 }
 
 /// The chart install the drain window runs on, the apiserver keeping an audit log.
-async fn chart_stage(bin: &Path) -> Result<ChartStage> {
-    let example = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/cluster-3x1.yaml");
-    let mut opts = ChartStageOptions::example("drain", example, &["auth.enabled=false"], bin);
+async fn chart_stage(bin: &Path) -> Result<Stage> {
+    let mut opts = StageOptions::example("drain", "cluster-3x1");
+    opts.kubelet = opts.kubelet.sidecar_bin(bin);
     opts.plane.audit = true;
-    ChartStage::start(opts).await
+    Stage::install(opts).await
 }
 
 /// The install settled: its 6 pods Ready and labelled, 3 of them primaries.
-async fn settled(stage: &ChartStage) -> Result<Vec<Pod>> {
+async fn settled(stage: &Stage) -> Result<Vec<Pod>> {
     stage.wait_settled(6, 3, Duration::from_secs(180)).await
 }
 
@@ -192,7 +192,7 @@ fn name(p: &Pod) -> String {
 
 /// Each agent's row title (its part in the drain) and audit identity.
 fn chart_agents(
-    stage: &ChartStage,
+    stage: &Stage,
     pods: &[Pod],
     leader: &str,
     old: &str,

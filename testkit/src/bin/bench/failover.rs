@@ -1,8 +1,9 @@
 //! Replication mode (Valkey without Cluster) under the agent, measured like the Sentinel baseline:
 //!
-//! - unplanned: kill -9 of the primary's Valkey (its agent stays), or its whole node cut (the agent
-//!   dies too), then the time until another pod takes writes, and until it also carries the
-//!   `primary` label; acknowledged writes lost on the way;
+//! - unplanned: kill -9 of the primary's Valkey (its agent stays; the kubelet restarts Valkey at
+//!   once, empty), or its whole node powered off (the agent dies too, the node's address goes
+//!   silent), then the time until another pod takes writes, and until it also carries the
+//!   `primary` label; acknowledged writes lost, read back once the faulted pod is back;
 //! - planned: the primary's node cordoned (the coordinator's switchover) against Valkey's own
 //!   `FAILOVER TO` on a plain primary + 2 replicas: the longest write pause and the writes lost.
 //!
@@ -58,16 +59,19 @@ pub struct Run {
 pub enum Fault {
     /// SIGKILL of the primary's Valkey; its agent lives, the kubelet restarts Valkey empty.
     KillValkey,
-    /// The primary's node dies: every process of its pod, the agent too, and its heartbeat.
+    /// The primary's node loses power: every process of its pod, the agent too, its heartbeat,
+    /// and its address goes silent.
     CutNode,
 }
 
-/// One shard of three pods in replication mode with the chart's Valkey settings and `env`.
+/// The chart's replication mode (one shard of three pods, its Valkey settings) with `env` for the
+/// agents.
 pub async fn stage(bin: &Path, env: &[(&str, &str)]) -> Result<Stage> {
-    let mut o = StageOptions::replication("valkey", bin, env);
-    o.template
-        .valkey_args
-        .extend(MIN_REPLICAS.map(String::from));
+    let mut o = StageOptions::replication("valkey", 2);
+    o.kubelet = o.kubelet.sidecar_bin(bin);
+    for (k, v) in env {
+        o = o.env(k, v);
+    }
     Stage::start(o).await
 }
 
@@ -77,7 +81,7 @@ fn writer(s: &Stage) -> Result<Writer> {
         .iter()
         .map(|p| s.valkey(p))
         .collect::<Result<Vec<_>>>()?;
-    Ok(Writer::start(addrs, format!("r{}", rand_tag())))
+    Ok(s.writer(addrs, &format!("r{}", rand_tag())))
 }
 
 /// One run: the fault on the current primary, the replacement timed, the writes lost counted.
@@ -89,18 +93,19 @@ pub async fn run(s: &Stage, fault: Fault) -> Result<Run> {
     let at = Instant::now();
     match fault {
         Fault::KillValkey => s.kubelet.crash_container(&s.namespace, &old, "valkey")?,
-        Fault::CutNode => s.kubelet.cut_node(&node)?,
+        Fault::CutNode => s.kubelet.power_off(&node)?,
     }
     let (primary, writable, labelled) = replaced(s, &old, at).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
+    if let Fault::CutNode = fault {
+        s.kubelet.power_on(&node)?;
+    }
+    // Read back once the faulted pod is back and in sync: the moment an empty restart could
+    // still cost writes.
+    shard::wait_steady(s, Duration::from_secs(90)).await?;
     let tag = writer.tag.clone();
     let written = writer.stop()?;
-    let lost = lost(s.valkey(&primary)?, &tag, &written.acked)?;
-    if let Fault::CutNode = fault {
-        s.kubelet.restore_node(&node)?;
-        let ready = Duration::from_secs(60);
-        s.kubelet.wait_ready(&s.namespace, &old, ready).await?;
-    }
+    let lost = s.lost(&primary, &tag, &written.acked)?;
     Ok(Run {
         writable,
         labelled,
@@ -166,7 +171,7 @@ pub async fn switchover(s: &Stage) -> Result<Move> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let tag = writer.tag.clone();
     let written = writer.stop()?;
-    let missing = lost(s.valkey(&primary)?, &tag, &written.acked)?;
+    let missing = s.lost(&primary, &tag, &written.acked)?;
     crate::cordon(s, &node, false).await?;
     Ok(moved(&written, missing))
 }

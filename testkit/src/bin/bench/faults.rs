@@ -11,7 +11,8 @@ use crate::report::percentile;
 use valkey_sidecar_testkit::faults::{self, Outcome, show};
 
 /// The test binaries with chaos scenarios, in the order the command runs them.
-pub const TESTS: [&str; 7] = [
+pub const TESTS: [&str; 8] = [
+    "k8s_node_faults",
     "k8s_split_brain",
     "k8s_disruption",
     "k8s_replication",
@@ -45,8 +46,9 @@ pub fn markdown(outcomes: &[Outcome]) -> String {
     let mut out =
         String::from("### Fault table (the chaos tests on a real kube-apiserver v1.37.2)\n\n");
     out.push_str(&method());
-    out.push_str("\n\n| scenario | test | acknowledged writes | lost | longest two-primary overlap | recovery | note |\n");
-    out.push_str("|---|---|---|---|---|---|---|\n");
+    out.push_str(&builds(outcomes));
+    out.push_str("\n\n| scenario | test | acknowledged writes | lost | acknowledged by a deposed primary | longest two-primary overlap | recovery | note |\n");
+    out.push_str("|---|---|---|---|---|---|---|---|\n");
     for row in rows(outcomes) {
         out.push_str(&row);
         out.push('\n');
@@ -58,9 +60,36 @@ pub fn markdown(outcomes: &[Outcome]) -> String {
 fn method() -> String {
     let tests: Vec<String> = TESTS.iter().map(|t| format!("--test {t}")).collect();
     format!(
-        "Each chaos test records what it measured as it ran (its assertions are the pass criteria; the table shows the numbers); the command: `VALKEY_TESTKIT_FAULT_LOG=<log> cargo test --locked -p valkey-sidecar {} -- --test-threads 1`, then `target/release/bench faults <log>`. Writers read every acknowledged key back from the final primary (lost); the two-primary overlap comes from a checker polling every node's role and a write every few milliseconds (split-brain scenarios only); recovery is each scenario's own measure, named in its note. – : not measured by that scenario; a scenario run more than once has one row per run.",
+        "Each chaos test records what it measured as it ran (its assertions are the pass criteria; the table shows the numbers); the command: `VALKEY_TESTKIT_FAULT_LOG=<log> cargo test --locked -p valkey-sidecar {} -- --test-threads 1`, then `target/release/bench faults <log>`. Writers are real clients (1 s timeouts, reconnects) that record which node acknowledged each write and when; every acknowledged key is read back from the final primary once the faulted node is back (lost); *acknowledged by a deposed primary* counts writes an old primary acknowledged after the new primary took its first write; the two-primary overlap comes from a checker polling every node's role and a write every few milliseconds from an address no fault cuts (its probe density is in the note); recovery is each scenario's own measure, named in its note. – : not measured by that scenario; a scenario run more than once has one row per run.",
         tests.join(" ")
     )
+}
+
+/// Which agent build the rows ran: figures come from the release build, and a row that did not
+/// says so here.
+fn builds(outcomes: &[Outcome]) -> String {
+    let other: Vec<String> = outcomes
+        .iter()
+        .filter(|o| o.build != "release")
+        .map(|o| {
+            format!(
+                "{} ({})",
+                o.scenario,
+                if o.build.is_empty() {
+                    "unrecorded"
+                } else {
+                    &o.build
+                }
+            )
+        })
+        .collect();
+    match other.is_empty() {
+        true => " Every row ran the release build of the agent.".into(),
+        false => format!(
+            " Rows that did not run the release build of the agent: {}.",
+            other.join("; ")
+        ),
+    }
 }
 
 /// One Markdown row per outcome, grouped by test binary in the command's order (others, such as
@@ -96,11 +125,12 @@ fn row(o: &Outcome, run: Option<usize>) -> String {
     let count = |n: Option<usize>| n.map_or("–".into(), |n| n.to_string());
     let time = |d: Option<Duration>| d.map_or("–".into(), show);
     format!(
-        "| {} | `{}` | {} | {} | {} | {} | {} |",
+        "| {} | `{}` | {} | {} | {} | {} | {} | {} |",
         cell(&scenario),
         cell(&o.test),
         count(o.acked),
         count(o.lost),
+        count(o.deposed),
         time(o.overlap),
         time(o.recovery),
         cell(&o.note)
@@ -172,9 +202,9 @@ mod tests {
         assert_eq!(
             rows,
             [
-                "| primary cut off from the apiserver (run 1) | `k8s_split_brain` | 51234 | 0 | 0 ms | 3.81 s | recovery: cut → promoted \\| labelled |",
-                "| primary cut off from the apiserver (run 2) | `k8s_split_brain` | 50000 | 2 | 1.5 ms | 4.00 s | second |",
-                "| two evictions in one shard at once | `k8s_disruption` | – | – | – | 3.10 s | no writer |",
+                "| primary cut off from the apiserver (run 1) | `k8s_split_brain` | 51234 | 0 | – | 0 ms | 3.81 s | recovery: cut → promoted \\| labelled |",
+                "| primary cut off from the apiserver (run 2) | `k8s_split_brain` | 50000 | 2 | – | 1.5 ms | 4.00 s | second |",
+                "| two evictions in one shard at once | `k8s_disruption` | – | – | – | – | 3.10 s | no writer |",
             ]
         );
     }
@@ -183,12 +213,12 @@ mod tests {
     fn faults_section_has_the_heading_the_command_and_the_table() {
         let md = markdown(&sample());
         assert!(md.starts_with("### Fault table ("), "{md}");
-        let command = "`VALKEY_TESTKIT_FAULT_LOG=<log> cargo test --locked -p valkey-sidecar --test k8s_split_brain --test k8s_disruption --test k8s_replication --test k8s_replication_coordinator --test k8s_coordinator --test k8s_chart --test k8s_labels -- --test-threads 1`, then `target/release/bench faults <log>`";
+        let command = "`VALKEY_TESTKIT_FAULT_LOG=<log> cargo test --locked -p valkey-sidecar --test k8s_node_faults --test k8s_split_brain --test k8s_disruption --test k8s_replication --test k8s_replication_coordinator --test k8s_coordinator --test k8s_chart --test k8s_labels -- --test-threads 1`, then `target/release/bench faults <log>`";
         assert!(md.contains(command), "{md}");
         let table: Vec<&str> = md.lines().filter(|l| l.starts_with('|')).collect();
         assert_eq!(table.len(), 2 + 3, "{md}");
-        let cells = |l: &&str| l.starts_with("|---") || l.matches(" | ").count() == 6;
-        assert!(table.iter().all(cells), "seven cells a row: {md}");
+        let cells = |l: &&str| l.starts_with("|---") || l.matches(" | ").count() == 7;
+        assert!(table.iter().all(cells), "eight cells a row: {md}");
     }
 
     /// The table names the command `scripts/bench.sh` runs: the same test binaries.

@@ -4,9 +4,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
-use valkey_sidecar_testkit::k8s::valkey::cmd;
-use valkey_sidecar_testkit::k8s::writer::{Writer, lost, tag_for};
+use anyhow::{Context, Result};
 use valkey_sidecar_testkit::k8s::{ROLE_LABEL, Stage, poll_until};
 
 use crate::report::{percentile, sorted, summary_row as row};
@@ -24,8 +22,8 @@ struct Handover {
     succeeded: bool,
 }
 
-/// The node timeout of the agents' stage (testkit's default), used for Valkey alone too.
-const NODE_TIMEOUT_MS: u64 = 2000;
+/// The node timeout of the agents' stage (the chart's default), used for Valkey alone too.
+const NODE_TIMEOUT_MS: u64 = 5000;
 
 /// `bench handover`: `runs` hand-overs and `runs` crashes of a primary's Valkey on one
 /// coordinated stage, then the same moves by Valkey on its own, and the comparison.
@@ -158,31 +156,45 @@ async fn crashes(stage: &Stage, runs: usize) -> Result<Vec<Crash>> {
     Ok(out)
 }
 
+/// One crash of `shard`'s primary Valkey: the kubelet restarts it at once (as a real one does),
+/// empty without persistence. *writable*: some member of the shard takes a write again;
+/// *labelled*: that member carries the primary label; writes lost are read back once the crashed
+/// pod is back and the shard whole.
 async fn crash(stage: &Stage, shard: usize) -> Result<Crash> {
-    let (primary, replica) = stage.primary_and_replica(shard)?;
-    let (paddr, raddr) = (stage.valkey(&primary)?, stage.valkey(&replica)?);
-    let writer = Writer::start(vec![paddr, raddr], tag_for(paddr)?);
+    let (primary, _) = stage.primary_and_replica(shard)?;
+    let writer = stage.shard_writer(shard)?;
     let probe = format!("{{{}}}:probe", writer.tag);
+    let members = stage.shard_pods(shard).to_vec();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let at = Instant::now();
     stage
         .kubelet
         .crash_container(&stage.namespace, &primary, "valkey")?;
-    let writable = poll_until(
-        "the replica takes writes",
+    let taker = std::sync::Mutex::new(None);
+    poll_until(
+        "a member of the shard takes writes",
         Duration::from_secs(30),
         Duration::from_millis(5),
-        || async { Ok(cmd(raddr, &["SET", &probe, "1"]).is_ok()) },
+        || async {
+            let writable = members
+                .iter()
+                .find(|p| stage.cmd(p, &["SET", &probe, "1"]).is_ok());
+            *crate::lock(&taker) = writable.cloned();
+            Ok(writable.is_some())
+        },
     )
-    .await
-    .map(|_| at.elapsed())?;
+    .await?;
+    let writable = at.elapsed();
+    let taker = crate::lock(&taker)
+        .clone()
+        .context("no member took the write")?;
     let labelled = poll_until(
-        "the replica is labelled primary",
+        "the writable member is labelled primary",
         Duration::from_secs(30),
         Duration::from_millis(5),
         || async {
             Ok(stage
-                .labels(&replica)
+                .labels(&taker)
                 .await?
                 .get(ROLE_LABEL)
                 .map(String::as_str)
@@ -191,11 +203,11 @@ async fn crash(stage: &Stage, shard: usize) -> Result<Crash> {
     )
     .await
     .map(|_| at.elapsed())?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    rejoined(stage, &members).await?;
     let tag = writer.tag.clone();
     let written = writer.stop()?;
-    let missing = lost(raddr, &tag, &written.acked)?;
-    rejoined(stage, &primary).await?;
+    let (now_primary, _) = stage.primary_and_replica(shard)?;
+    let missing = stage.lost(&now_primary, &tag, &written.acked)?;
     Ok(Crash {
         writable,
         labelled,
@@ -204,19 +216,28 @@ async fn crash(stage: &Stage, shard: usize) -> Result<Crash> {
     })
 }
 
-/// The crashed pod is Ready again and labelled a replica: the next run finds a whole shard.
-async fn rejoined(stage: &Stage, pod: &str) -> Result<()> {
-    let ready = Duration::from_secs(60);
-    stage
-        .kubelet
-        .wait_ready(&stage.namespace, pod, ready)
-        .await?;
+/// The shard is whole again: every member Ready, one labelled primary and the others replica —
+/// the next run finds a whole shard, and the read-back sees what survived the restart.
+async fn rejoined(stage: &Stage, members: &[String]) -> Result<()> {
+    let ready = Duration::from_secs(90);
+    for pod in members {
+        stage
+            .kubelet
+            .wait_ready(&stage.namespace, pod, ready)
+            .await?;
+    }
     poll_until(
-        "the crashed pod is labelled replica",
+        "one primary and replicas labelled",
         ready,
         Duration::from_millis(50),
         || async {
-            Ok(stage.labels(pod).await?.get(ROLE_LABEL).map(String::as_str) == Some("replica"))
+            let mut roles = Vec::new();
+            for pod in members {
+                roles.push(stage.labels(pod).await?.get(ROLE_LABEL).cloned());
+            }
+            let primaries = roles.iter().filter(|r| r.as_deref() == Some("primary"));
+            let replicas = roles.iter().filter(|r| r.as_deref() == Some("replica"));
+            Ok(primaries.count() == 1 && replicas.count() == members.len() - 1)
         },
     )
     .await?;
@@ -305,9 +326,8 @@ fn plot(moves: &[Handover], crashes: &[Crash], alone: &crate::alone::Baselines) 
 /// One hand-over of `shard`'s primary by cordoning its node.
 async fn handover(stage: &Stage, shard: usize) -> Result<Handover> {
     let (primary, replica) = stage.primary_and_replica(shard)?;
-    let (paddr, raddr) = (stage.valkey(&primary)?, stage.valkey(&replica)?);
     let before = handovers_ok(stage).await?;
-    let writer = Writer::start(vec![paddr, raddr], tag_for(paddr)?);
+    let writer = stage.shard_writer(shard)?;
     let tag = writer.tag.clone();
     tokio::time::sleep(Duration::from_secs(1)).await;
     let node = stage.node_of(&primary).await?;
@@ -323,7 +343,7 @@ async fn handover(stage: &Stage, shard: usize) -> Result<Handover> {
     let demoted = cordoned.elapsed();
     tokio::time::sleep(Duration::from_secs(1)).await;
     let written = writer.stop()?;
-    let missing = lost(raddr, &tag, &written.acked)?;
+    let missing = stage.lost(&replica, &tag, &written.acked)?;
     cordon(stage, &node, false).await?;
     let succeeded = settle(stage, &primary, before).await?;
     Ok(Handover {

@@ -10,7 +10,7 @@ use anyhow::Result;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
-use valkey_sidecar_testkit::k8s::valkey::cmd;
+use valkey_sidecar_testkit::k8s::valkey::cmd_as;
 use valkey_sidecar_testkit::k8s::{ROLE_LABEL, RoleWatch, Stage, StageOptions};
 
 use crate::plot::Bar;
@@ -22,16 +22,20 @@ const POLLED_LABEL: &str = "bench.valkey.io/polled-role";
 const POLL_EVERY: Duration = Duration::from_secs(5);
 const WRITES: &str = "valkey_sidecar_label_writes_total{result=\"ok\"}";
 
-/// The baseline: every 5 s it asks each pod's Valkey for `ROLE` and patches the pod's label when
-/// it changed, as an operator's reconcile loop does.
-fn poller(api: Api<Pod>, pods: Vec<(String, SocketAddr)>) -> tokio::task::JoinHandle<()> {
+/// The baseline: every 5 s it asks each pod's Valkey for `ROLE` (with the deployment's password)
+/// and patches the pod's label when it changed, as an operator's reconcile loop does.
+fn poller(
+    api: Api<Pod>,
+    pods: Vec<(String, SocketAddr)>,
+    password: Option<String>,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut written: BTreeMap<String, &str> = BTreeMap::new();
         let mut tick = tokio::time::interval(POLL_EVERY);
         loop {
             tick.tick().await;
             for (pod, addr) in &pods {
-                poll_one(&api, pod, *addr, &mut written).await;
+                poll_one(&api, pod, (*addr, password.as_deref()), &mut written).await;
             }
         }
     })
@@ -40,10 +44,12 @@ fn poller(api: Api<Pod>, pods: Vec<(String, SocketAddr)>) -> tokio::task::JoinHa
 async fn poll_one(
     api: &Api<Pod>,
     pod: &str,
-    addr: SocketAddr,
+    (addr, password): (SocketAddr, Option<&str>),
     written: &mut BTreeMap<String, &'static str>,
 ) {
-    let Some(role) = role_of(addr) else { return };
+    let Some(role) = role_of(addr, password) else {
+        return;
+    };
     if written.get(pod) == Some(&role) {
         return;
     }
@@ -57,8 +63,8 @@ async fn poll_one(
     }
 }
 
-fn role_of(addr: SocketAddr) -> Option<&'static str> {
-    let redis::Value::Array(items) = cmd(addr, &["ROLE"]).ok()? else {
+fn role_of(addr: SocketAddr, password: Option<&str>) -> Option<&'static str> {
+    let redis::Value::Array(items) = cmd_as(addr, password, &["ROLE"]).ok()? else {
         return None;
     };
     match items.first()? {
@@ -100,16 +106,16 @@ struct Watches {
 /// moment Valkey reports the new role (ROLE polled every millisecond) to the label arriving
 /// through a watch, for the promoted and the demoted pod, the agent's label and the poller's.
 pub async fn run(bin: &Path, flips: usize) -> Result<()> {
-    let mut opts = StageOptions::default();
+    // Labels only: the coordinator would fail the primaries back.
+    let mut opts = StageOptions::cluster("valkey", 3, 1).env("SIDECAR_COORDINATOR", "false");
     opts.kubelet = opts.kubelet.sidecar_bin(bin);
-    opts.template.sidecar_env = vec![("SIDECAR_COORDINATOR".into(), "false".into())];
     let stage = Stage::start(opts).await?;
     let pods = stage
         .pods
         .iter()
         .map(|p| Ok((p.clone(), stage.valkey(p)?)))
         .collect::<Result<Vec<_>>>()?;
-    let poll = poller(stage.api(), pods);
+    let poll = poller(stage.api(), pods, stage.password.clone());
     let (agent, a) = RoleWatch::start(stage.api(), ROLE_LABEL);
     let (polled, b) = RoleWatch::start(stage.api(), POLLED_LABEL);
     let watches = Watches { agent, polled };
@@ -129,7 +135,7 @@ async fn flip(stage: &Stage, w: &Watches, seen: &mut Flips, i: usize) -> Result<
     let (primary, replica) = stage.primary_and_replica(0)?;
     tokio::time::sleep(Duration::from_millis(700) + jitter(i)).await;
     let before = writes(stage, &primary, &replica).await?;
-    cmd(stage.valkey(&replica)?, &["CLUSTER", "FAILOVER"])?;
+    stage.cmd(&replica, &["CLUSTER", "FAILOVER"])?;
     let mut flipped = Instant::now();
     while stage.role(&replica).as_deref() != Some("master") {
         tokio::time::sleep(Duration::from_millis(1)).await;
@@ -216,7 +222,10 @@ fn footnotes(stage: &Stage, f: &Flips) {
     let rss: Vec<String> = stage
         .pods
         .iter()
-        .filter_map(|p| stage.kubelet.container_pid(&stage.namespace, p, "sidecar"))
+        .filter_map(|p| {
+            let agent = "valkey-sidecar";
+            stage.kubelet.container_pid(&stage.namespace, p, agent)
+        })
         .filter_map(|pid| crate::proc_stats(pid).ok())
         .map(|(kib, _)| format!("{:.1}", kib as f64 / 1024.0))
         .collect();

@@ -14,11 +14,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
 use report::percentile;
-use valkey_sidecar_testkit::k8s::{ROLE_LABEL, Stage, StageOptions, poll_until};
+use valkey_sidecar_testkit::k8s::{Stage, StageOptions};
 use valkey_sidecar_testkit::sentinel::{SentinelOptions, Sentinels, UnplannedFailover};
 use valkey_sidecar_testkit::{
     ReplicationSet, ServerOptions, Sidecar, SidecarOptions, ValkeyServer, http_get, redis,
@@ -223,6 +222,11 @@ async fn switchovers(bin: &Path, runs: usize) -> Result<()> {
     Ok(())
 }
 
+/// A mutex's value, poisoned or not (a panicked holder only ever wrote whole values here).
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -345,56 +349,22 @@ fn proc_stats(pid: u32) -> Result<(u64, u64)> {
     Ok((rss, ticks))
 }
 
-/// A stage whose agents run the coordinator (`SIDECAR_CLUSTER_NAME` set, plus `env`); returns it
-/// and the Lease holder once some agent holds the Lease and every pod carries its role label.
+/// The chart's 3 × 2 cluster with `env` for the agents (and the apiserver's audit log if
+/// `audit`); returns it and the Lease holder once settled and some agent holds the Lease.
 async fn coordinated_stage(
     bin: &Path,
     env: &[(&str, &str)],
     audit: bool,
 ) -> Result<(Stage, String)> {
-    let mut opts = StageOptions::default();
+    let mut opts = StageOptions::cluster("valkey", 3, 1);
     opts.kubelet = opts.kubelet.sidecar_bin(bin);
     opts.plane.audit = audit;
-    // A crashed Valkey (the hand-over bench's crash runs) restarts only after Valkey Cluster's own
-    // failover (node timeout 2 s): without persistence, one back sooner would still own its
-    // slots, empty, and its replica would resync from it.
-    opts.kubelet.restart_backoff = Duration::from_secs(5);
-    let env = [("SIDECAR_CLUSTER_NAME", "valkey")].iter().chain(env);
-    opts.template.sidecar_env = env.map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    for (k, v) in env {
+        opts = opts.env(k, v);
+    }
     let stage = Stage::start(opts).await?;
-    let poll = Duration::from_millis(100);
-    poll_until(
-        "a coordinator holds the lease",
-        Duration::from_secs(30),
-        poll,
-        || async { Ok(holder(&stage).await?.is_some()) },
-    )
-    .await?;
-    poll_until(
-        "every pod labelled",
-        Duration::from_secs(30),
-        poll,
-        || async {
-            for p in &stage.pods {
-                if !stage.labels(p).await?.contains_key(ROLE_LABEL) {
-                    return Ok(false);
-                }
-            }
-            Ok(true)
-        },
-    )
-    .await?;
-    let leader = holder(&stage).await?.context("the lease lost its holder")?;
+    let leader = stage.wait_coordinator(Duration::from_secs(30)).await?;
     Ok((stage, leader))
-}
-
-/// The coordinator Lease's holder now.
-async fn holder(stage: &Stage) -> Result<Option<String>> {
-    let leases: kube::Api<Lease> = kube::Api::namespaced(stage.plane.client(), &stage.namespace);
-    let lease = leases.get_opt("valkey-coordinator").await?;
-    Ok(lease
-        .and_then(|l| l.spec?.holder_identity)
-        .filter(|h| !h.is_empty()))
 }
 
 /// Marks the node (un)schedulable, as `kubectl cordon` does, with one API call (timed from here).

@@ -1,6 +1,8 @@
-//! The demo: a real Kubernetes control plane (v1.37.2) with six fake nodes in three zones, and a
-//! Valkey Cluster of 3 shards × (1 primary + 1 replica) as process-backed pods, each with the
-//! `valkey-sidecar` agent beside Valkey. Prints a live table of the pods every 2 s until Ctrl-C.
+//! The demo: a real Kubernetes control plane (v1.37.2) with six fake nodes in three zones, and the
+//! chart (`charts/valkey-sidecar`, 3 shards × (1 primary + 1 replica)) installed into it: the
+//! controller-manager creates the pods, the scheduler places them, the process kubelet runs the
+//! chart's Valkey and agent containers, and the agents form the Valkey Cluster. Prints a live table
+//! of the pods every 2 s until Ctrl-C.
 //!
 //! ```text
 //! cargo run -p valkey-sidecar-testkit --bin demo [-- --once | --seconds N]
@@ -18,22 +20,14 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::core::v1::Pod;
-use kube::Api;
-use kube::api::PostParams;
-use valkey_sidecar_testkit::k8s::valkey::{
-    ValkeyPodTemplate, apply_agent_rbac, cmd, valkey_pod, wait_valkey_up,
-};
 use valkey_sidecar_testkit::k8s::{
-    ControlPlane, ControlPlaneOptions, FakeNodes, FakeNodesOptions, Kubelet, KubeletOptions,
-    kubectl_bin,
+    ControlPlane, ControlPlaneOptions, FakeNodes, FakeNodesOptions, Kubelet, KubeletOptions, Stage,
+    StageOptions, kubectl_bin,
 };
 
 const NAMESPACE: &str = "demo";
-const SHARDS: usize = 3;
-const MEMBERS: usize = 2;
 const REFRESH: Duration = Duration::from_secs(2);
-const READY_TIMEOUT: Duration = Duration::from_secs(90);
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
 
 #[derive(Debug, Default)]
 struct Args {
@@ -104,63 +98,51 @@ async fn shutdown_signal() -> Result<()> {
 }
 
 async fn run(args: Args) -> Result<()> {
+    if args.plane_only {
+        return plane_only(&args).await;
+    }
     let t0 = Instant::now();
     say(
-        "starting etcd, kube-apiserver, kube-scheduler and kube-controller-manager (Kubernetes v1.37.2)",
+        "starting etcd, kube-apiserver, kube-scheduler and kube-controller-manager (Kubernetes v1.37.2), 6 nodes over 3 zones, and installing the chart",
     );
-    let plane = ControlPlane::start(ControlPlaneOptions::default()).await?;
-    let t = plane.timings();
+    let opts = StageOptions::example(NAMESPACE, "cluster-3x1");
+    let stage = Stage::install(opts).await?;
+    let t = stage.plane.timings();
     say(&format!(
-        "control plane up in {:.1?} (etcd {:.1?}, apiserver {:.1?}, scheduler {:.1?}, controller-manager {:.1?})",
+        "control plane up in {:.1?} (etcd {:.1?}, apiserver {:.1?}, scheduler {:.1?}, controller-manager {:.1?}); \
+         chart applied {:.1?} after start (examples/cluster-3x1.yaml: StatefulSets, Services, budgets, RBAC, admission policies)",
         t.total,
         t.etcd,
         t.apiserver,
         t.scheduler.unwrap_or_default(),
-        t.controller_manager.unwrap_or_default()
-    ));
-    let nodes = FakeNodes::start(plane.client(), FakeNodesOptions::default()).await?;
-    nodes.wait_ready(Duration::from_secs(60)).await?;
-    say(
-        "6 nodes Ready: node-a1/a2 in zone-a, node-b1/b2 in zone-b, node-c1/c2 in zone-c (region-1)",
-    );
-    let kubelet = Kubelet::start(&plane, &nodes, KubeletOptions::default()).await?;
-    if args.plane_only {
-        return plane_only(&plane, &args).await;
-    }
-    let names = create_pods(&plane).await?;
-    let pods: Api<Pod> = Api::namespaced(plane.client(), NAMESPACE);
-    let created = Instant::now();
-    let addrs = wait_valkey_up(&pods, &names, READY_TIMEOUT).await?;
-    say(&format!(
-        "pods placed by kube-scheduler, Valkey answering on every pod IP {:.1?} after creation; \
-         the agents form the Valkey Cluster",
-        created.elapsed()
-    ));
-    let forming = Instant::now();
-    wait_cluster_ok(&addrs, Duration::from_secs(60)).await?;
-    say(&format!(
-        "cluster_state:ok on every node {:.1?} later (pod 0 of each shard took a third of the slots, the others replicate it)",
-        forming.elapsed()
-    ));
-    for name in &names {
-        kubelet.wait_ready(NAMESPACE, name, READY_TIMEOUT).await?;
-    }
-    say(&format!(
-        "all 6 pods Ready (agent /readyz) {:.1?} after start",
+        t.controller_manager.unwrap_or_default(),
         t0.elapsed()
     ));
-    print_kubectl_hint(&plane)?;
-    show(&plane, &args).await?;
+    let count = stage.pods.len();
+    stage.wait_valkey_up(count, READY_TIMEOUT).await?;
+    say(&format!(
+        "{count} pods created by the StatefulSets, placed by kube-scheduler, Valkey answering {:.1?} after start; the agents form the Valkey Cluster",
+        t0.elapsed()
+    ));
+    stage.wait_settled(count, count / 2, READY_TIMEOUT).await?;
+    say(&format!(
+        "cluster formed, all {count} pods Ready (agent /readyz) and labelled {:.1?} after start",
+        t0.elapsed()
+    ));
+    print_kubectl_hint(&stage.plane)?;
+    show(&stage.plane, &args).await?;
     say("tearing down (pods, nodes, control plane)");
-    drop(kubelet);
-    drop(nodes);
-    drop(plane);
+    drop(stage);
     Ok(())
 }
 
 /// `--plane-only`: control plane, nodes and the process kubelet, until interrupted (or `--seconds`).
-async fn plane_only(plane: &ControlPlane, args: &Args) -> Result<()> {
-    print_kubectl_hint(plane)?;
+async fn plane_only(args: &Args) -> Result<()> {
+    let plane = ControlPlane::start(ControlPlaneOptions::default()).await?;
+    let nodes = FakeNodes::start(plane.client(), FakeNodesOptions::default()).await?;
+    nodes.wait_ready(Duration::from_secs(60)).await?;
+    let _kubelet = Kubelet::start(&plane, &nodes, KubeletOptions::default()).await?;
+    print_kubectl_hint(&plane)?;
     say(
         "control plane, 6 nodes and the process kubelet are up; pods you create run as local processes",
     );
@@ -169,38 +151,6 @@ async fn plane_only(plane: &ControlPlane, args: &Args) -> Result<()> {
         None => std::future::pending::<()>().await,
     }
     Ok(())
-}
-
-/// Namespace, ServiceAccount and RBAC as the chart would create them, then the six pods
-/// (no `nodeName`: the scheduler places them).
-async fn create_pods(plane: &ControlPlane) -> Result<Vec<String>> {
-    // The coordinator on, and forming the cluster: the agents do it, not the demo.
-    let env = [
-        ("SIDECAR_CLUSTER_NAME", "valkey"),
-        ("SIDECAR_CLUSTER_SHARDS", "3"),
-    ];
-    let template = ValkeyPodTemplate {
-        cluster: "valkey".into(),
-        service_account: "valkey".into(),
-        sidecar_env: env.map(|(k, v)| (k.to_owned(), v.to_owned())).to_vec(),
-        ..ValkeyPodTemplate::default()
-    };
-    apply_agent_rbac(&plane.client(), NAMESPACE, &template.service_account).await?;
-    let pods: Api<Pod> = Api::namespaced(plane.client(), NAMESPACE);
-    let mut names = Vec::new();
-    for shard in 0..SHARDS {
-        for member in 0..MEMBERS {
-            let pod = valkey_pod(&template, shard, member)?;
-            pods.create(&PostParams::default(), &pod)
-                .await
-                .with_context(|| format!("creating {}", template.pod_name(shard, member)))?;
-            names.push(template.pod_name(shard, member));
-        }
-    }
-    say(&format!(
-        "created namespace {NAMESPACE}, ServiceAccount valkey with the agent's RBAC, and 6 pods"
-    ));
-    Ok(names)
 }
 
 fn print_kubectl_hint(plane: &ControlPlane) -> Result<()> {
@@ -237,31 +187,4 @@ async fn show(plane: &ControlPlane, args: &Args) -> Result<()> {
 
 fn say(line: &str) {
     println!("[demo] {line}");
-}
-
-/// Waits until every node reports `cluster_state:ok` (the agents form the cluster).
-async fn wait_cluster_ok(addrs: &[std::net::SocketAddr], timeout: Duration) -> Result<()> {
-    let addrs = addrs.to_vec();
-    valkey_sidecar_testkit::k8s::poll_until(
-        "cluster_state:ok everywhere",
-        timeout,
-        Duration::from_millis(100),
-        || {
-            let addrs = addrs.clone();
-            async move {
-                let ok = tokio::task::spawn_blocking(move || {
-                    addrs.iter().all(|a| {
-                        let info = cmd(*a, &["CLUSTER", "INFO"]).and_then(|v| {
-                            Ok(valkey_sidecar_testkit::redis::from_redis_value::<String>(
-                                v,
-                            )?)
-                        });
-                        info.is_ok_and(|t| t.contains("cluster_state:ok"))
-                    })
-                });
-                Ok(ok.await?)
-            }
-        },
-    )
-    .await
 }

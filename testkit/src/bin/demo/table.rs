@@ -49,9 +49,19 @@ fn header() -> Vec<String> {
 async fn row(pod: &Pod, zones: &BTreeMap<String, String>) -> Vec<String> {
     let labels = pod.metadata.labels.clone().unwrap_or_default();
     let status = pod.status.clone().unwrap_or_default();
-    let containers = status.container_statuses.clone().unwrap_or_default();
+    // As kubectl counts: the main containers and the native sidecars (restartable init
+    // containers, the chart's agent).
+    let sidecars = sidecar_names(pod);
+    let init = status.init_container_statuses.clone().unwrap_or_default();
+    let containers: Vec<_> = status
+        .container_statuses
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .chain(init.into_iter().filter(|c| sidecars.contains(&c.name)))
+        .collect();
     let ready = containers.iter().filter(|c| c.ready).count();
-    let total = pod.spec.as_ref().map_or(0, |s| s.containers.len());
+    let total = pod.spec.as_ref().map_or(0, |s| s.containers.len()) + sidecars.len();
     let restarts: i32 = containers.iter().map(|c| c.restart_count).sum();
     let phase = if pod.metadata.deletion_timestamp.is_some() {
         "Terminating".to_string()
@@ -91,6 +101,17 @@ async fn row(pod: &Pod, zones: &BTreeMap<String, String>) -> Vec<String> {
         role,
         short(&shard),
     ]
+}
+
+/// The pod's native sidecars: init containers with `restartPolicy: Always`.
+fn sidecar_names(pod: &Pod) -> Vec<String> {
+    let init = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.init_containers.iter().flatten());
+    init.filter(|c| c.restart_policy.as_deref() == Some("Always"))
+        .map(|c| c.name.clone())
+        .collect()
 }
 
 /// The agent's `/status`, if it answers.

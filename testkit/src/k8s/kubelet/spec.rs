@@ -12,9 +12,10 @@
 //!   as `--name value...`: what the pod (e.g. the Helm chart) says is what runs, with Valkey's
 //!   own defaults for the rest (RDB snapshots, `repl-diskless-sync-delay 5`, no `DEBUG`
 //!   command, …). The harness adds no defaults of its own; it only forces, last, what a shared
-//!   loopback host must: `bind` and `bind-source-addr` to the pod IP, `dir`/`logfile`/
-//!   `daemonize` to the container's own temp dir, whatever the pod says. Without `--port`
-//!   Valkey's 6379 applies.
+//!   loopback host must: `bind` and `bind-source-addr` to the pod IP, `logfile`/`daemonize` to
+//!   the container's own temp dir, whatever the pod says. The pod's `--dir` (the chart's `/data`
+//!   volume, rewritten to its directory here) stays; without one Valkey works in the container's
+//!   temp dir. Without `--port` Valkey's 6379 applies.
 //! - **Environment.** `value` (with `$(VAR)` expansion of earlier variables), and `valueFrom`:
 //!   `fieldRef` (`metadata.name|namespace|uid`, `metadata.labels['k']`,
 //!   `metadata.annotations['k']`, `spec.nodeName`, `spec.serviceAccountName`, `status.podIP`,
@@ -72,24 +73,29 @@ const SIDECAR_ADMIN_PORT: u16 = 9737;
 /// Settings the harness forces on every `valkey-server`, after the pod's own arguments: every
 /// pod shares the host, so each must listen and connect from its own address and keep its files
 /// apart.
-const VALKEY_FORCED: [&str; 5] = ["bind", "bind-source-addr", "dir", "logfile", "daemonize"];
+const VALKEY_FORCED: [&str; 4] = ["bind", "bind-source-addr", "logfile", "daemonize"];
 
-/// The `valkey-server` arguments for a container with `tokens` (`command` + `args`, expanded):
-/// the pod's own, then the forced ones.
+/// The `valkey-server` arguments for a container with `tokens` (`command` + `args`, expanded,
+/// volume paths rewritten): the pod's own, then the forced ones. The pod's own `--dir` stays (it
+/// names a mounted volume, e.g. the chart's `/data`, so data lives where the pod keeps it);
+/// without one, Valkey works in the container's own directory, `dir`.
 pub(crate) fn valkey_args(tokens: &[String], ip: Ipv4Addr, dir: &Path) -> Vec<OsString> {
     let mut out: Vec<OsString> = Vec::new();
-    for (name, values) in flag_groups(tokens) {
+    let groups = flag_groups(tokens);
+    for (name, values) in &groups {
         if VALKEY_FORCED.contains(&name.as_str()) {
             continue;
         }
         out.push(format!("--{name}").into());
-        out.extend(values.into_iter().map(OsString::from));
+        out.extend(values.iter().map(OsString::from));
     }
     let ip = ip.to_string();
     out.extend(["--bind".into(), ip.clone().into()]);
     out.extend(["--bind-source-addr".into(), ip.into()]);
     out.extend(["--daemonize".into(), "no".into()]);
-    out.extend(["--dir".into(), dir.as_os_str().to_owned()]);
+    if !groups.iter().any(|(name, _)| name == "dir") {
+        out.extend(["--dir".into(), dir.as_os_str().to_owned()]);
+    }
     out.extend(["--logfile".into(), dir.join("valkey.log").into_os_string()]);
     out
 }
@@ -406,6 +412,15 @@ mod tests {
         assert!(joined.ends_with("--bind 127.1.0.1 --bind-source-addr 127.1.0.1 --daemonize no --dir /d --logfile /d/valkey.log"));
         assert_eq!(valkey_port(&tokens), 7000);
         assert_eq!(valkey_port(&[]), 6379);
+        // The pod's own data directory (a volume, rewritten to its place on this host) stays.
+        let own = ["--dir".to_string(), "/volumes/data".to_string()];
+        let joined = valkey_args(&own, ip, Path::new("/d"))
+            .into_iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(joined.starts_with("--dir /volumes/data --bind"), "{joined}");
+        assert!(!joined.contains("--dir /d"), "{joined}");
     }
 
     #[test]
