@@ -286,6 +286,7 @@ fn coordinator(
         connector: shared.connector.clone(),
         handover_timeout: co.handover_timeout,
         role_label: kube.policy.role_key.clone(),
+        primary_value: kube.policy.primary_value.clone(),
         recorder: kube.events.then(|| Recorder::new(client, reporter)),
         metrics: shared.metrics.clone(),
         status,

@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 
 use valkey_sidecar_testkit::faults::{self, Outcome, show};
 use valkey_sidecar_testkit::k8s::primaries::{PrimaryChecker, Seen};
-use valkey_sidecar_testkit::k8s::writer::{Ack, Deposed, Writer, Written, deposed_acks, targets};
+use valkey_sidecar_testkit::k8s::writer::{
+    Ack, Deposed, Writer, Written, deposed_acks, tag_named, targets,
+};
 use valkey_sidecar_testkit::k8s::{ROLE_LABEL, RoleWatch, Stage, StageOptions, poll_until};
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -75,30 +77,27 @@ impl Mode {
     }
 }
 
-/// The shard under test: its members, the primary and its node, and the writers' key tag.
+/// The shard under test: its members, the primary and its node, and the writers' key tags (the
+/// main writer's, the partitioned side's: keys of the shard's slots in cluster mode).
 struct Shard {
     members: Vec<String>,
     old: String,
     node: String,
-    tag: String,
+    tags: [String; 2],
 }
 
 impl Shard {
     fn of(s: &Stage, mode: Mode) -> Shard {
         let (old, _) = s.primary_and_replicas(0).unwrap();
-        let tag = match mode {
-            Mode::Cluster => {
-                let client = s.client();
-                valkey_sidecar_testkit::k8s::writer::tag_for_with(s.valkey(&old).unwrap(), &client)
-                    .unwrap()
-            }
-            Mode::Replication => "w".into(),
+        let tag = |prefix: &str| match mode {
+            Mode::Cluster => tag_named(s.valkey(&old).unwrap(), &s.client(), prefix).unwrap(),
+            Mode::Replication => prefix.to_owned(),
         };
         Shard {
             members: s.shard_pods(0).to_vec(),
-            old,
             node: String::new(),
-            tag,
+            tags: [tag("main"), tag("side")],
+            old,
         }
     }
 
@@ -117,11 +116,11 @@ struct Clients {
 
 impl Clients {
     fn start(s: &Stage, shard: &Shard, fault: Fault) -> Clients {
-        let main = s.writer(shard.addrs(s), &shard.tag);
+        let main = s.writer(shard.addrs(s), &shard.tags[0]);
         let side = (fault == Fault::Partition).then(|| {
             let client = s.client_on(&shard.node).unwrap();
             let old = vec![s.valkey(&shard.old).unwrap()];
-            s.writer_with(targets(old), &format!("{}side", shard.tag), client)
+            s.writer_with(targets(old), &shard.tags[1], client)
         });
         let nodes = shard
             .members
@@ -173,7 +172,7 @@ async fn new_primary(s: &Stage, shard: &Shard, timeout: Duration) -> String {
         || async {
             for p in shard.members.iter().filter(|p| **p != shard.old) {
                 let labelled = s.labels(p).await?.get(ROLE_LABEL).cloned();
-                if labelled.as_deref() == Some("primary") && writable(s, p) {
+                if labelled.as_deref() == Some("primary") && writable(s, p, &shard.tags[0]) {
                     *found.lock().unwrap() = Some(p.clone());
                     return Ok(true);
                 }
@@ -188,14 +187,15 @@ async fn new_primary(s: &Stage, shard: &Shard, timeout: Duration) -> String {
     found.into_inner().unwrap().unwrap()
 }
 
-/// Whether `pod`'s Valkey acknowledges a write now (from the observer address, within 300 ms).
-fn writable(s: &Stage, pod: &str) -> bool {
+/// Whether `pod`'s Valkey acknowledges a write of a key in the shard's slots now (from the
+/// observer address, within 300 ms).
+fn writable(s: &Stage, pod: &str, tag: &str) -> bool {
     let client = s.observer().timeout(Duration::from_millis(300));
     let Ok(mut c) = valkey_sidecar_testkit::resp::Conn::connect(s.valkey(pod).unwrap(), &client)
     else {
         return false;
     };
-    c.cmd(&["SET", "node-faults:probe", "1"])
+    c.cmd(&["SET", &format!("{{{tag}}}:probe"), "1"])
         .is_ok_and(|r| r.is_ok())
 }
 
@@ -238,18 +238,22 @@ struct Measured {
     seen: Seen,
     labels: Duration,
     timeouts: usize,
+    /// Partition: the writes the partitioned side's client got acknowledged after the fault began
+    /// (the old primary kept serving its side until it fenced or lost its cluster).
+    side_after: Option<usize>,
 }
 
 impl Measured {
     fn note(&self, mode: Mode, fault: Fault, where_coordinator: &str) -> String {
         let lost_by_old = self.lost.len();
         format!(
-            "{}; recovery: fault → another member writable and labelled primary; acknowledged by the deposed primary after the new one's first write: {} (window {}); two pods labelled primary for {}; writes with unknown outcome (client timeouts): {}; coordinator {where_coordinator}; checker {}; lost writes were all acknowledged by the old primary after the fault began: {lost_by_old}; {} {}",
+            "{}; recovery: fault → another member writable and labelled primary; acknowledged by the deposed primary after the new one's first write: {} (window {}); two pods labelled primary for {}; writes with unknown outcome (client timeouts): {}; the partitioned side's client acknowledged after the cut: {}; coordinator {where_coordinator}; checker {}; lost writes were all acknowledged by the old primary after the fault began: {lost_by_old}; {} {}",
             mode.settings(),
             self.deposed.acks.len(),
             show(self.deposed.window()),
             show(self.labels),
             self.timeouts,
+            self.side_after.map_or("–".into(), |n| n.to_string()),
             self.seen.density_summary(),
             mode.name(),
             fault.name(),
@@ -290,6 +294,9 @@ async fn scenario(mode: Mode, fault: Fault, namespace: &str) -> Measured {
     let all: Vec<&Written> = written.iter().map(|(_, w)| w).collect();
     let deposed = deposed_acks(&all, new_addr);
     let lost = lost_writes(&s, &promoted, &written);
+    let side_after = written
+        .get(1)
+        .map(|(_, w)| w.acks.iter().filter(|a| a.at > at).count());
     let m = Measured {
         at,
         old,
@@ -300,6 +307,7 @@ async fn scenario(mode: Mode, fault: Fault, namespace: &str) -> Measured {
         seen,
         labels,
         timeouts: all.iter().map(|w| w.timeouts).sum(),
+        side_after,
     };
     report(mode, fault, &shard, &promoted, &m, where_coordinator);
     m
@@ -344,22 +352,11 @@ fn report(
         m.labels,
         m.seen.density_summary()
     );
-    for (tag, a) in &m.lost {
-        println!(
-            "  lost {tag}:{} acknowledged by {} at fault{:+.3} s",
-            a.n,
-            a.node,
-            signed_secs(a.at, at)
-        );
-    }
-    for a in &m.deposed.acks {
-        println!(
-            "  deposed ack {} by {} at fault{:+.3} s",
-            a.n,
-            a.node,
-            signed_secs(a.at, at)
-        );
-    }
+    // The evidence: who acknowledged what was lost, and when relative to the fault.
+    let lost: Vec<&Ack> = m.lost.iter().map(|(_, a)| a).collect();
+    println!("  lost: {}", acks_by_node(&lost, at));
+    let deposed: Vec<&Ack> = m.deposed.acks.iter().collect();
+    println!("  acknowledged by a deposed primary: {}", acks_by_node(&deposed, at));
     faults::record(
         &Outcome::new(module_path!(), &scenario)
             .writes(m.acked, m.lost.len())
@@ -368,6 +365,30 @@ fn report(
             .recovery(m.recovery)
             .note(m.note(mode, fault, where_coordinator)),
     );
+}
+
+/// Acknowledgements per node: how many, the first and the last, relative to the fault.
+fn acks_by_node(acks: &[&Ack], at: Instant) -> String {
+    let mut nodes: Vec<SocketAddr> = acks.iter().map(|a| a.node).collect();
+    nodes.sort();
+    nodes.dedup();
+    let per_node = nodes.iter().map(|node| {
+        let mine: Vec<&&Ack> = acks.iter().filter(|a| a.node == *node).collect();
+        let first = mine.iter().map(|a| a.at).min().map(|t| signed_secs(t, at));
+        let last = mine.iter().map(|a| a.at).max().map(|t| signed_secs(t, at));
+        format!(
+            "{} by {node} (fault{:+.3} s … fault{:+.3} s)",
+            mine.len(),
+            first.unwrap_or_default(),
+            last.unwrap_or_default()
+        )
+    });
+    let text: Vec<String> = per_node.collect();
+    if text.is_empty() {
+        "none".into()
+    } else {
+        text.join("; ")
+    }
 }
 
 /// `t - at` in seconds, negative before.
@@ -406,6 +427,13 @@ fn assert_safe(m: &Measured) {
 }
 
 /// Replication mode: nobody is promoted before the old primary's renew deadline (3 s) has passed.
+/// Partition: the client on the old primary's side really kept writing to it after the cut (else
+/// the scenario measured nothing of a partition).
+fn assert_the_old_side_wrote(m: &Measured) {
+    let side = m.side_after.unwrap_or_default();
+    assert!(side > 0, "the partitioned side's writer got no write acknowledged after the cut");
+}
+
 fn assert_not_before_the_deadline(m: &Measured) {
     assert!(
         m.recovery >= 3 * SECOND,
@@ -425,6 +453,7 @@ async fn cluster_node_powered_off() {
 async fn cluster_node_partitioned() {
     let m = scenario(Mode::Cluster, Fault::Partition, "nf-c-part").await;
     assert_safe(&m);
+    assert_the_old_side_wrote(&m);
     assert_eq!(m.seen.longest_overlap(), Duration::ZERO);
 }
 
@@ -446,6 +475,7 @@ async fn replication_node_powered_off() {
 async fn replication_node_partitioned() {
     let m = scenario(Mode::Replication, Fault::Partition, "nf-r-part").await;
     assert_safe(&m);
+    assert_the_old_side_wrote(&m);
     assert_not_before_the_deadline(&m);
     assert_eq!(m.seen.longest_overlap(), Duration::ZERO);
 }

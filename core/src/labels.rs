@@ -159,6 +159,24 @@ pub fn needs_write(
     }
 }
 
+/// Replication mode: the pods of a shard whose primary label must go because the shard record
+/// names another holder. Only the holder may be primary; a pod that still says so after the
+/// record moved on — its node powered off or cut off, its agent unable to relabel it — would keep
+/// a primary Service and the primaries' budget pointing at it. With no holder on record (never
+/// bootstrapped, or released) nothing is judged: who may be primary is not known yet.
+///
+/// `labelled` is each pod with whether it carries the primary label now.
+pub fn stale_primaries<'a>(holder: Option<&str>, labelled: &[(&'a str, bool)]) -> Vec<&'a str> {
+    let Some(holder) = holder else {
+        return Vec::new();
+    };
+    labelled
+        .iter()
+        .filter(|(pod, primary)| *primary && *pod != holder)
+        .map(|(pod, _)| *pod)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,5 +278,22 @@ mod tests {
             !in_place(&current, &unknown, &p),
             "a stale role label must go"
         );
+    }
+
+    #[test]
+    fn only_the_record_holder_keeps_a_primary_label() {
+        let pods = [("a", true), ("b", true), ("c", false)];
+        let cases: [(Option<&str>, Vec<&str>); 4] = [
+            // The record moved to b: a's label is stale.
+            (Some("b"), vec!["a"]),
+            // It moved to c, whose agent has not labelled it yet: both labels are stale.
+            (Some("c"), vec!["a", "b"]),
+            (Some("a"), vec!["b"]),
+            // Released or never written: nobody is judged.
+            (None, vec![]),
+        ];
+        for (holder, want) in cases {
+            assert_eq!(stale_primaries(holder, &pods), want, "holder {holder:?}");
+        }
     }
 }

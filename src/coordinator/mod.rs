@@ -75,6 +75,8 @@ pub struct Coordinator {
     pub connector: Connector,
     pub handover_timeout: Duration,
     pub role_label: String,
+    /// The role label's primary value (`SIDECAR_ROLE_VALUES`).
+    pub primary_value: String,
     pub recorder: Option<Recorder>,
     pub metrics: Arc<Metrics>,
     /// The status annotations for the Lease writer; emptied while this agent does not lead.
@@ -690,40 +692,59 @@ impl Coordinator {
     /// gone with it), so the coordinator removes the stale role label: a Service selecting the
     /// primary must not keep routing to it.
     async fn clear_dead_labels(&self, world: &World, pods: &Store<Pod>, retry: &mut Retries) {
-        let dead = world
+        let dead: Vec<String> = world
             .members
             .iter()
             .filter(|m| m.health == NodeHealth::Failed)
-            .filter_map(|m| m.pod.as_ref());
-        for pod in dead {
+            .filter_map(|m| Some(m.pod.as_ref()?.name.clone()))
+            .collect();
+        let why = "removed the role label of a failed node";
+        self.clear_role_labels(&dead, (pods, retry), world.now, why)
+            .await;
+    }
+
+    /// Removes the role label of each of `names` that still carries one, each pod retried with
+    /// backoff when the apiserver refuses.
+    async fn clear_role_labels(
+        &self,
+        names: &[String],
+        (pods, retry): (&Store<Pod>, &mut Retries),
+        now: Millis,
+        why: &str,
+    ) {
+        for name in names {
             let labelled = pods
                 .state()
                 .into_iter()
-                .find(|p| p.metadata.name.as_deref() == Some(pod.name.as_str()));
+                .find(|p| p.metadata.name.as_deref() == Some(name.as_str()));
             let has_role = labelled.is_some_and(|p| {
                 p.metadata
                     .labels
                     .as_ref()
                     .is_some_and(|l| l.contains_key(&self.role_label))
             });
-            if !has_role || !retry.due(&pod.name, world.now) {
+            if !has_role || !retry.due(name, now) {
                 continue;
             }
-            let patch =
-                serde_json::json!({ "metadata": { "labels": { self.role_label.clone(): null } } });
-            let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
-            match api
-                .patch(&pod.name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                Ok(_) => {
-                    retry.succeeded(&pod.name);
-                    tracing::info!(pod = %pod.name, "removed the role label of a failed node")
-                }
-                Err(e) => {
-                    let wait = retry.failed(&pod.name, world.now);
-                    tracing::warn!(pod = %pod.name, error = %e, retry_in_ms = wait, "cannot remove a stale role label")
-                }
+            self.clear_role_label(name, retry, now, why).await;
+        }
+    }
+
+    async fn clear_role_label(&self, name: &str, retry: &mut Retries, now: Millis, why: &str) {
+        let patch =
+            serde_json::json!({ "metadata": { "labels": { self.role_label.clone(): null } } });
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        match api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                retry.succeeded(name);
+                tracing::info!(pod = %name, "{why}")
+            }
+            Err(e) => {
+                let wait = retry.failed(name, now);
+                tracing::warn!(pod = %name, error = %e, retry_in_ms = wait, "cannot remove a stale role label")
             }
         }
     }

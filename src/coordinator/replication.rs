@@ -32,6 +32,7 @@ use kube::Resource;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
 use tokio::sync::mpsc;
+use valkey_sidecar_core::labels::stale_primaries;
 use valkey_sidecar_core::observation::{self, Mode, Role};
 use valkey_sidecar_core::plan::{Action, InFlight, Member, Shards, World, decide, preferred_zone};
 use valkey_sidecar_core::replication::{
@@ -321,8 +322,34 @@ impl Coordinator {
         }
         self.failovers(&shards, &world, &planned, memory, done);
         self.publish(conditions, memory);
+        if leader {
+            let stale = self.stale_primaries(&shards);
+            let why = "removed the primary label of a pod the shard record no longer names";
+            self.clear_role_labels(&stale, (pods, &mut memory.label_retry), now, why)
+                .await;
+        }
         let busy = busy(memory).into_iter().map(|f| f.shard).collect();
         memory.repl.pace(&shards, &busy, now, self.timings.retry_ms);
+    }
+
+    /// Pods labelled primary that their shard's record does not name
+    /// (`core::labels::stale_primaries`).
+    fn stale_primaries(&self, shards: &[ShardRound]) -> Vec<String> {
+        let labelled_primary = |p: &Pod| {
+            let labels = p.metadata.labels.as_ref();
+            labels.and_then(|l| l.get(&self.role_label)) == Some(&self.primary_value)
+        };
+        let mut stale = Vec::new();
+        for s in shards {
+            let labelled: Vec<(&str, bool)> = s
+                .pods
+                .iter()
+                .filter_map(|p| Some((p.metadata.name.as_deref()?, labelled_primary(p))))
+                .collect();
+            let holder = s.existing().and_then(ShardRecord::holder);
+            stale.extend(stale_primaries(holder, &labelled).into_iter().map(str::to_owned));
+        }
+        stale
     }
 
     /// Observes every member and reads the due records, all at once.

@@ -278,10 +278,16 @@ pub fn tag_for(addr: SocketAddr) -> Result<String> {
 
 /// [`tag_for`], connecting as `opts` says.
 pub fn tag_for_with(addr: SocketAddr, opts: &ClientOptions) -> Result<String> {
+    tag_named(addr, opts, "t")
+}
+
+/// A hash tag `<prefix><n>` whose slot the shard with `addr` serves: several writers on one shard
+/// take tags of different prefixes, so their keys never meet.
+pub fn tag_named(addr: SocketAddr, opts: &ClientOptions, prefix: &str) -> Result<String> {
     let mut c = connect(addr, opts)?;
     let ranges = own_slots(&mut c)?;
     for i in 0..100_000 {
-        let tag = format!("t{i}");
+        let tag = format!("{prefix}{i}");
         let slot = c
             .call(&["CLUSTER", "KEYSLOT", &tag])?
             .int()
