@@ -1,10 +1,23 @@
 //! Valkey Sentinel, the failover baseline the agent is measured against.
 //!
 //! [`Sentinels`] runs N sentinel processes (the same `valkey-server` binary with `--sentinel`)
-//! monitoring a [`ReplicationSet`]. [`Sentinels::unplanned_failover`] kills the primary with
-//! SIGKILL and measures what a client sees, the same way the agent's own failover is measured:
-//! fault → a surviving node accepts a write, and how many acknowledged writes of a continuous
-//! writer the primary the sentinels finally settle on does not have.
+//! monitoring a [`ReplicationSet`]. [`Sentinels::unplanned`] takes the primary down in one of two
+//! ways ([`SentinelFault`]) and measures what a client sees, the same way the agent's own failover
+//! is measured: fault → some node accepts a write, and how many acknowledged writes of a
+//! continuous writer the primary the sentinels finally settle on does not have, counted once the
+//! faulted node is back and everything is steady again.
+//!
+//! - [`SentinelFault::Crash`]: the primary's Valkey is killed and restarted at once, as a kubelet
+//!   restarts a crashed container: same port, dir and arguments, and without persistence it comes
+//!   back empty. Back within `down-after-milliseconds`, Sentinel may never see it down; it stays
+//!   the primary, empty, and its replicas resync from it.
+//! - [`SentinelFault::PowerOff`]: the primary's node loses power: the process is frozen (SIGSTOP),
+//!   its address silent and clients hang until their timeouts; once the sentinels have settled
+//!   it is killed and restarted empty (the node back on).
+//!
+//! Either way the restarted node takes the role the sentinels name at that moment, as the start
+//! scripts of Sentinel deployments do (primary if they still name it, else a replica of the one
+//! they name).
 //!
 //! Two Sentinel behaviours shape the numbers (both seen in its logs, see [`SentinelEvents`]):
 //! with `down-after-milliseconds` near 1 s the sentinels sometimes fail over a second time right
@@ -13,7 +26,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use valkey_sidecar_testkit::sentinel::{SentinelOptions, Sentinels};
+//! use valkey_sidecar_testkit::sentinel::{SentinelFault, SentinelOptions, Sentinels};
 //! use valkey_sidecar_testkit::{ReplicationSet, ServerOptions};
 //!
 //! # fn main() -> anyhow::Result<()> {
@@ -21,7 +34,7 @@
 //! let opts = SentinelOptions::default().down_after(Duration::from_millis(1000));
 //! let budget = opts.failover_budget();
 //! let sentinels = Sentinels::monitor(&set, opts)?; // every sentinel knows the set
-//! let run = sentinels.unplanned_failover(&set, budget)?; // ready for the next run afterwards
+//! let run = sentinels.unplanned(&set, SentinelFault::Crash, budget)?; // ready for the next run
 //! println!("writable after {:?}, {} writes lost", run.writable_after, run.lost);
 //! # Ok(())
 //! # }
@@ -39,7 +52,7 @@ use redis::{FromRedisValue, IntoConnectionInfo};
 
 use crate::Result;
 use crate::binaries::valkey_server_bin;
-use crate::k8s::writer::{Writer, Written, lost};
+use crate::k8s::writer::{Writer, Written, deposed_acks, lost};
 use crate::net::{free_port, lock, wait_for};
 use crate::process::{ProcessSpec, ServerProcess};
 use crate::replication::ReplicationSet;
@@ -89,6 +102,9 @@ pub struct SentinelOptions {
     pub failover_timeout: Duration,
     /// `parallel-syncs`: replicas resynced with the new primary at the same time.
     pub parallel_syncs: u32,
+    /// `primary-reboot-down-after-period`: a primary that restarted within this long counts as
+    /// down, so a primary restarted empty is failed over. Sentinel's default is 0 (off).
+    pub primary_reboot_down_after: Duration,
     /// Address every sentinel binds (and announces to the others).
     pub bind: IpAddr,
     /// How long each sentinel may take to answer `PING` after its start.
@@ -105,6 +121,7 @@ impl Default for SentinelOptions {
             down_after: Duration::from_millis(30_000),
             failover_timeout: Duration::from_millis(180_000),
             parallel_syncs: 1,
+            primary_reboot_down_after: Duration::ZERO,
             bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
             startup_timeout: Duration::from_secs(10),
             ready_timeout: Duration::from_secs(30),
@@ -138,7 +155,13 @@ impl SentinelOptions {
         self
     }
 
-    /// A timeout for [`Sentinels::unplanned_failover`] that only a broken failover exceeds: failure
+    /// `primary-reboot-down-after-period`.
+    pub fn primary_reboot_down_after(mut self, d: Duration) -> Self {
+        self.primary_reboot_down_after = d;
+        self
+    }
+
+    /// A timeout for [`Sentinels::unplanned`] that only a broken failover exceeds: failure
     /// detection, one failed attempt and its retry (2 × `failover-timeout` later), plus slack.
     pub fn failover_budget(&self) -> Duration {
         self.down_after + self.failover_timeout * 2 + Duration::from_secs(30)
@@ -173,6 +196,12 @@ impl SentinelOptions {
             ),
             format!("sentinel parallel-syncs {name} {}", self.parallel_syncs),
         ];
+        if !self.primary_reboot_down_after.is_zero() {
+            lines.push(format!(
+                "sentinel primary-reboot-down-after-period {name} {}",
+                self.primary_reboot_down_after.as_millis()
+            ));
+        }
         if let Some(pw) = primary.password() {
             lines.push(format!("sentinel auth-pass {name} {pw}"));
         }
@@ -180,27 +209,52 @@ impl SentinelOptions {
     }
 }
 
+/// How the primary goes down in [`Sentinels::unplanned`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SentinelFault {
+    /// Its Valkey crashes (SIGKILL) and is restarted at once, as a kubelet restarts a crashed
+    /// container: same port, dir and arguments, so empty without persistence.
+    Crash,
+    /// Its node loses power: frozen (SIGSTOP, the address silent, clients hang until their
+    /// timeouts) until the sentinels have settled, then killed and restarted empty.
+    PowerOff,
+}
+
 /// One unplanned failover as a client saw it.
 #[derive(Clone, Debug)]
 pub struct UnplannedFailover {
-    /// The primary that was killed.
+    pub fault: SentinelFault,
+    /// The primary that was taken down.
     pub old_primary: SocketAddr,
-    /// The surviving node that accepted a write first.
+    /// The node that accepted a write first after the fault: a replica the sentinels promoted, or
+    /// (after a crash) the restarted node itself.
     pub new_primary: SocketAddr,
     /// The primary the sentinels settled on; differs from `new_primary` after a second failover.
     pub final_primary: SocketAddr,
-    /// SIGKILL of the primary → the first `SET` a surviving node accepted (polled every 5 ms).
+    /// The fault → the first `SET` a node accepted (polled every 5 ms).
     pub writable_after: Duration,
-    /// SIGKILL of the primary → every sentinel's `get-master-addr-by-name` names the same new
-    /// primary.
+    /// The fault → every sentinel monitors the primary it settles on, healthy, with no failover
+    /// in progress, from then on.
     pub agreed_after: Duration,
     /// What the sentinels did during the run: a clean failover is one attempt, no abort and one
     /// switch; more switches mean they failed over again before settling.
     pub events: SentinelEvents,
     /// Writes the continuous writer got acknowledged during the run, from any node.
     pub acked: usize,
-    /// Acknowledged writes the final primary does not have once the sentinels settled.
+    /// Acknowledged writes the final primary does not have once the faulted node is back and the
+    /// set steady.
     pub lost: usize,
+    /// Writes another node acknowledged after the final primary's first acknowledgement: taken by
+    /// a primary that was then deposed.
+    pub deposed: usize,
+}
+
+impl UnplannedFailover {
+    /// The node taken down is the primary again at the end: nobody failed over (after a crash it
+    /// came back empty and its replicas resynced from it).
+    pub fn kept_primary(&self) -> bool {
+        self.final_primary == self.old_primary
+    }
 }
 
 /// Counts of Sentinel events from the sentinels' logs, to tell what Sentinel did in a run.
@@ -214,6 +268,9 @@ pub struct SentinelEvents {
     /// `-failover-abort-*`, summed over the sentinels: attempts given up (election not won, no good
     /// replica...). After one, that sentinel waits 2 × `failover-timeout` before trying again.
     pub aborts: usize,
+    /// `+reboot`, the most any one sentinel logged: it saw an instance come back with a new run id
+    /// (the crashed primary restarted).
+    pub reboots: usize,
 }
 
 impl SentinelEvents {
@@ -223,6 +280,7 @@ impl SentinelEvents {
             switches: self.switches.saturating_sub(earlier.switches),
             attempts: self.attempts.saturating_sub(earlier.attempts),
             aborts: self.aborts.saturating_sub(earlier.aborts),
+            reboots: self.reboots.saturating_sub(earlier.reboots),
         }
     }
 }
@@ -341,6 +399,11 @@ impl Sentinels {
     /// reconfigures the other replicas, and with a short `down-after-milliseconds` a sentinel can
     /// fail over again right after switching.
     pub fn wait_settled(&self, timeout: Duration) -> Result<SocketAddr> {
+        self.wait_settled_since(timeout).map(|(p, _)| p)
+    }
+
+    /// [`Self::wait_settled`], and when the 3 s of agreement began.
+    fn wait_settled_since(&self, timeout: Duration) -> Result<(SocketAddr, Instant)> {
         let mut held: Option<(SocketAddr, Instant)> = None;
         wait_for(
             "the sentinels to settle on a primary",
@@ -363,8 +426,7 @@ impl Sentinels {
                 Ok(since.elapsed() >= SETTLE_WINDOW)
             },
         )?;
-        held.map(|(a, _)| a)
-            .context("the sentinels settled without a primary")
+        held.context("the sentinels settled without a primary")
     }
 
     /// The primary every sentinel has switched to (monitored, healthy, no failover in progress);
@@ -391,36 +453,33 @@ impl Sentinels {
             events.switches = events.switches.max(text.matches("+switch-master").count());
             events.attempts += text.matches("+try-failover").count();
             events.aborts += text.matches("-failover-abort").count();
+            events.reboots = events.reboots.max(text.matches("+reboot").count());
         }
         Ok(events)
     }
 
-    /// Waits until every sentinel's `get-master-addr-by-name` names the same primary, not `old`.
-    fn wait_agreement(&self, old: SocketAddr, timeout: Duration) -> Result<SocketAddr> {
-        let mut agreed = None;
-        wait_for(
-            "the sentinels to agree on a new primary",
-            timeout,
-            POLL,
-            || {
-                agreed = self.primary().ok().filter(|p| *p != old);
-                Ok(agreed.is_some())
-            },
-        )?;
-        agreed.context("the sentinels agreed on no primary")
-    }
-
-    /// Kills the primary (SIGKILL) while a writer writes unique keys to whichever node accepts
-    /// them; measures until a surviving node accepts a write and until every sentinel names the
-    /// same new primary; follows the sentinels until they settle (see [`Self::wait_settled`]),
-    /// then stops the writer and counts the acknowledged writes the final primary lacks. Finally
-    /// empties the data set (later runs then sync quickly), restarts the killed node as a replica
-    /// of the final primary and waits until everything is steady, ready for the next run.
-    /// `timeout` bounds each phase; see [`SentinelOptions::failover_budget`]. The writer does not
-    /// authenticate: no `requirepass`.
+    /// [`Self::unplanned`] with [`SentinelFault::PowerOff`]: the primary is gone until the
+    /// sentinels have failed over and settled.
     pub fn unplanned_failover(
         &self,
         set: &ReplicationSet,
+        timeout: Duration,
+    ) -> Result<UnplannedFailover> {
+        self.unplanned(set, SentinelFault::PowerOff, timeout)
+    }
+
+    /// Takes the primary down (`fault`) while a writer writes unique keys to whichever node
+    /// accepts them; measures until some node accepts a write (after a crash the restarted node
+    /// counts too) and until the sentinels have settled (see [`Self::wait_settled`]). A powered-off
+    /// primary is brought back then. Once the set is steady again (the restarted node synced, or
+    /// its replicas synced from it), stops the writer and counts the acknowledged writes the
+    /// final primary lacks. Finally empties the data set (later runs then sync quickly): ready for
+    /// the next run. `timeout` bounds each phase; see [`SentinelOptions::failover_budget`]. The
+    /// writer does not authenticate: no `requirepass`.
+    pub fn unplanned(
+        &self,
+        set: &ReplicationSet,
+        fault: SentinelFault,
         timeout: Duration,
     ) -> Result<UnplannedFailover> {
         let old = self.primary()?;
@@ -428,49 +487,123 @@ impl Sentinels {
         let victim = set
             .node_by_addr(old)
             .with_context(|| format!("the sentinels' primary {old} is not in the set"))?;
-        let survivors: Vec<&ValkeyServer> = set
+        let others: Vec<&ValkeyServer> = set
             .nodes()
             .iter()
             .filter(|n| n.addr() != old && n.is_running())
             .collect();
-        ensure!(!survivors.is_empty(), "no replica to fail over to");
+        ensure!(!others.is_empty(), "no replica to fail over to");
+        // A crashed node is back at once and may take writes itself; a powered-off one cannot.
+        let candidates = match fault {
+            SentinelFault::Crash => set.nodes().iter().collect(),
+            SentinelFault::PowerOff => others.clone(),
+        };
         // Connected before the fault, so connecting is not part of the measured time.
-        let mut probe = WriteProbe::connect(&survivors);
-        let writer = RunningWriter::start(old, &survivors);
+        let mut probe = WriteProbe::connect(&candidates);
+        let writer = RunningWriter::start(old, &others);
         std::thread::sleep(WRITER_WARMUP);
 
-        let fault = Instant::now();
-        victim.kill()?;
-        let (new_primary, writable_at) = probe.wait_writable(fault + timeout)?;
-        self.wait_agreement(old, timeout)?;
-        let agreed_after = fault.elapsed();
+        let at = Instant::now();
+        self.take_down(victim, fault)?;
+        let (new_primary, writable_at) = probe.wait_writable(at + timeout)?;
         // A node restarted while the sentinels still move would race the failover itself.
-        let final_primary = self.wait_settled(timeout)?;
-
-        let (tag, written) = writer.stop()?;
-        let missing = lost(final_primary, &tag, &written.acked)?;
-        let events = self.events()?.since(events);
-        let primary = set
-            .node_by_addr(final_primary)
-            .with_context(|| format!("the sentinels' primary {final_primary} is not in the set"))?;
-        // Sentinel promotes with `CLIENT KILL TYPE normal`, so a cached connection to the new
-        // primary is dead: the first attempt drops it, the second connects afresh.
-        primary
-            .cmd(&["FLUSHALL"])
-            .or_else(|_| primary.cmd(&["FLUSHALL"]))?;
-        rejoin(victim, final_primary)?;
-        self.wait_steady(set, timeout)?;
+        let (settled, agreed_at) = self.wait_settled_since(timeout)?;
+        if fault == SentinelFault::PowerOff {
+            victim.kill()?;
+            self.restart_as_named(victim)?;
+        }
+        let read = self.read_back(set, writer, settled, timeout)?;
         Ok(UnplannedFailover {
+            fault,
             old_primary: old,
             new_primary,
-            final_primary,
-            writable_after: writable_at.duration_since(fault),
-            agreed_after,
-            events,
-            acked: written.acked.len(),
-            lost: missing,
+            final_primary: read.primary,
+            writable_after: writable_at.duration_since(at),
+            agreed_after: agreed_at.saturating_duration_since(at),
+            events: self.events()?.since(events),
+            acked: read.acked,
+            lost: read.lost,
+            deposed: read.deposed,
         })
     }
+
+    /// The fault itself: a crash is a SIGKILL and the restart at once; a power-off freezes the
+    /// process, so its address goes silent.
+    fn take_down(&self, victim: &ValkeyServer, fault: SentinelFault) -> Result<()> {
+        match fault {
+            SentinelFault::Crash => {
+                victim.kill()?;
+                self.restart_as_named(victim)
+            }
+            SentinelFault::PowerOff => victim.pause(),
+        }
+    }
+
+    /// Waits until the set is steady, then stops the writer and reads every acknowledged key
+    /// back from the primary: only then, because an empty node feeding its replicas costs writes
+    /// only once it is back and they have synced. Empties the data set afterwards.
+    fn read_back(
+        &self,
+        set: &ReplicationSet,
+        writer: RunningWriter,
+        settled: SocketAddr,
+        timeout: Duration,
+    ) -> Result<ReadBack> {
+        let primary = self.wait_steady(set, timeout)?;
+        if primary != settled {
+            eprintln!("sentinel: settled on {settled}, steady under {primary}: read back from it");
+        }
+        let (tag, written) = writer.stop()?;
+        let read = ReadBack {
+            primary,
+            acked: written.acked.len(),
+            lost: lost(primary, &tag, &written.acked)?,
+            deposed: deposed_acks(&[&written], primary).acks.len(),
+        };
+        empty(set, primary)?;
+        Ok(read)
+    }
+
+    /// Starts a stopped `node` again as a container restarts: same port, dir and arguments, so
+    /// empty without persistence. Then gives it the role the sentinels name, as the start script
+    /// of a Sentinel deployment does: primary if they still name it, else a replica of the one
+    /// they name (its arguments may name a primary of long ago).
+    fn restart_as_named(&self, node: &ValkeyServer) -> Result<()> {
+        node.restart()?;
+        let named = self.nodes.first().context("no sentinels")?.primary()?;
+        let (host, port) = match named == node.addr() {
+            true => ("NO".to_string(), "ONE".to_string()),
+            false => (named.ip().to_string(), named.port().to_string()),
+        };
+        // A restarted node may still be loading (it answers `LOADING` until it is done): ask again.
+        wait_for(
+            "the restarted node to accept REPLICAOF",
+            Duration::from_secs(30),
+            Duration::from_millis(20),
+            // An error counts as "not yet"; the last one is in the timeout's message.
+            || node.cmd(&["REPLICAOF", &host, &port]).map(|_| true),
+        )
+    }
+}
+
+/// What [`Sentinels::read_back`] found.
+struct ReadBack {
+    primary: SocketAddr,
+    acked: usize,
+    lost: usize,
+    deposed: usize,
+}
+
+/// Empties the data set through `primary` (later runs then sync quickly).
+fn empty(set: &ReplicationSet, primary: SocketAddr) -> Result<()> {
+    let node = set
+        .node_by_addr(primary)
+        .with_context(|| format!("the primary {primary} is not in the set"))?;
+    // Sentinel promotes with `CLIENT KILL TYPE normal`, so a cached connection to the new
+    // primary is dead: the first attempt drops it, the second connects afresh.
+    node.cmd(&["FLUSHALL"])
+        .or_else(|_| node.cmd(&["FLUSHALL"]))
+        .map(|_| ())
 }
 
 /// The one running node of the set that says it is primary.
@@ -488,21 +621,6 @@ fn current_primary(set: &ReplicationSet) -> Result<&ValkeyServer> {
             primaries.iter().map(|n| n.addr()).collect::<Vec<_>>()
         ),
     }
-}
-
-/// Brings the killed node back the way a restarted pod without persistence comes back: empty,
-/// then made a replica of the current primary.
-fn rejoin(node: &ValkeyServer, primary: SocketAddr) -> Result<()> {
-    node.restart()?;
-    let (ip, port) = (primary.ip().to_string(), primary.port().to_string());
-    // A restarted node may still be loading (it answers `LOADING` until it is done): ask again.
-    wait_for(
-        "the restarted node to accept REPLICAOF",
-        Duration::from_secs(30),
-        Duration::from_millis(20),
-        // An error counts as "not yet"; the last one is in the timeout's message.
-        || node.cmd(&["REPLICAOF", &ip, &port]).map(|_| true),
-    )
 }
 
 /// Run tags, so keys of different runs never collide.
