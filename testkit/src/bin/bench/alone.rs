@@ -5,14 +5,15 @@
 //!   kubelet sends on pod deletion);
 //! - cluster, a plain pod kill: SIGTERM with the default `shutdown-on-sigterm`, so the replica
 //!   waits out `cluster-node-timeout` and elects itself;
-//! - cluster, a crash: SIGKILL;
+//! - cluster, a crash: SIGKILL, the node restarted at once as a kubelet restarts a crashed
+//!   container (with its `nodes.conf`, without its data);
 //! - replication mode: SIGTERM on a primary + 2 replicas, with `shutdown-on-sigterm failover` and
 //!   without (a plain pod kill).
 //!
-//! Each cluster run puts a writer on one shard (shards in turn), stops its primary, reads every
-//! acknowledged key back from the replica that took over, restarts the stopped node (it keeps
-//! `nodes.conf` and rejoins as a replica) and waits until the cluster is healthy again.
-// Until main.rs calls `measure` and `report` (the lead wires them in); remove then.
+//! Each cluster run puts a writer on one shard (shards in turn), stops its primary, waits until
+//! a member of the shard takes writes, restarts the stopped node (it keeps `nodes.conf`; a
+//! crashed one is restarted at once instead), waits until the cluster is healthy again and only
+//! then reads every acknowledged key back from the shard's primary.
 
 use std::time::{Duration, Instant};
 
@@ -58,6 +59,8 @@ pub struct Stopped {
     /// The stopped primary logged that it sent its replica `CLUSTER FAILOVER FORCE` (only
     /// `shutdown-on-sigterm failover` does; without it the replica waits out the node timeout).
     pub handed_over: bool,
+    /// The stopped node was the shard's primary again at the end (nobody failed over).
+    pub same_primary: bool,
 }
 
 /// What Valkey logs when `shutdown-on-sigterm failover` found a caught-up replica to hand to.
@@ -140,26 +143,37 @@ pub fn cluster_runs(how: Stop, runs: usize, node_timeout_ms: u64) -> Result<Vec<
     Ok(out)
 }
 
-/// One run on `shard`: writer, stop, take-over, read-back, restart, healthy again.
+/// One run on `shard`: writer, stop, take-over, restart, healthy again, read-back.
 fn cluster_run(cluster: &ValkeyCluster, shard: usize, how: Stop) -> Result<Stopped> {
     let members = cluster.shard(shard);
     let old = current_primary(members)?;
-    let others: Vec<&ValkeyServer> = members.iter().filter(|n| n.addr() != old.addr()).collect();
+    // A crashed node is back at once and may take writes itself; a stopped one is not.
+    let candidates: Vec<&ValkeyServer> = match how {
+        Stop::Sigkill => members.iter().collect(),
+        Stop::Sigterm | Stop::SigtermFailover => {
+            members.iter().filter(|n| n.addr() != old.addr()).collect()
+        }
+    };
     let addrs = members.iter().map(|n| n.addr()).collect();
     let writer = Writer::start(addrs, tag_for(old.addr())?);
     std::thread::sleep(AROUND);
     let logged = std::fs::metadata(old.log_path())?.len();
-    let (exited, took) = stop_and_poll(old, &others, &writer.tag, how, TAKE_OVER)?;
-    let (new, writable) = took.context("no replica took writes")?;
-    let moved = finish(writer, new)?;
+    let (exited, took) = stop_and_poll(old, &candidates, &writer.tag, how, TAKE_OVER)?;
+    let (_, writable) = took.context("no member of the shard took writes")?;
     let handed_over = logged_since(old, logged)?.contains(HANDED_OVER);
-    old.restart()?;
+    if how != Stop::Sigkill {
+        old.restart()?;
+    }
+    // Read back only once the node is back and synced: an empty node that kept its slots costs
+    // writes only when its replica resyncs from it.
     cluster.wait_healthy(Duration::from_secs(60))?;
+    let now = current_primary(members)?;
     Ok(Stopped {
-        moved,
+        moved: finish(writer, now)?,
         writable,
         exited,
         handed_over,
+        same_primary: now.addr() == old.addr(),
     })
 }
 
@@ -208,7 +222,7 @@ pub fn finish(writer: Writer, new: &ValkeyServer) -> Result<Move> {
 
 /// Stops `old` (`how`) on its own thread, since SIGTERM blocks until the process exits, while
 /// `others` are offered a `SET` every 5 ms for up to `within`: (signal → exit, the first member
-/// to accept and when).
+/// to accept and when). A SIGKILLed node is restarted at once on that thread, after its exit.
 fn stop_and_poll<'a>(
     old: &ValkeyServer,
     others: &[&'a ValkeyServer],
@@ -221,7 +235,14 @@ fn stop_and_poll<'a>(
     }
     let at = Instant::now();
     std::thread::scope(|s| {
-        let stopper = s.spawn(|| stop(old, how).map(|()| at.elapsed()));
+        let stopper = s.spawn(|| {
+            stop(old, how)?;
+            let exited = at.elapsed();
+            if how == Stop::Sigkill {
+                old.restart()?;
+            }
+            Ok::<_, anyhow::Error>(exited)
+        });
         let took = first_writable(others, tag, at, within);
         let exited = stopper
             .join()
@@ -295,9 +316,11 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// One baseline row: who, its runs, what the ratio compares.
+/// One baseline row: who, how it was stopped, its runs.
 struct Line<'a> {
     who: &'a str,
+    how: Stop,
+    config: String,
     runs: &'a [Stopped],
 }
 
@@ -317,42 +340,62 @@ impl Line<'_> {
     /// The table's rows: the writer's pause with the counts, then the two timings.
     fn print(&self) {
         let (acked, lost) = (self.acked(), self.lost());
-        let row = duration_row(self.who, "longest write pause", self.pauses());
-        println!("{row} {acked} | {lost} |");
+        let first = row(self.who, &self.config, "longest write pause", self.pauses());
+        println!("{first} {acked} | {lost} |");
         let writable = self.runs.iter().map(|r| r.writable).collect();
-        let row = duration_row("", "signal → a replica accepts `SET`", writable);
-        println!("{row} | |");
+        let measure = match self.how {
+            Stop::Sigkill => "signal → a member accepts `SET` again (the restarted node included)",
+            Stop::Sigterm | Stop::SigtermFailover => "signal → a replica accepts `SET`",
+        };
+        println!("{} | |", row("", "", measure, writable));
         let exited = self.runs.iter().map(|r| r.exited).collect();
-        println!(
-            "{} | |",
-            duration_row("", "signal → process exited", exited)
-        );
+        println!("{} | |", row("", "", "signal → process exited", exited));
     }
 }
 
+/// `| who | settings | measure | runs | p50 | p99 | max |`.
+fn row(who: &str, settings: &str, measure: &str, v: Vec<Duration>) -> String {
+    duration_row(who, &format!("{settings} | {measure}"), v)
+}
+
 /// The Markdown section: Valkey's own moves beside the agent's hand-over pauses `ours` (the
-/// `bench handover` runs). `command` is the command line that produced `b`.
-pub fn report(b: &Baselines, ours: &[Duration], command: &str) {
+/// `bench handover` runs, with the agent's settings `ours_config`). `command` is the command
+/// line that produced `b`.
+pub fn report(b: &Baselines, ours: &[Duration], ours_config: &str, command: &str) {
+    let line = |who, how, runs| Line {
+        who,
+        how,
+        config: crate::settings::valkey_alone(b.node_timeout_ms, shutdown_setting(how)),
+        runs,
+    };
     let lines = [
-        Line {
-            who: "cluster, `shutdown-on-sigterm failover` + SIGTERM (Valkey's own hand-over)",
-            runs: &b.failover,
-        },
-        Line {
-            who: "cluster, SIGTERM with the default `shutdown-on-sigterm` (a plain pod kill)",
-            runs: &b.plain,
-        },
-        Line {
-            who: "cluster, SIGKILL (a crash)",
-            runs: &b.crash,
-        },
+        line(
+            "cluster, `shutdown-on-sigterm failover` + SIGTERM (Valkey's own hand-over)",
+            Stop::SigtermFailover,
+            &b.failover,
+        ),
+        line(
+            "cluster, SIGTERM with the default `shutdown-on-sigterm` (a plain pod kill)",
+            Stop::Sigterm,
+            &b.plain,
+        ),
+        line("cluster, SIGKILL (a crash)", Stop::Sigkill, &b.crash),
     ];
     heading(b, command);
-    table(b, &lines, ours);
+    table(b, &lines, ours, ours_config);
     handed_over(&b.failover);
+    crashed(&b.crash);
     ratios(&lines, ours);
     for r in &b.replication {
         replication(r);
+    }
+}
+
+/// The `shutdown-on-sigterm` a stop runs with.
+pub fn shutdown_setting(how: Stop) -> &'static str {
+    match how {
+        Stop::SigtermFailover => "failover",
+        Stop::Sigterm | Stop::Sigkill => "default",
     }
 }
 
@@ -365,48 +408,75 @@ fn heading(b: &Baselines, command: &str) {
 }
 
 /// How the baselines are measured, for the report.
-const METHOD: &str = "A cluster of 3 shards × 1 replica (testkit's `ValkeyCluster`, no agent). Each run puts the same \
-writer as the agent's benchmarks (one `SET` at a time, unique keys, to whichever member of the shard accepts) on the next \
-shard, signals its primary half a second later and meanwhile offers the shard's replica a `SET` every 5 ms (MOVED, \
-CLUSTERDOWN and READONLY count as not yet); the writer goes on for a second after the replica accepted, then every \
-acknowledged key is read back from it. The stopped node is then restarted with its `nodes.conf` (it rejoins as a replica, \
-empty: no persistence) and the next run starts when the cluster is healthy and every replica synced. *Valkey's own \
-hand-over*: `CONFIG SET shutdown-on-sigterm failover` on the primary, then SIGTERM, as the kubelet sends on pod deletion: \
-Valkey pauses writes, waits until a replica has acknowledged its whole replication stream, sends that replica \
+const METHOD: &str = "A cluster of 3 shards × 1 replica (testkit's `ValkeyCluster`, no agent), settings in the \
+table. Each run puts the same writer as the agent's benchmarks (one `SET` at a time, unique keys, 1 s timeouts, to \
+whichever member of the shard accepts) on the next shard, signals its primary half a second later and meanwhile offers \
+the shard's other members a `SET` every 5 ms (MOVED, CLUSTERDOWN and READONLY count as not yet). The stopped node is then \
+restarted with its `nodes.conf` (no persistence: empty), and once the cluster is healthy and every replica synced the \
+writer stops a second later and every acknowledged key is read back from the shard's primary. *Valkey's own \
+hand-over*: `CONFIG SET shutdown-on-sigterm failover` on the primary, then SIGTERM, as the kubelet sends on pod \
+deletion: Valkey pauses writes, waits until a replica has acknowledged its whole replication stream, sends that replica \
 `CLUSTER FAILOVER FORCE` and exits. It hands over only to a replica that named itself on its replication link, and in a \
 cluster formed within a second a replica's first link can precede its primary meeting it (\"Unknown node\"; the shard \
-then falls back to the node timeout, as seen in a trial): every replica reconnects once before the first run. \
-*A plain pod kill*: SIGTERM with the default setting, which pauses writes and waits (up to `shutdown-timeout`) for the \
-replicas too but does not fail over, so the replica waits out `cluster-node-timeout` and elects itself. *A crash*: \
-SIGKILL. The pause is the longest gap between two acknowledged writes; the agent's row is its hand-over (node cordoned, \
-`bench handover`), its writes acknowledged and lost are in that table. Replication mode: a primary + 2 replicas \
-(`ReplicationSet`), SIGTERM with `shutdown-on-sigterm failover` and, once more, without it (a plain pod kill) under the same writer, every replica offered a `SET` \
-every 5 ms.";
+then falls back to the node timeout, as seen in a trial): every replica reconnects once before the first run. *A plain \
+pod kill*: SIGTERM with the default setting, which pauses writes and waits (up to `shutdown-timeout`) for the replicas \
+too but does not fail over, so the replica waits out `cluster-node-timeout` and elects itself. *A crash*: SIGKILL, and \
+the node restarted at once, as a kubelet restarts a crashed container (the chart keeps `nodes.conf` in the pod's data \
+volume, an emptyDir without persistence, which survives container restarts): the restarted node itself counts as \
+taking writes again. The pause is the longest gap between two acknowledged writes; the agent's row is its hand-over \
+(node cordoned, `bench handover`), its writes acknowledged and lost are in that table. Replication mode: a primary + 2 \
+replicas (`ReplicationSet`), SIGTERM with `shutdown-on-sigterm failover` and, once more, without it (a plain pod kill) \
+under the same writer, every replica offered a `SET` every 5 ms.";
 
-fn table(b: &Baselines, lines: &[Line], ours: &[Duration]) {
-    println!("| move | measure | runs | p50 ms | p99 ms | max ms | acknowledged | lost |");
-    println!("|---|---|---|---|---|---|---|---|");
-    let row = duration_row(
+fn table(b: &Baselines, lines: &[Line], ours: &[Duration], ours_config: &str) {
+    println!(
+        "| move | settings | measure | runs | p50 ms | p99 ms | max ms | acknowledged | lost |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let agent = row(
         "the agent's hand-over (node cordoned)",
+        ours_config,
         "longest write pause",
         ours.to_vec(),
     );
-    println!("{row} – | – |");
+    println!("{agent} – | – |");
     for l in lines.iter().filter(|l| !l.runs.is_empty()) {
         l.print();
     }
+    let config = |how| {
+        format!(
+            "Valkey's defaults, `shutdown-on-sigterm {}`, `repl-diskless-sync-delay 0`, no persistence",
+            shutdown_setting(how)
+        )
+    };
     for r in &b.replication {
         let writable = r.writable.map_or(
             format!("no replica accepted a write within {} s", r.wait.as_secs()),
             |w| format!("{:.0} ms", ms(w)),
         );
         println!(
-            "| replication mode (1 primary + 2 replicas), {} | signal → a replica accepts `SET` | 1 | {writable} | | | {} | {} |",
+            "| replication mode (1 primary + 2 replicas), {} | {} | signal → a replica accepts `SET` | 1 | {writable} | | | {} | {} |",
             stop_name(r.how),
+            config(r.how),
             r.acked,
             r.lost
         );
     }
+}
+
+/// After a crash with an immediate restart: how often the node came back as the primary, and
+/// what that cost.
+fn crashed(runs: &[Stopped]) {
+    if runs.is_empty() {
+        return;
+    }
+    let kept = runs.iter().filter(|r| r.same_primary).count();
+    let acked: usize = runs.iter().map(|r| r.moved.acked).sum();
+    let lost: usize = runs.iter().map(|r| r.moved.lost).sum();
+    println!(
+        "\nAfter a crash the node restarted at once was the shard's primary again at the end in {kept} of {} runs: back within `cluster-node-timeout`, it is never flagged failed, keeps its slots, takes writes again empty, and its replica resyncs from it. {lost} of {acked} acknowledged writes were lost in these runs. This is Valkey's known rule (persistence off means no automatic restart of a primary).",
+        runs.len()
+    );
 }
 
 /// How a replication-mode stop is named in the report.
@@ -510,6 +580,7 @@ mod tests {
             writable: Duration::from_millis(pause_ms),
             exited: Duration::ZERO,
             handed_over: true,
+            same_primary: false,
         }
     }
 
@@ -520,6 +591,8 @@ mod tests {
         let runs = [stopped(30, 0), stopped(30, 0), stopped(300, 0)];
         let l = Line {
             who: "x",
+            how: Stop::Sigterm,
+            config: String::new(),
             runs: &runs,
         };
         let said = verdict(&l, ours).unwrap();
@@ -530,6 +603,8 @@ mod tests {
         let slow = [stopped(300, 2)];
         let l = Line {
             who: "y",
+            how: Stop::Sigterm,
+            config: String::new(),
             runs: &slow,
         };
         assert!(verdict(&l, ours).is_none());
@@ -547,6 +622,11 @@ mod tests {
         let runs = std::env::var("ALONE_RUNS").map_or(2, |v| v.parse().unwrap());
         let b = measure(runs, 2000, Duration::from_secs(10)).unwrap();
         let ours = [Duration::from_millis(46), Duration::from_millis(60)];
-        report(&b, &ours, "cargo test --bin bench alone -- --ignored");
+        report(
+            &b,
+            &ours,
+            "trial",
+            "cargo test --bin bench alone -- --ignored",
+        );
     }
 }

@@ -14,16 +14,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use valkey_sidecar_testkit::k8s::shard;
-use valkey_sidecar_testkit::k8s::writer::{Writer, Written, lost};
+use valkey_sidecar_testkit::k8s::writer::{Writer, Written, deposed_acks, lost};
 use valkey_sidecar_testkit::k8s::{Stage, StageOptions};
 use valkey_sidecar_testkit::{ReplicationSet, ServerOptions, wait_for};
 
-/// The chart's replication defaults for Valkey (`replication.minReplicasToWrite`).
-pub const MIN_REPLICAS: [&str; 4] = [
-    "--min-replicas-to-write",
-    "1",
-    "--min-replicas-max-lag",
-    "10",
+/// The chart's replication defaults for Valkey (`valkey.minReplicasToWrite`, 1 with replicas;
+/// `valkey.minReplicasMaxLag`) as `valkey-server` settings: what the agent's pods run, given to
+/// the Sentinel baseline's servers too so that both fence the same way.
+pub const MIN_REPLICAS: [(&str, &str); 2] = [
+    ("min-replicas-to-write", "1"),
+    ("min-replicas-max-lag", "10"),
 ];
 
 /// Short leases for the whole-pod-cut runs (the failover waits out the lease there): a label and
@@ -51,7 +51,10 @@ pub const SHORT_LEASES: [(&str, [(&str, &str); 3]); 2] = [
 pub struct Run {
     pub writable: Duration,
     pub labelled: Duration,
+    pub acked: usize,
     pub lost: usize,
+    /// Writes another pod acknowledged after the new primary's first: taken by a deposed primary.
+    pub deposed: usize,
 }
 
 /// The unplanned fault.
@@ -106,10 +109,13 @@ pub async fn run(s: &Stage, fault: Fault) -> Result<Run> {
     let tag = writer.tag.clone();
     let written = writer.stop()?;
     let lost = s.lost(&primary, &tag, &written.acked)?;
+    let deposed = deposed_acks(&[&written], s.valkey(&primary)?).acks.len();
     Ok(Run {
         writable,
         labelled,
+        acked: written.acked.len(),
         lost,
+        deposed,
     })
 }
 
@@ -154,6 +160,7 @@ pub fn as_runs<'a>(scenario: &'a str, moves: &[Move]) -> crate::faults::Runs<'a>
         scenario,
         acked: Some(moves.iter().map(|m| m.acked).sum()),
         lost: moves.iter().map(|m| m.lost).sum(),
+        deposed: None,
         recovery: moves.iter().map(|m| m.pause).collect(),
         what: "the longest write pause",
     }

@@ -138,7 +138,7 @@ fn row(o: &Outcome, run: Option<usize>) -> String {
 }
 
 /// Text safe inside a table cell: a `|` would end the cell, a newline the row.
-fn cell(text: &str) -> String {
+pub fn cell(text: &str) -> String {
     text.replace('|', "\\|").replace(['\n', '\r'], " ")
 }
 
@@ -147,6 +147,8 @@ pub struct Runs<'a> {
     pub scenario: &'a str,
     pub acked: Option<usize>,
     pub lost: usize,
+    /// Writes a deposed primary acknowledged after the new one's first, where measured.
+    pub deposed: Option<usize>,
     /// Each run's time to recover (`what` says from what to what).
     pub recovery: Vec<Duration>,
     pub what: &'a str,
@@ -170,6 +172,7 @@ pub fn record_runs(bench: &str, r: Runs<'_>) {
     }
     o.acked = r.acked;
     o.lost = Some(r.lost);
+    o.deposed = r.deposed;
     faults::record(&o);
 }
 

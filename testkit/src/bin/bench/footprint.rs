@@ -90,6 +90,44 @@ fn start_agents(bin: &Path, cluster: &ValkeyCluster) -> Result<Vec<Sidecar>> {
     Ok(agents)
 }
 
+/// The summary's footprint row: the largest idle RSS and CPU of the agents against one sentinel.
+fn summarize(agents: &[Usage], sentinel: &Usage, window: Duration) {
+    use crate::summary::{Part, Row, Side, record};
+    let parts = |rss: f64, cpu: f64| {
+        vec![
+            Part {
+                name: "RSS".into(),
+                value: rss,
+                unit: "MiB".into(),
+            },
+            Part {
+                name: "CPU".into(),
+                value: cpu,
+                unit: "%".into(),
+            },
+        ]
+    };
+    let most = |f: fn(&Usage) -> f64| agents.iter().map(f).fold(0.0, f64::max);
+    record(&Row {
+        key: "idle".into(),
+        measure: "idle footprint of one process (RSS, CPU % of one core)".into(),
+        ours: Side {
+            who: format!("agent (the largest of {})", agents.len()),
+            config: "poll 250 ms, cluster mode, no Kubernetes API".into(),
+            parts: parts(most(|u| u.rss_mib), most(|u| u.cpu_pct)),
+            lost: None,
+        },
+        theirs: Some(Side {
+            who: "one sentinel".into(),
+            config: "one of 3 sentinels, Sentinel's defaults, monitoring 1 primary + 2 replicas".into(),
+            parts: parts(sentinel.rss_mib, sentinel.cpu_pct),
+            lost: None,
+        }),
+        runs: format!("one {} s window", window.as_secs()),
+        why: "the agent is a multi-threaded program with an HTTP server for the probes and a Valkey client polling every 250 ms; a sentinel is one single-threaded C process pinging once a second. One agent runs beside every Valkey, 3 sentinels beside a whole deployment".into(),
+    });
+}
+
 fn print(
     bin: &Path,
     idle: &[Usage],
@@ -122,6 +160,7 @@ fn print(
     }
     if let Some(s) = idle.get(agents + 1) {
         println!("{}", row("valkey-server --sentinel (one of 3)", s, None));
+        summarize(idle.get(..agents).unwrap_or_default(), s, window);
     }
     let size = std::fs::metadata(bin)?.len();
     println!(

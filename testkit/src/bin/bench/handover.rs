@@ -42,12 +42,75 @@ pub async fn run(bin: &Path, runs: usize) -> Result<()> {
     crate::alone::report(
         &alone,
         &pauses,
+        &agent_config(),
         &format!("BENCH_HANDOVERS={runs} target/release/bench handover"),
     );
     println!("{}", plot(&moves, &crashes, &alone)?);
     log_runs(&moves, &crashes, &alone);
+    summarize(&moves, &crashes, &alone);
     Ok(())
 }
+
+/// The agents' settings on this stage: the chart's, the Lease's, balance off.
+fn agent_config() -> String {
+    format!(
+        "{}; {}; `SIDECAR_BALANCE=false`",
+        crate::settings::chart_cluster(),
+        crate::settings::lease(&[])
+    )
+}
+
+/// The summary's two cluster rows: the hand-over against Valkey's own, the crash against Valkey
+/// alone.
+fn summarize(moves: &[Handover], crashes: &[Crash], alone: &crate::alone::Baselines) {
+    use crate::alone::{Stop, Stopped, shutdown_setting};
+    use crate::settings::valkey_alone;
+    use crate::summary::{Row, Side, record};
+    let lost = |s: &[Stopped]| s.iter().map(|s| s.moved.lost).sum();
+    let acked = |s: &[Stopped]| Some(s.iter().map(|s| s.moved.acked).sum());
+    let config = |how| valkey_alone(alone.node_timeout_ms, shutdown_setting(how));
+    if !moves.is_empty() && !alone.failover.is_empty() {
+        let pauses: Vec<Duration> = moves.iter().map(|m| m.pause).collect();
+        let theirs: Vec<Duration> = alone.failover.iter().map(|s| s.moved.pause).collect();
+        record(&Row {
+            key: "handover".into(),
+            measure: "cluster mode, planned hand-over: longest write pause".into(),
+            ours: Side::timing("agent (node cordoned)", &agent_config(), &pauses).lost(
+                moves.iter().map(|m| m.lost).sum(),
+                Some(moves.iter().map(|m| m.acked).sum()),
+            ),
+            theirs: Some(
+                Side::timing("Valkey, then SIGTERM", &config(Stop::SigtermFailover), &theirs)
+                    .lost(lost(&alone.failover), acked(&alone.failover)),
+            ),
+            runs: format!("{} + {}", moves.len(), alone.failover.len()),
+            why: "Valkey's own hand-over paused writes for less in this run: it hands over from inside the primary as it stops, the agent only once it has seen the cordon through the Kubernetes API".into(),
+        });
+    }
+    if !crashes.is_empty() && !alone.crash.is_empty() {
+        let labelled: Vec<Duration> = crashes.iter().map(|c| c.labelled).collect();
+        let theirs: Vec<Duration> = alone.crash.iter().map(|s| s.writable).collect();
+        record(&Row {
+            key: "cluster-crash".into(),
+            measure: "cluster mode, a primary's Valkey killed and restarted at once → the shard writable again (agent: and labelled)".into(),
+            ours: Side::timing("agents", &agent_config(), &labelled).lost(
+                crashes.iter().map(|c| c.lost).sum(),
+                Some(crashes.iter().map(|c| c.acked).sum()),
+            ),
+            theirs: Some(
+                Side::timing("Valkey alone", &config(Stop::Sigkill), &theirs)
+                    .lost(lost(&alone.crash), acked(&alone.crash)),
+            ),
+            runs: format!("{} + {}", crashes.len(), alone.crash.len()),
+            why: CRASH_WHY.into(),
+        });
+    }
+}
+
+/// Why the agents can be slower after a crash in cluster mode.
+const CRASH_WHY: &str = "an unplanned failover in cluster mode is Valkey's own election, which the agent never forces \
+(`CLUSTER FAILOVER FORCE`/`TAKEOVER` could lose acknowledged writes), so it makes it no faster and adds the label on \
+top; Valkey alone counts its restarted node taking writes again, empty, and the lost columns show what that cost";
 
 /// The runs as rows of the fault table.
 fn log_runs(moves: &[Handover], crashes: &[Crash], alone: &crate::alone::Baselines) {
@@ -58,6 +121,7 @@ fn log_runs(moves: &[Handover], crashes: &[Crash], alone: &crate::alone::Baselin
             scenario: "cluster: hand-over on cordon (agent)",
             acked: Some(moves.iter().map(|m| m.acked).sum()),
             lost: moves.iter().map(|m| m.lost).sum(),
+            deposed: None,
             recovery: moves.iter().map(|m| m.pause).collect(),
             what: "the longest write pause",
         },
@@ -68,6 +132,7 @@ fn log_runs(moves: &[Handover], crashes: &[Crash], alone: &crate::alone::Baselin
             scenario: "cluster: primary's Valkey killed (agents alive)",
             acked: Some(crashes.iter().map(|c| c.acked).sum()),
             lost: crashes.iter().map(|c| c.lost).sum(),
+            deposed: None,
             recovery: crashes.iter().map(|c| c.labelled).collect(),
             what: "kill -9 → the replica writable and labelled primary",
         },
@@ -78,7 +143,10 @@ fn log_runs(moves: &[Handover], crashes: &[Crash], alone: &crate::alone::Baselin
             &alone.failover,
         ),
         ("cluster, no agent: plain pod kill (SIGTERM)", &alone.plain),
-        ("cluster, no agent: SIGKILL", &alone.crash),
+        (
+            "cluster, no agent: SIGKILL, restarted at once",
+            &alone.crash,
+        ),
     ] {
         let moves: Vec<crate::failover::Move> = runs.iter().map(|s| s.moved.clone()).collect();
         record_runs("handover", crate::failover::as_runs(scenario, &moves));
@@ -113,7 +181,8 @@ fn print_handovers(results: &[Handover], leader: &str) {
         "### Hand-over when a primary's node is cordoned (real kube-apiserver v1.37.2, {runs} hand-overs)\n"
     );
     println!(
-        "Command: `BENCH_HANDOVERS={runs} target/release/bench handover`. One coordinated stage (3 shards × 2 members, Lease holder {leader}, `SIDECAR_BALANCE=false`, `cluster-node-timeout` {NODE_TIMEOUT_MS} ms); each run starts a writer (one `SET` at a time, unique keys) on the next shard, cordons the node of its primary, waits until the old primary is a replica, stops the writer a second later, reads every acknowledged key back from the new primary, uncordons and waits for the shard to settle. The pause is the longest gap between two acknowledged writes in the run, as the client sees it (target: p99 ≤ 250 ms). With {runs} runs p99 is the maximum.\n"
+        "Command: `BENCH_HANDOVERS={runs} target/release/bench handover`. One coordinated stage of the chart's pods (3 shards × 2 members, Lease holder {leader}; settings: {}); each run starts a writer (one `SET` at a time, unique keys) on the next shard, cordons the node of its primary, waits until the old primary is a replica, stops the writer a second later, reads every acknowledged key back from the new primary, uncordons and waits for the shard to settle. The pause is the longest gap between two acknowledged writes in the run, as the client sees it (target: p99 ≤ 250 ms). With {runs} runs p99 is the maximum.\n",
+        agent_config()
     );
     println!("| measure | hand-overs | p50 ms | p99 ms | max ms |");
     println!("|---|---|---|---|---|");
@@ -246,43 +315,54 @@ async fn rejoined(stage: &Stage, members: &[String]) -> Result<()> {
 }
 
 fn print_crashes(ours: &[Crash], alone: &[crate::alone::Stopped]) {
+    use crate::alone::{Stop, shutdown_setting};
+    use crate::report::duration_row;
     let runs = ours.len();
     println!(
         "### Cluster mode, unplanned: a primary's Valkey crashes, with the agents and on its own\n"
     );
     println!(
-        "Command: `BENCH_HANDOVERS={runs} target/release/bench handover`. With the agents: the stage above, SIGKILL of the primary's Valkey container (its agent lives; the kubelet restarts Valkey, which rejoins as a replica), shards in turn, a writer on the shard; *writable*: the shard's replica accepts a `SET` (offered every 5 ms), *labelled*: it also carries `{ROLE_LABEL}=primary`. Valkey alone: the loopback cluster of the next section, SIGKILL of a primary. `cluster-node-timeout` {NODE_TIMEOUT_MS} ms in both: Valkey Cluster elects the replica itself, the agent never forces a failover (`CLUSTER FAILOVER FORCE`/`TAKEOVER` could lose acknowledged writes), so it only adds the label. With at most 50 runs p99 is the maximum.\n"
+        "Command: `BENCH_HANDOVERS={runs} target/release/bench handover`. With the agents: the stage above, SIGKILL of the primary's Valkey container (its agent lives; the kubelet restarts Valkey at once, empty), shards in turn, a writer on the shard; *writable*: a member of the shard accepts a `SET` again (offered every 5 ms, the restarted one included), *labelled*: it also carries `{ROLE_LABEL}=primary`; acknowledged writes are read back once the crashed pod is back and the shard whole. Valkey alone: the loopback cluster of the next section, SIGKILL of a primary and a restart at once. Valkey Cluster elects a replica itself; the agent never forces a failover (`CLUSTER FAILOVER FORCE`/`TAKEOVER` could lose acknowledged writes). With at most 50 runs p99 is the maximum.\n"
     );
-    println!("| measure | runs | p50 ms | p99 ms | max ms |");
-    println!("|---|---|---|---|---|");
-    let writable = sorted(ours.iter().map(|c| c.writable).collect());
-    let labelled = sorted(ours.iter().map(|c| c.labelled).collect());
-    let theirs = sorted(alone.iter().map(|s| s.writable).collect());
-    println!(
-        "{}",
-        row("with the agents: kill -9 → replica writable", &writable)
-    );
-    println!(
-        "{}",
-        row(
-            "with the agents: kill -9 → writable and labelled",
-            &labelled
-        )
-    );
-    println!(
-        "{}",
-        row("Valkey alone: kill -9 → replica writable", &theirs)
-    );
+    println!("| measure | settings | runs | p50 ms | p99 ms | max ms | acknowledged | lost |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let writable = ours.iter().map(|c| c.writable).collect();
+    let labelled: Vec<Duration> = ours.iter().map(|c| c.labelled).collect();
+    let theirs: Vec<Duration> = alone.iter().map(|s| s.writable).collect();
     let acked: usize = ours.iter().map(|c| c.acked).sum();
     let lost: usize = ours.iter().map(|c| c.lost).sum();
+    let config = agent_config();
+    let row = duration_row(
+        "with the agents: kill -9 → a member writable",
+        &config,
+        writable,
+    );
+    println!("{row} {acked} | {lost} |");
+    let row = duration_row(
+        "with the agents: kill -9 → writable and labelled",
+        "",
+        labelled.clone(),
+    );
+    println!("{row} | |");
+    let node_timeout = NODE_TIMEOUT_MS;
+    let alone_config = crate::settings::valkey_alone(node_timeout, shutdown_setting(Stop::Sigkill));
+    let row = duration_row(
+        "Valkey alone: kill -9, restarted at once → a member writable",
+        &alone_config,
+        theirs.clone(),
+    );
+    let alone_acked: usize = alone.iter().map(|s| s.moved.acked).sum();
+    let alone_lost: usize = alone.iter().map(|s| s.moved.lost).sum();
+    println!("{row} {alone_acked} | {alone_lost} |");
+    let (theirs, labelled) = (sorted(theirs), sorted(labelled));
     let r = |p: f64| crate::report::ratio(percentile(&theirs, p), percentile(&labelled, p));
     println!(
-        "\nWith the agents: {acked} acknowledged writes, {lost} lost. Ratio (Valkey alone to writable ÷ the agents' to writable and labelled; above 1 the agent is faster): p50 {}, p99 {}.\n",
+        "\nRatio (Valkey alone to writable ÷ the agents' to writable and labelled; above 1 the agent is faster): p50 {}, p99 {}.\n",
         r(0.5),
         r(0.99)
     );
     println!(
-        "Where the agent does not win: an unplanned failover in cluster mode is Valkey's own election, so the agent makes it no faster (a ratio near 1); what it adds is the label — Services and PDBs selecting `{ROLE_LABEL}=primary` follow within the difference between the two rows — and a planned hand-over that does not wait for the node timeout at all (above).\n"
+        "Where the agent does not win on time: {CRASH_WHY}. What the agent adds is the label — Services and PDBs selecting `{ROLE_LABEL}=primary` follow within the difference between the agents' two rows — and a planned hand-over that does not wait for the node timeout at all (above).\n"
     );
 }
 

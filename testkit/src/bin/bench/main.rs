@@ -1,14 +1,17 @@
 //! Benchmarks of the agent against real Valkey; prints Markdown for `docs/benchmarks.md` and
 //! writes its plots (`$BENCH_PLOTS_DIR`, default `docs/plots`).
 //!
-//! `bench [probes|footprint|labels|api|handover|restart|failover|switchover|sentinel|planner|all]`
-//! and `bench faults <log>` — run through `scripts/bench.sh`, which builds the release binary,
-//! runs every section and the chaos tests, and regenerates the report. Needs
-//! `VALKEY_SIDECAR_BIN` (the agent; not for `sentinel`, `planner`, `restart` or `faults`) and a
-//! valkey-server (see `scripts/valkey-bin.sh`); `labels`, `api`, `handover`, `failover` and
-//! `switchover` also need the Kubernetes binaries and helm (`scripts/k8s-bins.sh`,
-//! `scripts/helm-bin.sh`). With `VALKEY_TESTKIT_FAULT_LOG` set, each configuration's runs are
-//! also logged as rows of the fault table.
+//! `bench [probes|footprint|labels|api|handover|failover|switchover|sentinel|planner|all]` runs
+//! sections; `bench faults <log>` prints the fault table, `bench summary <log>` the headline block,
+//! `bench readme <block> <readme>` copies that block into the README, and
+//! `bench compare <previous> <new>` lists the figures that got worse. All run through
+//! `scripts/bench.sh`, which builds the release binary, runs every section and the chaos tests,
+//! and regenerates the report. Needs `VALKEY_SIDECAR_BIN` (the agent; not for `sentinel`,
+//! `planner` or the report commands) and a valkey-server (see `scripts/valkey-bin.sh`);
+//! `labels`, `api`, `handover`, `failover` and `switchover` also need the Kubernetes binaries
+//! and helm (`scripts/k8s-bins.sh`, `scripts/helm-bin.sh`). With `VALKEY_TESTKIT_FAULT_LOG` set,
+//! each configuration's runs are also logged as rows of the fault table; with
+//! `BENCH_SUMMARY_LOG` set, the headline figures as rows of the summary.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -18,13 +21,13 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
 use report::percentile;
 use valkey_sidecar_testkit::k8s::{Stage, StageOptions};
-use valkey_sidecar_testkit::sentinel::{SentinelOptions, Sentinels, UnplannedFailover};
 use valkey_sidecar_testkit::{
-    ReplicationSet, ServerOptions, Sidecar, SidecarOptions, ValkeyServer, http_get, redis,
+    ServerOptions, Sidecar, SidecarOptions, ValkeyServer, http_get, redis,
 };
 
 mod alone;
 mod api;
+mod compare;
 mod failover;
 mod faults;
 mod footprint;
@@ -33,81 +36,102 @@ mod labels;
 mod planner;
 mod plot;
 mod report;
-mod restart;
+mod sentinels;
+mod settings;
+mod summary;
 
-/// The sections `bench` knows (`faults` takes a log path too).
-const SECTIONS: [&str; 12] = [
+/// The sections `bench` knows (`faults`, `summary`, `readme` and `compare` take paths too).
+const SECTIONS: [&str; 14] = [
     "probes",
     "footprint",
     "labels",
     "api",
     "handover",
-    "restart",
     "failover",
     "switchover",
     "sentinel",
     "planner",
     "faults",
+    "summary",
+    "readme",
+    "compare",
     "all",
 ];
 
 fn main() -> Result<()> {
-    let what = std::env::args().nth(1).unwrap_or_else(|| "all".into());
-    if !SECTIONS.contains(&what.as_str()) {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let what = args.first().map_or("all", String::as_str);
+    if !SECTIONS.contains(&what) {
         bail!("unknown section {what:?}: one of {}", SECTIONS.join(", "));
     }
-    if what == "sentinel" {
-        // The baseline runs no agent, so it needs no VALKEY_SIDECAR_BIN.
-        return sentinel_baseline();
-    }
-    if what == "faults" {
-        let log = std::env::args()
-            .nth(2)
-            .context("usage: bench faults <log>")?;
-        return faults::run(Path::new(&log));
-    }
-    if what == "restart" {
-        return restart::run(env_count("BENCH_RESTARTS", 10));
-    }
-    if what == "planner" {
-        return planner::run();
+    if let Some(done) = without_agent(what, args.get(1..).unwrap_or_default()) {
+        return done;
     }
     let bin = PathBuf::from(
         std::env::var("VALKEY_SIDECAR_BIN")
             .context("set VALKEY_SIDECAR_BIN to the release agent binary")?,
     );
+    with_agent(what, &bin)
+}
+
+/// The commands that need no agent binary; `None` for the others.
+fn without_agent(what: &str, rest: &[String]) -> Option<Result<()>> {
+    let path = |i: usize, usage: &str| -> Result<&Path> {
+        rest.get(i)
+            .map(Path::new)
+            .with_context(|| format!("usage: {usage}"))
+    };
+    Some(match what {
+        // The baseline runs no agent.
+        "sentinel" => sentinels::baseline(),
+        "planner" => planner::run(),
+        "faults" => path(0, "bench faults <log>").and_then(faults::run),
+        "summary" => path(0, "bench summary <log>").and_then(summary::run),
+        "readme" => {
+            let usage = "bench readme <block> <readme>";
+            path(0, usage).and_then(|block| summary::readme(block, path(1, usage)?))
+        }
+        "compare" => {
+            let usage = "bench compare <previous report> <new report>";
+            path(0, usage).and_then(|old| compare::run(old, path(1, usage)?))
+        }
+        _ => return None,
+    })
+}
+
+/// The sections that run the agent (`all`: every section).
+fn with_agent(what: &str, bin: &Path) -> Result<()> {
     let all = what == "all";
     if what == "probes" || all {
-        probes(&bin)?;
+        probes(bin)?;
     }
     if what == "footprint" || all {
-        footprint::run(&bin)?;
+        footprint::run(bin)?;
     }
     if what == "labels" || all {
-        runtime()?.block_on(labels::run(&bin, env_count("BENCH_FLIPS", 30)))?;
+        runtime()?.block_on(labels::run(bin, env_count("BENCH_FLIPS", 30)))?;
     }
     if what == "api" || all {
-        runtime()?.block_on(api::run(&bin))?;
+        runtime()?.block_on(api::run(bin))?;
     }
     if what == "handover" || all {
-        runtime()?.block_on(handover::run(&bin, env_count("BENCH_HANDOVERS", 20)))?;
+        runtime()?.block_on(handover::run(bin, env_count("BENCH_HANDOVERS", 20)))?;
     }
     if what == "failover" || all {
-        runtime()?.block_on(failovers(&bin))?;
+        runtime()?.block_on(failovers(bin))?;
     }
     if what == "switchover" || all {
-        runtime()?.block_on(switchovers(&bin, env_count("BENCH_SWITCHOVERS", 20)))?;
+        runtime()?.block_on(switchovers(bin, env_count("BENCH_SWITCHOVERS", 20)))?;
     }
     if all {
-        restart::run(env_count("BENCH_RESTARTS", 10))?;
         planner::run()?;
     }
     Ok(())
 }
 
 /// Replication mode, unplanned, in one run: the agent after kill -9 of the primary's Valkey and
-/// after its whole node is cut, then Sentinel (3 sentinels on the same binary) after kill -9 of
-/// the primary with `down-after-milliseconds` 1000 and with its default; ratios against both.
+/// after its whole node is cut, then Sentinel under the same two faults (the fair deployment and
+/// the defaults); ratios between like faults.
 async fn failovers(bin: &Path) -> Result<()> {
     let kills = env_count("BENCH_FAILOVERS", 20);
     let cuts = env_count("BENCH_POD_CUTS", 20);
@@ -115,61 +139,37 @@ async fn failovers(bin: &Path) -> Result<()> {
     let mut cut = Vec::new();
     for (lease, env) in &failover::SHORT_LEASES {
         let runs = agent_runs(bin, env, failover::Fault::CutNode, cuts).await?;
-        cut.push((*lease, runs));
+        cut.push(report::Cut { lease, env, runs });
     }
-    let (fast, default) = tokio::task::spawn_blocking(sentinel_both).await??;
-    report::failover(&killed, &cut, &fast, &default);
-    log_failovers(
-        &killed,
-        &cut,
-        &[(FAST_SENTINEL, &fast), (DEFAULT_SENTINEL, &default)],
-    );
-    let measured = [
-        (fast_sentinel(), fast),
-        (SentinelOptions::default(), default),
-    ];
-    report::sentinel(&measured);
+    let measured = tokio::task::spawn_blocking(sentinels::measure_all).await??;
+    report::failover(&killed, &cut, &measured);
+    report::failover_summary(&killed, &cut, &measured);
+    log_failovers(&killed, &cut);
+    sentinels::log(&measured);
+    sentinels::report(&measured);
     Ok(())
 }
-
-const FAST_SENTINEL: &str = "Sentinel (`down-after-milliseconds 1000`): primary killed";
-const DEFAULT_SENTINEL: &str = "Sentinel (defaults): primary killed";
 
 fn agent_row<'a>(scenario: &'a str, runs: &[failover::Run]) -> faults::Runs<'a> {
     faults::Runs {
         scenario,
-        acked: None,
+        acked: Some(runs.iter().map(|r| r.acked).sum()),
         lost: runs.iter().map(|r| r.lost).sum(),
+        deposed: Some(runs.iter().map(|r| r.deposed).sum()),
         recovery: runs.iter().map(|r| r.labelled).collect(),
         what: "fault → another pod writable and labelled primary",
     }
 }
 
-/// The failover runs as rows of the fault table.
-fn log_failovers(
-    killed: &[failover::Run],
-    cut: &[(&str, Vec<failover::Run>)],
-    sentinel: &[(&str, &Vec<UnplannedFailover>)],
-) {
+/// The agent's failover runs as rows of the fault table.
+fn log_failovers(killed: &[failover::Run], cut: &[report::Cut]) {
     faults::record_runs(
         "failover",
         agent_row("replication: primary's Valkey killed (agent alive)", killed),
     );
-    for (lease, runs) in cut {
-        let scenario = format!("replication: primary's node cut, lease {lease}");
-        faults::record_runs("failover", agent_row(&scenario, runs));
-    }
-    for (scenario, runs) in sentinel {
-        faults::record_runs(
-            "failover",
-            faults::Runs {
-                scenario,
-                acked: Some(runs.iter().map(|r| r.acked).sum()),
-                lost: runs.iter().map(|r| r.lost).sum(),
-                recovery: runs.iter().map(|r| r.writable_after).collect(),
-                what: "kill -9 → a replica accepts writes",
-            },
-        );
+    for c in cut {
+        let scenario = format!("replication: primary's node cut, lease {}", c.lease);
+        faults::record_runs("failover", agent_row(&scenario, &c.runs));
     }
 }
 
@@ -184,11 +184,13 @@ async fn agent_runs(
     for i in 0..runs {
         let r = failover::run(&stage, fault).await?;
         eprintln!(
-            "agent failover {}/{runs}: writable {:?}, labelled {:?}, lost {}",
+            "agent failover {}/{runs}: writable {:?}, labelled {:?}, {} acked, {} lost, {} by a deposed primary",
             i + 1,
             r.writable,
             r.labelled,
-            r.lost
+            r.acked,
+            r.lost,
+            r.deposed
         );
         results.push(r);
     }
@@ -295,7 +297,7 @@ fn summarize(label: &str, samples: &[(Duration, u16)]) -> String {
     )
 }
 
-fn probes(bin: &PathBuf) -> Result<()> {
+fn probes(bin: &Path) -> Result<()> {
     let server = ValkeyServer::start(ServerOptions::default())?;
     let agent = Sidecar::start(SidecarOptions::new(bin, server.addr(), "replication"))?;
     agent.wait_code("/readyz", 200, Duration::from_secs(5))?;
@@ -375,71 +377,4 @@ async fn cordon(stage: &Stage, node: &str, on: bool) -> Result<()> {
         .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     Ok(())
-}
-
-/// `bench sentinel`: the unplanned-failover baseline. Sentinel as commonly tuned for speed
-/// (`BENCH_SENTINEL_RUNS` runs, default 20) and with its defaults (`BENCH_SENTINEL_DEFAULT_RUNS`,
-/// default 3: each run waits the 30 s `down-after-milliseconds`); 0 runs skips a configuration.
-fn sentinel_baseline() -> Result<()> {
-    let (fast, default) = sentinel_both()?;
-    let measured = [
-        (fast_sentinel(), fast),
-        (SentinelOptions::default(), default),
-    ];
-    report::sentinel(&measured);
-    Ok(())
-}
-
-/// Sentinel as commonly tuned for speed: a 1 s detection (with the 180 s default failover-timeout
-/// a split vote would be retried only after 6 minutes; tuned deployments lower both).
-fn fast_sentinel() -> SentinelOptions {
-    SentinelOptions::default()
-        .down_after(Duration::from_millis(1000))
-        .failover_timeout(Duration::from_millis(10_000))
-}
-
-/// The runs of Sentinel tuned for speed (`BENCH_SENTINEL_RUNS`, default 20) and with its defaults
-/// (`BENCH_SENTINEL_DEFAULT_RUNS`, default 20: each run waits the 30 s `down-after-milliseconds`).
-fn sentinel_both() -> Result<(Vec<UnplannedFailover>, Vec<UnplannedFailover>)> {
-    let fast = sentinel_runs(&fast_sentinel(), env_count("BENCH_SENTINEL_RUNS", 20))?;
-    let default_runs = env_count("BENCH_SENTINEL_DEFAULT_RUNS", 20);
-    let default = sentinel_runs(&SentinelOptions::default(), default_runs)?;
-    Ok((fast, default))
-}
-
-/// `runs` unplanned failovers of one primary + 2 replicas under 3 sentinels configured by `opts`;
-/// also the Valkey version measured.
-fn sentinel_runs(opts: &SentinelOptions, runs: usize) -> Result<Vec<UnplannedFailover>> {
-    if runs == 0 {
-        return Ok(Vec::new());
-    }
-    let set = ReplicationSet::start(2, ServerOptions::default())?;
-    let sentinels = Sentinels::monitor(&set, opts.clone())?;
-    let mut results = Vec::new();
-    for i in 0..runs {
-        let r = sentinels
-            .unplanned_failover(&set, opts.failover_budget())
-            .with_context(|| format!("failover {}/{runs} ({})", i + 1, sentinel_config(opts)))?;
-        eprintln!(
-            "sentinel failover {}/{runs} ({}): writable after {:?}, sentinels agree after {:?}, {:?}, {} acked, {} lost",
-            i + 1,
-            sentinel_config(opts),
-            r.writable_after,
-            r.agreed_after,
-            r.events,
-            r.acked,
-            r.lost
-        );
-        results.push(r);
-    }
-    Ok(results)
-}
-
-pub fn sentinel_config(opts: &SentinelOptions) -> String {
-    format!(
-        "`down-after-milliseconds {}`, `failover-timeout {}`, `parallel-syncs {}`",
-        opts.down_after.as_millis(),
-        opts.failover_timeout.as_millis(),
-        opts.parallel_syncs
-    )
 }
