@@ -20,10 +20,10 @@ const ZONE: &str = "valkey.io/zone";
 const WRITES: &str = "valkey_sidecar_label_writes_total{result=\"ok\"}";
 const SECOND: Duration = Duration::from_secs(1);
 
-/// The chart's 3 × 2 cluster; labels only (the coordinator is tested on its own, and would fail
-/// primaries back).
+/// The chart's 3 × 2 cluster (the agents' coordinator forms it); no balance, so that nothing but
+/// the tests' own role flips moves a primary.
 fn options() -> StageOptions {
-    StageOptions::cluster("labels", 3, 1).env("SIDECAR_COORDINATOR", "false")
+    StageOptions::cluster("labels", 3, 1).env("SIDECAR_BALANCE", "false")
 }
 
 /// Waits until every pod's role label equals what its Valkey says and shard/zone are set.

@@ -356,7 +356,10 @@ fn report(
     let lost: Vec<&Ack> = m.lost.iter().map(|(_, a)| a).collect();
     println!("  lost: {}", acks_by_node(&lost, at));
     let deposed: Vec<&Ack> = m.deposed.acks.iter().collect();
-    println!("  acknowledged by a deposed primary: {}", acks_by_node(&deposed, at));
+    println!(
+        "  acknowledged by a deposed primary: {}",
+        acks_by_node(&deposed, at)
+    );
     faults::record(
         &Outcome::new(module_path!(), &scenario)
             .writes(m.acked, m.lost.len())
@@ -431,7 +434,10 @@ fn assert_safe(m: &Measured) {
 /// the scenario measured nothing of a partition).
 fn assert_the_old_side_wrote(m: &Measured) {
     let side = m.side_after.unwrap_or_default();
-    assert!(side > 0, "the partitioned side's writer got no write acknowledged after the cut");
+    assert!(
+        side > 0,
+        "the partitioned side's writer got no write acknowledged after the cut"
+    );
 }
 
 fn assert_not_before_the_deadline(m: &Measured) {

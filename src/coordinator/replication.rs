@@ -347,7 +347,11 @@ impl Coordinator {
                 .filter_map(|p| Some((p.metadata.name.as_deref()?, labelled_primary(p))))
                 .collect();
             let holder = s.existing().and_then(ShardRecord::holder);
-            stale.extend(stale_primaries(holder, &labelled).into_iter().map(str::to_owned));
+            stale.extend(
+                stale_primaries(holder, &labelled)
+                    .into_iter()
+                    .map(str::to_owned),
+            );
         }
         stale
     }

@@ -170,8 +170,7 @@ impl Keeper {
         Duration::from_millis(deadline.map_or(poll, |d| d.since(now).min(poll)))
     }
 
-    /// Observe, read the record when due, decide, act — and decide again right after acting
-    /// (a fence is followed by a late renewal, which is followed by lifting the fence).
+    /// Fence if due, then observe, read the record when due, decide and act (see [`Self::decide`]).
     async fn step(
         &self,
         seat: &Seat,
@@ -182,6 +181,42 @@ impl Keeper {
         // First, with what is known and no API call: a fence due now must not wait behind a
         // request to an apiserver that may not answer.
         self.fence_first(seat, session, memory).await;
+        // A holder's requests never outlive its deadline: a renewal hanging on a frozen
+        // apiserver would otherwise hold the fence back by up to the request timeout. Cut off at
+        // the deadline, the step fences at once (an unanswered renewal may still have landed;
+        // the next read shows it, and the fence is lifted then).
+        let budget = self.until_deadline(memory);
+        let decided = tokio::time::timeout(budget, self.decide(seat, records, session, memory));
+        if decided.await.is_err() {
+            tracing::warn!("the renew deadline passed while waiting for the apiserver");
+            self.fence_first(seat, session, memory).await;
+        }
+    }
+
+    /// How long the current step may wait on anything: until the holding's deadline while it
+    /// lies ahead; otherwise unbounded (an hour) — nothing is held, or the deadline passed and
+    /// `fence_first` fenced already, and a late renewal must be able to take its time.
+    fn until_deadline(&self, memory: &Memory) -> Duration {
+        let now = self.clock.now();
+        let ahead = memory
+            .holding
+            .as_ref()
+            .map(|h| h.deadline(&self.timings))
+            .filter(|d| *d > now);
+        ahead.map_or(Duration::from_secs(3600), |d| {
+            Duration::from_millis(d.since(now))
+        })
+    }
+
+    /// Read the record when due, decide, act — up to three times (a fence is followed by a late
+    /// renewal, which is followed by lifting the fence).
+    async fn decide(
+        &self,
+        seat: &Seat,
+        records: &ShardLeaseClient,
+        session: &mut Session,
+        memory: &mut Memory,
+    ) {
         for _ in 0..3 {
             let valkey = self.local_valkey(memory);
             self.read_if_due(records, valkey.as_ref(), memory).await;

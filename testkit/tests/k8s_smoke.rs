@@ -18,7 +18,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use valkey_sidecar_testkit::k8s::{
     ControlPlane, ControlPlaneOptions, LIMITED_USER, Stage, StageOptions, ZONE_LABEL, http_get,
-    pod_is_ready, poll_until, process_alive,
+    pod_is_ready, process_alive,
 };
 
 const NS: &str = "smoke";
@@ -122,7 +122,11 @@ async fn the_charts_pod_is_scheduled_runs_becomes_ready_and_stops_gracefully() {
     let pids = kubelet.pids(NS, POD);
     assert_eq!(pids.len(), 2);
     let deleting = Instant::now();
-    stage.api().delete(POD, &DeleteParams::default()).await.unwrap();
+    stage
+        .api()
+        .delete(POD, &DeleteParams::default())
+        .await
+        .unwrap();
     stage.wait_gone(POD, 30 * SECOND).await.unwrap();
     println!(
         "delete -> object gone (preStop + SIGTERM): {:?}",
@@ -149,7 +153,10 @@ async fn the_charts_pod_is_scheduled_runs_becomes_ready_and_stops_gracefully() {
         stops.iter().all(|s| s.graceful),
         "SIGTERM sufficed: {stops:?}"
     );
-    assert_eq!(stops[0].container, "valkey", "Valkey stops first: {stops:?}");
+    assert_eq!(
+        stops[0].container, "valkey",
+        "Valkey stops first: {stops:?}"
+    );
     println!("stops: {stops:?}");
     assert!(pids.iter().all(|p| !process_alive(*p)));
 

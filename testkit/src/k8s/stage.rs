@@ -423,15 +423,28 @@ impl Stage {
         &self.pods[start..end]
     }
 
-    /// The shard's primary pod by Valkey's own word, and its other members.
+    /// The shard's primary pod by Valkey's own word, and its other members. In cluster mode the
+    /// primary is the master that owns slots: a pod the StatefulSet just recreated empty is a
+    /// master too until the agents make it a replica.
     pub fn primary_and_replicas(&self, shard: usize) -> Result<(String, Vec<String>)> {
         let pods = self.shard_pods(shard);
         let primary = pods
             .iter()
-            .find(|p| self.role(p).as_deref() == Some("master"))
+            .find(|p| self.role(p).as_deref() == Some("master") && self.serves_slots(p))
             .with_context(|| format!("shard {shard} has no primary"))?;
         let others = pods.iter().filter(|p| *p != primary).cloned().collect();
         Ok((primary.clone(), others))
+    }
+
+    /// Whether `pod`'s Valkey owns hash slots (`CLUSTER NODES`, its `myself` line); true without
+    /// Cluster (replication mode), where a master is a primary.
+    fn serves_slots(&self, pod: &str) -> bool {
+        match self.cmd(pod, &["CLUSTER", "NODES"]) {
+            Ok(redis::Value::BulkString(b)) => owns_slots(&String::from_utf8_lossy(&b)),
+            Ok(redis::Value::VerbatimString { text, .. }) => owns_slots(&text),
+            Ok(_) => false,
+            Err(e) => format!("{e:#}").contains("cluster support disabled"),
+        }
     }
 
     /// The primary and (first) replica pods of a shard, by Valkey's own word.
@@ -738,6 +751,18 @@ pub fn auth_secret(name: &str) -> Value {
     })
 }
 
+/// Whether the `myself` line of a `CLUSTER NODES` reply lists slots (fields after the eighth).
+fn owns_slots(nodes: &str) -> bool {
+    nodes
+        .lines()
+        .find(|l| {
+            l.split_whitespace()
+                .nth(2)
+                .is_some_and(|f| f.contains("myself"))
+        })
+        .is_some_and(|l| l.split_whitespace().count() > 8)
+}
+
 /// A StatefulSet's shard index (`valkey.io/shard-index`).
 fn shard_of(set: &StatefulSet) -> Option<usize> {
     set.metadata
@@ -844,5 +869,20 @@ impl RoleWatch {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_primary_owns_slots_and_a_fresh_master_does_not() {
+        let primary = "a1 127.1.0.1:6379@16379 myself,master - 0 0 1 connected 0-5460\nb2 127.1.0.2:6379@16379 slave a1 0 1 1 connected\n";
+        let fresh = "c3 127.1.0.3:6379@16379 myself,master - 0 0 0 connected\n";
+        let replica = "b2 127.1.0.2:6379@16379 myself,slave a1 0 1 1 connected\na1 127.1.0.1:6379@16379 master - 0 0 1 connected 0-5460\n";
+        assert!(owns_slots(primary));
+        assert!(!owns_slots(fresh));
+        assert!(!owns_slots(replica));
     }
 }

@@ -106,8 +106,8 @@ struct Watches {
 /// moment Valkey reports the new role (ROLE polled every millisecond) to the label arriving
 /// through a watch, for the promoted and the demoted pod, the agent's label and the poller's.
 pub async fn run(bin: &Path, flips: usize) -> Result<()> {
-    // Labels only: the coordinator would fail the primaries back.
-    let mut opts = StageOptions::cluster("valkey", 3, 1).env("SIDECAR_COORDINATOR", "false");
+    // The coordinator forms the cluster; without balance nothing but the flips moves a primary.
+    let mut opts = StageOptions::cluster("valkey", 3, 1).env("SIDECAR_BALANCE", "false");
     opts.kubelet = opts.kubelet.sidecar_bin(bin);
     let stage = Stage::start(opts).await?;
     let pods = stage
