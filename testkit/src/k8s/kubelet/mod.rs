@@ -526,12 +526,7 @@ impl Kubelet {
     /// SIGKILL one container's process.
     pub fn crash_container(&self, namespace: &str, name: &str, container: &str) -> Result<()> {
         let pod = self.pod(namespace, name)?;
-        let c = pod
-            .containers()
-            .into_iter()
-            .find(|c| c.name == container)
-            .with_context(|| format!("pod {namespace}/{name} has no container {container}"))?;
-        c.kill()
+        container_of(&pod, container)?.kill()
     }
 
     /// Every lifecycle hook run so far, in order.
@@ -593,11 +588,7 @@ impl Kubelet {
         timeout: Duration,
     ) -> Result<Output> {
         let pod = self.pod(namespace, name)?;
-        let c = pod
-            .containers()
-            .into_iter()
-            .find(|c| c.name == container)
-            .with_context(|| format!("pod {namespace}/{name} has no container {container}"))?;
+        let c = container_of(&pod, container)?;
         let argv: Vec<String> = command.iter().map(|a| spec::localize(a, pod.ip)).collect();
         let exec = ExecIn {
             env: &c.env,
@@ -622,6 +613,14 @@ impl Kubelet {
         .await?;
         Ok(api.get(name).await?)
     }
+}
+
+/// The pod's container `name`.
+fn container_of(pod: &PodRuntime, name: &str) -> Result<Arc<container::ContainerRuntime>> {
+    pod.containers()
+        .into_iter()
+        .find(|c| c.name == name)
+        .with_context(|| format!("pod {}/{} has no container {name}", pod.namespace, pod.name))
 }
 
 /// The apiserver's IP and port from its URL (`https://127.0.0.1:6443`).
