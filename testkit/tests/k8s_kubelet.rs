@@ -4,6 +4,10 @@
 //! pod shape a Helm chart renders: init containers, the agent as a native sidecar, volumes (a
 //! Secret's file reaching the agent through its environment), ordered termination. Pods are bound
 //! directly (`nodeName`, no scheduler).
+//!
+//! These are tests of the harness itself, on small pods written for the mechanism under test (a
+//! pinned node, two processes that crash and restart, a probe to time): the product's pod is the
+//! chart's, which every test of the agent runs through `testkit::k8s::Stage`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::{Ipv4Addr, SocketAddr};
@@ -25,7 +29,9 @@ const NS: &str = "default";
 const SECOND: Duration = Duration::from_secs(1);
 const POLL: Duration = Duration::from_millis(50);
 
-fn valkey_pod(name: &str, node: &str) -> Pod {
+/// Two processes on a pinned node (a server, and the agent for an HTTP readiness probe that stops
+/// answering when the pod is frozen) — the smallest pod to crash, pause and power off.
+fn two_process_pod(name: &str, node: &str) -> Pod {
     serde_json::from_value(json!({
         "metadata": { "name": name },
         "spec": {
@@ -196,7 +202,7 @@ async fn crash_pause_power_off_and_exec_hooks() {
     let (plane, nodes, kubelet) = cluster().await;
     let pods: Api<Pod> = Api::namespaced(plane.client(), NS);
     let node_api: Api<Node> = Api::all(plane.client());
-    pods.create(&PostParams::default(), &valkey_pod("chaos", "node-a1"))
+    pods.create(&PostParams::default(), &two_process_pod("chaos", "node-a1"))
         .await
         .unwrap();
     kubelet.wait_ready(NS, "chaos", 20 * SECOND).await.unwrap();

@@ -357,6 +357,18 @@ impl Stage {
         .await
     }
 
+    /// Deletes `pod` and waits until its StatefulSet's replacement is Ready: a fresh pod, whose
+    /// containers the kubelet restarts at once on their first crash again (a container that
+    /// crashed before restarts only after the crash-loop back-off).
+    pub async fn recycle(&self, pod: &str, timeout: Duration) -> Result<()> {
+        self.api().delete(pod, &Default::default()).await?;
+        self.wait_gone(pod, timeout).await?;
+        self.kubelet
+            .wait_ready(&self.namespace, pod, timeout)
+            .await?;
+        Ok(())
+    }
+
     /// The pod's labels now.
     pub async fn labels(&self, pod: &str) -> Result<BTreeMap<String, String>> {
         Ok(self

@@ -222,7 +222,7 @@ pub fn finish(writer: Writer, new: &ValkeyServer) -> Result<Move> {
 
 /// Stops `old` (`how`) on its own thread, since SIGTERM blocks until the process exits, while
 /// `others` are offered a `SET` every 5 ms for up to `within`: (signal → exit, the first member
-/// to accept and when). A SIGKILLed node is restarted at once on that thread, after its exit.
+/// to accept and when). A SIGKILLed node is restarted at once ([`kill_and_poll`]).
 fn stop_and_poll<'a>(
     old: &ValkeyServer,
     others: &[&'a ValkeyServer],
@@ -234,19 +234,39 @@ fn stop_and_poll<'a>(
         old.cmd(&["CONFIG", "SET", "shutdown-on-sigterm", "failover"])?;
     }
     let at = Instant::now();
+    if how == Stop::Sigkill {
+        return kill_and_poll(old, others, tag, (at, within));
+    }
     std::thread::scope(|s| {
         let stopper = s.spawn(|| {
             stop(old, how)?;
-            let exited = at.elapsed();
-            if how == Stop::Sigkill {
-                old.restart()?;
-            }
-            Ok::<_, anyhow::Error>(exited)
+            Ok::<_, anyhow::Error>(at.elapsed())
         });
         let took = first_writable(others, tag, at, within);
         let exited = stopper
             .join()
             .map_err(|_| anyhow!("the stopping thread panicked"))??;
+        Ok((exited, took))
+    })
+}
+
+/// SIGKILL, then the restart on its own thread while `others` are polled. The kill has landed
+/// (the process reaped) before the first probe: a probe racing the signal would be answered by
+/// the dying process and count as the shard writable again within microseconds.
+fn kill_and_poll<'a>(
+    old: &ValkeyServer,
+    others: &[&'a ValkeyServer],
+    tag: &str,
+    (at, within): (Instant, Duration),
+) -> Result<(Duration, Option<(&'a ValkeyServer, Duration)>)> {
+    old.kill()?;
+    let exited = at.elapsed();
+    std::thread::scope(|s| {
+        let restarter = s.spawn(|| old.restart());
+        let took = first_writable(others, tag, at, within);
+        restarter
+            .join()
+            .map_err(|_| anyhow!("the restarting thread panicked"))??;
         Ok((exited, took))
     })
 }

@@ -110,6 +110,11 @@ pub async fn run(s: &Stage, fault: Fault) -> Result<Run> {
     let written = writer.stop()?;
     let lost = s.lost(&primary, &tag, &written.acked)?;
     let deposed = deposed_acks(&[&written], s.valkey(&primary)?).acks.len();
+    if let Fault::KillValkey = fault {
+        // The next run's crash must be a first crash too (restarted at once, as in production),
+        // not one the kubelet holds back in crash-loop back-off: a fresh pod.
+        s.recycle(&old, Duration::from_secs(120)).await?;
+    }
     Ok(Run {
         writable,
         labelled,

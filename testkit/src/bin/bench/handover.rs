@@ -277,6 +277,10 @@ async fn crash(stage: &Stage, shard: usize) -> Result<Crash> {
     let written = writer.stop()?;
     let (now_primary, _) = stage.primary_and_replica(shard)?;
     let missing = stage.lost(&now_primary, &tag, &written.acked)?;
+    // The next crash must be a first crash too (restarted at once, as in production), not one
+    // the kubelet holds back in crash-loop back-off: a fresh pod, back in its shard.
+    stage.recycle(&primary, Duration::from_secs(120)).await?;
+    rejoined(stage, &members).await?;
     Ok(Crash {
         writable,
         labelled,
@@ -322,7 +326,7 @@ fn print_crashes(ours: &[Crash], alone: &[crate::alone::Stopped]) {
         "### Cluster mode, unplanned: a primary's Valkey crashes, with the agents and on its own\n"
     );
     println!(
-        "Command: `BENCH_HANDOVERS={runs} target/release/bench handover`. With the agents: the stage above, SIGKILL of the primary's Valkey container (its agent lives; the kubelet restarts Valkey at once, empty), shards in turn, a writer on the shard; *writable*: a member of the shard accepts a `SET` again (offered every 5 ms, the restarted one included), *labelled*: it also carries `{ROLE_LABEL}=primary`; acknowledged writes are read back once the crashed pod is back and the shard whole. Valkey alone: the loopback cluster of the next section, SIGKILL of a primary and a restart at once. Valkey Cluster elects a replica itself; the agent never forces a failover (`CLUSTER FAILOVER FORCE`/`TAKEOVER` could lose acknowledged writes). With at most 50 runs p99 is the maximum.\n"
+        "Command: `BENCH_HANDOVERS={runs} target/release/bench handover`. With the agents: the stage above, SIGKILL of the primary's Valkey container (its agent lives; the kubelet restarts Valkey at once, empty), shards in turn, a writer on the shard; *writable*: a member of the shard accepts a `SET` again (offered every 5 ms, the restarted one included), *labelled*: it also carries `{ROLE_LABEL}=primary`; acknowledged writes are read back once the crashed pod is back and the shard whole. Every run is a container's first crash, as a crash in production is: the pod crashed in the run before is deleted and recreated by its StatefulSet first (a container that crashed before restarts only after the kubelet's crash-loop back-off, by which time Valkey Cluster has failed over). Valkey alone: the loopback cluster of the next section, SIGKILL of a primary and a restart at once. Valkey Cluster elects a replica itself; the agent never forces a failover (`CLUSTER FAILOVER FORCE`/`TAKEOVER` could lose acknowledged writes). With at most 50 runs p99 is the maximum.\n"
     );
     println!("| measure | settings | runs | p50 ms | p99 ms | max ms | acknowledged | lost |");
     println!("|---|---|---|---|---|---|---|---|");

@@ -263,7 +263,10 @@ fn failover_row(key: &str, ours: &Line, alt: &Line, why: &str) -> crate::summary
 const FAILOVER_METHOD: &str = "The agent: one shard of 3 pods of the chart on the local control plane (real \
 kube-apiserver, process-backed pods, 3 zones), settings in the table; a writer (one `SET` at a time, unique keys, 1 s \
 timeouts, to whichever pod accepts) runs through each fault. *Valkey killed*: SIGKILL of the primary's Valkey \
-container, which the kubelet restarts at once, empty (no persistence). *Node cut*: the primary's node powered off, its \
+container, which the kubelet restarts at once, empty (no persistence); every run is a container's first crash, as a \
+crash in production is (the pod crashed in the run before is deleted and recreated by its StatefulSet first: a \
+container that crashed before restarts only after the kubelet's crash-loop back-off). *Node cut*: the primary's node \
+powered off, its \
 agent with it, its address silent; powered on after the failover. *Writable*: the first `SET` another pod accepts \
 (polled every 5 ms); *labelled*: that pod also carries `valkey.io/role=primary` — the issue's measure. Acknowledged \
 writes are read back once the faulted pod is back and the shard steady. Sentinel: the same two faults on a loopback \
