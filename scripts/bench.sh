@@ -76,9 +76,17 @@ chaos_out=$(mktemp)
   if [ "$status" -ne 0 ]; then
     echo "**The chaos tests failed in this run** (exit $status); their rows above are missing or partial:"
     echo
-    grep -E '^test .* FAILED$|^---- ' "$chaos_out" | sed 's/^/- /' || true
+    grep -E '^test .* FAILED$' "$chaos_out" | sed 's/^/- /' || true
+    echo
+    echo "What each failure said (the whole output: \`target/bench-chaos.log\`):"
+    echo
+    echo '```'
+    grep -E -A4 'panicked at' "$chaos_out" | cut -c1-400 | head -60 || true
+    echo '```'
     echo
   fi
+  # Kept for whoever reads a failure above.
+  cp "$chaos_out" target/bench-chaos.log
 } > "$body"
 # The headline block, from the rows the sections logged: the same text goes into the README.
 target/release/bench summary "$BENCH_SUMMARY_LOG" > "$summary"
