@@ -17,7 +17,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
 
 use valkey_sidecar_testkit::faults::{self, Outcome, show};
 use valkey_sidecar_testkit::k8s::primaries::{PrimaryChecker, Seen};
@@ -78,12 +82,13 @@ impl Mode {
 }
 
 /// The shard under test: its members, the primary and its node, and the writers' key tags (the
-/// main writer's, the partitioned side's: keys of the shard's slots in cluster mode).
+/// main writer's, the partitioned side's, the patient client's: keys of the shard's slots in
+/// cluster mode).
 struct Shard {
     members: Vec<String>,
     old: String,
     node: String,
-    tags: [String; 2],
+    tags: [String; 3],
 }
 
 impl Shard {
@@ -96,7 +101,7 @@ impl Shard {
         Shard {
             members: s.shard_pods(0).to_vec(),
             node: String::new(),
-            tags: [tag("main"), tag("side")],
+            tags: [tag("main"), tag("side"), tag("patient")],
             old,
         }
     }
@@ -107,12 +112,17 @@ impl Shard {
 }
 
 /// The clients during the fault: the main writer (any member, from outside the faulted node), in a
-/// partition a second writer on the faulted node's side (to the old primary only), the checker.
+/// partition a second writer on the faulted node's side (to the old primary only), in a freeze a
+/// patient client of the old primary (its timeout outlasts the freeze), the checker.
 struct Clients {
     main: Writer,
     side: Option<Writer>,
+    patient: Option<Writer>,
     checker: PrimaryChecker,
 }
+
+/// The patient client's timeout: longer than any freeze here, as a client without a timeout.
+const PATIENT_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl Clients {
     fn start(s: &Stage, shard: &Shard, fault: Fault) -> Clients {
@@ -121,6 +131,11 @@ impl Clients {
             let client = s.client_on(&shard.node).unwrap();
             let old = vec![s.valkey(&shard.old).unwrap()];
             s.writer_with(targets(old), &shard.tags[1], client)
+        });
+        let patient = (fault == Fault::Freeze).then(|| {
+            let client = s.observer().timeout(PATIENT_TIMEOUT);
+            let old = vec![s.valkey(&shard.old).unwrap()];
+            s.writer_with(targets(old), &shard.tags[2], client)
         });
         let nodes = shard
             .members
@@ -131,15 +146,19 @@ impl Clients {
         Clients {
             main,
             side,
+            patient,
             checker,
         }
     }
 
+    /// What each writer wrote, by tag, and what the checker saw.
     fn stop(self) -> (Vec<(String, Written)>, Seen) {
-        let mut written = vec![(self.main.tag.clone(), self.main.stop().unwrap())];
-        if let Some(side) = self.side {
-            written.push((side.tag.clone(), side.stop().unwrap()));
-        }
+        let writers = [Some(self.main), self.side, self.patient];
+        let written = writers
+            .into_iter()
+            .flatten()
+            .map(|w| (w.tag.clone(), w.stop().unwrap()))
+            .collect();
         (written, self.checker.stop().unwrap())
     }
 }
@@ -241,19 +260,75 @@ struct Measured {
     /// Partition: the writes the partitioned side's client got acknowledged after the fault began
     /// (the old primary kept serving its side until it fenced or lost its cluster).
     side_after: Option<usize>,
+    /// Freeze: the patient client's writes acknowledged by the deposed primary after the new one's
+    /// first write (it woke and answered what was queued before it learnt it was deposed).
+    patient: Option<Deposed>,
+    /// The shard's epoch at each acknowledgement's time.
+    epochs: Epochs,
+}
+
+/// Where the shard's epoch comes from: in cluster mode the epoch each node reported to the
+/// checker (the node that acknowledged, at that moment), in replication mode the shard record's
+/// (polled from the apiserver every [`RECORD_POLL`]).
+struct Epochs {
+    /// Member addresses and pod names, to find an acknowledging node's probes.
+    names: Vec<(SocketAddr, String)>,
+    /// Replication mode: each change of the record's epoch, when it was seen.
+    record: Option<Vec<(Instant, u64)>>,
+}
+
+const RECORD_POLL: Duration = Duration::from_millis(20);
+
+impl Epochs {
+    /// The shard's epoch when `ack` came back, if known.
+    fn of(&self, seen: &Seen, ack: &Ack) -> Option<u64> {
+        match &self.record {
+            Some(log) => log.iter().filter(|(t, _)| *t <= ack.at).map(|(_, e)| *e).next_back(),
+            None => {
+                let (_, name) = self.names.iter().find(|(a, _)| *a == ack.node)?;
+                seen.epoch_at(name, ack.at)
+            }
+        }
+    }
+}
+
+/// Polls the replication shard record's epoch until aborted, logging each change.
+fn watch_record_epoch(s: &Stage) -> (Arc<Mutex<Vec<(Instant, u64)>>>, tokio::task::JoinHandle<()>) {
+    let leases: Api<Lease> = Api::namespaced(s.plane.client(), &s.namespace);
+    let name = format!("{}-0-primary", s.cluster);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let out = log.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            let lease = leases.get_opt(&name).await.ok().flatten();
+            let epoch = lease
+                .and_then(|l| l.metadata.annotations)
+                .and_then(|a| a.get("valkey.io/epoch")?.parse::<u64>().ok());
+            let mut log = out.lock().unwrap();
+            if let Some(e) = epoch.filter(|e| log.last().map(|(_, l)| l) != Some(e)) {
+                log.push((Instant::now(), e));
+            }
+            drop(log);
+            tokio::time::sleep(RECORD_POLL).await;
+        }
+    });
+    (log, task)
 }
 
 impl Measured {
     fn note(&self, mode: Mode, fault: Fault, where_coordinator: &str) -> String {
         let lost_by_old = self.lost.len();
         format!(
-            "{}; recovery: fault → another member writable and labelled primary; acknowledged by the deposed primary after the new one's first write: {} (window {}); two pods labelled primary for {}; writes with unknown outcome (client timeouts): {}; the partitioned side's client acknowledged after the cut: {}; coordinator {where_coordinator}; checker {}; lost writes were all acknowledged by the old primary after the fault began: {lost_by_old}; {} {}",
+            "{}; recovery: fault → another member writable and labelled primary; lost, by node, time and the shard's epoch: {}; acknowledged by the deposed primary after the new one's first write (clients with 1 s timeouts): {} (window {}); two pods labelled primary for {}; writes with unknown outcome (client timeouts): {}; the partitioned side's client acknowledged after the cut: {}; a client of the old primary with a {} s timeout (longer than the freeze), acknowledged by the deposed primary after the new one's first write: {}; coordinator {where_coordinator}; checker {}; lost writes were all acknowledged by the old primary after the fault began: {lost_by_old}; {} {}",
             mode.settings(),
+            self.evidence(self.lost.iter().map(|(_, a)| a)),
             self.deposed.acks.len(),
             show(self.deposed.window()),
             show(self.labels),
             self.timeouts,
             self.side_after.map_or("–".into(), |n| n.to_string()),
+            PATIENT_TIMEOUT.as_secs(),
+            self.patient.as_ref().map_or("–".into(), |d| d.acks.len().to_string()),
             self.seen.density_summary(),
             mode.name(),
             fault.name(),
@@ -275,6 +350,7 @@ async fn scenario(mode: Mode, fault: Fault, namespace: &str) -> Measured {
     };
     let old = s.valkey(&shard.old).unwrap();
     let (watch, watch_task) = RoleWatch::start(s.api(), ROLE_LABEL);
+    let record = (mode == Mode::Replication).then(|| watch_record_epoch(&s));
     let clients = Clients::start(&s, &shard, fault);
     tokio::time::sleep(2 * SECOND).await;
     let at = Instant::now();
@@ -289,14 +365,28 @@ async fn scenario(mode: Mode, fault: Fault, namespace: &str) -> Measured {
     tokio::time::sleep(SECOND).await;
     let (written, seen) = clients.stop();
     watch_task.abort();
+    let record = record.map(|(log, task)| {
+        task.abort();
+        log.lock().unwrap().clone()
+    });
+    let names = shard.members.iter().map(|p| (s.valkey(p).unwrap(), p.clone()));
+    let epochs = Epochs {
+        names: names.collect(),
+        record,
+    };
     let labels = double_labelled(&watch, &shard.members, at);
     let new_addr = s.valkey(&promoted).unwrap();
+    let by_tag = |tag: &str| written.iter().find(|(t, _)| t == tag).map(|(_, w)| w);
+    // The safety figure is the clients with timeouts; the patient one is bounded apart.
+    let timely: Vec<&Written> = [by_tag(&shard.tags[0]), by_tag(&shard.tags[1])]
+        .into_iter()
+        .flatten()
+        .collect();
+    let deposed = deposed_acks(&timely, new_addr);
+    let patient = by_tag(&shard.tags[2]).map(|w| deposed_after(w, deposed.first_new));
     let all: Vec<&Written> = written.iter().map(|(_, w)| w).collect();
-    let deposed = deposed_acks(&all, new_addr);
     let lost = lost_writes(&s, &promoted, &written);
-    let side_after = written
-        .get(1)
-        .map(|(_, w)| w.acks.iter().filter(|a| a.at > at).count());
+    let side_after = by_tag(&shard.tags[1]).map(|w| w.acks.iter().filter(|a| a.at > at).count());
     let m = Measured {
         at,
         old,
@@ -308,9 +398,21 @@ async fn scenario(mode: Mode, fault: Fault, namespace: &str) -> Measured {
         labels,
         timeouts: all.iter().map(|w| w.timeouts).sum(),
         side_after,
+        patient,
+        epochs,
     };
     report(mode, fault, &shard, &promoted, &m, where_coordinator);
     m
+}
+
+/// `w`'s acknowledgements after the new primary's first write (every one of `w`'s targets is the
+/// old primary, so each is by the deposed primary).
+fn deposed_after(w: &Written, first_new: Option<Instant>) -> Deposed {
+    let acks = match first_new {
+        Some(first) => w.acks.iter().filter(|a| a.at > first).copied().collect(),
+        None => Vec::new(),
+    };
+    Deposed { first_new, acks }
 }
 
 /// Every acknowledged write the final primary lacks, with its acknowledgement.
@@ -352,14 +454,18 @@ fn report(
         m.labels,
         m.seen.density_summary()
     );
-    // The evidence: who acknowledged what was lost, and when relative to the fault.
-    let lost: Vec<&Ack> = m.lost.iter().map(|(_, a)| a).collect();
-    println!("  lost: {}", acks_by_node(&lost, at));
-    let deposed: Vec<&Ack> = m.deposed.acks.iter().collect();
+    // The evidence: who acknowledged what was lost, when relative to the fault, in which epoch.
+    println!("  lost: {}", m.evidence(m.lost.iter().map(|(_, a)| a)));
     println!(
         "  acknowledged by a deposed primary: {}",
-        acks_by_node(&deposed, at)
+        m.evidence(m.deposed.acks.iter())
     );
+    if let Some(patient) = &m.patient {
+        println!(
+            "  the patient client, acknowledged by the deposed primary: {}",
+            m.evidence(patient.acks.iter())
+        );
+    }
     faults::record(
         &Outcome::new(module_path!(), &scenario)
             .writes(m.acked, m.lost.len())
@@ -370,8 +476,18 @@ fn report(
     );
 }
 
-/// Acknowledgements per node: how many, the first and the last, relative to the fault.
-fn acks_by_node(acks: &[&Ack], at: Instant) -> String {
+impl Measured {
+    /// `acks` per node: how many, the first and the last relative to the fault, and the shard's
+    /// epochs they were acknowledged in.
+    fn evidence<'a>(&self, acks: impl Iterator<Item = &'a Ack>) -> String {
+        let acks: Vec<&Ack> = acks.collect();
+        acks_by_node(&acks, self.at, |a| self.epochs.of(&self.seen, a))
+    }
+}
+
+/// Acknowledgements per node: how many, the first and the last relative to the fault, and the
+/// epochs `epoch` gives them.
+fn acks_by_node(acks: &[&Ack], at: Instant, epoch: impl Fn(&Ack) -> Option<u64>) -> String {
     let mut nodes: Vec<SocketAddr> = acks.iter().map(|a| a.node).collect();
     nodes.sort();
     nodes.dedup();
@@ -379,11 +495,17 @@ fn acks_by_node(acks: &[&Ack], at: Instant) -> String {
         let mine: Vec<&&Ack> = acks.iter().filter(|a| a.node == *node).collect();
         let first = mine.iter().map(|a| a.at).min().map(|t| signed_secs(t, at));
         let last = mine.iter().map(|a| a.at).max().map(|t| signed_secs(t, at));
+        let mut epochs: Vec<String> = mine
+            .iter()
+            .map(|a| epoch(a).map_or("unknown".into(), |e| e.to_string()))
+            .collect();
+        epochs.dedup();
         format!(
-            "{} by {node} (fault{:+.3} s … fault{:+.3} s)",
+            "{} by {node} (fault{:+.3} s … fault{:+.3} s, epoch {})",
             mine.len(),
             first.unwrap_or_default(),
-            last.unwrap_or_default()
+            last.unwrap_or_default(),
+            epochs.join("→")
         )
     });
     let text: Vec<String> = per_node.collect();
@@ -440,6 +562,22 @@ fn assert_the_old_side_wrote(m: &Measured) {
     );
 }
 
+/// Freeze: a frozen primary answers, on waking, what its clients had queued before it learns it
+/// was deposed (its agent is frozen with it; nothing can act sooner). A synchronous client has
+/// one write in flight, so the deposed primary acknowledges at most that one: the writes it
+/// processes first are those already in its sockets, together with its replicas' disconnection
+/// (replication) or the new primary's gossip (cluster), which depose it before the client's next
+/// write can arrive. Clients with a timeout shorter than the freeze get none (`assert_safe`).
+fn assert_the_patient_bound(m: &Measured) {
+    let patient = m.patient.as_ref().expect("a freeze has a patient client");
+    assert!(
+        patient.acks.len() <= 1,
+        "the deposed primary acknowledged {} of the patient client's writes after waking: {:?}",
+        patient.acks.len(),
+        patient.acks
+    );
+}
+
 fn assert_not_before_the_deadline(m: &Measured) {
     assert!(
         m.recovery >= 3 * SECOND,
@@ -467,6 +605,7 @@ async fn cluster_node_partitioned() {
 async fn cluster_node_frozen() {
     let m = scenario(Mode::Cluster, Fault::Freeze, "nf-c-freeze").await;
     assert_safe(&m);
+    assert_the_patient_bound(&m);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -490,5 +629,6 @@ async fn replication_node_partitioned() {
 async fn replication_node_frozen() {
     let m = scenario(Mode::Replication, Fault::Freeze, "nf-r-freeze").await;
     assert_safe(&m);
+    assert_the_patient_bound(&m);
     assert_not_before_the_deadline(&m);
 }

@@ -10,6 +10,10 @@
 //! What the checker can miss is bounded by how densely it probed: [`Seen::density`] gives per node
 //! the probes, their rate and the longest gap between two probe sends (a stalled thread, or a
 //! connect timing out against an unreachable node), so a report can say how fine its net was.
+//!
+//! In cluster mode each probe also reads the node's epoch (`cluster_my_epoch`: its own config
+//! epoch as a primary, its primary's as a replica), so a client's acknowledgement can be given the
+//! epoch its node was in when it answered ([`Seen::epoch_at`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -38,6 +42,8 @@ pub struct Probe {
     pub role: Option<String>,
     /// The write was acknowledged.
     pub wrote: bool,
+    /// The node's cluster epoch, in cluster mode.
+    pub epoch: Option<u64>,
 }
 
 /// An interval during which a node (or two at once) accepted writes.
@@ -177,6 +183,16 @@ impl Seen {
         )
     }
 
+    /// The epoch `node` last reported at or before `at` (cluster mode; `None` before its first).
+    pub fn epoch_at(&self, node: &str, at: Instant) -> Option<u64> {
+        let (_, probes) = self.nodes.iter().find(|(n, _)| n == node)?;
+        probes
+            .iter()
+            .filter(|p| p.answered <= at)
+            .filter_map(|p| p.epoch)
+            .next_back()
+    }
+
     /// The nodes that acknowledged a probe write at `at` ± [`BRIDGE`].
     pub fn writable_at(&self, at: Instant) -> Vec<String> {
         let near = |p: &Probe| p.wrote && p.answered + BRIDGE >= at && p.sent <= at + BRIDGE;
@@ -271,6 +287,8 @@ fn poll(addr: SocketAddr, opts: &ClientOptions, key: &str, stop: &AtomicBool) ->
     let mut probes = Vec::new();
     let mut conn: Option<Conn> = None;
     let mut n = 0u64;
+    // Asked until a node says it has no cluster: a replication-mode node costs one round trip.
+    let mut clustered = true;
     while !stop.load(Ordering::Relaxed) {
         let sent = Instant::now();
         if conn.is_none() {
@@ -279,6 +297,10 @@ fn poll(addr: SocketAddr, opts: &ClientOptions, key: &str, stop: &AtomicBool) ->
         let (role, wrote) = match conn.as_mut() {
             Some(c) => probe(c, key, n),
             None => (None, None),
+        };
+        let epoch = match conn.as_mut() {
+            Some(c) if clustered && wrote.is_some() => cluster_epoch(c, &mut clustered),
+            _ => None,
         };
         if wrote.is_none() {
             // Timed out or broken: the connection's state is unknown, start a new one.
@@ -289,6 +311,7 @@ fn poll(addr: SocketAddr, opts: &ClientOptions, key: &str, stop: &AtomicBool) ->
             answered: Instant::now(),
             role,
             wrote: wrote == Some(true),
+            epoch,
         });
         n += 1;
         std::thread::sleep(PERIOD);
@@ -312,6 +335,19 @@ fn probe(c: &mut Conn, key: &str, n: u64) -> (Option<String>, Option<bool>) {
     }
 }
 
+/// `cluster_my_epoch` of `CLUSTER INFO`; clears `clustered` when the node has no cluster.
+fn cluster_epoch(c: &mut Conn, clustered: &mut bool) -> Option<u64> {
+    let reply = c.cmd(&["CLUSTER", "INFO"]).ok()?;
+    if reply.is_error() {
+        *clustered = false;
+        return None;
+    }
+    let text = reply.text()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("cluster_my_epoch:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::Ipv4Addr;
@@ -325,6 +361,7 @@ mod tests {
             answered: at + Duration::from_millis(ms + 1),
             role: Some(if wrote { "master" } else { "slave" }.into()),
             wrote,
+            epoch: None,
         }
     }
 
@@ -423,7 +460,46 @@ mod tests {
         // Without the password Valkey answers NOAUTH: no role, no write, but probed all along.
         let refused = &anon.nodes[0].1;
         assert!(refused.len() > 10 && refused.iter().all(|p| !p.wrote && p.role.is_none()));
+        // Without a cluster there is no epoch.
+        assert!(probes.iter().all(|p| p.epoch.is_none()));
         eprintln!("{}", seen.density_summary());
+    }
+
+    #[test]
+    fn a_cluster_nodes_epoch_is_read_with_each_probe() {
+        let cluster = crate::ValkeyCluster::start(1, 1, crate::ClusterOptions::default()).unwrap();
+        cluster.wait_healthy(Duration::from_secs(20)).unwrap();
+        let primary = cluster.primaries()[0];
+        let info: String = primary.query(&["CLUSTER", "INFO"]).unwrap();
+        let epoch: u64 = crate::info_field(&info, "cluster_my_epoch")
+            .unwrap()
+            .parse()
+            .unwrap();
+        let checker = PrimaryChecker::start(vec![("p".to_string(), primary.addr())]);
+        std::thread::sleep(Duration::from_millis(200));
+        let seen = checker.stop().unwrap();
+        let probes = &seen.nodes[0].1;
+        assert!(probes.iter().all(|p| p.epoch == Some(epoch)), "{probes:?}");
+        let last = probes.last().unwrap().answered;
+        assert_eq!(seen.epoch_at("p", last), Some(epoch));
+        assert_eq!(seen.epoch_at("p", probes[0].answered - Duration::from_millis(1)), None);
+        assert_eq!(seen.epoch_at("nobody", last), None);
+    }
+
+    #[test]
+    fn the_epoch_at_a_time_is_the_last_one_reported_before_it() {
+        let t = Instant::now();
+        let mut probes: Vec<Probe> = (0..4).map(|i| probe(t, i * 10, true)).collect();
+        probes[0].epoch = Some(3);
+        probes[2].epoch = Some(5);
+        let seen = Seen {
+            nodes: vec![("a".into(), probes)],
+        };
+        let at = |ms| t + Duration::from_millis(ms);
+        assert_eq!(seen.epoch_at("a", at(0)), None, "before the first answer");
+        assert_eq!(seen.epoch_at("a", at(15)), Some(3));
+        assert_eq!(seen.epoch_at("a", at(21)), Some(5));
+        assert_eq!(seen.epoch_at("a", at(99)), Some(5), "a probe without one keeps the last");
     }
 
     #[test]
