@@ -63,6 +63,7 @@ pub struct Metrics {
     observations: Counter,
     loop_seconds: Histogram,
     http_requests: Family<HttpLabel, Counter>,
+    http_connections_closed: Family<KindLabel, Counter>,
     label_writes: Family<ResultLabel, Counter>,
     label_write_seconds: Histogram,
     events: Family<EventLabel, Counter>,
@@ -97,6 +98,7 @@ impl Metrics {
             observations: Counter::default(),
             loop_seconds: Histogram::new(exponential_buckets(0.0002, 2.0, 14)),
             http_requests: Family::default(),
+            http_connections_closed: Family::default(),
             label_writes: Family::default(),
             label_write_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             events: Family::default(),
@@ -172,6 +174,11 @@ impl Metrics {
             "http_requests",
             "HTTP requests served, by path and status",
             self.http_requests.clone(),
+        );
+        r.register(
+            "http_connections_closed",
+            "HTTP connections closed, by why: done, header_timeout (no request head in time), lifetime (open too long), evicted (the oldest, past the connection cap)",
+            self.http_connections_closed.clone(),
         );
         r.register(
             "label_writes",
@@ -346,6 +353,13 @@ impl Metrics {
     pub fn http(&self, path: &'static str, code: u16) {
         self.http_requests
             .get_or_create(&HttpLabel { path, code })
+            .inc();
+    }
+
+    /// Counts one HTTP connection closed, and why.
+    pub fn http_connection_closed(&self, why: &'static str) {
+        self.http_connections_closed
+            .get_or_create(&KindLabel { kind: why })
             .inc();
     }
 

@@ -450,3 +450,49 @@ async fn valkey_cluster_dry_run(plane: &ControlPlane) {
     .await;
     println!("valkeycluster: {}", out.trim());
 }
+
+/// Runs `valkey-sidecar inject` on `stdin` with its address space capped at 512 MiB, so an input
+/// that made it allocate without bound would kill it rather than pass.
+fn inject_bounded(stdin: &str) -> Output {
+    let mut child = Command::new("prlimit")
+        .args(["--as=536870912", "--"])
+        .arg(env!("CARGO_BIN_EXE_valkey-sidecar"))
+        .env_clear()
+        .arg("inject")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run valkey-sidecar inject under prlimit");
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).unwrap();
+    drop(input);
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn an_alias_bomb_and_deep_nesting_get_a_clear_error_in_bounded_memory() {
+    // The "billion laughs": ten levels of ten aliases, 10^10 nodes if expanded.
+    let mut bomb = String::from("kind: Pod\na0: &a0 [lol]\n");
+    for k in 1..=10 {
+        let refs = vec![format!("*a{}", k - 1); 10].join(", ");
+        bomb.push_str(&format!("a{k}: &a{k} [{refs}]\n"));
+    }
+    let out = inject_bounded(&bomb);
+    assert_eq!(out.status.code(), Some(65), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "");
+    assert!(
+        stderr(&out).contains("aliases expand to more than 1000000 nodes"),
+        "{}",
+        stderr(&out)
+    );
+    // 10,000 levels of nesting.
+    let deep = format!("kind: Pod\nspec: {}{}\n", "[".repeat(10_000), "]".repeat(10_000));
+    let out = inject_bounded(&deep);
+    assert_eq!(out.status.code(), Some(65), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("stdin:2:262: nested deeper than 256 levels"),
+        "{}",
+        stderr(&out)
+    );
+}

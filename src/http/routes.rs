@@ -128,6 +128,9 @@ fn claimed(v: Verdict, claim: Option<&watch::Receiver<bool>>) -> Verdict {
 
 /// How long `/prestop` waits by default: under the default 30 s termination grace period.
 const DEFAULT_PRESTOP_WAIT: Duration = Duration::from_secs(25);
+/// The longest `/prestop` wait a caller may ask for: any pod can reach the probe port, and each
+/// wait holds a connection; a real hand-over takes seconds and a grace period minutes.
+pub const MAX_PRESTOP_WAIT: Duration = Duration::from_secs(300);
 
 fn duration_param(query: Option<&str>, name: &str, default: Duration) -> Result<Duration, String> {
     let prefix = format!("{name}=");
@@ -138,7 +141,8 @@ fn duration_param(query: Option<&str>, name: &str, default: Duration) -> Result<
     else {
         return Ok(default);
     };
-    crate::config::parse_duration_in(v, 0, 3_600_000).map_err(|e| format!("{name}: {e}\n"))
+    let max = u64::try_from(MAX_PRESTOP_WAIT.as_millis()).unwrap_or(u64::MAX);
+    crate::config::parse_duration_in(v, 0, max).map_err(|e| format!("{name}: {e}\n"))
 }
 
 fn lag_param(query: Option<&str>) -> Result<Option<u64>, String> {
@@ -224,6 +228,8 @@ mod tests {
             Ok(Duration::from_secs(3))
         );
         assert!(duration_param(Some("timeout=3"), "timeout", d).is_err());
+        assert!(duration_param(Some("timeout=300s"), "timeout", d).is_ok());
+        assert!(duration_param(Some("timeout=301s"), "timeout", d).is_err());
     }
 
     #[test]

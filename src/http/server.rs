@@ -1,40 +1,51 @@
 //! The accept loop: HTTP/1.1, one task per connection, graceful on shutdown.
+//!
+//! The probe port is reachable from other pods, and the kubelet's probes must keep being answered
+//! while something else holds connections open (a liveness probe that times out restarts Valkey).
+//! So no client can hold on to the agent for long: each request head must arrive within
+//! [`HEADER_TIMEOUT`] (idle keep-alive connections included), a connection lives at most
+//! [`MAX_LIFETIME`], a request head is at most [`MAX_HEAD`] bytes, and once [`Connections`] holds
+//! its cap the *oldest* connection is closed to make room. A new connection — the kubelet opens
+//! one per probe — is always accepted and served, never refused; memory is bounded by the cap.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use hyper::Request;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{oneshot, watch};
 
 use super::App;
+use super::routes::MAX_PRESTOP_WAIT;
+use crate::metrics::Metrics;
 
 /// How long open connections get to finish once shutdown starts.
 const DRAIN: Duration = Duration::from_secs(2);
+/// How long a client may take to send a request head, counted from the connection's start or the
+/// previous response (the kubelet sends its whole request at once).
+const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest a connection may live: past the longest `/prestop` wait, so a hook is never cut.
+const MAX_LIFETIME: Duration = Duration::from_secs(MAX_PRESTOP_WAIT.as_secs() + 30);
+/// hyper's smallest read buffer: request heads beyond it are refused (431).
+const MAX_HEAD: usize = 8192;
+/// Open connections at most, unless the open-file limit is lower (see [`connection_cap`]).
+const MAX_CONNECTIONS: usize = 1024;
 
 /// Serves `app` on `listener` until `shutdown` turns true.
 pub async fn serve(listener: TcpListener, app: Arc<App>, mut shutdown: watch::Receiver<bool>) {
     let graceful = GracefulShutdown::new();
+    let connections = Connections::new(connection_cap(), app.metrics.clone());
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    let _ = stream.set_nodelay(true);
-                    let app = app.clone();
-                    let service = service_fn(move |req: Request<Incoming>| {
-                        let app = app.clone();
-                        async move { Ok::<_, Infallible>(app.respond(req).await) }
-                    });
-                    let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
-                    let conn = graceful.watch(conn);
-                    tokio::spawn(conn);
-                }
+                Ok((stream, _)) => serve_one(stream, &app, &graceful, &connections),
                 // Out of file descriptors and the like: pause instead of spinning.
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
@@ -45,4 +56,142 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, mut shutdown: watch::Re
         }
     }
     let _ = tokio::time::timeout(DRAIN, graceful.shutdown()).await;
+}
+
+/// Runs one connection in its own task until it ends, is evicted or outlives [`MAX_LIFETIME`].
+fn serve_one(
+    stream: TcpStream,
+    app: &Arc<App>,
+    graceful: &GracefulShutdown,
+    connections: &Connections,
+) {
+    let _ = stream.set_nodelay(true);
+    let app = app.clone();
+    let service = service_fn(move |req: Request<Incoming>| {
+        let app = app.clone();
+        async move { Ok::<_, Infallible>(app.respond(req).await) }
+    });
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .max_buf_size(MAX_HEAD)
+        .serve_connection(TokioIo::new(stream), service);
+    let conn = graceful.watch(conn);
+    let (id, evicted) = connections.admit();
+    let connections = connections.clone();
+    tokio::spawn(async move {
+        // Dropping the connection closes its socket.
+        let why = tokio::select! {
+            done = conn => if done.is_err_and(|e| e.is_timeout()) { "header_timeout" } else { "done" },
+            _ = evicted => "evicted",
+            _ = tokio::time::sleep(MAX_LIFETIME) => "lifetime",
+        };
+        connections.close(id, why);
+    });
+}
+
+/// The open connections, oldest first, each with the means to close it.
+#[derive(Clone)]
+struct Connections {
+    cap: usize,
+    open: Arc<Mutex<Open>>,
+    metrics: Arc<Metrics>,
+}
+
+#[derive(Default)]
+struct Open {
+    next: u64,
+    by_age: BTreeMap<u64, oneshot::Sender<()>>,
+}
+
+impl Connections {
+    fn new(cap: usize, metrics: Arc<Metrics>) -> Connections {
+        Connections {
+            cap: cap.max(1),
+            open: Arc::default(),
+            metrics,
+        }
+    }
+
+    /// Registers a new connection, closing the oldest ones past the cap; returns its id and the
+    /// signal that closes it.
+    fn admit(&self) -> (u64, oneshot::Receiver<()>) {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        while open.by_age.len() >= self.cap {
+            if let Some((_, close)) = open.by_age.pop_first() {
+                let _ = close.send(());
+            }
+        }
+        let (tx, rx) = oneshot::channel();
+        let id = open.next;
+        open.next += 1;
+        open.by_age.insert(id, tx);
+        (id, rx)
+    }
+
+    /// Forgets a connection that ended, counting why.
+    fn close(&self, id: u64, why: &'static str) {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        open.by_age.remove(&id);
+        drop(open);
+        self.metrics.http_connection_closed(why);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .by_age
+            .len()
+    }
+}
+
+/// [`MAX_CONNECTIONS`], or a quarter of the open-file limit if that is lower: the agent's own
+/// connections (Valkey, the apiserver, its peers) must always find a descriptor.
+fn connection_cap() -> usize {
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+    match soft_open_files(&limits) {
+        Some(soft) => MAX_CONNECTIONS.min(soft / 4),
+        None => MAX_CONNECTIONS / 4,
+    }
+}
+
+/// The soft limit of `Max open files` in a `/proc/self/limits` text (`None`: absent, unlimited).
+fn soft_open_files(limits: &str) -> Option<usize> {
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    let soft = line.trim_start_matches("Max open files").split_whitespace().next()?;
+    soft.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_soft_open_file_limit_is_read_from_proc() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                      Max cpu time              unlimited            unlimited            seconds   \n\
+                      Max open files            1024                 524288               files     \n";
+        assert_eq!(soft_open_files(limits), Some(1024));
+        let unlimited = "Max open files            unlimited            unlimited            files\n";
+        assert_eq!(soft_open_files(unlimited), None);
+        assert_eq!(soft_open_files(""), None);
+    }
+
+    #[tokio::test]
+    async fn past_the_cap_the_oldest_connection_is_closed() {
+        let c = Connections::new(2, Arc::new(Metrics::new()));
+        let (a, mut a_closed) = c.admit();
+        let (_, mut b_closed) = c.admit();
+        assert_eq!(c.len(), 2);
+        let (_, mut c_closed) = c.admit();
+        assert_eq!(c.len(), 2);
+        assert!(a_closed.try_recv().is_ok(), "the oldest is closed");
+        assert!(b_closed.try_recv().is_err());
+        assert!(c_closed.try_recv().is_err());
+        // The evicted connection's task reports its end; nothing else is forgotten.
+        c.close(a, "evicted");
+        assert_eq!(c.len(), 2);
+    }
 }

@@ -5,10 +5,20 @@
 //!
 //! Built from `saphyr-parser` events. Aliases are expanded (the anchored node is copied), which
 //! keeps merge keys (`<<: *base`) meaning the same once re-serialised without the anchor.
+//!
+//! Inputs are not trusted (a manifest from anywhere, a CI job's stdin), so the tree is bounded: at
+//! most [`MAX_DEPTH`] levels (the tree's own copying and writing recurse) and at most
+//! [`MAX_ALIAS_NODES`] nodes added by aliases in all (a few lines of nested aliases — the "billion
+//! laughs" — would otherwise ask for billions of copies). Past either, parsing stops with an error.
 
 use std::collections::HashMap;
 
 use saphyr_parser::{Event, Marker, Parser, ScalarStyle, Span, Tag};
+
+/// The deepest nesting accepted; Kubernetes objects are a dozen or two levels deep.
+pub const MAX_DEPTH: usize = 256;
+/// The most nodes alias expansion may add to one input, in all.
+pub const MAX_ALIAS_NODES: usize = 1_000_000;
 
 /// How a scalar's type is decided when it is written without its source text.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -180,6 +190,20 @@ impl Node {
         self.get_mut(key)
     }
 
+    /// How many nodes this one is, itself and everything below it.
+    fn size(&self) -> usize {
+        match &self.value {
+            Value::Scalar(_) => 1,
+            Value::Seq(items) => 1 + items.iter().map(Node::size).sum::<usize>(),
+            Value::Map(entries) => {
+                1 + entries
+                    .iter()
+                    .map(|(k, v)| k.size() + v.size())
+                    .sum::<usize>()
+            }
+        }
+    }
+
     pub fn is_null(&self) -> bool {
         matches!(&self.value, Value::Scalar(s) if is_null(s))
     }
@@ -242,6 +266,8 @@ struct Builder<'a> {
     stack: Vec<Frame>,
     anchors: HashMap<usize, Node>,
     aliases: usize,
+    /// Nodes added by alias expansion so far.
+    alias_nodes: usize,
     docs: Vec<Node>,
 }
 
@@ -254,6 +280,7 @@ impl<'a> Builder<'a> {
             stack: Vec::new(),
             anchors: HashMap::new(),
             aliases: 0,
+            alias_nodes: 0,
             docs: Vec::new(),
         }
     }
@@ -291,6 +318,9 @@ impl<'a> Builder<'a> {
     }
 
     fn open(&mut self, value: Value, anchor: usize, span: Span) -> Result<(), String> {
+        if self.stack.len() >= MAX_DEPTH {
+            return Err(format!("nested deeper than {MAX_DEPTH} levels"));
+        }
         let opening = self.slice(span.start, span.end);
         let flow = opening.ends_with('[') || opening.ends_with('{');
         self.stack.push(Frame {
@@ -316,7 +346,14 @@ impl<'a> Builder<'a> {
 
     fn alias(&mut self, id: usize) -> Result<(), String> {
         self.aliases += 1;
-        let mut node = self.anchors.get(&id).cloned().ok_or("unknown alias")?;
+        let anchored = self.anchors.get(&id).ok_or("unknown alias")?;
+        self.alias_nodes = self.alias_nodes.saturating_add(anchored.size());
+        if self.alias_nodes > MAX_ALIAS_NODES {
+            return Err(format!(
+                "aliases expand to more than {MAX_ALIAS_NODES} nodes (an alias bomb?)"
+            ));
+        }
+        let mut node = anchored.clone();
         // The copy is written out from its value: the anchor it would name is not written.
         node.strip_raw();
         self.finish(node, 0)
@@ -384,6 +421,38 @@ mod tests {
         assert_eq!(raw("d").as_deref(), Some("[1, \"2\"]"));
         assert_eq!(raw("e"), None);
         assert_eq!(doc.get("e").and_then(Node::as_str), Some("x\n"));
+    }
+
+    /// Ten levels of ten aliases each: 10^10 nodes if expanded.
+    pub(crate) fn billion_laughs() -> String {
+        let mut text = String::from("a0: &a0 [lol]\n");
+        for k in 1..=10 {
+            let refs = vec![format!("*a{}", k - 1); 10].join(", ");
+            text.push_str(&format!("a{k}: &a{k} [{refs}]\n"));
+        }
+        text
+    }
+
+    #[test]
+    fn an_alias_bomb_stops_at_the_budget() {
+        let err = parse(&billion_laughs(), 1).unwrap_err();
+        assert!(err.message.contains("aliases expand to more than"), "{err:?}");
+        // Expansion up to the budget is fine: 10^5 copies of a one-node list.
+        let mut ok = String::from("a0: &a0 [lol]\n");
+        for k in 1..=4 {
+            let refs = vec![format!("*a{}", k - 1); 10].join(", ");
+            ok.push_str(&format!("a{k}: &a{k} [{refs}]\n"));
+        }
+        assert!(parse(&ok, 1).is_ok());
+    }
+
+    #[test]
+    fn nesting_stops_at_the_depth_limit() {
+        let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert!(parse(&deep(MAX_DEPTH), 1).is_ok());
+        let err = parse(&deep(10_000), 1).unwrap_err();
+        assert!(err.message.contains("nested deeper than 256 levels"), "{err:?}");
+        assert_eq!((err.line, err.col), (1, MAX_DEPTH + 1));
     }
 
     #[test]

@@ -13,7 +13,8 @@
 //! 4. starts the containers it recognises (see [`spec`] for the image → program mapping, the
 //!    downward-API environment and the pod-local loopback rule) in the kubelet's order (below),
 //!    each pod's processes in a cgroup of their own below one per node
-//!    (`<root>/<node>/<pod uid>`, [`super::netfault`]),
+//!    (`<root>/<node>/<pod uid>`, [`super::netfault`]), with the soft open-file limit a
+//!    containerd 2 container gets (1024),
 //! 5. reports status like a kubelet (phase, pod/host IPs, `initContainerStatuses` and
 //!    `containerStatuses`, the `Initialized`/`ContainersReady`/`Ready` conditions) and runs
 //!    startup, liveness and readiness probes as the pod specifies them ([`probe`]: every
