@@ -486,12 +486,24 @@ fn an_alias_bomb_and_deep_nesting_get_a_clear_error_in_bounded_memory() {
         "{}",
         stderr(&out)
     );
-    // 10,000 levels of nesting.
-    let deep = format!("kind: Pod\nspec: {}{}\n", "[".repeat(10_000), "]".repeat(10_000));
-    let out = inject_bounded(&deep);
+    // 10,000 levels of nesting, block and flow.
+    let block = format!("kind: Pod\nspec:\n{}x\n", "- ".repeat(10_000));
+    let out = inject_bounded(&block);
     assert_eq!(out.status.code(), Some(65), "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("stdin:2:262: nested deeper than 256 levels"),
+        stderr(&out).contains("stdin:3:255: nested deeper than 128 levels"),
+        "{}",
+        stderr(&out)
+    );
+    let flow = format!(
+        "kind: Pod\nspec: {}{}\n",
+        "[".repeat(10_000),
+        "]".repeat(10_000)
+    );
+    let out = inject_bounded(&flow);
+    assert_eq!(out.status.code(), Some(65), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("stdin:2:262: recursion limit exceeded"),
         "{}",
         stderr(&out)
     );

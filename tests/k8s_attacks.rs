@@ -113,9 +113,16 @@ async fn a_flood_of_idle_and_dripping_connections_to_the_probe_port_harms_nothin
         .await
         .unwrap();
     let pod = "valkey-0-0";
-    poll_until("valkey-0-0 holds the record", 30 * SECOND, SECOND / 10, || async {
-        Ok(record(&s, "0").await.is_some_and(|r| r.holder.as_deref() == Some(pod)))
-    })
+    poll_until(
+        "valkey-0-0 holds the record",
+        30 * SECOND,
+        SECOND / 10,
+        || async {
+            Ok(record(&s, "0")
+                .await
+                .is_some_and(|r| r.holder.as_deref() == Some(pod)))
+        },
+    )
     .await
     .unwrap();
     s.wait_ready(2, 60 * SECOND).await.unwrap();
@@ -131,7 +138,12 @@ async fn a_flood_of_idle_and_dripping_connections_to_the_probe_port_harms_nothin
     let (open, closed) = (Arc::default(), Arc::<AtomicUsize>::default());
     let mut attackers = JoinSet::new();
     for k in 0..IDLE + DRIPPING {
-        attackers.spawn(hold(target, k >= IDLE, Arc::clone(&open), Arc::clone(&closed)));
+        attackers.spawn(hold(
+            target,
+            k >= IDLE,
+            Arc::clone(&open),
+            Arc::clone(&closed),
+        ));
     }
     let started = Instant::now();
     let w = watch(&s, pod, agent_pid, started + ATTACK).await;
@@ -164,5 +176,8 @@ async fn a_flood_of_idle_and_dripping_connections_to_the_probe_port_harms_nothin
         w.peak_rss_kib
     );
     // The defences were what held: connections were closed for both reasons.
-    assert!(evicted > 0 && timed_out > 0, "{evicted} evicted, {timed_out} timed out");
+    assert!(
+        evicted > 0 && timed_out > 0,
+        "{evicted} evicted, {timed_out} timed out"
+    );
 }

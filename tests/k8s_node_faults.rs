@@ -283,7 +283,11 @@ impl Epochs {
     /// The shard's epoch when `ack` came back, if known.
     fn of(&self, seen: &Seen, ack: &Ack) -> Option<u64> {
         match &self.record {
-            Some(log) => log.iter().filter(|(t, _)| *t <= ack.at).map(|(_, e)| *e).next_back(),
+            Some(log) => log
+                .iter()
+                .filter(|(t, _)| *t <= ack.at)
+                .map(|(_, e)| *e)
+                .next_back(),
             None => {
                 let (_, name) = self.names.iter().find(|(a, _)| *a == ack.node)?;
                 seen.epoch_at(name, ack.at)
@@ -292,8 +296,11 @@ impl Epochs {
     }
 }
 
+/// Each change of the record's epoch and when it was seen, shared with the task that polls.
+type EpochLog = Arc<Mutex<Vec<(Instant, u64)>>>;
+
 /// Polls the replication shard record's epoch until aborted, logging each change.
-fn watch_record_epoch(s: &Stage) -> (Arc<Mutex<Vec<(Instant, u64)>>>, tokio::task::JoinHandle<()>) {
+fn watch_record_epoch(s: &Stage) -> (EpochLog, tokio::task::JoinHandle<()>) {
     let leases: Api<Lease> = Api::namespaced(s.plane.client(), &s.namespace);
     let name = format!("{}-0-primary", s.cluster);
     let log = Arc::new(Mutex::new(Vec::new()));
@@ -304,11 +311,12 @@ fn watch_record_epoch(s: &Stage) -> (Arc<Mutex<Vec<(Instant, u64)>>>, tokio::tas
             let epoch = lease
                 .and_then(|l| l.metadata.annotations)
                 .and_then(|a| a.get("valkey.io/epoch")?.parse::<u64>().ok());
-            let mut log = out.lock().unwrap();
-            if let Some(e) = epoch.filter(|e| log.last().map(|(_, l)| l) != Some(e)) {
-                log.push((Instant::now(), e));
+            if let Some(e) = epoch {
+                let mut log = out.lock().unwrap();
+                if log.last().map(|(_, l)| *l) != Some(e) {
+                    log.push((Instant::now(), e));
+                }
             }
-            drop(log);
             tokio::time::sleep(RECORD_POLL).await;
         }
     });
@@ -328,7 +336,9 @@ impl Measured {
             self.timeouts,
             self.side_after.map_or("–".into(), |n| n.to_string()),
             PATIENT_TIMEOUT.as_secs(),
-            self.patient.as_ref().map_or("–".into(), |d| d.acks.len().to_string()),
+            self.patient
+                .as_ref()
+                .map_or("–".into(), |d| d.acks.len().to_string()),
             self.seen.density_summary(),
             mode.name(),
             fault.name(),
@@ -369,7 +379,10 @@ async fn scenario(mode: Mode, fault: Fault, namespace: &str) -> Measured {
         task.abort();
         log.lock().unwrap().clone()
     });
-    let names = shard.members.iter().map(|p| (s.valkey(p).unwrap(), p.clone()));
+    let names = shard
+        .members
+        .iter()
+        .map(|p| (s.valkey(p).unwrap(), p.clone()));
     let epochs = Epochs {
         names: names.collect(),
         record,
@@ -440,7 +453,6 @@ fn report(
     m: &Measured,
     where_coordinator: &str,
 ) {
-    let at = m.at;
     let scenario = format!("node {} ({} mode)", fault.name(), mode.name());
     println!(
         "{scenario}: {} on {} → {promoted} writable and labelled after {:?}; acknowledged {}, lost {}, acknowledged by the deposed primary after the new one's first write {}; longest two-primary overlap {:?}; two primary labels {:?}; checker {}",

@@ -160,7 +160,10 @@ fn connection_cap() -> usize {
 /// The soft limit of `Max open files` in a `/proc/self/limits` text (`None`: absent, unlimited).
 fn soft_open_files(limits: &str) -> Option<usize> {
     let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
-    let soft = line.trim_start_matches("Max open files").split_whitespace().next()?;
+    let soft = line
+        .trim_start_matches("Max open files")
+        .split_whitespace()
+        .next()?;
     soft.parse().ok()
 }
 
@@ -174,7 +177,8 @@ mod tests {
                       Max cpu time              unlimited            unlimited            seconds   \n\
                       Max open files            1024                 524288               files     \n";
         assert_eq!(soft_open_files(limits), Some(1024));
-        let unlimited = "Max open files            unlimited            unlimited            files\n";
+        let unlimited =
+            "Max open files            unlimited            unlimited            files\n";
         assert_eq!(soft_open_files(unlimited), None);
         assert_eq!(soft_open_files(""), None);
     }

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use saphyr_parser::{Event, Marker, Parser, ScalarStyle, Span, Tag};
 
 /// The deepest nesting accepted; Kubernetes objects are a dozen or two levels deep.
-pub const MAX_DEPTH: usize = 256;
+pub const MAX_DEPTH: usize = 128;
 /// The most nodes alias expansion may add to one input, in all.
 pub const MAX_ALIAS_NODES: usize = 1_000_000;
 
@@ -436,7 +436,10 @@ mod tests {
     #[test]
     fn an_alias_bomb_stops_at_the_budget() {
         let err = parse(&billion_laughs(), 1).unwrap_err();
-        assert!(err.message.contains("aliases expand to more than"), "{err:?}");
+        assert!(
+            err.message.contains("aliases expand to more than"),
+            "{err:?}"
+        );
         // Expansion up to the budget is fine: 10^5 copies of a one-node list.
         let mut ok = String::from("a0: &a0 [lol]\n");
         for k in 1..=4 {
@@ -448,11 +451,19 @@ mod tests {
 
     #[test]
     fn nesting_stops_at_the_depth_limit() {
-        let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
-        assert!(parse(&deep(MAX_DEPTH), 1).is_ok());
-        let err = parse(&deep(10_000), 1).unwrap_err();
-        assert!(err.message.contains("nested deeper than 256 levels"), "{err:?}");
-        assert_eq!((err.line, err.col), (1, MAX_DEPTH + 1));
+        let flow = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        let block = |n: usize| format!("{}x\n", "- ".repeat(n));
+        assert!(parse(&flow(MAX_DEPTH), 1).is_ok());
+        assert!(parse(&block(MAX_DEPTH), 1).is_ok());
+        let err = parse(&block(10_000), 1).unwrap_err();
+        assert!(
+            err.message.contains("nested deeper than 128 levels"),
+            "{err:?}"
+        );
+        assert_eq!((err.line, err.col), (1, 2 * MAX_DEPTH + 1));
+        // Flow collections meet the parser's own limit (255) first, as cleanly.
+        let err = parse(&flow(10_000), 1).unwrap_err();
+        assert!(err.message.contains("recursion limit exceeded"), "{err:?}");
     }
 
     #[test]

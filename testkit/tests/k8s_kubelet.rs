@@ -247,9 +247,12 @@ async fn crash_pause_power_off_and_exec_hooks() {
     let pids = kubelet.pids(NS, "chaos");
     kubelet.power_off("node-a1").unwrap();
     // cgroup.kill only queues SIGKILL: each process dies when next scheduled.
-    poll_until("every process of the node dead", 5 * SECOND, POLL, || async {
-        Ok(pids.iter().all(|p| !process_alive(*p)))
-    })
+    poll_until(
+        "every process of the node dead",
+        5 * SECOND,
+        POLL,
+        || async { Ok(pids.iter().all(|p| !process_alive(*p))) },
+    )
     .await
     .unwrap();
     let (err, took) = tokio::task::spawn_blocking(move || {
@@ -865,9 +868,12 @@ async fn native_sidecar_volumes_and_ordered_termination() {
     .await
     .unwrap();
     // cgroup.kill only queues SIGKILL: each process dies when next scheduled.
-    poll_until("every process of the node dead", 5 * SECOND, POLL, || async {
-        Ok(pids.iter().all(|p| !process_alive(*p)))
-    })
+    poll_until(
+        "every process of the node dead",
+        5 * SECOND,
+        POLL,
+        || async { Ok(pids.iter().all(|p| !process_alive(*p))) },
+    )
     .await
     .unwrap();
     let hooks = kubelet.hook_runs();

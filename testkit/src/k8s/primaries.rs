@@ -482,7 +482,10 @@ mod tests {
         assert!(probes.iter().all(|p| p.epoch == Some(epoch)), "{probes:?}");
         let last = probes.last().unwrap().answered;
         assert_eq!(seen.epoch_at("p", last), Some(epoch));
-        assert_eq!(seen.epoch_at("p", probes[0].answered - Duration::from_millis(1)), None);
+        assert_eq!(
+            seen.epoch_at("p", probes[0].answered - Duration::from_millis(1)),
+            None
+        );
         assert_eq!(seen.epoch_at("nobody", last), None);
     }
 
@@ -499,7 +502,11 @@ mod tests {
         assert_eq!(seen.epoch_at("a", at(0)), None, "before the first answer");
         assert_eq!(seen.epoch_at("a", at(15)), Some(3));
         assert_eq!(seen.epoch_at("a", at(21)), Some(5));
-        assert_eq!(seen.epoch_at("a", at(99)), Some(5), "a probe without one keeps the last");
+        assert_eq!(
+            seen.epoch_at("a", at(99)),
+            Some(5),
+            "a probe without one keeps the last"
+        );
     }
 
     #[test]
