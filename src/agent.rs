@@ -308,8 +308,17 @@ fn connector(config: &Config) -> Result<Connector, StartError> {
     })
 }
 
+/// A listener with a deep accept queue: under a connection flood the kubelet's probe must still
+/// find room in it (the kernel caps the depth at `net.core.somaxconn`).
 async fn listen(addr: std::net::SocketAddr) -> Result<TcpListener, StartError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| StartError::Listen { addr, source })
+    let bind = || {
+        let socket = match addr {
+            std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+            std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+        };
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        socket.listen(4096)
+    };
+    bind().map_err(|source| StartError::Listen { addr, source })
 }

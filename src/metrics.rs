@@ -177,7 +177,7 @@ impl Metrics {
         );
         r.register(
             "http_connections_closed",
-            "HTTP connections closed, by why: done, header_timeout (no request head in time), lifetime (open too long), evicted (the oldest, past the connection cap)",
+            "HTTP connections closed, by why: done, header_timeout (no request head in time), lifetime (open too long), per_source (its address held too many), evicted (the oldest, past the connection cap)",
             self.http_connections_closed.clone(),
         );
         r.register(

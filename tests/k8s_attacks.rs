@@ -2,14 +2,14 @@
 //! and asserts that nothing bad happened.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 use tokio::task::JoinSet;
 use valkey_sidecar_testkit::k8s::shard::record;
 use valkey_sidecar_testkit::k8s::{Stage, StageOptions, http_get, pod_is_ready, poll_until};
@@ -23,11 +23,20 @@ const DRIPPING: usize = 200;
 /// probe to turn the pod unready (2 × 2 s).
 const ATTACK: Duration = Duration::from_secs(25);
 
+/// The hostile pod's address (the kubelet's probes come from 127.0.0.1, its node's).
+const HOSTILE: Ipv4Addr = Ipv4Addr::new(127, 0, 99, 66);
+
+async fn connect_from(source: Ipv4Addr, target: SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::from((source, 0)))?;
+    socket.connect(target).await
+}
+
 /// One attacker connection, re-opened whenever the agent closes it, until the task is aborted:
 /// idle (connect, then wait) or dripping (a request line, then a header byte every 500 ms).
 async fn hold(target: SocketAddr, drip: bool, open: Arc<AtomicUsize>, closed: Arc<AtomicUsize>) {
     loop {
-        let Ok(mut stream) = TcpStream::connect(target).await else {
+        let Ok(mut stream) = connect_from(HOSTILE, target).await else {
             tokio::time::sleep(Duration::from_millis(20)).await;
             continue;
         };
@@ -150,13 +159,19 @@ async fn a_flood_of_idle_and_dripping_connections_to_the_probe_port_harms_nothin
     let (open_at_end, reopened) = (open.load(Ordering::Relaxed), closed.load(Ordering::Relaxed));
     attackers.abort_all();
 
-    let evicted = "valkey_sidecar_http_connections_closed_total{kind=\"evicted\"}";
-    let timed_out = "valkey_sidecar_http_connections_closed_total{kind=\"header_timeout\"}";
-    let evicted = s.agent_counter(pod, evicted).await.unwrap();
-    let timed_out = s.agent_counter(pod, timed_out).await.unwrap();
+    let closed_for =
+        |why: &str| format!("valkey_sidecar_http_connections_closed_total{{kind=\"{why}\"}}");
+    let refused = s
+        .agent_counter(pod, &closed_for("per_source"))
+        .await
+        .unwrap();
+    let timed_out = s
+        .agent_counter(pod, &closed_for("header_timeout"))
+        .await
+        .unwrap();
     println!(
         "{ATTACK:?} of {IDLE} idle + {DRIPPING} dripping connections: {} probes, {} failed, slowest {:?}; \
-         unready samples {}; agent RSS {} → peak {} KiB; the agent closed {evicted} (oldest, past its cap) + \
+         unready samples {}; agent RSS {} → peak {} KiB; the agent closed {refused} (its source held too many) + \
          {timed_out} (no request head in time), the attacker re-opened {reopened}, {open_at_end} open at the end",
         w.probes,
         w.failed.len(),
@@ -177,7 +192,7 @@ async fn a_flood_of_idle_and_dripping_connections_to_the_probe_port_harms_nothin
     );
     // The defences were what held: connections were closed for both reasons.
     assert!(
-        evicted > 0 && timed_out > 0,
-        "{evicted} evicted, {timed_out} timed out"
+        refused > 0 && timed_out > 0,
+        "{refused} refused, {timed_out} timed out"
     );
 }

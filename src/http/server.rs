@@ -4,12 +4,14 @@
 //! while something else holds connections open (a liveness probe that times out restarts Valkey).
 //! So no client can hold on to the agent for long: each request head must arrive within
 //! [`HEADER_TIMEOUT`] (idle keep-alive connections included), a connection lives at most
-//! [`MAX_LIFETIME`], a request head is at most [`MAX_HEAD`] bytes, and once [`Connections`] holds
-//! its cap the *oldest* connection is closed to make room. A new connection — the kubelet opens
-//! one per probe — is always accepted and served, never refused; memory is bounded by the cap.
+//! [`MAX_LIFETIME`], a request head is at most [`MAX_HEAD`] bytes, one source address holds at
+//! most [`PER_SOURCE`] connections (more are closed at once: a hostile pod cannot crowd out the
+//! kubelet, whose probes come from its node's address), and once [`Connections`] holds its cap the
+//! *oldest* connection is closed to make room, so memory stays bounded whoever connects.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -37,6 +39,8 @@ const MAX_LIFETIME: Duration = Duration::from_secs(MAX_PRESTOP_WAIT.as_secs() + 
 const MAX_HEAD: usize = 8192;
 /// Open connections at most, unless the open-file limit is lower (see [`connection_cap`]).
 const MAX_CONNECTIONS: usize = 1024;
+/// Open connections at most from one address: the kubelet needs one per probe at a time.
+const PER_SOURCE: usize = 32;
 
 /// Serves `app` on `listener` until `shutdown` turns true.
 pub async fn serve(listener: TcpListener, app: Arc<App>, mut shutdown: watch::Receiver<bool>) {
@@ -45,7 +49,11 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, mut shutdown: watch::Re
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => serve_one(stream, &app, &graceful, &connections),
+                Ok((stream, peer)) => match connections.admit(peer.ip()) {
+                    Some(admitted) => serve_one(stream, &app, &graceful, &connections, admitted),
+                    // Dropped: closed at once.
+                    None => connections.metrics.http_connection_closed("per_source"),
+                },
                 // Out of file descriptors and the like: pause instead of spinning.
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
@@ -64,6 +72,7 @@ fn serve_one(
     app: &Arc<App>,
     graceful: &GracefulShutdown,
     connections: &Connections,
+    (id, evicted): (u64, oneshot::Receiver<()>),
 ) {
     let _ = stream.set_nodelay(true);
     let app = app.clone();
@@ -77,7 +86,6 @@ fn serve_one(
         .max_buf_size(MAX_HEAD)
         .serve_connection(TokioIo::new(stream), service);
     let conn = graceful.watch(conn);
-    let (id, evicted) = connections.admit();
     let connections = connections.clone();
     tokio::spawn(async move {
         // Dropping the connection closes its socket.
@@ -101,7 +109,21 @@ struct Connections {
 #[derive(Default)]
 struct Open {
     next: u64,
-    by_age: BTreeMap<u64, oneshot::Sender<()>>,
+    by_age: BTreeMap<u64, (IpAddr, oneshot::Sender<()>)>,
+    by_source: HashMap<IpAddr, usize>,
+}
+
+impl Open {
+    fn remove(&mut self, id: u64) -> Option<oneshot::Sender<()>> {
+        let (source, close) = self.by_age.remove(&id)?;
+        if let Some(n) = self.by_source.get_mut(&source) {
+            *n -= 1;
+            if *n == 0 {
+                self.by_source.remove(&source);
+            }
+        }
+        Some(close)
+    }
 }
 
 impl Connections {
@@ -113,26 +135,33 @@ impl Connections {
         }
     }
 
-    /// Registers a new connection, closing the oldest ones past the cap; returns its id and the
-    /// signal that closes it.
-    fn admit(&self) -> (u64, oneshot::Receiver<()>) {
+    /// Registers a new connection from `source` and returns its id and the signal that closes it,
+    /// closing the oldest ones past the cap; `None` when `source` already holds [`PER_SOURCE`].
+    fn admit(&self, source: IpAddr) -> Option<(u64, oneshot::Receiver<()>)> {
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        if open.by_source.get(&source).copied().unwrap_or(0) >= PER_SOURCE {
+            return None;
+        }
         while open.by_age.len() >= self.cap {
-            if let Some((_, close)) = open.by_age.pop_first() {
+            let Some(oldest) = open.by_age.keys().next().copied() else {
+                break;
+            };
+            if let Some(close) = open.remove(oldest) {
                 let _ = close.send(());
             }
         }
         let (tx, rx) = oneshot::channel();
         let id = open.next;
         open.next += 1;
-        open.by_age.insert(id, tx);
-        (id, rx)
+        open.by_age.insert(id, (source, tx));
+        *open.by_source.entry(source).or_default() += 1;
+        Some((id, rx))
     }
 
     /// Forgets a connection that ended, counting why.
     fn close(&self, id: u64, why: &'static str) {
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        open.by_age.remove(&id);
+        open.remove(id);
         drop(open);
         self.metrics.http_connection_closed(why);
     }
@@ -183,13 +212,17 @@ mod tests {
         assert_eq!(soft_open_files(""), None);
     }
 
+    fn ip(last: u8) -> IpAddr {
+        IpAddr::from([10, 0, 0, last])
+    }
+
     #[tokio::test]
     async fn past_the_cap_the_oldest_connection_is_closed() {
         let c = Connections::new(2, Arc::new(Metrics::new()));
-        let (a, mut a_closed) = c.admit();
-        let (_, mut b_closed) = c.admit();
+        let (a, mut a_closed) = c.admit(ip(1)).unwrap();
+        let (_, mut b_closed) = c.admit(ip(2)).unwrap();
         assert_eq!(c.len(), 2);
-        let (_, mut c_closed) = c.admit();
+        let (_, mut c_closed) = c.admit(ip(3)).unwrap();
         assert_eq!(c.len(), 2);
         assert!(a_closed.try_recv().is_ok(), "the oldest is closed");
         assert!(b_closed.try_recv().is_err());
@@ -197,5 +230,15 @@ mod tests {
         // The evicted connection's task reports its end; nothing else is forgotten.
         c.close(a, "evicted");
         assert_eq!(c.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn one_source_holds_at_most_its_share() {
+        let c = Connections::new(1000, Arc::new(Metrics::new()));
+        let mine: Vec<u64> = (0..PER_SOURCE).map(|_| c.admit(ip(1)).unwrap().0).collect();
+        assert!(c.admit(ip(1)).is_none(), "past its share");
+        assert!(c.admit(ip(2)).is_some(), "another source is served");
+        c.close(mine[0], "done");
+        assert!(c.admit(ip(1)).is_some(), "a closed one frees its place");
     }
 }
