@@ -93,6 +93,16 @@ async fn wait_pod(pods: &Api<Pod>, what: &str, cond: impl Fn(&Pod) -> bool) -> D
     start.elapsed()
 }
 
+/// Waits until every process of `pids` is gone: SIGKILL (and `cgroup.kill`, which only queues
+/// it) ends a process when it is next scheduled, not at once.
+async fn all_dead(pids: &[u32], what: &str) {
+    poll_until(what, 5 * SECOND, POLL, || async {
+        Ok(pids.iter().all(|p| !process_alive(*p)))
+    })
+    .await
+    .unwrap();
+}
+
 async fn wait_node(nodes: &Api<Node>, name: &str, status: &str) -> Duration {
     let start = Instant::now();
     poll_until(
@@ -246,15 +256,7 @@ async fn crash_pause_power_off_and_exec_hooks() {
     assert_eq!(pong, "PONG");
     let pids = kubelet.pids(NS, "chaos");
     kubelet.power_off("node-a1").unwrap();
-    // cgroup.kill only queues SIGKILL: each process dies when next scheduled.
-    poll_until(
-        "every process of the node dead",
-        5 * SECOND,
-        POLL,
-        || async { Ok(pids.iter().all(|p| !process_alive(*p))) },
-    )
-    .await
-    .unwrap();
+    all_dead(&pids, "every process of the node dead").await;
     let (err, took) = tokio::task::spawn_blocking(move || {
         let at = Instant::now();
         let err = redis::cmd("PING").query::<String>(&mut con).unwrap_err();
@@ -867,15 +869,7 @@ async fn native_sidecar_volumes_and_ordered_termination() {
     })
     .await
     .unwrap();
-    // cgroup.kill only queues SIGKILL: each process dies when next scheduled.
-    poll_until(
-        "every process of the node dead",
-        5 * SECOND,
-        POLL,
-        || async { Ok(pids.iter().all(|p| !process_alive(*p))) },
-    )
-    .await
-    .unwrap();
+    all_dead(&pids, "every process of the pod dead").await;
     let hooks = kubelet.hook_runs();
     let hook = |c: &str| {
         let found = hooks.iter().find(|h| h.pod == "native" && h.container == c);
