@@ -49,7 +49,7 @@ use crate::Result;
 use crate::net::lock;
 
 /// A loopback address no pod or node uses (pods are in `127.1-200.x.y`, nodes report
-/// `127.0.100.x`, plain servers use `127.0.0.x`): a client bound to it is exempt from every
+/// `127.0.100-249.x`, plain servers use `127.0.0.x`): a client bound to it is exempt from every
 /// network fault.
 pub const OBSERVER_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 99, 1);
 

@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -400,8 +401,22 @@ fn node_schedulable(node: &Node) -> bool {
     ready && !tainted
 }
 
+/// Node sets made by this process so far: each gets its own block of node addresses.
+static NODE_SETS: AtomicUsize = AtomicUsize::new(0);
+
+/// The third octet of the next node set's addresses, `127.0.<100..=249>.x`: loopback, never
+/// bound, outside the pod ranges (`127.<1..=200>.x.y`) and the observer's `127.0.99.1`. Tests of
+/// one binary run side by side, each with its own nodes; node faults drop packets by address,
+/// so two sets sharing addresses would cut each other's clients (a power-off of one test's
+/// `node-a1` silenced another's client on its `node-a1`).
+fn node_block() -> u8 {
+    let k = NODE_SETS.fetch_add(1, Ordering::Relaxed) % 150;
+    u8::try_from(100 + k).unwrap_or(100)
+}
+
 /// Names, zones and addresses: zones round-robin, so every zone gets nodes early.
 fn layout(opts: &FakeNodesOptions) -> Vec<FakeNode> {
+    let block = node_block();
     let mut per_zone: HashMap<&str, usize> = HashMap::new();
     (0..opts.count)
         .map(|i| {
@@ -409,13 +424,12 @@ fn layout(opts: &FakeNodesOptions) -> Vec<FakeNode> {
             let n = per_zone.entry(zone.as_str()).or_default();
             *n += 1;
             let suffix = zone.rsplit('-').next().unwrap_or(zone);
-            // Nodes report 127.0.100.x: loopback, never bound, outside the pod ranges.
             let host = u8::try_from(i % 250 + 1).unwrap_or(1);
             FakeNode {
                 name: format!("node-{suffix}{n}"),
                 zone: zone.clone(),
                 region: opts.region.clone(),
-                internal_ip: IpAddr::V4(Ipv4Addr::new(127, 0, 100, host)),
+                internal_ip: IpAddr::V4(Ipv4Addr::new(127, 0, block, host)),
             }
         })
         .collect()
