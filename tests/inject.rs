@@ -57,21 +57,22 @@ fn read(path: &Path) -> String {
 
 /// Runs `valkey-sidecar inject <args>` with `stdin`.
 fn inject(args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_valkey-sidecar"))
-        .env_clear()
-        .arg("inject")
-        .args(args)
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_valkey-sidecar"));
+    cmd.env_clear().arg("inject").args(args);
+    run(cmd, stdin)
+}
+
+/// Runs `cmd` with `stdin` fed to it, collecting its output.
+fn run(mut cmd: Command, stdin: &str) -> Output {
+    let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("run valkey-sidecar inject");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).unwrap();
+    drop(input);
     child.wait_with_output().unwrap()
 }
 
@@ -454,20 +455,12 @@ async fn valkey_cluster_dry_run(plane: &ControlPlane) {
 /// Runs `valkey-sidecar inject` on `stdin` with its address space capped at 512 MiB, so an input
 /// that made it allocate without bound would kill it rather than pass.
 fn inject_bounded(stdin: &str) -> Output {
-    let mut child = Command::new("prlimit")
-        .args(["--as=536870912", "--"])
+    let mut cmd = Command::new("prlimit");
+    cmd.args(["--as=536870912", "--"])
         .arg(env!("CARGO_BIN_EXE_valkey-sidecar"))
         .env_clear()
-        .arg("inject")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run valkey-sidecar inject under prlimit");
-    let mut input = child.stdin.take().unwrap();
-    input.write_all(stdin.as_bytes()).unwrap();
-    drop(input);
-    child.wait_with_output().unwrap()
+        .arg("inject");
+    run(cmd, stdin)
 }
 
 #[test]

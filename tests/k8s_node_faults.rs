@@ -329,6 +329,13 @@ fn watch_record_epoch(s: &Stage) -> (EpochLog, tokio::task::JoinHandle<()>) {
 }
 
 impl Measured {
+    /// `acks` per node: how many, the first and the last relative to the fault, and the shard's
+    /// epochs they were acknowledged in.
+    fn evidence<'a>(&self, acks: impl Iterator<Item = &'a Ack>) -> String {
+        let acks: Vec<&Ack> = acks.collect();
+        acks_by_node(&acks, self.at, |a| self.epochs.of(&self.seen, a))
+    }
+
     fn note(&self, mode: Mode, fault: Fault, where_coordinator: &str) -> String {
         let lost_by_old = self.lost.len();
         format!(
@@ -491,15 +498,6 @@ fn report(
             .recovery(m.recovery)
             .note(m.note(mode, fault, where_coordinator)),
     );
-}
-
-impl Measured {
-    /// `acks` per node: how many, the first and the last relative to the fault, and the shard's
-    /// epochs they were acknowledged in.
-    fn evidence<'a>(&self, acks: impl Iterator<Item = &'a Ack>) -> String {
-        let acks: Vec<&Ack> = acks.collect();
-        acks_by_node(&acks, self.at, |a| self.epochs.of(&self.seen, a))
-    }
 }
 
 /// Acknowledgements per node: how many, the first and the last relative to the fault, and the

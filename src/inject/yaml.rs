@@ -424,7 +424,7 @@ mod tests {
     }
 
     /// Ten levels of ten aliases each: 10^10 nodes if expanded.
-    pub(crate) fn billion_laughs() -> String {
+    fn billion_laughs() -> String {
         let mut text = String::from("a0: &a0 [lol]\n");
         for k in 1..=10 {
             let refs = vec![format!("*a{}", k - 1); 10].join(", ");
