@@ -336,7 +336,7 @@ class Fixtures:
         log(f"wrote {filename}: {json.dumps(to_json(reply))[:160]}")
 
     def capture(self, name, node_or_conn, desc, cluster=False):
-        """INFO <sections> + ROLE (+ CLUSTER MYID/MYSHARDID/SHARDS/INFO in cluster mode)."""
+        """INFO <sections> + ROLE (+ CLUSTER MYID/MYSHARDID/SHARDS/INFO/NODES in cluster mode)."""
         own = isinstance(node_or_conn, Node)
         c = node_or_conn.conn() if own else node_or_conn
         try:
@@ -356,6 +356,8 @@ class Fixtures:
                     self.text(f"{name}.cluster-info.txt", ci, desc, "CLUSTER INFO")
                 else:
                     self.json(f"{name}.cluster-info.json", ci, desc, "CLUSTER INFO")
+                self.text(f"{name}.cluster-nodes.txt", c.cmd("CLUSTER", "NODES"), desc,
+                          "CLUSTER NODES")
             return parse_info(info) if isinstance(info, bytes) else {}
         finally:
             if own:
@@ -797,8 +799,8 @@ def write_readme(fx: Fixtures, version: str, notes: list[str]):
         "string, null -> `null`, array -> array.",
         "",
         f"INFO fixtures are the reply to one `INFO {' '.join(INFO_SECTIONS)}` call. "
-        "Cluster fixtures also hold `CLUSTER MYID`, `CLUSTER MYSHARDID`, `CLUSTER SHARDS` "
-        "and `CLUSTER INFO`.",
+        "Cluster fixtures also hold `CLUSTER MYID`, `CLUSTER MYSHARDID`, `CLUSTER SHARDS`, "
+        "`CLUSTER INFO` and `CLUSTER NODES`.",
         "",
         "## Files",
         "",

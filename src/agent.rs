@@ -23,6 +23,7 @@ use crate::kube::lease::{self, Leadership, LeaseClient, StatusAnnotations};
 use crate::kube::{FIELD_MANAGER, KubeError};
 use crate::metrics::Metrics;
 use crate::observer::Observer;
+use crate::quorum::QuorumFence;
 use crate::replication::{Keeper, RecordSeed};
 use crate::valkey::{Connector, Session, tls};
 
@@ -104,6 +105,10 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         metrics: shared.metrics.clone(),
         placement: placement_rx,
         hurry: shared.hurry.1.clone(),
+        quorum: (config.mode == Mode::Cluster)
+            .then_some(config.quorum_fence)
+            .flatten()
+            .map(|p| QuorumFence::new(p, shared.metrics.clone())),
     };
     tasks.push(observer.run(shared.shutdown.clone()).boxed_local());
     if let Some(kube) = &config.kube {

@@ -15,6 +15,7 @@ use valkey_sidecar_core::labels::{LabelPolicy, check_key, check_value};
 use valkey_sidecar_core::lease::LeaseTimings;
 use valkey_sidecar_core::observation::Mode;
 use valkey_sidecar_core::plan::Policy;
+use valkey_sidecar_core::quorum::QuorumPolicy;
 
 /// Exit code for bad configuration (`EX_USAGE` from sysexits.h).
 pub const EXIT_CONFIG: i32 = 64;
@@ -98,6 +99,11 @@ pub struct RawConfig {
     /// How often Valkey is observed (e.g. `250ms`).
     #[arg(long, env = "SIDECAR_POLL_INTERVAL", default_value = "250ms")]
     pub poll_interval: String,
+    /// Cluster mode: a primary fences itself (`CLIENT PAUSE WRITE`) once its pings to most
+    /// primaries have been unanswered this long; keep it under half `cluster-node-timeout`
+    /// (the chart sets a fifth). `off` disables the fence.
+    #[arg(long, env = "SIDECAR_QUORUM_FENCE_AFTER", default_value = "1s")]
+    pub quorum_fence_after: String,
     /// How long one observation may wait for Valkey.
     #[arg(long, env = "SIDECAR_VALKEY_TIMEOUT", default_value = "1s")]
     pub valkey_timeout: String,
@@ -261,6 +267,8 @@ pub struct Config {
     pub admin_addr: SocketAddr,
     pub poll_interval: Duration,
     pub bounds: Bounds,
+    /// Cluster mode's quorum fence; `None`: off.
+    pub quorum_fence: Option<QuorumPolicy>,
     pub log_format: LogFormat,
 }
 
@@ -343,6 +351,11 @@ impl RawConfig {
             parse_duration_in(&self.poll_interval, 10, 60_000),
         );
         let bounds = self.bounds(c, poll);
+        let quorum = c.check(
+            "SIDECAR_QUORUM_FENCE_AFTER",
+            &self.quorum_fence_after,
+            parse_quorum_fence(&self.quorum_fence_after, poll),
+        );
         let log = c.check(
             "SIDECAR_LOG_FORMAT",
             &self.log_format,
@@ -358,6 +371,7 @@ impl RawConfig {
             admin_addr: admin?,
             poll_interval: poll?,
             bounds: bounds?,
+            quorum_fence: quorum?,
             log_format: log?,
         })
     }
@@ -746,6 +760,20 @@ pub fn parse_duration_in(v: &str, min_ms: u64, max_ms: u64) -> Result<Duration, 
         return Err(format!("must be between {min_ms}ms and {max_ms}ms"));
     }
     Ok(Duration::from_millis(ms))
+}
+
+/// The fence after `v` of silence; each fence lasts four polls (at least 1 s), renewed every poll
+/// while the minority lasts, so one slow tick does not let it lapse.
+fn parse_quorum_fence(v: &str, poll: Option<Duration>) -> Result<Option<QuorumPolicy>, String> {
+    if v == "off" {
+        return Ok(None);
+    }
+    let after = parse_duration_in(v, 100, 60_000).map_err(|e| format!("{e}, or off"))?;
+    let poll_ms = poll.map_or(250, |p| p.as_millis() as u64);
+    Ok(Some(QuorumPolicy {
+        silent_after_ms: after.as_millis() as u64,
+        pause_ms: (4 * poll_ms).max(1000),
+    }))
 }
 
 fn parse_millis(v: &str) -> Result<u64, String> {

@@ -4,6 +4,7 @@
 //! - [`config`]: flags and environment into a validated configuration (exit 64 on bad input).
 //! - [`valkey`]: the self-healing connection and the per-tick observation pipeline.
 //! - [`observer`]: the loop that records each tick into the shared health state.
+//! - [`quorum`]: cluster mode's fence of a primary cut off from most primaries.
 //! - [`http`]: probes, role endpoints, `/status` and `/metrics`, answered from that state.
 //! - [`kube`]: the own pod's labels and Events, zone from the Node, the Lease election.
 //! - [`coordinator`]: the Lease holder's hand-overs, fail-back and balance.
@@ -25,6 +26,7 @@ pub mod kube;
 pub mod lifecycle;
 pub mod metrics;
 pub mod observer;
+pub mod quorum;
 pub mod replication;
 pub mod retry;
 pub mod telemetry;

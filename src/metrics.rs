@@ -121,7 +121,7 @@ impl Metrics {
         let r = &mut self.registry;
         r.register(
             "keeper_actions",
-            "Replication mode: what the agent did about its own Valkey (renew, fence, release, …)",
+            "What the agent did about its own Valkey: renew, fence, release, … (replication mode); quorum_fence, quorum_lift (cluster mode)",
             self.keeper_actions.clone(),
         );
         r.register(

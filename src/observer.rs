@@ -11,6 +11,7 @@ use valkey_sidecar_core::placement::{Placement, zone_to_push};
 
 use crate::clock::Clock;
 use crate::metrics::Metrics;
+use crate::quorum::QuorumFence;
 use crate::valkey::{Session, ValkeyError, observe};
 
 /// Everything the loop needs.
@@ -26,6 +27,8 @@ pub struct Observer {
     pub placement: watch::Receiver<Placement>,
     /// While true, tick every [`HURRIED`] instead of every interval (a promotion is due).
     pub hurry: watch::Receiver<bool>,
+    /// Cluster mode: pauses writes while this primary hears only a minority of primaries.
+    pub quorum: Option<QuorumFence>,
 }
 
 /// The tick period while hurried: the promoted node is seen (and advertised) within this.
@@ -61,6 +64,10 @@ impl Observer {
                 .tick(started.elapsed(), error.as_ref().map(ValkeyError::kind));
             log.outcome(&outcome);
             if let Outcome::Observed(obs) = &outcome {
+                // Fence first: it is the one reaction here that has a deadline.
+                if let Some(q) = self.quorum.as_mut() {
+                    q.apply(&mut self.session, obs).await;
+                }
                 self.push_zone(obs, &mut zone_retry_at).await;
             }
             self.record(outcome);

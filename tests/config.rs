@@ -236,6 +236,7 @@ fn help_documents_every_variable() {
         "SIDECAR_PROBE_ADDR",
         "SIDECAR_ADMIN_ADDR",
         "SIDECAR_POLL_INTERVAL",
+        "SIDECAR_QUORUM_FENCE_AFTER",
         "SIDECAR_VALKEY_TIMEOUT",
         "SIDECAR_LIVENESS_WINDOW",
         "SIDECAR_STALE_AFTER",

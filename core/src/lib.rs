@@ -16,6 +16,7 @@
 //! - [`labels`]: the labels the agent keeps on its pod.
 //! - [`ratelimit`]: a token bucket for Events.
 //! - [`plan`]: the coordinator's `decide(&World, &Policy) -> Plan` (hand-over, fail-back, balance).
+//! - [`quorum`]: cluster mode's fence of a primary cut off from most primaries.
 //! - [`lease`]: Lease election with client-go semantics (monotonic expiry, renew deadline).
 //! - [`status`]: the coordinator's conditions for humans, rendered as Lease annotations.
 //! - [`replication`]: replication mode's shard record, fencing, promotion and switchover.
@@ -31,6 +32,7 @@ pub mod lease;
 pub mod observation;
 pub mod placement;
 pub mod plan;
+pub mod quorum;
 pub mod ratelimit;
 pub mod replication;
 pub mod reply;

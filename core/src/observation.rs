@@ -5,6 +5,7 @@
 //! are left empty) or a [`Refusal`] naming what Valkey said instead; it never panics.
 
 use crate::info::{Info, record};
+use crate::quorum::{Peer, parse_nodes};
 use crate::reply::Reply;
 use crate::shards::{NodeHealth, Shard, parse_shards};
 
@@ -83,6 +84,9 @@ pub struct ClusterView {
     pub my_id: Option<String>,
     pub shard_id: Option<String>,
     pub shards: Vec<Shard>,
+    /// `CLUSTER NODES`, for the quorum fence; `None` when it could not be read (e.g. an ACL
+    /// without `cluster|nodes`): then the agent does not fence.
+    pub peers: Option<Vec<Peer>>,
 }
 
 /// Everything one tick learned about the local Valkey.
@@ -103,6 +107,8 @@ pub struct Observation {
     pub cluster: Option<ClusterView>,
     /// Keys over all databases (`INFO keyspace`, `dbN:keys=…`): 0 for an empty dataset.
     pub keys: u64,
+    /// Valkey's wall clock in ms (`server_time_usec`): the clock of `CLUSTER NODES`' ping times.
+    pub server_time_ms: Option<u64>,
 }
 
 /// The raw replies of one tick, in the order the adapter sends the commands.
@@ -111,11 +117,13 @@ pub struct Replies {
     pub role: Option<Reply>,
     /// `INFO replication persistence server cluster`.
     pub info: Option<Reply>,
-    /// Cluster mode only: `CLUSTER INFO`, `CLUSTER MYID`, `CLUSTER MYSHARDID`, `CLUSTER SHARDS`.
+    /// Cluster mode only: `CLUSTER INFO`, `CLUSTER MYID`, `CLUSTER MYSHARDID`, `CLUSTER SHARDS`,
+    /// `CLUSTER NODES`.
     pub cluster_info: Option<Reply>,
     pub my_id: Option<Reply>,
     pub shard_id: Option<Reply>,
     pub shards: Option<Reply>,
+    pub nodes: Option<Reply>,
 }
 
 /// Valkey answered, but not with data the agent can use (e.g. `NOAUTH`, `NOPERM`).
@@ -144,6 +152,7 @@ pub fn observe(replies: &Replies, mode: Mode) -> Result<Observation, Refusal> {
             .map(str::to_owned),
         cluster: (mode == Mode::Cluster).then(|| cluster_of(replies, &info)),
         keys: keys_of(&info),
+        server_time_ms: info.u64("server_time_usec").map(|us| us / 1000),
     })
 }
 
@@ -249,6 +258,7 @@ fn cluster_of(replies: &Replies, info: &Info) -> ClusterView {
             .as_ref()
             .map(parse_shards)
             .unwrap_or_default(),
+        peers: text(&replies.nodes).map(|t| parse_nodes(&t)),
     }
 }
 

@@ -55,6 +55,7 @@ fn replies(state: &str) -> Replies {
         my_id: load(&format!("{state}.cluster-myid.json")),
         shard_id: load(&format!("{state}.cluster-myshardid.json")),
         shards: load(&format!("{state}.cluster-shards.json")),
+        nodes: load(&format!("{state}.cluster-nodes.txt")),
     }
 }
 
@@ -325,4 +326,49 @@ fn a_pod_may_stop_when_it_is_not_primary_or_no_replica_can_take_over() {
     h.record(Millis(10), Outcome::Observed(Box::new(alone)));
     let v = h.stop(Millis(10), &BOUNDS).unwrap();
     assert!(v.ok && v.reason.contains("without a replica"), "{v:?}");
+}
+
+/// The quorum fence reads real `CLUSTER NODES` with Valkey's own clock: a primary that lost one
+/// shard of three (both nodes killed, flagged `fail`) still hears a majority and is not fenced;
+/// with its ping to a second primary pending long enough, it is.
+#[test]
+fn the_quorum_fence_on_real_cluster_nodes() {
+    use valkey_sidecar_core::quorum::{Guard, QuorumPolicy, guard, sight};
+    let policy = QuorumPolicy {
+        silent_after_ms: 1000,
+        pause_ms: 1500,
+    };
+    let o = obs("cluster-fail", Mode::Cluster);
+    let now = o.server_time_ms.expect("server_time_usec");
+    let peers = o
+        .cluster
+        .as_ref()
+        .and_then(|c| c.peers.clone())
+        .expect("CLUSTER NODES");
+    let seen = sight(&peers, now, policy.silent_after_ms);
+    assert_eq!((seen.reachable, seen.primaries), (2, 3));
+    assert_eq!(guard(&o, Some(now), false, &policy), Guard::Hold);
+    let mut cut = o.clone();
+    let other = cut
+        .cluster
+        .as_mut()
+        .and_then(|c| c.peers.as_mut())
+        .expect("peers");
+    let live = other
+        .iter_mut()
+        .find(|p| p.primary && !p.myself && !p.failing)
+        .expect("a live primary");
+    live.ping_sent_ms = now - 1000;
+    assert!(matches!(
+        guard(&cut, Some(now), false, &policy),
+        Guard::Fence { .. }
+    ));
+    let healthy = obs("cluster-primary", Mode::Cluster);
+    let peers = healthy
+        .cluster
+        .as_ref()
+        .and_then(|c| c.peers.clone())
+        .expect("CLUSTER NODES");
+    let all = sight(&peers, healthy.server_time_ms.expect("time"), 1000);
+    assert_eq!((all.reachable, all.primaries), (3, 3));
 }

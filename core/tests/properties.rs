@@ -58,14 +58,15 @@ fn reply() -> impl Strategy<Value = Reply> {
 
 fn replies() -> impl Strategy<Value = Replies> {
     let r = || prop::option::of(reply());
-    (r(), r(), r(), r(), r(), r()).prop_map(
-        |(role, info, cluster_info, my_id, shard_id, shards)| Replies {
+    (r(), r(), r(), r(), r(), r(), r()).prop_map(
+        |(role, info, cluster_info, my_id, shard_id, shards, nodes)| Replies {
             role,
             info,
             cluster_info,
             my_id,
             shard_id,
             shards,
+            nodes,
         },
     )
 }

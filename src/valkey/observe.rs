@@ -24,6 +24,7 @@ pub fn pipeline(mode: Mode) -> redis::Pipeline {
         pipe.cmd("CLUSTER").arg("MYID");
         pipe.cmd("CLUSTER").arg("MYSHARDID");
         pipe.cmd("CLUSTER").arg("SHARDS");
+        pipe.cmd("CLUSTER").arg("NODES");
     }
     pipe
 }
@@ -54,6 +55,7 @@ pub fn replies(values: Vec<Value>) -> Replies {
         my_id: next(),
         shard_id: next(),
         shards: next(),
+        nodes: next(),
     }
 }
 

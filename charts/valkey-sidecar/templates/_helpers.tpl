@@ -156,6 +156,8 @@ config file, so the pod needs no init step; secrets come in through `$(VAR)` fro
 - +cluster|myid
 - +cluster|myshardid
 - +cluster|shards
+# Which primaries this node still hears (the quorum fence).
+- +cluster|nodes
 - +cluster|failover
 {{- if $v.formCluster }}
 # Forming the cluster and re-adding replaced pods.
@@ -247,6 +249,12 @@ config file, so the pod needs no init step; secrets come in through `$(VAR)` fro
 {{- else if $v.formCluster }}
 - name: SIDECAR_CLUSTER_SHARDS
   value: {{ $v.shards | quote }}
+{{- end }}
+{{- if and (eq $v.mode "cluster") (not (hasKey $v.sidecar.env "SIDECAR_QUORUM_FENCE_AFTER")) }}
+# A primary cut off from most primaries pauses its writes after a fifth of the node timeout:
+# up before the majority can elect its replica (one timeout + 0.5 s at the earliest).
+- name: SIDECAR_QUORUM_FENCE_AFTER
+  value: "{{ max 100 (div (int $v.valkey.clusterNodeTimeout) 5) }}ms"
 {{- end }}
 - name: SIDECAR_ROLE_LABEL
   value: {{ $v.sidecar.labels.role | quote }}

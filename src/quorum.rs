@@ -1,0 +1,88 @@
+//! Cluster mode: the quorum fence of `core::quorum`, applied to the local Valkey after each
+//! observation (a primary cut off from most primaries pauses its writes).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use valkey_sidecar_core::observation::Observation;
+use valkey_sidecar_core::quorum::{Guard, QuorumPolicy, guard};
+
+use crate::metrics::Metrics;
+use crate::valkey::Session;
+
+/// The fence's memory: until when the last `CLIENT PAUSE` holds, by the local monotonic clock.
+pub struct QuorumFence {
+    pub policy: QuorumPolicy,
+    pub metrics: Arc<Metrics>,
+    until: Option<Instant>,
+    /// Logged once: Valkey would not show `CLUSTER NODES` (an ACL without `cluster|nodes`).
+    blind_logged: bool,
+}
+
+impl QuorumFence {
+    pub fn new(policy: QuorumPolicy, metrics: Arc<Metrics>) -> QuorumFence {
+        QuorumFence {
+            policy,
+            metrics,
+            until: None,
+            blind_logged: false,
+        }
+    }
+
+    /// Applies the rule to one observation.
+    pub async fn apply(&mut self, session: &mut Session, obs: &Observation) {
+        self.log_blindness(obs);
+        let fenced = self.until.is_some_and(|t| Instant::now() < t);
+        if !fenced && self.until.take().is_some() {
+            tracing::info!("quorum fence ran out: writes resume");
+        }
+        match guard(obs, obs.server_time_ms, fenced, &self.policy) {
+            Guard::Fence { ms, reason } => self.fence(session, ms, &reason, fenced).await,
+            Guard::Lift { reason } => self.lift(session, &reason).await,
+            Guard::Hold => {}
+        }
+    }
+
+    fn log_blindness(&mut self, obs: &Observation) {
+        let blind = obs.cluster.as_ref().is_some_and(|c| c.peers.is_none());
+        if blind && !self.blind_logged {
+            tracing::warn!(
+                "CLUSTER NODES is not readable (grant the agent +cluster|nodes): no quorum fence"
+            );
+            self.blind_logged = true;
+        }
+    }
+
+    async fn fence(&mut self, session: &mut Session, ms: u64, reason: &str, renewal: bool) {
+        let mut cmd = redis::cmd("CLIENT");
+        cmd.arg("PAUSE").arg(ms).arg("WRITE");
+        let sent = Instant::now();
+        match session.command(&cmd).await {
+            Ok(_) => {
+                // Counted from before the command: the pause may end sooner, never later.
+                self.until = Some(sent + Duration::from_millis(ms));
+                if !renewal {
+                    tracing::warn!(reason, ms, "quorum fence: writes paused");
+                    self.metrics.keeper_action("quorum_fence");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, reason, "cannot fence my Valkey");
+                self.metrics.keeper_action("quorum_fence_failed");
+            }
+        }
+    }
+
+    async fn lift(&mut self, session: &mut Session, reason: &str) {
+        let cmd = redis::cmd("CLIENT").arg("UNPAUSE").clone();
+        match session.command(&cmd).await {
+            Ok(_) => {
+                self.until = None;
+                tracing::info!(reason, "quorum fence lifted");
+                self.metrics.keeper_action("quorum_lift");
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot lift the quorum fence"),
+        }
+    }
+}
