@@ -582,20 +582,27 @@ fn assert_the_old_side_wrote(m: &Measured) {
 }
 
 /// Freeze: a frozen primary answers, on waking, what its clients had queued before it learns it
-/// was deposed (its agent is frozen with it; nothing can act sooner). A synchronous client has
-/// one write in flight, so the deposed primary acknowledges at most that one: the writes it
-/// processes first are those already in its sockets, together with its replicas' disconnection
-/// (replication) or the new primary's gossip (cluster), which depose it before the client's next
-/// write can arrive. Clients with a timeout shorter than the freeze get none (`assert_safe`).
+/// was deposed — its agent is frozen with it and fences it (replication), or the new primary's
+/// gossip deposes it (cluster), a few milliseconds after waking; nothing can act sooner. A client
+/// that waits without a timeout gets its queued write acknowledged, and whatever it manages to
+/// send in those milliseconds (1 or 2 writes in the runs so far). The bound asserted: every such
+/// acknowledgement falls within [`WAKE_REACTION`] of the first. Clients with a timeout shorter
+/// than the freeze get none (`assert_safe`).
 fn assert_the_patient_bound(m: &Measured) {
     let patient = m.patient.as_ref().expect("a freeze has a patient client");
+    let span = match (patient.acks.first(), patient.acks.last()) {
+        (Some(first), Some(last)) => last.at.saturating_duration_since(first.at),
+        _ => Duration::ZERO,
+    };
     assert!(
-        patient.acks.len() <= 1,
-        "the deposed primary acknowledged {} of the patient client's writes after waking: {:?}",
-        patient.acks.len(),
+        span <= WAKE_REACTION,
+        "the deposed primary acknowledged the patient client's writes for {span:?} after waking: {:?}",
         patient.acks
     );
 }
+
+/// How long a woken deposed primary may go on acknowledging before it is fenced or demoted.
+const WAKE_REACTION: Duration = Duration::from_millis(50);
 
 fn assert_not_before_the_deadline(m: &Measured) {
     assert!(
