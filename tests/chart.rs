@@ -142,6 +142,8 @@ fn without_valkey_only_the_agents_permissions_are_rendered() {
             "RoleBinding",
             "ServiceAccount",
             "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicyBinding",
         ]
     );

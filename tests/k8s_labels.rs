@@ -256,6 +256,23 @@ async fn the_pods_own_token_may_change_only_its_own_valkey_labels() {
             me,
             serde_json::json!({"spec": {"activeDeadlineSeconds": 3600}}),
         ),
+        (
+            "make another pod owned by something the garbage collector deletes, with the allowed role removal",
+            other,
+            serde_json::json!({"metadata": {"labels": {ROLE: null}, "ownerReferences": [
+                {"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "6f1c7d3e-0000-4000-8000-000000000001"}
+            ]}}),
+        ),
+        (
+            "pin another pod in Terminating with a finalizer, with the allowed role removal",
+            other,
+            serde_json::json!({"metadata": {"labels": {ROLE: null}, "finalizers": ["example.com/pin"]}}),
+        ),
+        (
+            "add a finalizer to its own pod",
+            me,
+            serde_json::json!({"metadata": {"finalizers": ["example.com/pin"]}}),
+        ),
     ];
     for (what, pod, body) in cases {
         let c = code(api.patch(pod, &pp, &Patch::Merge(body)).await);
@@ -292,6 +309,94 @@ async fn the_pods_own_token_may_change_only_its_own_valkey_labels() {
     assert!(
         matches!(del, Err(kube::Error::Api(ref s)) if s.code == 403),
         "{del:?}"
+    );
+}
+
+/// With an agent's token, Leases: the admission policy lets it write only its cluster's coordinator
+/// Lease and shard records that name pods of their own shard, with an epoch that grows by one and
+/// a duration of at most an hour (the stage is in cluster mode, so shard 7's record is unused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_token_cannot_forge_a_shard_record() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::PostParams;
+    let s = Stage::start(options()).await.unwrap();
+    let kubeconfig = s
+        .kubelet
+        .pod_kubeconfig(&s.namespace, "valkey-2-0")
+        .unwrap();
+    let token = std::fs::read_to_string(kubeconfig.with_file_name("token")).unwrap();
+    let api: Api<Lease> = Api::namespaced(
+        s.plane.client_for_token(token.trim()).await.unwrap(),
+        &s.namespace,
+    );
+    let record = |name: &str, holder: &str, epoch: &str, seconds: i32| {
+        serde_json::from_value::<Lease>(serde_json::json!({
+            "metadata": {"name": name,
+                "labels": {"valkey.io/record": "shard-primary", "valkey.io/cluster": "valkey"},
+                "annotations": {"valkey.io/epoch": epoch, "valkey.io/primary": holder}},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": seconds}
+        }))
+        .unwrap()
+    };
+    let code = |r: Result<Lease, kube::Error>| match r {
+        Ok(_) => 200,
+        Err(kube::Error::Api(s)) => s.code,
+        Err(e) => panic!("{e}"),
+    };
+    let pp = PostParams::default();
+    let refused = [
+        (
+            "a Lease outside the cluster's names",
+            record("other-lease", "valkey-7-0", "1", 15),
+        ),
+        (
+            "a record naming a pod of another shard",
+            record("valkey-7-primary", "valkey-0-0", "1", 15),
+        ),
+        (
+            "a record naming a pod of another cluster",
+            record("valkey-7-primary", "other-7-0", "1", 15),
+        ),
+        (
+            "an epoch of 2^64-1",
+            record("valkey-7-primary", "valkey-7-0", "18446744073709551615", 15),
+        ),
+        (
+            "a lease of a day",
+            record("valkey-7-primary", "valkey-7-0", "1", 86_400),
+        ),
+    ];
+    for (what, lease) in refused {
+        let c = code(api.create(&pp, &lease).await);
+        println!("{what}: HTTP {c}");
+        assert!(c == 403 || c == 422, "{what} was allowed (HTTP {c})");
+    }
+    let created = api
+        .create(&pp, &record("valkey-7-primary", "valkey-7-0", "1", 15))
+        .await
+        .unwrap();
+    let mut jump = created.clone();
+    jump.metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert("valkey.io/epoch".into(), "5".into());
+    let c = code(api.replace("valkey-7-primary", &pp, &jump).await);
+    assert!(
+        c == 403 || c == 422,
+        "an epoch jump from 1 to 5 was allowed (HTTP {c})"
+    );
+    let mut next = created.clone();
+    next.metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert("valkey.io/epoch".into(), "2".into());
+    next.spec.as_mut().unwrap().holder_identity = Some("valkey-7-1".into());
+    assert_eq!(
+        code(api.replace("valkey-7-primary", &pp, &next).await),
+        200,
+        "a promotion"
     );
 }
 
