@@ -76,6 +76,7 @@ pub struct Metrics {
     formation_steps: Family<ActionLabel, Counter>,
     shard_record_calls: Family<ResultLabel, Counter>,
     coordinator_record_reads: Family<ResultLabel, Counter>,
+    watch_errors: Family<KindLabel, Counter>,
     move_seconds: Histogram,
 }
 
@@ -111,6 +112,7 @@ impl Metrics {
             formation_steps: Family::default(),
             shard_record_calls: Family::default(),
             coordinator_record_reads: Family::default(),
+            watch_errors: Family::default(),
             move_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
         };
         m.register();
@@ -128,6 +130,11 @@ impl Metrics {
             "formation_steps",
             "Cluster mode: commands the coordinator sent to form the cluster or re-add a node, by kind and result",
             self.formation_steps.clone(),
+        );
+        r.register(
+            "watch_errors",
+            "Kubernetes watch errors, by watch (each re-established with backoff)",
+            self.watch_errors.clone(),
         );
         r.register(
             "shard_record_calls",
@@ -300,6 +307,12 @@ impl Metrics {
             .inc();
     }
 
+    /// Logs and counts one error of a Kubernetes watch (`kind` names the watch).
+    pub fn watch_error(&self, kind: &'static str, error: &dyn std::fmt::Display) {
+        tracing::warn!(watch = kind, %error, "watch failed; re-establishing with backoff");
+        self.watch_errors.get_or_create(&KindLabel { kind }).inc();
+    }
+
     /// Counts one call on the shard record (`ok` or an error kind).
     pub fn shard_record(&self, result: &'static str) {
         self.shard_record_calls
@@ -392,11 +405,13 @@ mod tests {
         m.coordinator_record_read("ok");
         m.coordinator_move_duration(Duration::from_millis(40));
         m.keeper_action("fence");
+        m.watch_error("shard_records", &"gone");
         m.shard_record("ok");
         let text = m.encode();
         for name in [
             "valkey_sidecar_label_writes_total{result=\"ok\"} 1",
             "valkey_sidecar_keeper_actions_total{kind=\"fence\"} 1",
+            "valkey_sidecar_watch_errors_total{kind=\"shard_records\"} 1",
             "valkey_sidecar_shard_record_calls_total{result=\"ok\"} 1",
             "valkey_sidecar_label_write_duration_seconds_count 1",
             "valkey_sidecar_events_total{reason=\"Promoted\",result=\"ok\"} 1",

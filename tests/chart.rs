@@ -276,6 +276,7 @@ async fn rendered_objects_pass_a_server_side_dry_run() {
         check_pods(name, &objects);
         check_budgets(name, &objects);
         check_services(name, &objects);
+        check_network_policy(name, &objects);
         println!("{name}: {} objects accepted", objects.len());
         all.insert(name.clone(), objects);
     }
@@ -493,6 +494,98 @@ fn check_pods(name: &str, objects: &[Value]) {
                 "{name}"
             );
         }
+    }
+}
+
+/// The NetworkPolicy against every port the chart's pods use (no plugin here enforces it, so the
+/// rules are read as a plugin would): Valkey's port from the cluster's pods and from clients, the
+/// bus from the cluster's pods only, the probe port from no other pod (the node is always
+/// allowed), and egress to the cluster's pods, DNS and the apiserver's usual ports.
+fn check_network_policy(name: &str, objects: &[Value]) {
+    let policies = of_kind(objects, "NetworkPolicy");
+    let client = BTreeMap::from([("app".to_owned(), "some-client".to_owned())]);
+    for sts in of_kind(objects, "StatefulSet") {
+        let labels: BTreeMap<String, String> =
+            serde_json::from_value(sts["spec"]["template"]["metadata"]["labels"].clone()).unwrap();
+        let mine: Vec<&Value> = policies
+            .iter()
+            .filter(|p| selects(&p["spec"]["podSelector"], &labels))
+            .collect();
+        assert_eq!(mine.len(), 1, "{name}: NetworkPolicies selecting the pods");
+        let np = mine[0];
+        for (port_name, port) in container_ports(&sts) {
+            let from_members = allows(np, "ingress", port, Some(&labels));
+            let from_client = allows(np, "ingress", port, Some(&client));
+            let what = format!("{name}: port {port_name} ({port})");
+            match port_name.as_str() {
+                "valkey" => assert!(from_members && from_client, "{what}"),
+                "bus" => assert!(from_members && !from_client, "{what}"),
+                "probe" => assert!(!from_client && !from_members, "{what}"),
+                other => panic!("{what}: the test knows no rule for port {other}"),
+            }
+            if port_name != "probe" {
+                assert!(allows(np, "egress", port, Some(&labels)), "{what}: egress");
+            }
+        }
+        for port in [53, 443, 6443] {
+            assert!(
+                allows(np, "egress", port, None),
+                "{name}: egress to port {port}"
+            );
+        }
+    }
+}
+
+/// Every named container port of the pod template (Valkey's and the agent's).
+fn container_ports(sts: &Value) -> Vec<(String, u64)> {
+    let spec = pod_spec(sts);
+    ["containers", "initContainers"]
+        .iter()
+        .filter_map(|k| spec[k].as_array())
+        .flatten()
+        .filter_map(|c| c["ports"].as_array())
+        .flatten()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap().to_owned(),
+                p["containerPort"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Whether a policy's `ingress` (peers in `from`) or `egress` (peers in `to`) rules let `port`
+/// through for a pod of this namespace with `labels`, or for an outside address (`None`).
+fn allows(
+    policy: &Value,
+    direction: &str,
+    port: u64,
+    peer: Option<&BTreeMap<String, String>>,
+) -> bool {
+    let peers_key = if direction == "ingress" { "from" } else { "to" };
+    policy["spec"][direction]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|rule| {
+            let port_ok = rule["ports"]
+                .as_array()
+                .is_none_or(|ps| ps.iter().any(|p| p["port"].as_u64() == Some(port)));
+            let peer_ok = rule[peers_key]
+                .as_array()
+                .is_none_or(|ps| ps.iter().any(|p| peer_matches(p, peer)));
+            port_ok && peer_ok
+        })
+}
+
+fn peer_matches(p: &Value, peer: Option<&BTreeMap<String, String>>) -> bool {
+    match peer {
+        Some(labels) => {
+            p["namespaceSelector"].is_null()
+                && !p["podSelector"].is_null()
+                && selects(&p["podSelector"], labels)
+        }
+        None => p["ipBlock"]["cidr"].is_string(),
     }
 }
 

@@ -26,6 +26,22 @@ fn options() -> StageOptions {
     StageOptions::cluster("labels", 3, 1).env("SIDECAR_BALANCE", "false")
 }
 
+/// The HTTP status of an API call: 200 when it went through, the apiserver's code when refused.
+fn code<T>(r: Result<T, kube::Error>) -> u16 {
+    match r {
+        Ok(_) => 200,
+        Err(kube::Error::Api(s)) => s.code,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// A client that holds `pod`'s own bound token (the kubelet keeps it next to its kubeconfig).
+async fn as_pod(s: &Stage, pod: &str) -> kube::Client {
+    let kubeconfig = s.kubelet.pod_kubeconfig(&s.namespace, pod).unwrap();
+    let token = std::fs::read_to_string(kubeconfig.with_file_name("token")).unwrap();
+    s.plane.client_for_token(token.trim()).await.unwrap()
+}
+
 /// Waits until every pod's role label equals what its Valkey says and shard/zone are set.
 async fn wait_labels_true(s: &Stage) {
     poll_until(
@@ -217,18 +233,7 @@ async fn the_pods_own_token_may_change_only_its_own_valkey_labels() {
     let s = Stage::start(options()).await.unwrap();
     wait_labels_true(&s).await;
     let (me, other) = ("valkey-2-0", "valkey-2-1");
-    // The kubelet keeps the pod's bound token next to its kubeconfig.
-    let kubeconfig = s.kubelet.pod_kubeconfig(&s.namespace, me).unwrap();
-    let token = std::fs::read_to_string(kubeconfig.with_file_name("token")).unwrap();
-    let api: Api<Pod> = Api::namespaced(
-        s.plane.client_for_token(token.trim()).await.unwrap(),
-        &s.namespace,
-    );
-    let code = |r: Result<Pod, kube::Error>| match r {
-        Ok(_) => 200,
-        Err(kube::Error::Api(s)) => s.code,
-        Err(e) => panic!("{e}"),
-    };
+    let api: Api<Pod> = Api::namespaced(as_pod(&s, me).await, &s.namespace);
     let pp = PatchParams::default();
     let cases = [
         (
@@ -320,15 +325,7 @@ async fn an_agent_token_cannot_forge_a_shard_record() {
     use k8s_openapi::api::coordination::v1::Lease;
     use kube::api::PostParams;
     let s = Stage::start(options()).await.unwrap();
-    let kubeconfig = s
-        .kubelet
-        .pod_kubeconfig(&s.namespace, "valkey-2-0")
-        .unwrap();
-    let token = std::fs::read_to_string(kubeconfig.with_file_name("token")).unwrap();
-    let api: Api<Lease> = Api::namespaced(
-        s.plane.client_for_token(token.trim()).await.unwrap(),
-        &s.namespace,
-    );
+    let api: Api<Lease> = Api::namespaced(as_pod(&s, "valkey-2-0").await, &s.namespace);
     let record = |name: &str, holder: &str, epoch: &str, seconds: i32| {
         serde_json::from_value::<Lease>(serde_json::json!({
             "metadata": {"name": name,
@@ -337,11 +334,6 @@ async fn an_agent_token_cannot_forge_a_shard_record() {
             "spec": {"holderIdentity": holder, "leaseDurationSeconds": seconds}
         }))
         .unwrap()
-    };
-    let code = |r: Result<Lease, kube::Error>| match r {
-        Ok(_) => 200,
-        Err(kube::Error::Api(s)) => s.code,
-        Err(e) => panic!("{e}"),
     };
     let pp = PostParams::default();
     let refused = [

@@ -278,3 +278,55 @@ async fn deleting_the_primary_pod_switches_over_without_losing_a_write() {
     tokio::time::sleep(2 * SECOND).await;
     assert_eq!(record(&s, "0").await, held(&promoted, 2));
 }
+
+/// A shard record deleted (by hand, or by the garbage collector) while a pod other than pod 0 is
+/// primary: its holder re-creates it one epoch up, and nothing fails over — before, nobody could
+/// (pod 0 bootstraps only when no other master has data), and the shard stayed without writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_deleted_under_a_later_primary_is_re_created_above_its_epoch() {
+    let s = replication_stage("repl-deleted", &[]).await;
+    bootstrapped(&s).await;
+    s.kubelet
+        .crash_container(&s.namespace, "valkey-0-0", "valkey")
+        .unwrap();
+    let promoted = new_primary(&s, "valkey-0-0", 20 * SECOND).await.unwrap();
+    poll_until(
+        "valkey-0-0 rejoins as a replica",
+        30 * SECOND,
+        Duration::from_millis(50),
+        || async { Ok(follows(&s, "valkey-0-0", &promoted)) },
+    )
+    .await
+    .unwrap();
+    assert_eq!(record(&s, "0").await, held(&promoted, 2));
+    let leases: Api<Lease> = Api::namespaced(s.plane.client(), &s.namespace);
+    leases
+        .delete(&format!("{}-0-primary", s.cluster), &Default::default())
+        .await
+        .unwrap();
+    let deleted = Instant::now();
+    poll_until(
+        "the holder re-creates the record one epoch up",
+        20 * SECOND,
+        Duration::from_millis(20),
+        || async { Ok(record(&s, "0").await == held(&promoted, 3)) },
+    )
+    .await
+    .unwrap();
+    println!(
+        "record re-created by {promoted} at epoch 3 after {:?}",
+        deleted.elapsed()
+    );
+    // No failover: the same primary, writable, labelled; the others still follow it.
+    tokio::time::sleep(2 * SECOND).await;
+    assert_eq!(writable(&s), vec![promoted.clone()]);
+    assert_eq!(record(&s, "0").await, held(&promoted, 3));
+    assert_eq!(role_label(&s, &promoted).await.as_deref(), Some("primary"));
+    for pod in s.pods.iter().filter(|p| **p != promoted) {
+        assert!(
+            follows(&s, pod, &promoted),
+            "{pod} does not follow {promoted}"
+        );
+    }
+    s.cmd(&promoted, &["SET", "after-recreate", "v"]).unwrap();
+}

@@ -188,7 +188,10 @@ impl Elector {
             Some(h) if h == self.identity => at_or_wait(LeaseAction::Acquire, now, write_at),
             // Someone else's: take over only after a full lease duration without change.
             Some(_) => {
-                let expires = seen_at.plus(record.lease_ms.max(self.timings.lease_ms));
+                let expires = seen_at.plus(judged_lease_ms(
+                    self.timings.lease_ms,
+                    Some(record.lease_ms),
+                ));
                 if now >= expires {
                     at_or_wait(LeaseAction::Acquire, now, write_at)
                 } else {
@@ -224,6 +227,18 @@ fn at_or_wait(action: LeaseAction, now: Millis, at: Millis) -> LeaseAction {
     } else {
         LeaseAction::Wait { until: at }
     }
+}
+
+/// The longest lease a record may claim: the agent's own maximum (`SIDECAR_LEASE_DURATION`).
+pub const MAX_LEASE_MS: u64 = 3_600_000;
+
+/// How long someone else's Lease stays held without renewal: the holder's lease if longer than
+/// the judge's own — during a rolling change of lease settings, a holder on the old, longer lease
+/// acts until its own renew deadline, so judging by the shorter one could take over while it still
+/// acts — but never more than [`MAX_LEASE_MS`], so a Lease claiming a huge duration cannot freeze
+/// a takeover for longer than that.
+pub fn judged_lease_ms(own_ms: u64, recorded_ms: Option<u64>) -> u64 {
+    recorded_ms.unwrap_or(0).min(MAX_LEASE_MS).max(own_ms)
 }
 
 #[cfg(test)]
@@ -301,6 +316,22 @@ mod tests {
         e.observe(Some(held_by("a", "2")), Millis(20_000));
         assert_eq!(e.decide(Millis(25_000)), LeaseAction::Acquire);
         assert_eq!(e.record_to_write().transitions, 1);
+    }
+
+    #[test]
+    fn a_longer_lease_of_the_holder_counts_but_at_most_an_hour() {
+        let mut e = Elector::new("b", T);
+        let long = |ms| LeaseRecord {
+            lease_ms: ms,
+            ..held_by("a", "1")
+        };
+        e.observe(Some(long(30_000)), Millis(0));
+        assert_eq!(e.decide(Millis(29_999)), LeaseAction::Read);
+        assert_eq!(e.decide(Millis(30_000)), LeaseAction::Acquire);
+        let mut f = Elector::new("b", T);
+        f.observe(Some(long(u64::MAX)), Millis(0));
+        assert_eq!(f.decide(Millis(MAX_LEASE_MS - 1)), LeaseAction::Read);
+        assert_eq!(f.decide(Millis(MAX_LEASE_MS)), LeaseAction::Acquire);
     }
 
     #[test]

@@ -32,6 +32,7 @@
 use std::cmp::Reverse;
 
 use crate::lease::LeaseTimings;
+pub use crate::lease::{MAX_LEASE_MS, judged_lease_ms};
 use crate::observation::Role;
 use crate::time::Millis;
 
@@ -48,6 +49,9 @@ pub struct ShardRecord {
     pub epoch: u64,
     /// `resourceVersion`: every write changes it, so it tells a renewal from a stale read.
     pub version: String,
+    /// The lease duration its last writer set (`leaseDurationSeconds`, in ms): the holder's own.
+    /// Expiry is judged by the longer of it and the judge's own (see [`judged_lease_ms`]).
+    pub lease_ms: Option<u64>,
 }
 
 impl ShardRecord {
@@ -87,6 +91,7 @@ impl ShardRecord {
     /// The record the first primary creates: it holds it at epoch 1.
     pub fn bootstrap(pod: &str) -> ShardRecord {
         ShardRecord {
+            lease_ms: None,
             holder: Some(pod.to_owned()),
             primary: Some(pod.to_owned()),
             epoch: 1,
@@ -161,6 +166,25 @@ impl SeenRecord {
             read_at: sent,
             changed_at,
         }
+    }
+
+    /// [`SeenRecord::after_read`], for a judge of expiry: a read after a gap of more than `gap_ms`
+    /// since the previous one restarts the clock. Whatever kept this agent from reading (an
+    /// apiserver outage) may have kept the holder from renewing too; a record judged stale across
+    /// that gap would fail over a primary that only fenced itself because nobody could write.
+    /// Judged from here on, the holder gets a full lease to renew once the apiserver answers.
+    pub fn after_continuous_read(
+        prev: Option<&SeenRecord>,
+        record: Option<ShardRecord>,
+        sent: Millis,
+        received: Millis,
+        gap_ms: u64,
+    ) -> SeenRecord {
+        let mut seen = SeenRecord::after_read(prev, record, sent, received);
+        if prev.is_some_and(|p| sent.since(p.read_at) > gap_ms) {
+            seen.changed_at = received;
+        }
+        seen
     }
 }
 
@@ -315,8 +339,9 @@ pub enum LocalAction {
     Rejoin { to: String, reason: String },
     /// `REPLICAOF <to>`: my replica follows the wrong primary.
     Repoint { to: String, reason: String },
-    /// Create the record with [`ShardRecord::bootstrap`] (create fails if it exists).
-    Bootstrap { reason: String },
+    /// Create the record naming me at `epoch` (create fails if it exists): 1 for a new shard
+    /// ([`ShardRecord::bootstrap`]), or above the epoch I held when the record vanished under me.
+    Bootstrap { epoch: u64, reason: String },
     /// Waiting on someone else, or on a fresher read of the record (read it soon).
     Wait { reason: String },
     /// All is as it should be.
@@ -350,7 +375,7 @@ impl LocalAction {
             | LocalAction::Demote { reason, .. }
             | LocalAction::Rejoin { reason, .. }
             | LocalAction::Repoint { reason, .. }
-            | LocalAction::Bootstrap { reason }
+            | LocalAction::Bootstrap { reason, .. }
             | LocalAction::Wait { reason }
             | LocalAction::Nothing { reason } => reason,
         }
@@ -466,7 +491,7 @@ fn as_primary(view: &LocalView, v: &LocalValkey) -> LocalAction {
         );
     };
     let Some(record) = &seen.record else {
-        return unrecorded_primary(view);
+        return unrecorded_primary(view, v);
     };
     if named(view) {
         return lapsed_primary(view, v);
@@ -498,13 +523,22 @@ fn steady_primary(view: &LocalView, v: &LocalValkey) -> LocalAction {
     }
 }
 
-/// No record exists: only the intended primary creates it, and only if no one else has data.
-fn unrecorded_primary(view: &LocalView) -> LocalAction {
+/// No record exists: its last holder re-creates it above its epoch; otherwise only the intended
+/// primary creates it, and only if no one else has data.
+fn unrecorded_primary(view: &LocalView, v: &LocalValkey) -> LocalAction {
+    if let Some(epoch) = recreate_epoch(view, v) {
+        let reason = format!(
+            "the record vanished while I held it at epoch {}: re-creating it at epoch {epoch}",
+            epoch - 1
+        );
+        return LocalAction::Bootstrap { epoch, reason };
+    }
     if view.other_master {
         return fence_or_wait(view, "no record, and another pod runs a master with data");
     }
     if view.node_index == Some(0) {
         return LocalAction::Bootstrap {
+            epoch: 1,
             reason: "no record exists and I am node-index 0: creating it at epoch 1".into(),
         };
     }
@@ -512,6 +546,19 @@ fn unrecorded_primary(view: &LocalView) -> LocalAction {
         view,
         "no record yet: the node-index 0 pod bootstraps the shard",
     )
+}
+
+/// The epoch at which the holder re-creates a deleted record: one above the epoch it holds, if
+/// its holding is still valid (before its renew deadline) for this Valkey run, with its data.
+/// While it is valid nobody can have been promoted (the coordinator waits a full lease after the
+/// last renewal it saw, longer than the renew deadline), and the create fails if anyone else
+/// re-created the record first; so the pod the shard trusts stays primary, with no failover. A
+/// holder that learns of the deletion only after its deadline has fenced itself and waits.
+fn recreate_epoch(view: &LocalView, v: &LocalValkey) -> Option<u64> {
+    let h = view.holding.as_ref()?;
+    let valid = view.now < h.deadline(&view.timings);
+    let ours = h.run_id == v.run_id && !v.fresh;
+    (valid && ours).then(|| h.epoch.checked_add(1)).flatten()
 }
 
 /// The record names us, but our renewal lapsed (or was made for another epoch or Valkey run).
@@ -705,6 +752,7 @@ impl Promotion {
     /// The record to write: held by the target at the new epoch, based on the decided version.
     pub fn record(&self) -> ShardRecord {
         ShardRecord {
+            lease_ms: None,
             holder: Some(self.target.clone()),
             primary: Some(self.target.clone()),
             epoch: self.epoch,
@@ -769,7 +817,8 @@ fn vacancy(view: &ShardView, seen: &SeenRecord, record: &ShardRecord) -> Result<
     let Some(holder) = record.holder() else {
         return Ok("the record was released".into());
     };
-    let expires = seen.changed_at.plus(view.lease_ms);
+    let lease_ms = judged_lease_ms(view.lease_ms, record.lease_ms);
+    let expires = seen.changed_at.plus(lease_ms);
     if view.now < expires {
         let left = expires.since(view.now);
         return Err(hold(
@@ -778,8 +827,7 @@ fn vacancy(view: &ShardView, seen: &SeenRecord, record: &ShardRecord) -> Result<
         ));
     }
     Ok(format!(
-        "{holder} did not renew the record for {} ms",
-        view.lease_ms
+        "{holder} did not renew the record for {lease_ms} ms"
     ))
 }
 

@@ -189,17 +189,32 @@ fn shards_with_primary(world: &World) -> BTreeSet<&str> {
 
 /// The annotations the holder writes: one per condition (`"<True|False> <Reason>: <message>"`),
 /// the last decision when there was one, and `updated`, when the status last changed.
+/// Each value is cut at [`MAX_VALUE_CHARS`], so a message listing every shard of a large cluster
+/// can never push the Lease towards the object size limit (a failing write is a failing renewal).
 pub fn annotations(status: &Status, updated: &str) -> BTreeMap<String, String> {
     let mut out: BTreeMap<String, String> = status
         .conditions
         .iter()
-        .map(|c| (format!("{PREFIX}{}", c.type_), render(c)))
+        .map(|c| (format!("{PREFIX}{}", c.type_), capped(render(c))))
         .collect();
     if let Some(d) = &status.last_decision {
-        out.insert(format!("{PREFIX}last-decision"), decision(d));
+        out.insert(format!("{PREFIX}last-decision"), capped(decision(d)));
     }
     out.insert(format!("{PREFIX}updated"), updated.to_owned());
     out
+}
+
+/// The longest annotation value the holder writes; with a fixed set of conditions the status stays
+/// under 16 KiB, whatever the cluster's size.
+pub const MAX_VALUE_CHARS: usize = 2048;
+
+fn capped(value: String) -> String {
+    let total = value.chars().count();
+    if total <= MAX_VALUE_CHARS {
+        return value;
+    }
+    let note = format!(" … ({} more characters)", total - (MAX_VALUE_CHARS - 64));
+    value.chars().take(MAX_VALUE_CHARS - 64).collect::<String>() + &note
 }
 
 fn render(c: &Condition) -> String {
@@ -580,6 +595,25 @@ mod tests {
         ];
         let got: Vec<(&str, &str)> = got.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn long_messages_are_capped() {
+        let shards: Vec<String> = (0..2000)
+            .map(|i| format!("shard s{i}: primary p{i} in b"))
+            .collect();
+        let status = Status {
+            conditions: vec![fails(PLACEMENT, "FailoverDrift", shards.join("; "))],
+            last_decision: None,
+        };
+        let got = annotations(&status, "t");
+        let value = &got["status.valkey.io/PrimaryPlacementAligned"];
+        assert!(value.chars().count() <= MAX_VALUE_CHARS, "{}", value.len());
+        assert!(
+            value.starts_with("False FailoverDrift: shard s0:"),
+            "{value}"
+        );
+        assert!(value.ends_with("more characters)"), "{value}");
     }
 
     #[test]

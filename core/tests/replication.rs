@@ -22,6 +22,7 @@ const T: LeaseTimings = LeaseTimings {
 
 fn record(holder: Option<&str>, primary: Option<&str>, epoch: u64) -> ShardRecord {
     ShardRecord {
+        lease_ms: None,
         holder: holder.map(str::to_owned),
         primary: primary.map(str::to_owned),
         epoch,
@@ -313,6 +314,40 @@ fn local_table() {
             "fence",
         ),
         (
+            "no record any more, node-index 1 held it at epoch 4 in this run",
+            LocalView {
+                node_index: Some(1),
+                valkey: Some(master("run", 0)),
+                holding: Some(holding(4, 5, "run")),
+                record: Some(seen(None, 10)),
+                other_master: true,
+                ..view(10)
+            },
+            "bootstrap",
+        ),
+        (
+            "no record any more, held it at epoch 4 but past the renew deadline",
+            LocalView {
+                node_index: Some(1),
+                valkey: Some(master("run", 0)),
+                holding: Some(holding(4, 5, "run")),
+                record: Some(seen(None, 10_005)),
+                ..view(10_005)
+            },
+            "fence",
+        ),
+        (
+            "no record any more, held it in an earlier Valkey run",
+            LocalView {
+                node_index: Some(1),
+                valkey: Some(master("run-2", 0)),
+                holding: Some(holding(4, 5, "run")),
+                record: Some(seen(None, 10)),
+                ..view(10)
+            },
+            "fence",
+        ),
+        (
             "no record, another master has data",
             LocalView {
                 valkey: Some(fresh(master("run", 0))),
@@ -336,6 +371,24 @@ fn local_table() {
         let got = local(&v);
         assert_eq!(got.kind(), want, "{name}: {got:?}");
         assert!(!got.reason().is_empty(), "{name}: no reason");
+    }
+}
+
+#[test]
+fn a_vanished_record_is_re_created_by_its_holder_above_its_epoch() {
+    let v = LocalView {
+        node_index: Some(2),
+        valkey: Some(master("run", 0)),
+        holding: Some(holding(4, 5, "run")),
+        record: Some(seen(None, 10)),
+        ..view(10)
+    };
+    match local(&v) {
+        LocalAction::Bootstrap { epoch, reason } => {
+            assert_eq!(epoch, 5);
+            assert!(reason.contains("epoch 4"), "{reason}");
+        }
+        other => panic!("{other:?}"),
     }
 }
 
@@ -592,6 +645,7 @@ fn promotes_the_highest_offset_once_the_lease_ran_out() {
     assert_eq!(
         p.record(),
         ShardRecord {
+            lease_ms: None,
             holder: Some("pod-2".into()),
             primary: Some("pod-2".into()),
             epoch: 6,
@@ -599,6 +653,69 @@ fn promotes_the_highest_offset_once_the_lease_ran_out() {
         }
     );
     assert!(p.reason.contains("did not renew"), "{}", p.reason);
+}
+
+/// The holder's own lease, when longer, is what the record is judged by (a rolling change of
+/// lease settings); a record claiming more than an hour is judged by an hour.
+#[test]
+fn expiry_is_judged_by_the_holders_lease_up_to_an_hour() {
+    use valkey_sidecar_core::replication::{MAX_LEASE_MS, judged_lease_ms};
+    let cases = [
+        (15_000, None, 15_000),
+        (15_000, Some(10_000), 15_000),
+        (15_000, Some(30_000), 30_000),
+        (15_000, Some(u64::MAX), MAX_LEASE_MS),
+    ];
+    for (own, recorded, want) in cases {
+        assert_eq!(judged_lease_ms(own, recorded), want, "{own} {recorded:?}");
+    }
+    let longer = |now: u64, lease_ms: u64| {
+        let mut v = shard(now);
+        let rec = v.record.as_mut().unwrap().record.as_mut().unwrap();
+        rec.lease_ms = Some(lease_ms);
+        promote(&v, &FailoverPolicy::default())
+    };
+    assert_eq!(longer(29_999, 30_000).unwrap_err().kind, HoldKind::Held);
+    assert!(longer(30_000, 30_000).unwrap().reason.contains("30000 ms"));
+    let forged = longer(MAX_LEASE_MS - 1, u64::MAX / 1000 * 1000);
+    assert_eq!(forged.unwrap_err().kind, HoldKind::Held);
+    assert!(longer(MAX_LEASE_MS, u64::MAX / 1000 * 1000).is_ok());
+}
+
+/// After a gap in reads longer than the renew deadline (an apiserver outage) the record counts
+/// as just seen: the holder, which could not renew either, gets a full lease once it can.
+#[test]
+fn a_gap_in_reads_restarts_the_expiry_clock() {
+    let before = seen(Some(record(Some("pod-0"), Some("pod-0"), 5)), 1_000);
+    let same = || Some(record(Some("pod-0"), Some("pod-0"), 5));
+    let steady = SeenRecord::after_continuous_read(
+        Some(&before),
+        same(),
+        Millis(3_000),
+        Millis(3_010),
+        10_000,
+    );
+    assert_eq!(
+        steady.changed_at,
+        Millis(1_000),
+        "a continuous watch keeps the first sighting"
+    );
+    let after_gap = SeenRecord::after_continuous_read(
+        Some(&before),
+        same(),
+        Millis(61_000),
+        Millis(61_010),
+        10_000,
+    );
+    assert_eq!(after_gap.changed_at, Millis(61_010));
+    let mut v = shard(61_010 + 14_999);
+    v.record = Some(after_gap.clone());
+    assert_eq!(
+        promote(&v, &FailoverPolicy::default()).unwrap_err().kind,
+        HoldKind::Held
+    );
+    v.now = Millis(61_010 + 15_000);
+    assert!(promote(&v, &FailoverPolicy::default()).is_ok());
 }
 
 #[test]
@@ -857,6 +974,7 @@ fn shard_record() -> impl Strategy<Value = ShardRecord> {
         0u64..1_000,
     )
         .prop_map(|(h, p, e)| ShardRecord {
+            lease_ms: None,
             holder: h,
             primary: p,
             epoch: e,
@@ -1245,9 +1363,17 @@ proptest! {
                 prop_assert!(holds_validly(&v) || fence_lasts(&v), "{:?}", a)
             }
             LocalAction::Wait { .. } => prop_assert!(fence_lasts(&v), "{:?}", a),
-            LocalAction::Bootstrap { .. } => {
+            LocalAction::Bootstrap { epoch, .. } => {
                 let absent = v.record.as_ref().is_some_and(|s| s.record.is_none());
-                prop_assert!(absent && v.node_index == Some(0) && !v.other_master);
+                let valkey = v.valkey.as_ref().unwrap();
+                // The holder, validly and with this run's data, re-creates one above its epoch; else
+                // only node-index 0 creates epoch 1, and only when nobody else has data.
+                let last_holder = v.holding.as_ref().is_some_and(|h| {
+                    let valid = v.now < h.deadline(&v.timings);
+                    valid && h.run_id == valkey.run_id && !valkey.fresh && epoch == h.epoch + 1
+                });
+                let first = epoch == 1 && v.node_index == Some(0) && !v.other_master;
+                prop_assert!(absent && (last_holder || first), "{:?}", a);
             }
             _ => {}
         }

@@ -669,6 +669,7 @@ mod tests {
 
     fn held_by(holder: &str, epoch: u64) -> ShardRecord {
         ShardRecord {
+            lease_ms: None,
             holder: Some(holder.into()),
             primary: Some(holder.into()),
             epoch,

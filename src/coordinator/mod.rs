@@ -336,7 +336,9 @@ impl Coordinator {
         let cluster = self.cluster.clone();
         let mut holders: BTreeMap<String, Option<String>> = BTreeMap::new();
         let stream = watcher(api, config).default_backoff().applied_objects();
+        let metrics = self.metrics.clone();
         tokio::spawn(stream.for_each(move |lease| {
+            let lease = lease.map_err(|e| metrics.watch_error("shard_records", &e));
             if let Some(shard) = lease
                 .ok()
                 .and_then(|l| holder_change(&cluster, &l, &mut holders))
@@ -367,22 +369,31 @@ impl Coordinator {
             writer,
             watcher(api, watcher::Config::default().labels(&self.selector)),
         );
-        (
-            reader,
-            tokio::spawn(stream.default_backoff().for_each(|_| async {})),
-        )
+        let metrics = self.metrics.clone();
+        let task = stream.default_backoff().for_each(move |event| {
+            if let Err(e) = &event {
+                metrics.watch_error("pods", e);
+            }
+            async {}
+        });
+        (reader, tokio::spawn(task))
     }
 
     fn watch_nodes(&self, forbidden_flag: Arc<AtomicBool>) -> (Store<Node>, JoinHandle<()>) {
         let api: Api<Node> = Api::all(self.client.clone());
         let (reader, writer) = reflector::store();
         let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()));
+        let metrics = self.metrics.clone();
         let task = stream.default_backoff().for_each(move |event| {
-            if let Err(e) = &event
-                && forbidden(e)
-                && !forbidden_flag.swap(true, Ordering::Relaxed)
-            {
-                tracing::warn!("may not list nodes: planning without node facts (cordons and NotReady nodes go unseen)");
+            match &event {
+                // Said once: RBAC without nodes is a supported choice, not an error to repeat.
+                Err(e) if forbidden(e) => {
+                    if !forbidden_flag.swap(true, Ordering::Relaxed) {
+                        tracing::warn!("may not list nodes: planning without node facts (cordons and NotReady nodes go unseen)");
+                    }
+                }
+                Err(e) => metrics.watch_error("nodes", e),
+                Ok(_) => {}
             }
             async {}
         });

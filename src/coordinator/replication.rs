@@ -176,13 +176,21 @@ fn at(template: &Connector, host: &str) -> Connector {
 }
 
 impl RecordState {
-    async fn read(&mut self, clock: Clock, metrics: &Metrics) {
+    /// `gap_ms`: a longer gap since the previous read restarts the expiry clock.
+    async fn read(&mut self, clock: Clock, metrics: &Metrics, gap_ms: u64) {
         let sent = clock.now();
         match self.client.read().await {
             Ok(record) => {
                 metrics.coordinator_record_read("ok");
                 let prev = self.seen.take();
-                let seen = SeenRecord::after_read(prev.as_ref(), record, sent, clock.now());
+                let received = clock.now();
+                let seen = SeenRecord::after_continuous_read(
+                    prev.as_ref(),
+                    record,
+                    sent,
+                    received,
+                    gap_ms,
+                );
                 self.seen = Some(seen);
             }
             Err(e) => {
@@ -193,14 +201,17 @@ impl RecordState {
     }
 }
 
+/// Reads every record that is due; `gap_ms` (the renew deadline): see
+/// [`SeenRecord::after_continuous_read`].
 async fn read_records(
     records: &mut BTreeMap<String, RecordState>,
     clock: Clock,
     metrics: &Metrics,
+    gap_ms: u64,
 ) {
     let now = clock.now();
     let due = records.values_mut().filter(|r| r.next_read <= now);
-    join_all(due.map(|r| r.read(clock, metrics))).await;
+    join_all(due.map(|r| r.read(clock, metrics, gap_ms))).await;
 }
 
 async fn observe_members(
@@ -371,7 +382,12 @@ impl Coordinator {
         state.sync_records(shards, |shard| self.record_client(shard), &seed);
         let (observed, ()) = tokio::join!(
             observe_members(&mut state.members),
-            read_records(&mut state.records, self.clock, &self.metrics),
+            read_records(
+                &mut state.records,
+                self.clock,
+                &self.metrics,
+                self.timings.renew_deadline_ms,
+            ),
         );
         observed
     }

@@ -135,10 +135,10 @@ impl Labeler {
             tokio::select! {
                 changed = self.state.changed() => if changed.is_err() { return },
                 _ = claim_changed(&mut self.claim) => {},
-                Some(event) = pod_events.next() => if let Ok(pod) = event {
-                    if !predates(&pod, p.written) {
-                        p.current = labels_of(&pod.metadata);
-                    }
+                Some(event) = pod_events.next() => match event {
+                    Ok(pod) if !predates(&pod, p.written) => p.current = labels_of(&pod.metadata),
+                    Ok(_) => {}
+                    Err(e) => self.metrics.watch_error("own_pod", &e),
                 },
                 _ = sleep_until(retry.unwrap_or_else(Instant::now)), if retry.is_some() => p.retry_at = None,
                 _ = shutdown.changed() => return,

@@ -9,7 +9,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use futures::future::ready;
 use futures::stream::{BoxStream, StreamExt};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
@@ -68,14 +67,15 @@ impl ShardLeaseClient {
         super::bounded(self.timeout, f).await
     }
 
-    /// The record each time the Lease changes (from a watch, re-established with backoff). Only a
-    /// hint that something changed: a watch may lag, so decisions read the record first.
-    pub fn watch(&self) -> BoxStream<'static, ShardRecord> {
+    /// The record each time the Lease changes (from a watch, re-established with backoff), or the
+    /// watch's error. Only a hint that something changed: a watch may lag, so decisions read the
+    /// record first.
+    pub fn watch(&self) -> BoxStream<'static, Result<ShardRecord, watcher::Error>> {
         let config = watcher::Config::default().fields(&format!("metadata.name={}", self.name));
         watcher(self.api.clone(), config)
             .default_backoff()
             .applied_objects()
-            .filter_map(|lease| ready(lease.ok().map(|l| record_of(&l))))
+            .map(|lease| lease.map(|l| record_of(&l)))
             .boxed()
     }
 
@@ -117,6 +117,7 @@ impl ShardLeaseClient {
                 return Ok(false);
             }
             let next = ShardRecord {
+                lease_ms: None,
                 holder: Some(holder.to_owned()),
                 primary: Some(holder.to_owned()),
                 epoch,
@@ -173,6 +174,7 @@ pub fn record_of(lease: &Lease) -> ShardRecord {
     let spec = lease.spec.clone().unwrap_or_default();
     let annotations = lease.metadata.annotations.clone().unwrap_or_default();
     ShardRecord {
+        lease_ms: lease_ms_of(&spec),
         holder: spec.holder_identity.filter(|h| !h.is_empty()),
         primary: annotations
             .get(ShardRecord::PRIMARY_ANNOTATION)
@@ -186,6 +188,12 @@ pub fn record_of(lease: &Lease) -> ShardRecord {
     }
 }
 
+/// `leaseDurationSeconds` in ms; a negative or missing duration reads as unknown.
+fn lease_ms_of(spec: &LeaseSpec) -> Option<u64> {
+    let seconds = u64::try_from(spec.lease_duration_seconds?).ok()?;
+    Some(seconds.saturating_mul(1000))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,6 +201,7 @@ mod tests {
     #[test]
     fn a_record_survives_the_round_trip_through_a_lease() {
         let client_free = ShardRecord {
+            lease_ms: None,
             holder: Some("valkey-0-1".into()),
             primary: Some("valkey-0-1".into()),
             epoch: 7,

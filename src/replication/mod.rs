@@ -16,6 +16,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Api;
+use kube::api::ListParams;
 use tokio::sync::watch;
 use valkey_sidecar_core::health::{Bounds, HealthState};
 use valkey_sidecar_core::lease::LeaseTimings;
@@ -81,6 +82,9 @@ const ADDR_REFRESH_MS: u64 = 10_000;
 struct Seat {
     shard: String,
     node_index: Option<u32>,
+    /// The pod carries the shard label (the chart's and the operator's pods do); without it,
+    /// membership is the cluster's selector alone.
+    shard_labelled: bool,
 }
 
 /// What the keeper remembers between steps.
@@ -131,7 +135,10 @@ impl Keeper {
             tokio::select! {
                 _ = tokio::time::sleep(wake) => {}
                 Ok(()) = observed.changed() => {}
-                Some(rec) = changes.next() => memory.force_read |= moved(&memory, &rec),
+                Some(change) = changes.next() => match change {
+                    Ok(rec) => memory.force_read |= moved(&memory, &rec),
+                    Err(e) => self.metrics.watch_error("shard_record", &e),
+                },
                 _ = shutdown.changed() => break,
             }
             self.step(&seat, &records, &mut session, &mut memory).await;
@@ -220,7 +227,7 @@ impl Keeper {
         for _ in 0..3 {
             let valkey = self.local_valkey(memory);
             self.read_if_due(records, valkey.as_ref(), memory).await;
-            self.resolve_primary(memory).await;
+            self.resolve_primary(seat, memory).await;
             let other_master = self.other_master(seat, memory).await;
             let view = self.view(seat, valkey, memory, other_master);
             let action = local(&view);
@@ -341,8 +348,10 @@ impl Keeper {
     }
 
     /// The address of the recorded primary: looked up when unknown and again every
-    /// [`ADDR_REFRESH_MS`] (a recreated pod keeps its name but gets a new IP).
-    async fn resolve_primary(&self, memory: &mut Memory) {
+    /// [`ADDR_REFRESH_MS`] (a recreated pod keeps its name but gets a new IP). Only a pod of this
+    /// cluster and shard has an address: a record naming any other pod (forged, or from another
+    /// deployment) never makes this Valkey replicate from it.
+    async fn resolve_primary(&self, seat: &Seat, memory: &mut Memory) {
         let Some(primary) = memory
             .seen
             .as_ref()
@@ -356,7 +365,7 @@ impl Keeper {
         if memory.addrs.get(&primary).is_some_and(fresh) {
             return;
         }
-        match self.pod_ip(&primary).await {
+        match self.member_ip(seat, &primary).await {
             Ok(Some(ip)) => {
                 let addr = format!("{ip}:{}", self.connector.port);
                 memory.addrs.insert(primary, (addr, now));
@@ -368,11 +377,26 @@ impl Keeper {
         }
     }
 
-    async fn pod_ip(&self, pod: &str) -> Result<Option<String>, KubeError> {
+    /// The IP of `pod` if it is a member of this pod's shard: selected by the cluster's selector
+    /// and the shard label on the server, so a pod outside the shard reads as absent.
+    async fn member_ip(&self, seat: &Seat, pod: &str) -> Result<Option<String>, KubeError> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        let shard = &seat.shard;
+        let selector = match seat.shard_labelled {
+            true => format!("{},{SHARD_INDEX_LABEL}={shard}", self.selector),
+            false => self.selector.clone(),
+        };
+        let params = ListParams::default()
+            .labels(&selector)
+            .fields(&format!("metadata.name={pod}"));
         let limit = Duration::from_millis(self.timings.retry_ms.max(500));
-        let got = crate::kube::bounded(limit, pods.get_opt(pod)).await?;
-        Ok(got.and_then(|p| p.status?.pod_ip))
+        let got = crate::kube::bounded(limit, pods.list(&params)).await?;
+        let member = got.items.into_iter().next();
+        if member.is_none() {
+            // Also while the pod is being recreated: no warning for every step of that.
+            tracing::debug!(pod, shard, "the record names no current member of my shard");
+        }
+        Ok(member.and_then(|p| p.status?.pod_ip))
     }
 
     /// Only when no record exists (bootstrap): whether another pod of the shard runs a master
@@ -411,8 +435,11 @@ impl Keeper {
     ) -> bool {
         match action {
             LocalAction::Renew { .. } => self.renew(view, records, memory).await,
-            LocalAction::Bootstrap { .. } => {
-                let rec = ShardRecord::bootstrap(&self.pod);
+            LocalAction::Bootstrap { epoch, .. } => {
+                let rec = ShardRecord {
+                    epoch,
+                    ..ShardRecord::bootstrap(&self.pod)
+                };
                 self.write_holding(&rec, view, records, memory).await
             }
             LocalAction::Release { .. } => {
@@ -601,6 +628,7 @@ fn seat_of(pod: &Pod) -> Seat {
             .cloned()
             .unwrap_or_else(|| "0".into()),
         node_index: node_index(&labels),
+        shard_labelled: labels.contains_key(SHARD_INDEX_LABEL),
     }
 }
 
@@ -635,6 +663,7 @@ mod tests {
     fn the_seat_comes_from_the_static_labels_with_shard_0_by_default() {
         let mut pod = Pod::default();
         assert_eq!(seat_of(&pod).shard, "0");
+        assert!(!seat_of(&pod).shard_labelled);
         pod.metadata.labels = Some(BTreeMap::from([
             (SHARD_INDEX_LABEL.to_owned(), "2".to_owned()),
             (NODE_INDEX_LABEL.to_owned(), "0".to_owned()),
@@ -643,7 +672,8 @@ mod tests {
             seat_of(&pod),
             Seat {
                 shard: "2".into(),
-                node_index: Some(0)
+                node_index: Some(0),
+                shard_labelled: true,
             }
         );
     }

@@ -403,6 +403,7 @@ struct Build {
 pub fn check_dockerfile(dockerfile: &str, script: &str) -> Result<Image, String> {
     let stages = stages(dockerfile)?;
     let (fin, earlier) = check_final_stage(&stages)?;
+    check_pinned(&stages)?;
     let (copy_ins, copy) = check_copy(fin)?;
     let build_stage = copied_stage(earlier, copy_ins, &copy)?;
     let build = check_build_command(build_stage, script)?;
@@ -417,6 +418,27 @@ pub fn check_dockerfile(dockerfile: &str, script: &str) -> Result<Image, String>
         gid,
         entrypoint,
     })
+}
+
+/// Every base image but `scratch` (and earlier stages) is pinned by digest: a tag moves, so the
+/// same Dockerfile could otherwise build from different compilers and libraries.
+fn check_pinned(stages: &[Stage]) -> Result<(), String> {
+    let names: Vec<&str> = stages.iter().filter_map(|s| s.name.as_deref()).collect();
+    for stage in stages {
+        if stage.base == "scratch" || names.contains(&stage.base.as_str()) {
+            continue;
+        }
+        let digest = stage.base.split_once("@sha256:").map(|(_, d)| d);
+        let pinned =
+            digest.is_some_and(|d| d.len() == 64 && d.bytes().all(|b| b.is_ascii_hexdigit()));
+        if !pinned {
+            return Err(format!(
+                "base image {} is not pinned by digest (@sha256:…)",
+                stage.base
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The final stage (and the ones before it): an empty or distroless base that only receives.
@@ -987,7 +1009,19 @@ mod tests {
     /// (what the mistake is, the file it is made in, the edit, a fragment of the expected error).
     type Mutation = (&'static str, File, fn(&str) -> String, &'static str);
 
-    const MUTATIONS: [Mutation; 14] = [
+    const MUTATIONS: [Mutation; 15] = [
+        (
+            "a build base by tag only",
+            File::Dockerfile,
+            |d| {
+                replace(
+                    d,
+                    "@sha256:6258907abe69656e41cd992e0b705cdcfabcbbe3db374f92ed2d47121282d4a1",
+                    "",
+                )
+            },
+            "not pinned by digest",
+        ),
         (
             "a base image with a shell",
             File::Dockerfile,
