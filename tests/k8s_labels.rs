@@ -367,26 +367,25 @@ async fn an_agent_token_cannot_forge_a_shard_record() {
         .create(&pp, &record("valkey-7-primary", "valkey-7-0", "1", 15))
         .await
         .unwrap();
-    let mut jump = created.clone();
-    jump.metadata
-        .annotations
-        .as_mut()
-        .unwrap()
-        .insert("valkey.io/epoch".into(), "5".into());
-    let c = code(api.replace("valkey-7-primary", &pp, &jump).await);
+    // The same record at another epoch, held by `holder`: an update as the agents write one.
+    let moved = |epoch: &str, holder: &str| {
+        let mut lease = created.clone();
+        let annotations = lease.metadata.annotations.as_mut().unwrap();
+        annotations.insert("valkey.io/epoch".into(), epoch.into());
+        lease.spec.as_mut().unwrap().holder_identity = Some(holder.into());
+        lease
+    };
+    let c = code(
+        api.replace("valkey-7-primary", &pp, &moved("5", "valkey-7-0"))
+            .await,
+    );
     assert!(
         c == 403 || c == 422,
         "an epoch jump from 1 to 5 was allowed (HTTP {c})"
     );
-    let mut next = created.clone();
-    next.metadata
-        .annotations
-        .as_mut()
-        .unwrap()
-        .insert("valkey.io/epoch".into(), "2".into());
-    next.spec.as_mut().unwrap().holder_identity = Some("valkey-7-1".into());
+    let promotion = moved("2", "valkey-7-1");
     assert_eq!(
-        code(api.replace("valkey-7-primary", &pp, &next).await),
+        code(api.replace("valkey-7-primary", &pp, &promotion).await),
         200,
         "a promotion"
     );

@@ -10,7 +10,7 @@ use kube::api::ListParams;
 use valkey_sidecar_core::observation::{Mode, Role};
 use valkey_sidecar_core::time::Millis;
 
-use super::{Keeper, Memory, SHARD_INDEX_LABEL};
+use super::{Keeper, Memory};
 use crate::valkey::{Session, observe};
 use valkey_sidecar_core::health::Outcome;
 
@@ -77,12 +77,11 @@ pub(super) async fn replicate(
     true
 }
 
-/// Whether another pod of `shard` runs a master with data (asked directly, each with a short
-/// timeout). Only called while no record exists, i.e. once per shard's life.
-pub(super) async fn other_master_with_data(keeper: &Keeper, shard: &str) -> bool {
+/// Whether another pod the shard's `selector` selects runs a master with data (asked directly,
+/// each with a short timeout). Only called while no record exists, i.e. once per shard's life.
+pub(super) async fn other_master_with_data(keeper: &Keeper, selector: &str) -> bool {
     let pods: Api<Pod> = Api::namespaced(keeper.client.clone(), &keeper.namespace);
-    let selector = format!("{},{SHARD_INDEX_LABEL}={shard}", keeper.selector);
-    let params = ListParams::default().labels(&selector);
+    let params = ListParams::default().labels(selector);
     let listing = pods.list(&params);
     let list = match tokio::time::timeout(Duration::from_secs(2), listing).await {
         Ok(Ok(list)) => list.items,

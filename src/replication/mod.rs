@@ -381,22 +381,26 @@ impl Keeper {
     /// and the shard label on the server, so a pod outside the shard reads as absent.
     async fn member_ip(&self, seat: &Seat, pod: &str) -> Result<Option<String>, KubeError> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
-        let shard = &seat.shard;
-        let selector = match seat.shard_labelled {
-            true => format!("{},{SHARD_INDEX_LABEL}={shard}", self.selector),
-            false => self.selector.clone(),
-        };
         let params = ListParams::default()
-            .labels(&selector)
+            .labels(&self.members_of(seat))
             .fields(&format!("metadata.name={pod}"));
         let limit = Duration::from_millis(self.timings.retry_ms.max(500));
         let got = crate::kube::bounded(limit, pods.list(&params)).await?;
         let member = got.items.into_iter().next();
         if member.is_none() {
             // Also while the pod is being recreated: no warning for every step of that.
-            tracing::debug!(pod, shard, "the record names no current member of my shard");
+            tracing::debug!(pod, shard = %seat.shard, "the record names no current member of my shard");
         }
         Ok(member.and_then(|p| p.status?.pod_ip))
+    }
+
+    /// The label selector of this pod's shard: the cluster's selector and the shard label, or
+    /// the cluster's selector alone for pods without that label.
+    fn members_of(&self, seat: &Seat) -> String {
+        match seat.shard_labelled {
+            true => format!("{},{SHARD_INDEX_LABEL}={}", self.selector, seat.shard),
+            false => self.selector.clone(),
+        }
     }
 
     /// Only when no record exists (bootstrap): whether another pod of the shard runs a master
@@ -406,7 +410,7 @@ impl Keeper {
         if !absent {
             return false;
         }
-        commands::other_master_with_data(self, &seat.shard).await
+        commands::other_master_with_data(self, &self.members_of(seat)).await
     }
 
     async fn act(
