@@ -361,7 +361,7 @@ impl RawConfig {
             &self.log_format,
             parse_log_format(&self.log_format),
         );
-        let kube = self.kube(c, &identity, bounds.as_ref());
+        let kube = self.kube(c, &identity);
         Some(Config {
             identity,
             kube: kube?,
@@ -390,12 +390,7 @@ impl RawConfig {
     }
 
     /// `Some(None)`: labels off; `None`: a label variable was bad.
-    fn kube(
-        &self,
-        c: &mut Checker,
-        id: &Identity,
-        bounds: Option<&Bounds>,
-    ) -> Option<Option<KubeConfig>> {
+    fn kube(&self, c: &mut Checker, id: &Identity) -> Option<Option<KubeConfig>> {
         let mode = c.check(
             "SIDECAR_LABELS",
             &self.labels,
@@ -423,7 +418,7 @@ impl RawConfig {
             c.check::<()>(missing, "", Err("required when SIDECAR_LABELS=true".into()));
             return None;
         };
-        let coordinator = self.coordinator_config(c, bounds?)?;
+        let coordinator = self.coordinator_config(c)?;
         Some(Some(KubeConfig {
             pod_name,
             namespace,
@@ -435,11 +430,7 @@ impl RawConfig {
     }
 
     /// `Some(None)`: no coordinator; `None`: a coordinator variable was bad.
-    fn coordinator_config(
-        &self,
-        c: &mut Checker,
-        bounds: &Bounds,
-    ) -> Option<Option<CoordinatorConfig>> {
+    fn coordinator_config(&self, c: &mut Checker) -> Option<Option<CoordinatorConfig>> {
         let wanted = c.check(
             "SIDECAR_COORDINATOR",
             &self.coordinator,
@@ -456,7 +447,7 @@ impl RawConfig {
         }
         // Every coordinator variable is checked before giving up on a missing cluster name.
         let timings = self.timings(c);
-        let policy = self.planner_policy(c, bounds);
+        let policy = self.planner_policy(c);
         let handover = c.check(
             "SIDECAR_HANDOVER_TIMEOUT",
             &self.handover_timeout,
@@ -516,7 +507,7 @@ impl RawConfig {
         )
     }
 
-    fn planner_policy(&self, c: &mut Checker, bounds: &Bounds) -> Option<Policy> {
+    fn planner_policy(&self, c: &mut Checker) -> Option<Policy> {
         let ms = |c: &mut Checker, var, v: &String| {
             c.check(var, v, parse_duration_in(v, 0, 86_400_000))
                 .map(|d| d.as_millis() as u64)
@@ -535,7 +526,6 @@ impl RawConfig {
             parse_zone_map,
         );
         Some(Policy {
-            max_lag_bytes: bounds.max_lag_bytes,
             failback: failback?,
             quiet_period_ms: quiet?,
             balance: balance?,

@@ -62,6 +62,18 @@ impl Member {
     pub fn is_live_primary(&self) -> bool {
         self.role == Role::Primary && self.health != NodeHealth::Failed
     }
+
+    /// A replica in sync with its primary: linked, and its pod Ready — the agent beside it judged
+    /// its own offset against its primary's, which is the one exact comparison to be had.
+    ///
+    /// Offsets from two Valkeys are not comparable: in cluster mode the view holds each remote
+    /// node's offset as of its last gossip packet, up to half a node timeout old, so under a steady
+    /// 0.5 MB/s of writes a replica in sync looked a megabyte behind and the shard never became
+    /// steady. Offsets only rank the synced replicas.
+    pub fn is_synced_replica(&self) -> bool {
+        let ready = self.pod.as_ref().is_some_and(|p| p.ready);
+        self.role == Role::Replica && self.health == NodeHealth::Online && ready
+    }
 }
 
 /// An action the coordinator started and has not seen finish.
@@ -100,7 +112,6 @@ pub struct Pending {
 /// Knobs, from configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
-    pub max_lag_bytes: u64,
     pub failback: bool,
     pub quiet_period_ms: u64,
     pub balance: bool,
@@ -113,7 +124,6 @@ pub struct Policy {
 impl Default for Policy {
     fn default() -> Self {
         Policy {
-            max_lag_bytes: 1 << 20,
             failback: false,
             quiet_period_ms: 60_000,
             balance: true,
@@ -269,22 +279,14 @@ fn at_risk(world: &World, m: &Member) -> Option<String> {
     None
 }
 
-/// Replicas that may become primary: synced, Ready, on a usable node, not going away.
+/// Replicas that may become primary: synced (Ready), on a usable node, not going away.
 /// Best first: highest offset, then the preferred zone, then the node id (a fixed tie-break).
-pub fn candidates<'a>(
-    s: &Shards<'a>,
-    policy: &Policy,
-    shard: &str,
-    zone: Option<&str>,
-) -> Vec<&'a Member> {
+pub fn candidates<'a>(s: &Shards<'a>, shard: &str, zone: Option<&str>) -> Vec<&'a Member> {
     let world = s.world;
-    let Some(p) = s.primary(shard) else {
+    if s.primary(shard).is_none() {
         return Vec::new();
-    };
-    let mut c: Vec<&Member> = s
-        .members(shard)
-        .filter(|m| eligible(world, policy, p, m))
-        .collect();
+    }
+    let mut c: Vec<&Member> = s.members(shard).filter(|m| eligible(world, m)).collect();
     c.sort_by(|a, b| {
         let pref = |m: &Member| zone.is_some() && zone_of(world, m) == zone;
         b.offset
@@ -295,11 +297,10 @@ pub fn candidates<'a>(
     c
 }
 
-fn eligible(world: &World, policy: &Policy, primary: &Member, m: &Member) -> bool {
-    let pod_ok = m.pod.as_ref().is_some_and(|p| p.ready && !p.terminating);
+fn eligible(world: &World, m: &Member) -> bool {
+    let staying = m.pod.as_ref().is_some_and(|p| !p.terminating);
     let node_ok = node_of(world, m).is_some_and(NodeInfo::usable);
-    let synced = primary.offset.saturating_sub(m.offset) <= policy.max_lag_bytes;
-    m.role == Role::Replica && m.health == NodeHealth::Online && pod_ok && node_ok && synced
+    m.is_synced_replica() && staying && node_ok
 }
 
 /// The preferred zone of a shard: configured, else the zone of its node-index-0 pod.
@@ -322,7 +323,7 @@ fn handover(
     let p = s.primary(shard)?;
     let why = at_risk(s.world, p)?;
     let zone = preferred_zone(s, policy, shard).or_else(|| zone_of(s.world, p));
-    let Some(to) = candidates(s, policy, shard, zone).into_iter().next() else {
+    let Some(to) = candidates(s, shard, zone).into_iter().next() else {
         blocked.push(format!(
             "shard {shard}: {why}, but no synced replica can take over"
         ));
@@ -361,7 +362,7 @@ fn failback(s: &Shards<'_>, policy: &Policy) -> Option<Action> {
         if zone_of(world, p) == Some(zone) || !steady(world, policy, shard) {
             return None;
         }
-        let to = candidates(s, policy, shard, Some(zone))
+        let to = candidates(s, shard, Some(zone))
             .into_iter()
             .find(|m| zone_of(world, m) == Some(zone))?;
         let reason = format!(
@@ -428,7 +429,7 @@ fn rebalance(s: &Shards<'_>, policy: &Policy) -> Option<Action> {
                 .and_then(|p| p.node.as_deref())
                 .is_some_and(|n| count.get(n).is_some_and(|c| *c < cap))
         };
-        let to = candidates(s, policy, shard, zone)
+        let to = candidates(s, shard, zone)
             .into_iter()
             .filter(keep_zone)
             .find(has_room)?;
@@ -454,22 +455,18 @@ pub struct ShardMemory {
 }
 
 /// Folds one observation into the per-shard memory: a shard is steady since its primary last
-/// changed or a replica was last out of sync. The quiet period of fail-back and balance counts
-/// from there, which is what keeps them from flapping.
+/// changed or a replica was last out of sync ([`Member::is_synced_replica`]). The quiet period of
+/// fail-back and balance counts from there, which is what keeps them from flapping.
 pub fn track(
     prev: &BTreeMap<String, ShardMemory>,
     members: &[Member],
     now: Millis,
-    max_lag: u64,
 ) -> BTreeMap<String, ShardMemory> {
     let mut next = BTreeMap::new();
     for (shard, members) in by_shard(members) {
         let p = members.iter().find(|m| m.is_live_primary());
-        let synced = p.is_some_and(|p| {
-            members.iter().filter(|m| m.role == Role::Replica).all(|r| {
-                r.health == NodeHealth::Online && p.offset.saturating_sub(r.offset) <= max_lag
-            })
-        });
+        let replicas = || members.iter().filter(|m| m.role == Role::Replica);
+        let synced = p.is_some() && replicas().all(|r| r.is_synced_replica());
         let primary = p.map(|p| p.id.clone());
         let steady_since = match prev.get(shard) {
             Some(old) if old.primary == primary && synced => old.steady_since,

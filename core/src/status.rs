@@ -53,7 +53,7 @@ pub fn conditions(world: &World, policy: &Policy, plan: &Plan) -> Vec<Condition>
     vec![
         placement(plan, policy),
         balance(plan, policy),
-        handover(world, policy, plan),
+        handover(world, plan),
         scheduling(plan),
     ]
 }
@@ -153,14 +153,14 @@ fn scheduling(plan: &Plan) -> Condition {
     )
 }
 
-fn handover(world: &World, policy: &Policy, plan: &Plan) -> Condition {
+fn handover(world: &World, plan: &Plan) -> Condition {
     if !plan.blocked.is_empty() {
         return fails(HANDOVER, "HandoverBlocked", plan.blocked.join("; "));
     }
     let shards = Shards::new(world);
     let bare: Vec<String> = shards_with_primary(world)
         .into_iter()
-        .filter(|s| candidates(&shards, policy, s, None).is_empty())
+        .filter(|s| candidates(&shards, s, None).is_empty())
         .map(|s| format!("shard {s}"))
         .collect();
     if bare.is_empty() {
@@ -460,8 +460,8 @@ mod tests {
     #[test]
     fn a_shard_without_a_synced_ready_replica_is_not_ready_for_a_handover() {
         let cases: Vec<(&str, Change)> = vec![
-            ("lagging", |w| w.members[0].offset = 1 << 30),
-            ("unready pod", |w| {
+            ("loading", |w| w.members[1].health = NodeHealth::Loading),
+            ("unready pod (its agent judged it behind)", |w| {
                 if let Some(p) = w.members[1].pod.as_mut() {
                     p.ready = false;
                 }

@@ -473,7 +473,7 @@ impl Coordinator {
         leader: bool,
     ) -> World {
         settle(&mut memory.settling, &members, now);
-        memory.shards = track(&memory.shards, &members, now, self.policy.max_lag_bytes);
+        memory.shards = track(&memory.shards, &members, now);
         World {
             now,
             leader,
