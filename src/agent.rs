@@ -10,6 +10,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use valkey_sidecar_core::health::HealthState;
+use valkey_sidecar_core::lease::election_identity;
 use valkey_sidecar_core::observation::Mode;
 use valkey_sidecar_core::placement::Placement;
 use valkey_sidecar_core::replication::FailoverPolicy;
@@ -25,7 +26,8 @@ use crate::metrics::Metrics;
 use crate::observer::Observer;
 use crate::quorum::QuorumFence;
 use crate::replication::{Keeper, RecordSeed};
-use crate::valkey::{Connector, Session, tls};
+use crate::supervise::{RESTARTS, supervised};
+use crate::valkey::{Connector, tls};
 
 /// Why the agent could not start.
 #[derive(Debug, thiserror::Error)]
@@ -96,7 +98,7 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     };
     let mut tasks = serve(&config, &shared).await?;
     let observer = Observer {
-        session: Session::new(shared.connector.clone()),
+        connector: shared.connector.clone(),
         mode: config.mode,
         interval: config.poll_interval,
         bounds: config.bounds,
@@ -110,7 +112,9 @@ pub async fn run(config: Config) -> Result<(), StartError> {
             .flatten()
             .map(|p| QuorumFence::new(p, shared.metrics.clone())),
     };
-    tasks.push(observer.run(shared.shutdown.clone()).boxed_local());
+    tasks.push(supervised_task("observer", &shared, move |stop| {
+        observer.clone().run(stop)
+    }));
     if let Some(kube) = &config.kube {
         tasks.extend(kube_tasks(&config, kube, &shared, placement_tx).await?);
     }
@@ -168,16 +172,18 @@ async fn kube_tasks(
         metrics: shared.metrics.clone(),
         claim: keeper.as_ref().map(|(_, claim)| claim.clone()),
     };
-    let mut tasks = vec![labeler.run(shared.shutdown.clone()).boxed_local()];
-    if let Some((mut keeper, _)) = keeper {
-        let (owner, shutdown) = (owner.clone(), shared.shutdown.clone());
-        tasks.push(
+    let mut tasks = vec![supervised_task("labeler", shared, move |stop| {
+        labeler.clone().run(stop)
+    })];
+    if let Some((keeper, _)) = keeper {
+        let owner = owner.clone();
+        tasks.push(supervised_task("keeper", shared, move |stop| {
+            let (mut keeper, owner) = (keeper.clone(), owner.clone());
             async move {
                 keeper.owner = owner.await;
-                keeper.run(shutdown).await;
+                keeper.run(stop).await;
             }
-            .boxed_local(),
-        );
+        }));
     }
     if let Some(co) = &kube.coordinator {
         tasks.extend(coordinator_tasks(config, kube, co, shared, client, owner));
@@ -220,6 +226,10 @@ fn keeper(
         holding: claim_tx,
         owner: None,
         hurry: shared.hurry.0.clone(),
+        recorder: kube
+            .events
+            .then(|| Recorder::new(client.clone(), reporter(kube))),
+        pod_uid: config.identity.pod_uid.clone(),
         seen: shared.seed.0.clone(),
     };
     Some((keeper, claim_rx))
@@ -245,19 +255,52 @@ fn coordinator_tasks(
         call_timeout,
         status_rx,
     );
-    let mut coordinator = coordinator(config, kube, co, shared, client, (lead_rx, status_tx));
-    let (pod, timings, clock) = (kube.pod_name.clone(), co.timings, shared.clock);
-    let (shutdown, elect_owner) = (shared.shutdown.clone(), owner.clone());
-    let elect = async move {
-        let lease = lease.owned_by(elect_owner.await);
-        lease::run(lease, pod, timings, clock, lead_tx, shutdown).await;
-    };
-    let shutdown = shared.shutdown.clone();
-    let act = async move {
-        coordinator.lease_owner = owner.await;
-        coordinator.run(shutdown).await;
-    };
-    vec![elect.boxed_local(), act.boxed_local()]
+    let coordinator = coordinator(config, kube, co, shared, client, (lead_rx, status_tx));
+    let identity = election_identity(&kube.pod_name, config.identity.pod_uid.as_deref());
+    let (timings, clock, elect_owner) = (co.timings, shared.clock, owner.clone());
+    let elect = supervised_task("election", shared, move |stop| {
+        let (lease, owner) = (lease.clone(), elect_owner.clone());
+        let (identity, lead_tx) = (identity.clone(), lead_tx.clone());
+        async move {
+            let lease = lease.owned_by(owner.await);
+            lease::run(lease, identity, timings, clock, lead_tx, stop).await;
+        }
+    });
+    let act = supervised_task("coordinator", shared, move |stop| {
+        let (mut coordinator, owner) = (coordinator.clone(), owner.clone());
+        async move {
+            coordinator.lease_owner = owner.await;
+            coordinator.run(stop).await;
+        }
+    });
+    vec![elect, act]
+}
+
+/// A task that `start` builds afresh from clones whenever the previous one panicked
+/// ([`supervised`]).
+fn supervised_task<F, Fut>(name: &'static str, shared: &Shared, start: F) -> Task
+where
+    F: Fn(watch::Receiver<bool>) -> Fut + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
+    let stop = shared.shutdown.clone();
+    let make = move || start(stop.clone()).boxed_local();
+    supervised(
+        name,
+        shared.metrics.clone(),
+        shared.shutdown.clone(),
+        RESTARTS,
+        make,
+    )
+    .boxed_local()
+}
+
+/// Who the agent's Events say reported them.
+fn reporter(kube: &KubeConfig) -> Reporter {
+    Reporter {
+        controller: FIELD_MANAGER.into(),
+        instance: Some(kube.pod_name.clone()),
+    }
 }
 
 fn coordinator(
@@ -271,10 +314,6 @@ fn coordinator(
         watch::Sender<StatusAnnotations>,
     ),
 ) -> Coordinator {
-    let reporter = Reporter {
-        controller: FIELD_MANAGER.into(),
-        instance: Some(kube.pod_name.clone()),
-    };
     Coordinator {
         client: client.clone(),
         namespace: kube.namespace.clone(),
@@ -292,7 +331,7 @@ fn coordinator(
         handover_timeout: co.handover_timeout,
         role_label: kube.policy.role_key.clone(),
         primary_value: kube.policy.primary_value.clone(),
-        recorder: kube.events.then(|| Recorder::new(client, reporter)),
+        recorder: kube.events.then(|| Recorder::new(client, reporter(kube))),
         metrics: shared.metrics.clone(),
         status,
         seed: shared.seed.1.clone(),

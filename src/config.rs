@@ -48,6 +48,10 @@ pub struct RawConfig {
     /// This pod's name (downward API `metadata.name`).
     #[arg(long, env = "POD_NAME")]
     pub pod_name: Option<String>,
+    /// This pod's UID (downward API `metadata.uid`): with the name, the agent's identity in the
+    /// coordinator election, so a pod recreated under the same name counts as someone else.
+    #[arg(long, env = "POD_UID")]
+    pub pod_uid: Option<String>,
     /// This pod's namespace (downward API `metadata.namespace`).
     #[arg(long, env = "POD_NAMESPACE")]
     pub pod_namespace: Option<String>,
@@ -199,6 +203,7 @@ pub struct RawConfig {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Identity {
     pub pod_name: Option<String>,
+    pub pod_uid: Option<String>,
     pub namespace: Option<String>,
     pub node_name: Option<String>,
     pub pod_ip: Option<IpAddr>,
@@ -217,7 +222,7 @@ pub struct ValkeyConfig {
     pub timeout: Duration,
 }
 
-/// TLS to Valkey; files are read when the agent starts.
+/// TLS to Valkey; the files are read at start (to check them) and again for every connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsConfig {
     pub ca_file: PathBuf,
@@ -379,6 +384,7 @@ impl RawConfig {
     fn identity(&self, c: &mut Checker) -> Identity {
         Identity {
             pod_name: c.opt("POD_NAME", &self.pod_name, parse_dns_name),
+            pod_uid: c.opt("POD_UID", &self.pod_uid, parse_label_value),
             namespace: c.opt("POD_NAMESPACE", &self.pod_namespace, parse_dns_name),
             node_name: c.opt("NODE_NAME", &self.node_name, parse_dns_name),
             pod_ip: c.opt("POD_IP", &self.pod_ip, |v| {

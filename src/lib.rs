@@ -8,7 +8,8 @@
 //! - [`http`]: probes, role endpoints, `/status` and `/metrics`, answered from that state.
 //! - [`kube`]: the own pod's labels and Events, zone from the Node, the Lease election.
 //! - [`coordinator`]: the Lease holder's hand-overs, fail-back and balance.
-//! - [`metrics`], [`telemetry`], [`lifecycle`], [`clock`], [`retry`]: the usual plumbing.
+//! - [`metrics`], [`telemetry`], [`lifecycle`], [`clock`], [`retry`]: the usual plumbing;
+//!   [`supervise`] starts a panicking task afresh instead of losing the agent.
 //! - [`agent`] wires them together; [`inject`] is the `inject` subcommand (manifests in, manifests
 //!   with the agent out); [`drain`] is `drain-check` (can this node be drained now, and why not).
 //!
@@ -29,5 +30,6 @@ pub mod observer;
 pub mod quorum;
 pub mod replication;
 pub mod retry;
+pub mod supervise;
 pub mod telemetry;
 pub mod valkey;

@@ -77,6 +77,7 @@ pub struct Metrics {
     shard_record_calls: Family<ResultLabel, Counter>,
     coordinator_record_reads: Family<ResultLabel, Counter>,
     watch_errors: Family<KindLabel, Counter>,
+    task_panics: Family<KindLabel, Counter>,
     move_seconds: Histogram,
 }
 
@@ -113,6 +114,7 @@ impl Metrics {
             shard_record_calls: Family::default(),
             coordinator_record_reads: Family::default(),
             watch_errors: Family::default(),
+            task_panics: Family::default(),
             move_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
         };
         m.register();
@@ -130,6 +132,11 @@ impl Metrics {
             "formation_steps",
             "Cluster mode: commands the coordinator sent to form the cluster or re-add a node, by kind and result",
             self.formation_steps.clone(),
+        );
+        r.register(
+            "task_panics",
+            "Panics of the agent's tasks, by task (each started afresh after a back-off)",
+            self.task_panics.clone(),
         );
         r.register(
             "watch_errors",
@@ -311,6 +318,11 @@ impl Metrics {
     pub fn watch_error(&self, kind: &'static str, error: &dyn std::fmt::Display) {
         tracing::warn!(watch = kind, %error, "watch failed; re-establishing with backoff");
         self.watch_errors.get_or_create(&KindLabel { kind }).inc();
+    }
+
+    /// Counts one panic of the task `kind` (`supervise`).
+    pub fn task_panic(&self, kind: &'static str) {
+        self.task_panics.get_or_create(&KindLabel { kind }).inc();
     }
 
     /// Counts one call on the shard record (`ok` or an error kind).

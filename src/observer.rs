@@ -12,11 +12,12 @@ use valkey_sidecar_core::placement::{Placement, zone_to_push};
 use crate::clock::Clock;
 use crate::metrics::Metrics;
 use crate::quorum::QuorumFence;
-use crate::valkey::{Session, ValkeyError, observe};
+use crate::valkey::{Connector, Session, ValkeyError, observe};
 
 /// Everything the loop needs.
+#[derive(Clone)]
 pub struct Observer {
-    pub session: Session,
+    pub connector: Connector,
     pub mode: Mode,
     pub interval: Duration,
     pub bounds: Bounds,
@@ -40,6 +41,7 @@ const ZONE_RETRY: Duration = Duration::from_secs(30);
 impl Observer {
     /// Ticks until shutdown. A tick blocked on Valkey is abandoned at shutdown, not awaited.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        let mut session = Session::new(self.connector.clone());
         let pipe = observe::pipeline(self.mode);
         let mut ticker = tokio::time::interval(self.interval);
         ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -52,12 +54,12 @@ impl Observer {
                 _ = ticker.tick() => {}
                 _ = tokio::time::sleep(HURRIED), if hurried => {}
                 Ok(()) = self.hurry.changed() => {}
-                _ = self.session.closed() => {}
+                _ = session.closed() => {}
                 _ = shutdown.changed() => return,
             }
             let started = Instant::now();
             let (outcome, error) = tokio::select! {
-                r = observe::tick(&mut self.session, &pipe, self.mode) => r,
+                r = observe::tick(&mut session, &pipe, self.mode) => r,
                 _ = shutdown.changed() => return,
             };
             self.metrics
@@ -66,16 +68,21 @@ impl Observer {
             if let Outcome::Observed(obs) = &outcome {
                 // Fence first: it is the one reaction here that has a deadline.
                 if let Some(q) = self.quorum.as_mut() {
-                    q.apply(&mut self.session, obs).await;
+                    q.apply(&mut session, obs).await;
                 }
-                self.push_zone(obs, &mut zone_retry_at).await;
+                self.push_zone(&mut session, obs, &mut zone_retry_at).await;
             }
             self.record(outcome);
         }
     }
 
     /// Valkey forgets `CONFIG SET` on restart, so the zone is compared on every observation.
-    async fn push_zone(&mut self, obs: &Observation, retry_at: &mut Option<Instant>) {
+    async fn push_zone(
+        &mut self,
+        session: &mut Session,
+        obs: &Observation,
+        retry_at: &mut Option<Instant>,
+    ) {
         let zone = self.placement.borrow().zone.clone();
         let Some(zone) = zone_to_push(zone.as_deref(), obs.availability_zone.as_deref()) else {
             return;
@@ -85,7 +92,7 @@ impl Observer {
         }
         let mut cmd = redis::cmd("CONFIG");
         cmd.arg("SET").arg("availability-zone").arg(zone);
-        let result = self.session.command(&cmd).await;
+        let result = session.command(&cmd).await;
         self.metrics.zone_push(result.is_ok());
         match result {
             Ok(_) => tracing::info!(zone, "availability-zone set in valkey"),

@@ -12,6 +12,7 @@ use crate::metrics::Metrics;
 use crate::valkey::Session;
 
 /// The fence's memory: until when the last `CLIENT PAUSE` holds, by the local monotonic clock.
+#[derive(Clone)]
 pub struct QuorumFence {
     pub policy: QuorumPolicy,
     pub metrics: Arc<Metrics>,

@@ -6,9 +6,11 @@
 
 use std::time::{Duration, Instant};
 
+use std::path::Path;
+
 use valkey_sidecar_testkit::{
-    ClusterOptions, ReplicationSet, ServerOptions, Sidecar, SidecarOptions, TlsOptions, TlsServer,
-    ValkeyCluster, ValkeyServer, http_get, wait_for,
+    ClusterOptions, ReplicationSet, ServerOptions, Sidecar, SidecarOptions, TlsCerts,
+    TlsClientAuth, TlsOptions, TlsServer, ValkeyCluster, ValkeyServer, http_get, wait_for,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_valkey-sidecar");
@@ -294,6 +296,140 @@ fn tls_with_the_right_ca_client_cert_and_server_name() {
     let agent = Sidecar::start(opts).unwrap();
     agent.wait_code("/readyz", 200, 5 * SECOND).unwrap();
     assert_eq!(agent.status().unwrap()["role"], "primary");
+}
+
+/// Puts `files` (source, name) into `dir` as a Secret volume changes: each written aside, then
+/// renamed over the old one.
+fn replace_files(dir: &Path, files: &[(std::path::PathBuf, &str)]) {
+    for (from, name) in files {
+        let aside = dir.join(format!(".{name}.new"));
+        std::fs::copy(from, &aside).unwrap();
+        std::fs::rename(&aside, dir.join(name)).unwrap();
+    }
+}
+
+#[test]
+fn a_rotated_ca_and_client_certificate_are_used_from_the_next_connection() {
+    let opts = TlsOptions {
+        auth_clients: TlsClientAuth::Yes,
+        ..TlsOptions::default()
+    };
+    let server = TlsServer::start(opts).unwrap();
+    // The agent's files in a directory of their own, like its Secret volume.
+    let secret = tempfile::tempdir().unwrap();
+    let old = server.certs().clone();
+    let agent_files = |c: &TlsCerts| {
+        [
+            (c.ca_file(), "ca.crt"),
+            (c.client_cert(), "tls.crt"),
+            (c.client_key(), "tls.key"),
+        ]
+    };
+    replace_files(secret.path(), &agent_files(&old));
+    let opts = sidecar(format!("127.0.0.1:{}", server.port()), "replication")
+        .arg("--valkey-tls", "true")
+        .arg(
+            "--valkey-tls-ca-file",
+            secret.path().join("ca.crt").display(),
+        )
+        .arg(
+            "--valkey-tls-cert-file",
+            secret.path().join("tls.crt").display(),
+        )
+        .arg(
+            "--valkey-tls-key-file",
+            secret.path().join("tls.key").display(),
+        )
+        .arg("--valkey-tls-server-name", "valkey.test");
+    let agent = Sidecar::start(opts).unwrap();
+    agent.wait_code("/readyz", 200, 5 * SECOND).unwrap();
+
+    // A new CA, and the server restarted with a certificate from it: the agent's old CA and client
+    // certificate no longer pass.
+    let next = TlsCerts::generate(&secret.path().join("next"), &[]).unwrap();
+    let server_files = [
+        (next.ca_file(), "ca.crt"),
+        (next.server_cert(), "server.crt"),
+        (next.server_key(), "server.key"),
+        (next.client_cert(), "client.crt"),
+        (next.client_key(), "client.key"),
+    ];
+    replace_files(old.dir(), &server_files);
+    server.restart().unwrap();
+    wait_for("the old CA refused", 10 * SECOND, SECOND / 20, || {
+        Ok(agent.status()?["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("certificate")))
+    })
+    .unwrap();
+    // Unready once its last observation is stale (SIDECAR_STALE_AFTER).
+    agent.wait_code("/readyz", 503, 10 * SECOND).unwrap();
+
+    // The Secret is rotated: the agent, still the same process, connects with the new files.
+    replace_files(secret.path(), &agent_files(&next));
+    let rotated = Instant::now();
+    agent.wait_code("/readyz", 200, 10 * SECOND).unwrap();
+    println!(
+        "ready {:?} after its files were rotated (reconnect back-off up to 2 s)",
+        rotated.elapsed()
+    );
+    assert!(agent.is_running());
+    assert_eq!(agent.status().unwrap()["role"], "primary");
+}
+
+/// Resident memory of `pid` in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn an_endless_reply_costs_the_connection_not_the_agent() {
+    // A hostile "Valkey" (a compromised pod the coordinator dials, say) answers every connection
+    // with one bulk string that never ends.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { break };
+            count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            std::thread::spawn(move || {
+                use std::io::Write;
+                let chunk = vec![b'a'; 1 << 20];
+                let mut ok = stream.write_all(b"$4000000000\r\n").is_ok();
+                while ok {
+                    ok = stream.write_all(&chunk).is_ok();
+                }
+            });
+        }
+    });
+    let agent = Sidecar::start(sidecar(addr, "replication")).unwrap();
+    let started = Instant::now();
+    let mut peak = 0;
+    let mut reported = false;
+    while started.elapsed() < 10 * SECOND {
+        peak = peak.max(rss_kib(agent.pid()));
+        let status = agent.status().unwrap();
+        let error = status["last_error"].as_str().unwrap_or_default();
+        reported |= error.contains("larger than");
+        std::thread::sleep(SECOND / 20);
+    }
+    let connections = accepted.load(std::sync::atomic::Ordering::Relaxed);
+    println!(
+        "10 s of endless replies: agent RSS peak {peak} KiB, {connections} connections, \
+         the cap named in the status: {reported}"
+    );
+    assert!(agent.is_running());
+    assert!(peak < 128 * 1024, "the agent grew to {peak} KiB");
+    assert!(connections >= 2, "the agent never gave up a connection");
+    assert_eq!(
+        agent.get("/readyz").unwrap().0,
+        503,
+        "its probes still answer"
+    );
 }
 
 #[test]

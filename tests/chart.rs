@@ -101,6 +101,14 @@ fn values_the_chart_refuses() {
         (&["pdb.primaries=true", "replicas=1"], "replicas >= 2"),
         (&["tls.enabled=true"], "tls.existingSecret is required"),
         (
+            &[
+                "tls.enabled=true",
+                "tls.existingSecret=t",
+                "tls.authClients=yes",
+            ],
+            "tls.agentExistingSecret is required",
+        ),
+        (
             &["sidecar.env.SIDECAR_MODE=replication"],
             "sets it from its own values",
         ),
@@ -150,6 +158,27 @@ fn without_valkey_only_the_agents_permissions_are_rendered() {
 }
 
 #[test]
+fn valkey_reloads_rotated_certificates_where_its_version_can() {
+    // `tls-auto-reload-interval` is Valkey 9.1's: an older image would refuse to start with it.
+    for (tag, reloads) in [
+        ("9.1.2", true),
+        ("9.1.2-alpine", true),
+        ("8.1-alpine", false),
+    ] {
+        let set = format!("valkey.image.tag={tag}");
+        let sets = ["tls.enabled=true", "tls.existingSecret=t", set.as_str()];
+        let out = render_sets(&sets).unwrap();
+        assert_eq!(out.contains("--tls-auto-reload-interval"), reloads, "{tag}");
+    }
+    let off = render_sets(&[
+        "tls.enabled=true",
+        "tls.existingSecret=t",
+        "tls.autoReloadInterval=0",
+    ]);
+    assert!(!off.unwrap().contains("--tls-auto-reload-interval"));
+}
+
+#[test]
 fn generated_passwords_are_long_and_distinct() {
     let out = render_sets(&["mode=cluster"]).unwrap();
     let secret = documents(&out)
@@ -168,6 +197,22 @@ fn generated_passwords_are_long_and_distinct() {
     assert_eq!(values.len(), 2, "{secret}");
     assert_ne!(values[0], values[1]);
     assert!(values.iter().all(|v| v.len() >= 40), "{values:?}"); // base64 of 32 characters
+    // Valkey gets the agent password's SHA-256 only: it must be the hash of that very password.
+    let hash = secret
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("agent-password-sha256:"))
+        .expect("the agent password's hash")
+        .trim();
+    let sh = |script: &str| {
+        let out = std::process::Command::new("sh")
+            .args(["-c", script])
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let expected = sh(&format!("printf %s {} | base64 -d | sha256sum", values[1]));
+    let got = sh(&format!("printf %s {hash} | base64 -d"));
+    assert_eq!(Some(got.as_str()), expected.split_whitespace().next());
 }
 
 /// Variants beyond the examples: the defaults and the switches the examples leave alone.
@@ -484,17 +529,88 @@ fn check_pods(name: &str, objects: &[Value]) {
             .collect();
         assert_eq!(env["SIDECAR_CLUSTER_NAME"]["value"], "valkey");
         if !valkey["env"].is_null() {
-            // Auth: the agent's password from a file, Valkey's from the Secret via $(VAR).
+            // Auth: the agent's password from a file only it mounts; Valkey gets its hash, and
+            // its own password from the Secret via $(VAR).
             assert_eq!(
                 env["VALKEY_PASSWORD_FILE"]["value"],
                 "/etc/valkey-sidecar/auth/password"
             );
             assert!(
-                args.iter().any(|a| a == ">$(VALKEY_AGENT_PASSWORD)"),
+                args.iter().any(|a| a == "#$(VALKEY_AGENT_PASSWORD_SHA256)"),
                 "{name}"
+            );
+            let keys: Vec<&Value> = valkey["env"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| &e["valueFrom"]["secretKeyRef"]["key"])
+                .collect();
+            assert!(
+                !keys.contains(&&json!("agent-password")),
+                "{name}: {keys:?}"
+            );
+        }
+        check_credentials(name, spec, valkey, agent);
+    }
+}
+
+/// The API token reaches the agent only: no automount, a projected token mounted into the agent
+/// alone; the agent's password file likewise.
+fn check_credentials(name: &str, spec: &Value, valkey: &Value, agent: &Value) {
+    assert_eq!(spec["automountServiceAccountToken"], false, "{name}");
+    let mounts = |c: &Value| -> Vec<(String, String)> {
+        let all = c["volumeMounts"].as_array().cloned().unwrap_or_default();
+        all.iter()
+            .map(|m| {
+                (
+                    m["name"].as_str().unwrap().to_owned(),
+                    m["mountPath"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    };
+    let sa = "/var/run/secrets/kubernetes.io/serviceaccount";
+    let token = ("kube-api-access".to_owned(), sa.to_owned());
+    assert!(
+        mounts(agent).contains(&token),
+        "{name}: {:?}",
+        mounts(agent)
+    );
+    for (volume, path) in mounts(valkey) {
+        assert!(
+            !["kube-api-access", "agent-auth"].contains(&volume.as_str()) && path != sa,
+            "{name}: Valkey mounts {volume} at {path}"
+        );
+    }
+    let volumes = spec["volumes"].as_array().unwrap();
+    // TLS: of Valkey's Secret the agent mounts only the CA (its certificate is its own).
+    let server_tls = volumes.iter().find(|v| v["name"] == "tls");
+    let server_secret = server_tls.map(|v| &v["secret"]["secretName"]);
+    for (volume, _) in mounts(agent) {
+        let v = volumes
+            .iter()
+            .find(|v| v["name"] == volume.as_str())
+            .unwrap();
+        assert!(
+            Some(&v["secret"]["secretName"]) != server_secret,
+            "{name}: {v}"
+        );
+        for source in v["projected"]["sources"].as_array().into_iter().flatten() {
+            let keys = source["secret"]["items"].as_array().into_iter().flatten();
+            let keys: Vec<&str> = keys.map(|i| i["key"].as_str().unwrap()).collect();
+            let of_valkey = Some(&source["secret"]["name"]) == server_secret;
+            assert!(
+                !of_valkey || keys == ["ca.crt"],
+                "{name}: the agent mounts {keys:?}"
             );
         }
     }
+    let api = volumes
+        .iter()
+        .find(|v| v["name"] == "kube-api-access")
+        .unwrap();
+    let sources = api["projected"]["sources"].as_array().unwrap();
+    assert_eq!(sources[0]["serviceAccountToken"]["path"], "token", "{name}");
 }
 
 /// The NetworkPolicy against every port the chart's pods use (no plugin here enforces it, so the

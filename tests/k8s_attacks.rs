@@ -7,10 +7,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::PostParams;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::task::JoinSet;
+use valkey_sidecar_testkit::info_field;
+use valkey_sidecar_testkit::k8s::chart::text;
 use valkey_sidecar_testkit::k8s::shard::record;
 use valkey_sidecar_testkit::k8s::{Stage, StageOptions, http_get, pod_is_ready, poll_until};
 
@@ -195,4 +200,189 @@ async fn a_flood_of_idle_and_dripping_connections_to_the_probe_port_harms_nothin
         refused > 0 && timed_out > 0,
         "{refused} refused, {timed_out} timed out"
     );
+}
+
+/// Whether `container` (as the apiserver admitted the pod) mounts a ServiceAccount token at the
+/// in-cluster path: the ServiceAccount admission adds one to every container unless the pod sets
+/// `automountServiceAccountToken: false`.
+fn mounts_api_token(pod: &Pod, container: &str) -> bool {
+    let spec = pod.spec.as_ref().unwrap();
+    let mut all = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten());
+    let c = all.find(|c| c.name == container).unwrap();
+    let token_volume = |name: &str| {
+        let volumes = spec.volumes.iter().flatten().filter(|v| v.name == name);
+        let sources = volumes.filter_map(|v| v.projected.as_ref()?.sources.as_ref());
+        sources.flatten().any(|s| s.service_account_token.is_some())
+    };
+    c.volume_mounts.iter().flatten().any(|m| {
+        m.mount_path.trim_end_matches('/') == "/var/run/secrets/kubernetes.io/serviceaccount"
+            && token_volume(&m.name)
+    })
+}
+
+/// The Secret and key the Valkey container takes its default password from.
+fn auth_secret_of(pod: &Pod) -> String {
+    let spec = pod.spec.as_ref().unwrap();
+    let valkey = spec.containers.iter().find(|c| c.name == "valkey").unwrap();
+    let env = valkey
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "VALKEY_PASSWORD")
+        .unwrap();
+    let key = env
+        .value_from
+        .as_ref()
+        .unwrap()
+        .secret_key_ref
+        .as_ref()
+        .unwrap();
+    key.name.clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_valkey_container_holds_no_api_token_and_no_agent_password() {
+    // An attacker who runs code in valkey-server (a module, a Lua escape, an exec into the
+    // container) finds neither the agent's API token nor its Valkey password.
+    let s = Stage::start(StageOptions::replication("attack-creds", 1))
+        .await
+        .unwrap();
+    s.wait_ready(2, 60 * SECOND).await.unwrap();
+    let pods = s.pod_objects().await.unwrap();
+    let agent_password = s
+        .secret(&auth_secret_of(&pods[0]), "agent-password")
+        .await
+        .unwrap();
+    assert!(agent_password.len() >= 16, "{agent_password:?}");
+    for pod in &pods {
+        let name = pod.metadata.name.as_deref().unwrap();
+        assert!(
+            !mounts_api_token(pod, "valkey"),
+            "{name}: Valkey mounts an API token"
+        );
+        assert!(
+            mounts_api_token(pod, "valkey-sidecar"),
+            "{name}: the agent has no API token"
+        );
+        // What the kubelet gave each process (valkey-server overwrites its own /proc environ and
+        // cmdline with its process title, so reading those back would prove nothing).
+        let inputs = |c: &str| s.kubelet.container_inputs(&s.namespace, name, c).unwrap();
+        let credentials = |env: &[(String, String)]| env.iter().any(|(k, _)| k == "KUBECONFIG");
+        let (env, argv) = inputs("valkey");
+        assert!(!credentials(&env), "{name}: Valkey has API credentials");
+        let values = env.iter().map(|(_, v)| v).chain(argv.iter());
+        for text in values {
+            assert!(
+                !text.contains(&agent_password),
+                "{name}: Valkey is given {text}"
+            );
+        }
+        assert!(
+            argv.iter().any(|a| a.len() == 65 && a.starts_with('#')),
+            "{name}: {argv:?}"
+        );
+        // The control: the agent is given its credentials.
+        let (agent_env, _) = inputs("valkey-sidecar");
+        assert!(credentials(&agent_env), "{name}: {agent_env:?}");
+    }
+    // Valkey holds only the hash: the password logs the agent in, the hash does not.
+    let hash = s
+        .secret(&auth_secret_of(&pods[0]), "agent-password-sha256")
+        .await
+        .unwrap();
+    let login = |password: &str| {
+        let addr = s.valkey("valkey-0-0").unwrap();
+        let url = format!("redis://valkey-sidecar:{password}@{addr}/");
+        let mut c = redis::Client::open(url)?.get_connection()?;
+        redis::cmd("PING").query::<String>(&mut c)
+    };
+    assert_eq!(login(&agent_password).unwrap(), "PONG");
+    let refused = login(&hash).unwrap_err();
+    assert_eq!(
+        refused.kind(),
+        redis::ErrorKind::AuthenticationFailed,
+        "{refused}"
+    );
+}
+
+/// A client that authenticates with `pod`'s own ServiceAccount token, as an attacker who took it.
+async fn as_pod(s: &Stage, pod: &str) -> kube::Client {
+    let kubeconfig = s.kubelet.pod_kubeconfig(&s.namespace, pod).unwrap();
+    let token = std::fs::read_to_string(kubeconfig.with_file_name("token")).unwrap();
+    s.plane.client_for_token(token.trim()).await.unwrap()
+}
+
+/// Where `pod`'s Valkey replicates from (`master_host`), if it is a replica that answers.
+fn master_host(s: &Stage, pod: &str) -> Option<String> {
+    let info = text(s.cmd(pod, &["INFO", "replication"]).ok()?).ok()?;
+    info_field(&info, "master_host").map(str::to_owned)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_record_naming_a_pod_outside_the_shard_is_never_followed() {
+    // Without the admission policy only the agents stand between a stolen token and the shard.
+    let o = StageOptions::replication("attack-forged", 1)
+        .set("shards=2")
+        .set("sidecar.admissionPolicy=false")
+        .lease("4s", "3s", "1s");
+    let s = Stage::start(o).await.unwrap();
+    s.wait_ready(4, 60 * SECOND).await.unwrap();
+    let shard0 = ["valkey-0-0", "valkey-0-1"];
+    poll_until("both shards recorded", 30 * SECOND, SECOND / 10, || async {
+        let r0 = record(&s, "0").await.and_then(|r| r.holder);
+        let r1 = record(&s, "1").await.and_then(|r| r.holder);
+        Ok(r0.is_some_and(|h| shard0.contains(&h.as_str())) && r1.is_some())
+    })
+    .await
+    .unwrap();
+    let foreign = "valkey-1-0";
+    let pods = s.pod_objects().await.unwrap();
+    let foreign_ip = pods
+        .iter()
+        .find(|p| p.metadata.name.as_deref() == Some(foreign))
+        .and_then(|p| p.status.as_ref()?.pod_ip.clone())
+        .unwrap();
+    // With shard 1's agent token, the attacker names its own pod shard 0's primary, one epoch up.
+    let before = record(&s, "0").await.unwrap();
+    let leases: Api<Lease> = Api::namespaced(as_pod(&s, foreign).await, &s.namespace);
+    let mut lease = leases.get("valkey-0-primary").await.unwrap();
+    let forged_epoch = before.epoch + 1;
+    let annotations = lease.metadata.annotations.get_or_insert_default();
+    annotations.insert("valkey.io/epoch".into(), forged_epoch.to_string());
+    annotations.insert("valkey.io/primary".into(), foreign.into());
+    lease.spec.get_or_insert_default().holder_identity = Some(foreign.into());
+    leases
+        .replace("valkey-0-primary", &PostParams::default(), &lease)
+        .await
+        .expect("without the policy the forgery is written");
+    let forged = Instant::now();
+    // No Valkey of shard 0 ever replicates from the foreign pod; the shard gets a primary of its
+    // own back once the forged holder has not renewed for a lease.
+    let mut recovered = None;
+    while forged.elapsed() < 40 * SECOND && recovered.is_none() {
+        for pod in shard0 {
+            let from = master_host(&s, pod);
+            assert_ne!(
+                from.as_deref(),
+                Some(foreign_ip.as_str()),
+                "{pod} follows {foreign}"
+            );
+        }
+        let now = record(&s, "0").await.unwrap();
+        let ours = now.holder.as_deref().is_some_and(|h| shard0.contains(&h));
+        if ours && now.epoch > forged_epoch {
+            recovered = Some((forged.elapsed(), now));
+        }
+        tokio::time::sleep(SECOND / 10).await;
+    }
+    let (after, now) = recovered.expect("shard 0 got a primary of its own back");
+    println!(
+        "forged record at epoch {forged_epoch}: shard 0 back under {:?} at epoch {} after {after:?}",
+        now.holder, now.epoch
+    );
+    let events = s.events().await.unwrap();
+    assert!(events.contains("ForeignShardRecord"), "{events}");
 }

@@ -21,7 +21,9 @@ use kube::api::{DeleteParams, EvictParams, PostParams};
 use valkey_sidecar_testkit::faults::{self, Outcome, show};
 use valkey_sidecar_testkit::k8s::chart::{cmd, label, node_of, role, shards, text};
 use valkey_sidecar_testkit::k8s::valkey::valkey_addr;
-use valkey_sidecar_testkit::k8s::{Stage, StageOptions, http_get, pod_is_ready, poll_until};
+use valkey_sidecar_testkit::k8s::{
+    Stage, StageOptions, holder_pod, http_get, pod_is_ready, poll_until,
+};
 use valkey_sidecar_testkit::redis;
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -658,7 +660,10 @@ async fn leader(stage: &Stage, pods: &[Pod]) -> Pod {
     let leases: Api<Lease> = Api::namespaced(stage.plane.client(), &stage.namespace);
     let lease = leases.get("valkey-coordinator").await.unwrap();
     let holder = lease.spec.unwrap().holder_identity.unwrap();
-    pods.iter().find(|p| name(p) == holder).unwrap().clone()
+    pods.iter()
+        .find(|p| name(p) == holder_pod(&holder))
+        .unwrap()
+        .clone()
 }
 
 /// Shard 0's primary moves to a replica in another zone (`CLUSTER FAILOVER`): the drift shows in

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use valkey_sidecar_testkit::faults::{self, Outcome, show};
 use valkey_sidecar_testkit::k8s::chart::{label, node_of};
 use valkey_sidecar_testkit::k8s::writer::{Writer, Written};
-use valkey_sidecar_testkit::k8s::{FakeNodesOptions, ROLE_LABEL, Stage, StageOptions, poll_until};
+use valkey_sidecar_testkit::k8s::{
+    FakeNodesOptions, ROLE_LABEL, Stage, StageOptions, holder_pod, poll_until,
+};
 
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -395,7 +397,8 @@ async fn a_primary_fails_back_to_its_preferred_zone_after_the_quiet_period() {
         let holder = &holder;
         async move {
             let out = lease(placement).await;
-            Ok(out.starts_with(&format!("{holder} {want}")))
+            let (who, status) = out.split_once(' ').unwrap_or_default();
+            Ok(holder_pod(who) == holder.as_str() && status.starts_with(want))
         }
     };
     let every = Duration::from_millis(100);

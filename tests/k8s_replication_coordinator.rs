@@ -93,10 +93,7 @@ async fn a_calm_shard_costs_a_read_per_retry_period_and_a_cordon_switches_over_l
     )
     .await
     .unwrap();
-    let coordinator = lease(&s, "valkey-coordinator")
-        .await
-        .and_then(|l| l.spec?.holder_identity)
-        .unwrap();
+    let coordinator = s.coordinator_holder().await.unwrap().unwrap();
 
     // Calm only once every replica has finished its first sync (links up).
     poll_until(

@@ -183,7 +183,8 @@ impl Elector {
             return at_or_wait(LeaseAction::Renew, now, write_at);
         }
         match record.holder() {
-            // Released, missing, or ours from a previous life: take it.
+            // Released, missing, or ours from a previous life of this pod's agent (the identity
+            // carries the pod's UID: a pod recreated under the same name waits like anyone else).
             None => at_or_wait(LeaseAction::Acquire, now, write_at),
             Some(h) if h == self.identity => at_or_wait(LeaseAction::Acquire, now, write_at),
             // Someone else's: take over only after a full lease duration without change.
@@ -226,6 +227,17 @@ fn at_or_wait(action: LeaseAction, now: Millis, at: Millis) -> LeaseAction {
         action
     } else {
         LeaseAction::Wait { until: at }
+    }
+}
+
+/// An agent's identity in the election: `<pod>_<uid>`, like client-go's `<host>_<uuid>`. A pod
+/// force-deleted from a silent node and recreated under the same name has a new UID, so it waits
+/// out the old holder's lease instead of taking it over as its own while the old process may still
+/// act. Without a UID, the pod name.
+pub fn election_identity(pod: &str, uid: Option<&str>) -> String {
+    match uid.filter(|u| !u.is_empty()) {
+        Some(uid) => format!("{pod}_{uid}"),
+        None => pod.to_owned(),
     }
 }
 
@@ -332,6 +344,19 @@ mod tests {
         f.observe(Some(long(u64::MAX)), Millis(0));
         assert_eq!(f.decide(Millis(MAX_LEASE_MS - 1)), LeaseAction::Read);
         assert_eq!(f.decide(Millis(MAX_LEASE_MS)), LeaseAction::Acquire);
+    }
+
+    #[test]
+    fn a_recreated_pod_of_the_same_name_waits_out_the_old_holders_lease() {
+        let old = election_identity("valkey-0-0", Some("uid-1"));
+        let restarted = Elector::new(old.clone(), T);
+        let recreated = Elector::new(election_identity("valkey-0-0", Some("uid-2")), T);
+        for (mut e, takes) in [(restarted, true), (recreated, false)] {
+            e.observe(Some(held_by(&old, "1")), Millis(1_000));
+            let acquires = e.decide(Millis(1_000)) == LeaseAction::Acquire;
+            assert_eq!(acquires, takes, "{}", e.identity);
+        }
+        assert_eq!(election_identity("p", None), "p");
     }
 
     #[test]

@@ -53,6 +53,7 @@ use crate::valkey::Connector;
 use execute::Outcome;
 
 /// Everything the coordinator needs.
+#[derive(Clone)]
 pub struct Coordinator {
     pub client: kube::Client,
     pub namespace: String,

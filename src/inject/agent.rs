@@ -71,6 +71,7 @@ impl<'a> Agent<'a> {
         let value = |name: &str, v: &str| env_var(name, ("value", Node::str(v)));
         let mut vars = vec![
             field("POD_NAME", "metadata.name"),
+            field("POD_UID", "metadata.uid"),
             field("POD_NAMESPACE", "metadata.namespace"),
             field("NODE_NAME", "spec.nodeName"),
             field("POD_IP", "status.podIP"),

@@ -33,6 +33,7 @@ use crate::metrics::Metrics;
 const API_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Everything the labeler needs.
+#[derive(Clone)]
 pub struct Labeler {
     pub client: kube::Client,
     pub config: KubeConfig,

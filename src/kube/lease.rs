@@ -43,6 +43,7 @@ impl Leadership {
 pub type StatusAnnotations = BTreeMap<String, String>;
 
 /// One Lease, read and written with optimistic concurrency.
+#[derive(Clone)]
 pub struct LeaseClient {
     api: Api<Lease>,
     name: String,

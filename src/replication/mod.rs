@@ -7,6 +7,7 @@
 //! Promotions are not here: only the coordinator (the cluster Lease holder) promotes.
 
 mod commands;
+mod foreign;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -41,6 +42,7 @@ pub const NODE_INDEX_LABEL: &str = "valkey.io/node-index";
 pub const POD_INDEX_LABEL: &str = "apps.kubernetes.io/pod-index";
 
 /// Everything the keeper needs.
+#[derive(Clone)]
 pub struct Keeper {
     pub client: kube::Client,
     pub namespace: String,
@@ -64,6 +66,10 @@ pub struct Keeper {
     pub hurry: watch::Sender<bool>,
     /// Set on the record when this agent writes it (`kube::owner`).
     pub owner: Option<OwnerReference>,
+    /// Events on this agent's pod (`SIDECAR_EVENTS`): a record naming a pod outside the shard.
+    pub recorder: Option<kube::runtime::events::Recorder>,
+    /// This pod's UID (`POD_UID`), for the Events' reference.
+    pub pod_uid: Option<String>,
     /// This pod's shard and its record as the keeper last read it, for the coordinator of the
     /// same agent (same monotonic clock): a new leader starts judging expiry from it instead of
     /// from its own first read, so losing the primary and the coordinator together costs one
@@ -100,6 +106,8 @@ struct Memory {
     run: Option<RunTrust>,
     /// Pod name → (`ip:port`, when looked up), for the recorded primary.
     addrs: BTreeMap<String, (String, Millis)>,
+    /// The pod outside the shard a record last named (reported once, `foreign`).
+    foreign: Option<String>,
     force_read: bool,
     last_reason: String,
 }
@@ -108,6 +116,8 @@ impl Keeper {
     /// Runs until shutdown; on the way out a holder fences its Valkey and releases the record, so
     /// the coordinator can promote at once instead of waiting for the record to expire.
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        // A keeper started afresh (after a panic of the last one) holds nothing until it renews.
+        self.holding.send_replace(false);
         let Some(seat) = self.seat(&mut shutdown).await else {
             return;
         };
@@ -341,7 +351,8 @@ impl Keeper {
         match records.read().await {
             Ok(record) => {
                 memory.force_read = false;
-                seen(memory, record, now, self.clock.now());
+                let gap = self.timings.renew_deadline_ms;
+                seen(memory, record, (now, self.clock.now()), gap);
             }
             Err(e) => self.api_error("read", &e),
         }
@@ -372,6 +383,7 @@ impl Keeper {
             }
             Ok(None) => {
                 memory.addrs.remove(&primary);
+                self.report_foreign(&primary, &mut memory.foreign).await;
             }
             Err(e) => self.api_error("read", &e),
         }
@@ -384,8 +396,7 @@ impl Keeper {
         let params = ListParams::default()
             .labels(&self.members_of(seat))
             .fields(&format!("metadata.name={pod}"));
-        let limit = Duration::from_millis(self.timings.retry_ms.max(500));
-        let got = crate::kube::bounded(limit, pods.list(&params)).await?;
+        let got = crate::kube::bounded(self.api_limit(), pods.list(&params)).await?;
         let member = got.items.into_iter().next();
         if member.is_none() {
             // Also while the pod is being recreated: no warning for every step of that.
@@ -536,7 +547,8 @@ impl Keeper {
 
     /// Our own write is the freshest read there is.
     fn written(&self, memory: &mut Memory, written: ShardRecord, sent: Millis) -> bool {
-        seen(memory, Some(written), sent, self.clock.now());
+        let gap = self.timings.renew_deadline_ms;
+        seen(memory, Some(written), (sent, self.clock.now()), gap);
         self.metrics.shard_record("ok");
         true
     }
@@ -598,7 +610,10 @@ impl Keeper {
         }
         let sent = self.clock.now();
         match records.read().await {
-            Ok(record) => seen(memory, record, sent, self.clock.now()),
+            Ok(record) => {
+                let gap = self.timings.renew_deadline_ms;
+                seen(memory, record, (sent, self.clock.now()), gap);
+            }
             Err(e) => self.api_error("read", &e),
         }
         if self.release(records, session, memory, true).await {
@@ -614,14 +629,15 @@ fn moved(memory: &Memory, rec: &ShardRecord) -> bool {
 }
 
 /// Records a read (or our own write) sent at `sent` and answered at `received`.
-fn seen(memory: &mut Memory, record: Option<ShardRecord>, sent: Millis, received: Millis) {
+/// Folds a read (or our own write) into the memory. The clock of an unchanged record restarts
+/// after a gap in the reads longer than `gap_ms`, as in the coordinator's own reads: this view
+/// seeds a new leader of the same agent, and after an apiserver outage it would otherwise judge
+/// the primary's record stale at once (a CI run failed over a primary 82 ms after a 60 s outage).
+fn seen(memory: &mut Memory, record: Option<ShardRecord>, at: (Millis, Millis), gap_ms: u64) {
     let prev = memory.seen.take();
-    memory.seen = Some(SeenRecord::after_read(
-        prev.as_ref(),
-        record,
-        sent,
-        received,
-    ));
+    let (sent, received) = at;
+    let next = SeenRecord::after_continuous_read(prev.as_ref(), record, sent, received, gap_ms);
+    memory.seen = Some(next);
 }
 
 fn seat_of(pod: &Pod) -> Seat {
@@ -680,6 +696,42 @@ mod tests {
                 shard_labelled: true,
             }
         );
+    }
+
+    #[test]
+    fn an_unchanged_record_read_after_an_outage_counts_from_that_read() {
+        let record = ShardRecord {
+            version: "7".into(),
+            ..ShardRecord::bootstrap("valkey-0-0")
+        };
+        let mut memory = Memory::default();
+        seen(
+            &mut memory,
+            Some(record.clone()),
+            (Millis(0), Millis(5)),
+            3_000,
+        );
+        seen(
+            &mut memory,
+            Some(record.clone()),
+            (Millis(1_000), Millis(1_005)),
+            3_000,
+        );
+        let calm = memory.seen.clone().unwrap();
+        assert_eq!(
+            calm.changed_at,
+            Millis(5),
+            "read every second: unchanged since the first"
+        );
+        // The apiserver was silent for a minute: the seed a new leader starts from must give the
+        // holder a full lease from now, not call it expired at once.
+        seen(
+            &mut memory,
+            Some(record),
+            (Millis(61_000), Millis(61_010)),
+            3_000,
+        );
+        assert_eq!(memory.seen.unwrap().changed_at, Millis(61_010));
     }
 
     #[test]

@@ -15,6 +15,7 @@ use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
 
+use super::capped::{Capped, REPLY_CAP};
 use super::tls::Tls;
 
 /// Why a tick got no answer from Valkey.
@@ -30,6 +31,8 @@ pub enum ValkeyError {
         addr: String,
         source: std::io::Error,
     },
+    #[error("TLS files: {0}")]
+    TlsFiles(#[from] super::tls::TlsSetupError),
     #[error("reading password file {path}: {source}")]
     Password {
         path: String,
@@ -50,7 +53,7 @@ impl ValkeyError {
     pub fn kind(&self) -> &'static str {
         match self {
             ValkeyError::Connect { .. } => "connect",
-            ValkeyError::Tls { .. } => "tls",
+            ValkeyError::Tls { .. } | ValkeyError::TlsFiles(_) => "tls",
             ValkeyError::Password { .. } => "password_file",
             ValkeyError::Setup(_) => "auth",
             ValkeyError::Timeout(_) => "timeout",
@@ -114,9 +117,10 @@ impl Connector {
         let info = self.redis_info().await?;
         match &self.tls {
             Some(tls) => {
+                let connector = tls.connector()?;
                 let stream = timeout(
                     self.timeout,
-                    tls.connector.connect(tls.server_name.clone(), tcp),
+                    connector.connect(tls.server_name.clone(), tcp),
                 )
                 .await
                 .map_err(|_| ValkeyError::Timeout(self.timeout))?
@@ -136,6 +140,7 @@ impl Connector {
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         let config = AsyncConnectionConfig::new().set_response_timeout(Some(self.timeout));
+        let stream = Capped::new(stream, REPLY_CAP);
         let setup = MultiplexedConnection::new_with_config(info, stream, config);
         let (conn, driver) = timeout(self.timeout, setup)
             .await

@@ -1,5 +1,6 @@
 //! The Valkey adapter: one self-healing connection and the per-tick observation.
 
+mod capped;
 pub mod conn;
 pub mod observe;
 pub mod tls;

@@ -25,33 +25,44 @@ pub enum TlsSetupError {
     ServerName(String),
 }
 
-/// What a connection needs to start TLS.
+/// What a connection needs to start TLS: the files' paths, read again for every connection, so a
+/// rotated CA or client certificate is used from the next connection on, without a restart.
+/// (Kubernetes swaps a Secret volume's files in one rename, so a read never mixes old and new.)
 #[derive(Clone)]
 pub struct Tls {
-    pub connector: TlsConnector,
+    config: TlsConfig,
     pub server_name: ServerName<'static>,
 }
 
-/// Reads the PEM files and builds the connector.
+impl Tls {
+    /// A connector from the files as they are now.
+    pub fn connector(&self) -> Result<TlsConnector, TlsSetupError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let roots = roots(&self.config.ca_file)?;
+        let builder = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsSetupError::ClientCert(e.to_string()))?
+            .with_root_certificates(roots);
+        let config = match &self.config.client_cert {
+            Some((cert, key)) => builder
+                .with_client_auth_cert(certs(cert)?, key_of(key)?)
+                .map_err(|e| TlsSetupError::ClientCert(e.to_string()))?,
+            None => builder.with_no_client_auth(),
+        };
+        Ok(TlsConnector::from(Arc::new(config)))
+    }
+}
+
+/// Checks the settings and reads the files once, so a bad setup stops the agent at start.
 pub fn build(cfg: &TlsConfig) -> Result<Tls, TlsSetupError> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let roots = roots(&cfg.ca_file)?;
-    let builder = ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| TlsSetupError::ClientCert(e.to_string()))?
-        .with_root_certificates(roots);
-    let config = match &cfg.client_cert {
-        Some((cert, key)) => builder
-            .with_client_auth_cert(certs(cert)?, key_of(key)?)
-            .map_err(|e| TlsSetupError::ClientCert(e.to_string()))?,
-        None => builder.with_no_client_auth(),
-    };
     let server_name = ServerName::try_from(cfg.server_name.clone())
         .map_err(|_| TlsSetupError::ServerName(cfg.server_name.clone()))?;
-    Ok(Tls {
-        connector: TlsConnector::from(Arc::new(config)),
+    let tls = Tls {
+        config: cfg.clone(),
         server_name,
-    })
+    };
+    tls.connector()?;
+    Ok(tls)
 }
 
 fn roots(path: &Path) -> Result<rustls::RootCertStore, TlsSetupError> {

@@ -627,7 +627,12 @@ async fn partition_and_freeze_nodes() {
     let mut con = client.get_connection_with_timeout(SECOND).unwrap();
     con.set_read_timeout(Some(SECOND)).unwrap();
     kubelet.freeze_node("node-b1").unwrap();
-    assert!(pids.iter().all(|p| process_state(*p) == 'T'), "{pids:?}");
+    // SIGSTOP takes effect when each process next runs: under load, a moment after the kill.
+    poll_until("the node's processes stopped", 5 * SECOND, POLL, || async {
+        Ok(pids.iter().all(|p| process_state(*p) == 'T'))
+    })
+    .await
+    .unwrap();
     let (err, mut con) = tokio::task::spawn_blocking(move || {
         let err = redis::cmd("PING").query::<String>(&mut con).unwrap_err();
         (err, con)
@@ -837,6 +842,13 @@ async fn native_sidecar_volumes_and_ordered_termination() {
     let ca = std::fs::read_to_string(dir.join("ca.crt")).unwrap();
     assert!(ca.starts_with("-----BEGIN CERTIFICATE-----"));
     assert_eq!(std::fs::read_to_string(dir.join("namespace")).unwrap(), NS);
+    // Mounted into every container (automount is on), so every container gets API credentials;
+    // the chart's pods, which opt out, are checked in the agent's attack tests.
+    for c in ["valkey", "agent"] {
+        let (env, _) = kubelet.container_inputs(NS, "native", c).unwrap();
+        let kubeconfig = env.iter().find(|(k, _)| k == "KUBECONFIG");
+        assert!(kubeconfig.is_some(), "{c} has no API credentials: {env:?}");
+    }
 
     // A crashed native sidecar is restarted; the main container is left alone.
     let valkey_pid = kubelet.container_pid(NS, "native", "valkey").unwrap();

@@ -114,6 +114,14 @@ config file, so the pod needs no init step; secrets come in through `$(VAR)` fro
 - {{ $v.tls.authClients | quote }}
 - --tls-replication
 - "yes"
+{{- $tag := toString $v.valkey.image.tag }}
+{{- $versioned := regexMatch "^v?[0-9]+[.][0-9]+" $tag }}
+{{- if and $v.tls.autoReloadInterval (or (not $versioned) (semverCompare ">=9.1.0-0" $tag)) }}
+# Valkey re-reads its certificate, key and CA when the Secret volume changes (Valkey 9.1+; older
+# tags do not know the setting and get no such argument).
+- --tls-auto-reload-interval
+- {{ $v.tls.autoReloadInterval | quote }}
+{{- end }}
 {{- if eq $v.mode "cluster" }}
 - --tls-cluster
 - "yes"
@@ -134,7 +142,7 @@ config file, so the pod needs no init step; secrets come in through `$(VAR)` fro
 - --user
 - {{ $v.auth.agentUser }}
 - "on"
-- ">$(VALKEY_AGENT_PASSWORD)"
+- "#$(VALKEY_AGENT_PASSWORD_SHA256)"
 - resetkeys
 - resetchannels
 - -@all
@@ -225,6 +233,10 @@ config file, so the pod needs no init step; secrets come in through `$(VAR)` fro
   valueFrom:
     fieldRef:
       fieldPath: metadata.name
+- name: POD_UID
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.uid
 - name: POD_NAMESPACE
   valueFrom:
     fieldRef:
@@ -276,17 +288,17 @@ config file, so the pod needs no init step; secrets come in through `$(VAR)` fro
 - name: VALKEY_TLS
   value: "true"
 - name: VALKEY_TLS_CA_FILE
-  value: /etc/valkey/tls/ca.crt
+  value: /etc/valkey-sidecar/tls/ca.crt
 - name: VALKEY_TLS_SERVER_NAME
   value: {{ include "valkey-sidecar.tlsServerName" $root }}
 {{- if ne $v.tls.authClients "no" }}
 - name: VALKEY_TLS_CERT_FILE
-  value: /etc/valkey/tls/tls.crt
+  value: /etc/valkey-sidecar/tls/tls.crt
 - name: VALKEY_TLS_KEY_FILE
-  value: /etc/valkey/tls/tls.key
+  value: /etc/valkey-sidecar/tls/tls.key
 {{- end }}
 {{- end }}
-{{- $reserved := list "POD_NAME" "POD_NAMESPACE" "NODE_NAME" "POD_IP" "VALKEY_ADDR" "VALKEY_USERNAME" "VALKEY_PASSWORD_FILE" "SIDECAR_MODE" "SIDECAR_CLUSTER_NAME" "SIDECAR_SHARD_NAME" "SIDECAR_CLUSTER_SHARDS" "SIDECAR_ROLE_LABEL" "SIDECAR_ROLE_VALUES" "SIDECAR_SHARD_LABEL" "SIDECAR_ZONE_LABEL" "SIDECAR_REGION_LABEL" }}
+{{- $reserved := list "POD_NAME" "POD_UID" "POD_NAMESPACE" "NODE_NAME" "POD_IP" "VALKEY_ADDR" "VALKEY_USERNAME" "VALKEY_PASSWORD_FILE" "SIDECAR_MODE" "SIDECAR_CLUSTER_NAME" "SIDECAR_SHARD_NAME" "SIDECAR_CLUSTER_SHARDS" "SIDECAR_ROLE_LABEL" "SIDECAR_ROLE_VALUES" "SIDECAR_SHARD_LABEL" "SIDECAR_ZONE_LABEL" "SIDECAR_REGION_LABEL" }}
 {{- range $name, $value := $v.sidecar.env }}
 {{- if or (has $name $reserved) (hasPrefix "VALKEY_TLS" $name) }}
 {{- fail (printf "sidecar.env.%s: the chart sets it from its own values" $name) }}
@@ -359,19 +371,20 @@ readinessProbe:
   {{- end }}
   securityContext:
     {{- toYaml $v.sidecar.securityContext | nindent 4 }}
-  {{- if or $v.auth.enabled $v.tls.enabled }}
   volumeMounts:
+    - name: kube-api-access
+      mountPath: /var/run/secrets/kubernetes.io/serviceaccount
+      readOnly: true
     {{- if $v.auth.enabled }}
     - name: agent-auth
       mountPath: /etc/valkey-sidecar/auth
       readOnly: true
     {{- end }}
     {{- if $v.tls.enabled }}
-    - name: tls
-      mountPath: /etc/valkey/tls
+    - name: agent-tls
+      mountPath: /etc/valkey-sidecar/tls
       readOnly: true
     {{- end }}
-  {{- end }}
 {{- end -}}
 
 {{- /* podAntiAffinity terms from `spread` (dict "root" $ "shard" N): a topology key whose

@@ -40,7 +40,7 @@ pub use control_plane::{
 };
 pub use kubelet::{HookRun, Kubelet, KubeletOptions, StartRecord, StopRecord};
 pub use nodes::{FakeNode, FakeNodes, FakeNodesOptions, HOSTNAME_LABEL, REGION_LABEL, ZONE_LABEL};
-pub use stage::{ROLE_LABEL, RoleWatch, Stage, StageOptions};
+pub use stage::{ROLE_LABEL, RoleWatch, Stage, StageOptions, holder_pod};
 pub use util::{http_get, poll_until, process_alive};
 
 pub mod audit;

@@ -486,12 +486,13 @@ impl Stage {
         Ok(leases.get_opt(&name).await?)
     }
 
-    /// Who holds the coordinator Lease now.
+    /// Which pod holds the coordinator Lease now (the holder identity is `<pod>_<pod uid>`).
     pub async fn coordinator_holder(&self) -> Result<Option<String>> {
         let lease = self.coordinator_lease().await?;
         Ok(lease
             .and_then(|l| l.spec?.holder_identity)
-            .filter(|h| !h.is_empty()))
+            .filter(|h| !h.is_empty())
+            .map(|h| holder_pod(&h).to_owned()))
     }
 
     /// Waits until some agent holds the coordinator Lease; returns it.
@@ -750,7 +751,13 @@ impl Stage {
     }
 }
 
-/// A Secret `name` with both of the chart's password keys (test passwords named after the key).
+/// The pod of a coordinator Lease holder identity (`<pod>_<pod uid>`; pod names have no `_`).
+pub fn holder_pod(identity: &str) -> &str {
+    identity.split('_').next().unwrap_or(identity)
+}
+
+/// A Secret `name` with the chart's three auth keys (test passwords named after the key, and the
+/// agent password's SHA-256, `printf %s test-agent-password | sha256sum`).
 pub fn auth_secret(name: &str) -> Value {
     json!({
         "apiVersion": "v1",
@@ -759,6 +766,7 @@ pub fn auth_secret(name: &str) -> Value {
         "stringData": {
             "default-password": "test-default-password",
             "agent-password": "test-agent-password",
+            "agent-password-sha256": "f4bdc3ad73351e339aeac3f135dc2f6a7265183c02733d668691a6a766e318a2",
         },
     })
 }

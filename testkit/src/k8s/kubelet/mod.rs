@@ -5,8 +5,9 @@
 //!    so concurrent test processes rarely meet; an address whose ports are taken is skipped;
 //!    addresses are never reused within a process),
 //! 2. requests a ServiceAccount token bound to the pod (TokenRequest API, default audience,
-//!    renewed at 80% of its lifetime) and writes a kubeconfig using it (`KUBECONFIG` of every
-//!    container),
+//!    renewed at 80% of its lifetime) and writes a kubeconfig using it (`KUBECONFIG` of each
+//!    container that mounts the pod's ServiceAccount token at the in-cluster path, as the
+//!    apiserver adds to every container unless `automountServiceAccountToken: false`),
 //! 3. materialises the mounted volumes in the pod's temp dir (`emptyDir`, `secret`, `configMap`,
 //!    `downwardAPI`, `projected`; refreshed about once a minute) and rewrites every container path
 //!    under a `mountPath` to them ([`volume`]),
@@ -204,6 +205,9 @@ pub struct StartRecord {
     pub container: String,
     pub at: Instant,
 }
+
+/// What a container's process was given: its environment (name, value) and its command line.
+pub type ContainerInputs = (Vec<(String, String)>, Vec<String>);
 
 /// How a container process ended when its pod was deleted.
 #[derive(Clone, Debug)]
@@ -517,6 +521,21 @@ impl Kubelet {
         pod.containers().iter().find(|c| c.name == container)?.pid()
     }
 
+    /// The environment and the command line (`command` + `args`, `$(VAR)` expanded) one container's
+    /// process was given: what a process in the container can read, since a program may overwrite
+    /// its own `/proc/<pid>/environ` and `cmdline` (valkey-server does, for its process title).
+    pub fn container_inputs(
+        &self,
+        namespace: &str,
+        name: &str,
+        container: &str,
+    ) -> Option<ContainerInputs> {
+        let pod = self.shared.find(namespace, name)?;
+        let containers = pod.containers();
+        let c = containers.iter().find(|c| c.name == container)?;
+        Some((c.env.clone(), spec::command_line(&c.spec, &c.env)))
+    }
+
     /// SIGKILL every process of the pod without telling Kubernetes. The kubelet notices on its
     /// next pass, reports the containers terminated and not ready, and restarts them.
     pub fn crash(&self, namespace: &str, name: &str) -> Result<()> {
@@ -552,7 +571,7 @@ impl Kubelet {
             .map(|p| p.volumes.dir(volume))
     }
 
-    /// The kubeconfig the pod's containers get (`KUBECONFIG`): the pod's ServiceAccount token.
+    /// The kubeconfig the pod's entitled containers get (`KUBECONFIG`): the pod's ServiceAccount token.
     pub fn pod_kubeconfig(&self, namespace: &str, name: &str) -> Option<PathBuf> {
         self.shared
             .find(namespace, name)

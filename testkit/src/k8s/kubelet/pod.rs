@@ -20,7 +20,7 @@ use tokio::sync::watch;
 
 use super::container::{Class, ContainerRuntime, Setup};
 use super::probe::{Action, ExecIn};
-use super::spec::{Kind, PodFacts, harness_env, kind_of, pod_env};
+use super::spec::{Kind, PodFacts, api_credentials, harness_env, kind_of, pod_env};
 use super::status::{PodView, Transitions, status_patch};
 use super::terminate::terminate;
 use super::volume::{Mounts, Sources, Volumes};
@@ -288,7 +288,8 @@ async fn setup(
         let v = mounts.rewrite(&v);
         (k, v)
     });
-    let env = harness_env(own.collect(), facts, kind, &pod.kubeconfig_path());
+    let kubeconfig = api_credentials(facts.pod, container).then(|| pod.kubeconfig_path());
+    let env = harness_env(own.collect(), facts, kind, kubeconfig.as_deref());
     let mut spec = container.clone();
     mounts.rewrite_spec(&mut spec);
     Ok(Setup {

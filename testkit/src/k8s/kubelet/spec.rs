@@ -22,7 +22,9 @@
 //!   `status.podIPs`, `status.hostIP`), `secretKeyRef` and `configMapKeyRef` (read through the
 //!   API). `envFrom` and `resourceFieldRef` are not supported. The process gets only this
 //!   environment plus `PATH` (and `RUST_LOG`/`RUST_BACKTRACE` from the harness if the pod does not
-//!   set them) and `KUBECONFIG`.
+//!   set them) and, for a container that mounts the pod's ServiceAccount token at the in-cluster
+//!   path ([`api_credentials`]), `KUBECONFIG` with that token: a container without the mount (the
+//!   chart's Valkey, under `automountServiceAccountToken: false`) gets no API credentials.
 //! - **Pod-local loopback.** All pods share the host's loopback, so a pod's `localhost` is its own
 //!   pod IP here: an environment value or exec argument that is exactly `127.0.0.1` or
 //!   `localhost`, optionally with `:port`, is rewritten to the pod IP. The agent's admin listener
@@ -199,12 +201,38 @@ pub(crate) async fn pod_env(
     Ok(env)
 }
 
-/// `env` (from [`pod_env`]) plus the harness's additions.
+/// Where the kubelet mounts a pod's API credentials: what in-cluster clients read.
+pub(crate) const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// Whether `container` gets the pod's API credentials: it mounts, at [`SERVICE_ACCOUNT_DIR`], a
+/// projected volume with a `serviceAccountToken` source — the apiserver's ServiceAccount admission
+/// adds one to every container unless the pod says `automountServiceAccountToken: false`, and a
+/// pod may mount one itself into the containers that should have it.
+pub(crate) fn api_credentials(pod: &Pod, container: &Container) -> bool {
+    let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
+    let has_token = |name: &str| {
+        volumes
+            .into_iter()
+            .flatten()
+            .filter(|v| v.name == name)
+            .filter_map(|v| v.projected.as_ref()?.sources.as_ref())
+            .flatten()
+            .any(|s| s.service_account_token.is_some())
+    };
+    container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .any(|m| m.mount_path.trim_end_matches('/') == SERVICE_ACCOUNT_DIR && has_token(&m.name))
+}
+
+/// `env` (from [`pod_env`]) plus the harness's additions; `kubeconfig` for a container with
+/// [`api_credentials`] (the harness's stand-in for the files in-cluster clients read).
 pub(crate) fn harness_env(
     mut env: Vec<(String, String)>,
     facts: &PodFacts<'_>,
     kind: Kind,
-    kubeconfig: &Path,
+    kubeconfig: Option<&Path>,
 ) -> Vec<(String, String)> {
     let defined = |env: &[(String, String)], k: &str| env.iter().any(|(n, _)| n == k);
     if kind == Kind::Sidecar && !defined(&env, "SIDECAR_ADMIN_ADDR") {
@@ -220,10 +248,9 @@ pub(crate) fn harness_env(
             env.push((k.into(), v));
         }
     }
-    env.push((
-        "KUBECONFIG".into(),
-        kubeconfig.to_string_lossy().into_owned(),
-    ));
+    if let Some(path) = kubeconfig {
+        env.push(("KUBECONFIG".into(), path.to_string_lossy().into_owned()));
+    }
     env
 }
 
