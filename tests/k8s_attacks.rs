@@ -28,6 +28,10 @@ const DRIPPING: usize = 200;
 /// probe to turn the pod unready (2 × 2 s).
 const ATTACK: Duration = Duration::from_secs(25);
 
+/// One attack at a time: the flood's figures are the attack's effect on a 2-core machine, not that
+/// of another test's stage starting beside it.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The hostile pod's address (the kubelet's probes come from 127.0.0.1, its node's).
 const HOSTILE: Ipv4Addr = Ipv4Addr::new(127, 0, 99, 66);
 
@@ -123,6 +127,7 @@ async fn watch(s: &Stage, pod: &str, agent_pid: u32, until: Instant) -> Watched 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_idle_and_dripping_connections_to_the_probe_port_harms_nothing() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let s = Stage::start(StageOptions::replication("attack-flood", 1).lease("4s", "3s", "1s"))
         .await
         .unwrap();
@@ -245,6 +250,7 @@ fn auth_secret_of(pod: &Pod) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_valkey_container_holds_no_api_token_and_no_agent_password() {
+    let _one = ONE_AT_A_TIME.lock().await;
     // An attacker who runs code in valkey-server (a module, a Lua escape, an exec into the
     // container) finds neither the agent's API token nor its Valkey password.
     let s = Stage::start(StageOptions::replication("attack-creds", 1))
@@ -323,6 +329,7 @@ fn master_host(s: &Stage, pod: &str) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_record_naming_a_pod_outside_the_shard_is_never_followed() {
+    let _one = ONE_AT_A_TIME.lock().await;
     // Without the admission policy only the agents stand between a stolen token and the shard.
     let o = StageOptions::replication("attack-forged", 1)
         .set("shards=2")
