@@ -121,9 +121,13 @@ mod tests {
             max: Duration::from_secs(3600),
         };
         let _ = stop.send(true);
-        supervised("test", metrics, shutdown, slow, || {
+        let run = supervised("test", metrics, shutdown, slow, || {
             async { panic!("always") }.boxed_local()
-        })
-        .await;
+        });
+        let ended = tokio::time::timeout(Duration::from_secs(5), run).await;
+        assert!(
+            ended.is_ok(),
+            "still waiting an hour to restart after shutdown"
+        );
     }
 }

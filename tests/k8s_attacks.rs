@@ -314,13 +314,6 @@ async fn the_valkey_container_holds_no_api_token_and_no_agent_password() {
     );
 }
 
-/// A client that authenticates with `pod`'s own ServiceAccount token, as an attacker who took it.
-async fn as_pod(s: &Stage, pod: &str) -> kube::Client {
-    let kubeconfig = s.kubelet.pod_kubeconfig(&s.namespace, pod).unwrap();
-    let token = std::fs::read_to_string(kubeconfig.with_file_name("token")).unwrap();
-    s.plane.client_for_token(token.trim()).await.unwrap()
-}
-
 /// Where `pod`'s Valkey replicates from (`master_host`), if it is a replica that answers.
 fn master_host(s: &Stage, pod: &str) -> Option<String> {
     let info = text(s.cmd(pod, &["INFO", "replication"]).ok()?).ok()?;
@@ -354,7 +347,7 @@ async fn a_forged_record_naming_a_pod_outside_the_shard_is_never_followed() {
         .unwrap();
     // With shard 1's agent token, the attacker names its own pod shard 0's primary, one epoch up.
     let before = record(&s, "0").await.unwrap();
-    let leases: Api<Lease> = Api::namespaced(as_pod(&s, foreign).await, &s.namespace);
+    let leases: Api<Lease> = Api::namespaced(s.client_as_pod(foreign).await.unwrap(), &s.namespace);
     let mut lease = leases.get("valkey-0-primary").await.unwrap();
     let forged_epoch = before.epoch + 1;
     let annotations = lease.metadata.annotations.get_or_insert_default();

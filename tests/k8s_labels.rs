@@ -35,13 +35,6 @@ fn code<T>(r: Result<T, kube::Error>) -> u16 {
     }
 }
 
-/// A client that holds `pod`'s own bound token (the kubelet keeps it next to its kubeconfig).
-async fn as_pod(s: &Stage, pod: &str) -> kube::Client {
-    let kubeconfig = s.kubelet.pod_kubeconfig(&s.namespace, pod).unwrap();
-    let token = std::fs::read_to_string(kubeconfig.with_file_name("token")).unwrap();
-    s.plane.client_for_token(token.trim()).await.unwrap()
-}
-
 /// Waits until every pod's role label equals what its Valkey says and shard/zone are set.
 async fn wait_labels_true(s: &Stage) {
     poll_until(
@@ -233,7 +226,7 @@ async fn the_pods_own_token_may_change_only_its_own_valkey_labels() {
     let s = Stage::start(options()).await.unwrap();
     wait_labels_true(&s).await;
     let (me, other) = ("valkey-2-0", "valkey-2-1");
-    let api: Api<Pod> = Api::namespaced(as_pod(&s, me).await, &s.namespace);
+    let api: Api<Pod> = Api::namespaced(s.client_as_pod(me).await.unwrap(), &s.namespace);
     let pp = PatchParams::default();
     let cases = [
         (
@@ -325,7 +318,8 @@ async fn an_agent_token_cannot_forge_a_shard_record() {
     use k8s_openapi::api::coordination::v1::Lease;
     use kube::api::PostParams;
     let s = Stage::start(options()).await.unwrap();
-    let api: Api<Lease> = Api::namespaced(as_pod(&s, "valkey-2-0").await, &s.namespace);
+    let api: Api<Lease> =
+        Api::namespaced(s.client_as_pod("valkey-2-0").await.unwrap(), &s.namespace);
     let record = |name: &str, holder: &str, epoch: &str, seconds: i32| {
         serde_json::from_value::<Lease>(serde_json::json!({
             "metadata": {"name": name,

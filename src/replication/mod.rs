@@ -122,7 +122,7 @@ impl Keeper {
             return;
         };
         let name = ShardRecord::lease_name(&self.cluster, &seat.shard);
-        let lease_timeout = Duration::from_millis(self.timings.retry_ms.max(500));
+        let lease_timeout = self.api_limit();
         let lease = Duration::from_millis(self.timings.lease_ms);
         let records = ShardLeaseClient::new(
             self.client.clone(),

@@ -486,6 +486,17 @@ impl Stage {
         Ok(leases.get_opt(&name).await?)
     }
 
+    /// A client that authenticates with `pod`'s own bound ServiceAccount token (the kubelet keeps
+    /// it next to the pod's kubeconfig): an attacker who took it from the pod.
+    pub async fn client_as_pod(&self, pod: &str) -> Result<kube::Client> {
+        let kubeconfig = self
+            .kubelet
+            .pod_kubeconfig(&self.namespace, pod)
+            .with_context(|| format!("no kubeconfig for {pod}"))?;
+        let token = std::fs::read_to_string(kubeconfig.with_file_name("token"))?;
+        self.plane.client_for_token(token.trim()).await
+    }
+
     /// Which pod holds the coordinator Lease now (the holder identity is `<pod>_<pod uid>`).
     pub async fn coordinator_holder(&self) -> Result<Option<String>> {
         let lease = self.coordinator_lease().await?;
