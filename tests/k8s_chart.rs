@@ -708,3 +708,135 @@ async fn drift_and_failback(stage: &Stage, pods: &[Pod], password: &str) {
         "failed back to the node-index 0 pod"
     );
 }
+
+/// Whether `pod`'s Valkey lets `user` in with `password` (`None`: the default user).
+async fn logs_in(stage: &Stage, pod: &str, user: Option<&str>, password: &str) -> bool {
+    let addr = stage.valkey(pod).unwrap();
+    let url = format!("redis://{}:{password}@{addr}/", user.unwrap_or(""));
+    tokio::task::spawn_blocking(move || {
+        let client = redis::Client::open(url)?;
+        let mut c = client.get_connection_with_timeout(2 * SECOND)?;
+        redis::cmd("PING").query::<String>(&mut c)
+    })
+    .await
+    .unwrap()
+    .is_ok()
+}
+
+/// Which of `passwords` (default user's, agent's) every pod's Valkey accepts, as one flag per
+/// password and user, the same on all pods (else a panic naming the pod).
+async fn accepted(stage: &Stage, passwords: &[(&str, &str)]) -> Vec<bool> {
+    let mut agreed: Option<Vec<bool>> = None;
+    for pod in &stage.pods {
+        let mut flags = Vec::new();
+        for (default, agent) in passwords {
+            flags.push(logs_in(stage, pod, None, default).await);
+            flags.push(logs_in(stage, pod, Some("valkey-sidecar"), agent).await);
+        }
+        match &agreed {
+            Some(first) => assert_eq!(first, &flags, "{pod} disagrees"),
+            None => agreed = Some(flags),
+        }
+    }
+    agreed.unwrap_or_default()
+}
+
+/// The pods' UIDs by name: a changed one was re-created.
+async fn uids(stage: &Stage) -> Vec<String> {
+    let pods = stage.pod_objects().await.unwrap();
+    pods.iter()
+        .map(|p| p.metadata.uid.clone().unwrap())
+        .collect()
+}
+
+/// Valkey container restarts over all pods (a re-created pod starts at 0).
+async fn valkey_restarts(stage: &Stage) -> i32 {
+    let pods = stage.pod_objects().await.unwrap();
+    let statuses = pods
+        .iter()
+        .filter_map(|p| p.status.as_ref()?.container_statuses.clone())
+        .flatten();
+    statuses
+        .filter(|c| c.name == "valkey")
+        .map(|c| c.restart_count)
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_rotate_in_three_upgrades_without_a_restart_or_a_failover() {
+    // The documented procedure (docs/operations.md) on the chart's generated Secret: accept the
+    // next passwords everywhere (a roll), promote them (no roll; the kubelet refreshes the
+    // agents' files), drop the old ones (a roll). Every step keeps every pair of Valkey and agent
+    // able to talk, so the rolls hand the primary over and nothing fails over or restarts.
+    let mut opts = StageOptions::replication("rotate", 2);
+    opts.helm_install = true;
+    opts.kubelet.volume_refresh = 5 * SECOND;
+    let mut stage = Stage::start(opts).await.unwrap();
+    let secret = |key: &'static str| {
+        let stage = &stage;
+        async move { stage.secret("valkey-auth", key).await.unwrap() }
+    };
+    let old = (
+        secret("default-password").await,
+        secret("agent-password").await,
+    );
+    let old = (old.0.as_str(), old.1.as_str());
+    assert_eq!(accepted(&stage, &[old]).await, [true, true]);
+
+    let before = uids(&stage).await;
+    println!("{}", stage.upgrade(&["auth.rotation=accept"]).unwrap());
+    stage.wait_rolled(300 * SECOND).await.unwrap();
+    let rolled = uids(&stage).await;
+    assert!(before.iter().all(|u| !rolled.contains(u)), "not rolled");
+    let next = (
+        secret("next-default-password").await,
+        secret("next-agent-password").await,
+    );
+    let next = (next.0.as_str(), next.1.as_str());
+    assert_ne!(old, next);
+    assert_eq!(accepted(&stage, &[old, next]).await, [true; 4]);
+
+    println!("{}", stage.upgrade(&["auth.rotation=promote"]).unwrap());
+    assert_eq!(secret("default-password").await, next.0);
+    assert_eq!(secret("agent-password").await, next.1);
+    // No roll: the pod template is the same as in the accept step.
+    tokio::time::sleep(5 * SECOND).await;
+    assert_eq!(uids(&stage).await, rolled, "promote re-created pods");
+    poll_until("agents' files refreshed", 60 * SECOND, SECOND, || async {
+        let file = |pod: &String| {
+            let dir = stage
+                .kubelet
+                .volume_dir(&stage.namespace, pod, "agent-auth");
+            std::fs::read_to_string(dir?.join("password")).ok()
+        };
+        Ok(stage
+            .pods
+            .iter()
+            .all(|p| file(p).as_deref() == Some(next.1)))
+    })
+    .await
+    .unwrap();
+
+    println!("{}", stage.upgrade(&["auth.rotation="]).unwrap());
+    stage.wait_rolled(300 * SECOND).await.unwrap();
+    let done = uids(&stage).await;
+    assert!(rolled.iter().all(|u| !done.contains(u)), "not rolled");
+    assert_eq!(
+        accepted(&stage, &[old, next]).await,
+        [false, false, true, true]
+    );
+    stage.password = Some(next.0.to_owned());
+    // Every agent logs in afresh with the new password: dropped, they come back and stay Ready.
+    for pod in &stage.pods {
+        stage
+            .cmd(pod, &["CLIENT", "KILL", "USER", "valkey-sidecar"])
+            .unwrap();
+    }
+    tokio::time::sleep(2 * SECOND).await;
+    stage.wait_settled(3, 1, 60 * SECOND).await.unwrap();
+    assert_eq!(valkey_restarts(&stage).await, 0);
+    let events = stage.events().await.unwrap();
+    assert!(!events.contains("FailoverStarted"), "{events}");
+    let moves = events.lines().filter(|l| l.starts_with("Handover"));
+    println!("{}", moves.collect::<Vec<_>>().join("\n"));
+}

@@ -133,8 +133,21 @@ config file, so the pod needs no init step; secrets come in through `$(VAR)` fro
 - --dir
 - /data
 {{- if $v.auth.enabled }}
+{{- if $v.auth.rotation }}
+# A rotation: the default user takes the current and the next password; replicas keep using
+# the current one, which every Valkey of either generation accepts.
+- --user
+- default
+- "on"
+- ">$(VALKEY_PASSWORD)"
+- ">$(VALKEY_NEXT_PASSWORD)"
+- "~*"
+- "&*"
+- +@all
+{{- else }}
 - --requirepass
 - $(VALKEY_PASSWORD)
+{{- end }}
 - --masterauth
 - $(VALKEY_PASSWORD)
 # The agent's ACL user: only the commands it sends. ACLs cannot narrow CONFIG SET to one
@@ -143,6 +156,9 @@ config file, so the pod needs no init step; secrets come in through `$(VAR)` fro
 - {{ $v.auth.agentUser }}
 - "on"
 - "#$(VALKEY_AGENT_PASSWORD_SHA256)"
+{{- if $v.auth.rotation }}
+- "#$(VALKEY_NEXT_AGENT_PASSWORD_SHA256)"
+{{- end }}
 - resetkeys
 - resetchannels
 - -@all

@@ -277,6 +277,42 @@ impl Stage {
         chart::helm(&args)
     }
 
+    /// `helm upgrade --reuse-values` of a release made with [`StageOptions::helm_install`], with
+    /// more `--set`s.
+    pub fn upgrade(&self, sets: &[&str]) -> Result<String> {
+        let mut args: Vec<String> = vec!["upgrade".into(), self.release.clone()];
+        args.push(chart::chart_dir().display().to_string());
+        args.extend(["--reuse-values".into(), "--namespace".into()]);
+        args.push(self.namespace.clone());
+        args.push("--kubeconfig".into());
+        args.push(self.plane.kubeconfig_path().display().to_string());
+        for set in sets {
+            args.extend(["--set".into(), (*set).to_owned()]);
+        }
+        chart::helm(&args)
+    }
+
+    /// Waits until every StatefulSet of the deployment has rolled out its current template: all
+    /// pods updated and Ready.
+    pub async fn wait_rolled(&self, timeout: Duration) -> Result<()> {
+        let api: Api<StatefulSet> = Api::namespaced(self.plane.client(), &self.namespace);
+        let selector = format!("{CLUSTER_LABEL}={}", self.cluster);
+        let waited = poll_until(
+            "rolled out",
+            timeout,
+            Duration::from_millis(500),
+            || async {
+                let sets = api.list(&ListParams::default().labels(&selector)).await?;
+                Ok(sets.items.iter().all(rolled_out))
+            },
+        )
+        .await;
+        if let Err(e) = waited {
+            bail!("{e:#}\n{}", self.describe().await);
+        }
+        Ok(())
+    }
+
     pub fn api(&self) -> Api<Pod> {
         Api::namespaced(self.plane.client(), &self.namespace)
     }
@@ -760,6 +796,19 @@ impl Stage {
     pub fn lost(&self, pod: &str, tag: &str, acked: &[u64]) -> Result<usize> {
         Ok(missing(self.valkey(pod)?, &self.client(), tag, acked)?.len())
     }
+}
+
+/// A StatefulSet whose controller has seen its spec and brought every replica to it, Ready.
+fn rolled_out(set: &StatefulSet) -> bool {
+    let Some(status) = &set.status else {
+        return false;
+    };
+    let want = set.spec.replicas.unwrap_or(1);
+    status.observed_generation == set.metadata.generation
+        && status.update_revision.is_some()
+        && status.current_revision == status.update_revision
+        && status.updated_replicas == Some(want)
+        && status.ready_replicas == Some(want)
 }
 
 /// The pod of a coordinator Lease holder identity (`<pod>_<pod uid>`; pod names have no `_`).
