@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::{self, BoxFuture, LocalBoxFuture, join_all};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::runtime::events::{Recorder, Reporter};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -21,6 +20,7 @@ use crate::coordinator::Coordinator;
 use crate::http::{self, App};
 use crate::kube::labeler::Labeler;
 use crate::kube::lease::{self, Leadership, LeaseClient, StatusAnnotations};
+use crate::kube::owner::{Anchor, LeaseOwner};
 use crate::kube::{FIELD_MANAGER, KubeError};
 use crate::metrics::Metrics;
 use crate::observer::Observer;
@@ -74,7 +74,7 @@ struct Shared {
 type Task = LocalBoxFuture<'static, ()>;
 
 /// The Leases' owner (`kube::owner`), awaited by every task that writes a Lease.
-type Owner = future::Shared<BoxFuture<'static, Option<OwnerReference>>>;
+type Owner = future::Shared<BoxFuture<'static, LeaseOwner>>;
 
 /// Runs the agent until SIGTERM/SIGINT.
 pub async fn run(config: Config) -> Result<(), StartError> {
@@ -152,13 +152,13 @@ async fn kube_tasks(
 ) -> Result<Vec<Task>, StartError> {
     let client = crate::kube::client().await?;
     // The Leases' owner, looked up once for the keeper, the Lease runner and the coordinator.
-    let owner = crate::kube::owner::lease_owner(
-        client.clone(),
-        kube.namespace.clone(),
-        kube.pod_name.clone(),
-    )
-    .boxed()
-    .shared();
+    let anchor = match &kube.lease_owner {
+        Some(name) => Anchor::ConfigMap(name.clone()),
+        None => Anchor::ServiceAccountOf(kube.pod_name.clone()),
+    };
+    let owner = LeaseOwner::resolve(client.clone(), kube.namespace.clone(), anchor)
+        .boxed()
+        .shared();
     let keeper = keeper(config, kube, shared, &client);
     let labeler = Labeler {
         client: client.clone(),
@@ -180,7 +180,7 @@ async fn kube_tasks(
         tasks.push(supervised_task("keeper", shared, move |stop| {
             let (mut keeper, owner) = (keeper.clone(), owner.clone());
             async move {
-                keeper.owner = owner.await;
+                keeper.owner = Some(owner.await);
                 keeper.run(stop).await;
             }
         }));
@@ -262,14 +262,14 @@ fn coordinator_tasks(
         let (lease, owner) = (lease.clone(), elect_owner.clone());
         let (identity, lead_tx) = (identity.clone(), lead_tx.clone());
         async move {
-            let lease = lease.owned_by(owner.await);
+            let lease = lease.owned_by(Some(owner.await));
             lease::run(lease, identity, timings, clock, lead_tx, stop).await;
         }
     });
     let act = supervised_task("coordinator", shared, move |stop| {
         let (mut coordinator, owner) = (coordinator.clone(), owner.clone());
         async move {
-            coordinator.lease_owner = owner.await;
+            coordinator.lease_owner = Some(owner.await);
             coordinator.run(stop).await;
         }
     });

@@ -159,6 +159,10 @@ pub struct RawConfig {
     /// Name of the coordinator Lease (default `<cluster>-coordinator`).
     #[arg(long, env = "SIDECAR_LEASE_NAME")]
     pub lease_name: Option<String>,
+    /// A ConfigMap in the pod's namespace that owns the Leases the agents create, so they are
+    /// garbage-collected with it (default: the pod's ServiceAccount).
+    #[arg(long, env = "SIDECAR_LEASE_OWNER")]
+    pub lease_owner: Option<String>,
     /// Label selector of the cluster's pods (default `valkey.io/cluster=<cluster>`).
     #[arg(long, env = "SIDECAR_POD_SELECTOR")]
     pub pod_selector: Option<String>,
@@ -245,6 +249,8 @@ pub struct KubeConfig {
     pub policy: LabelPolicy,
     pub shard_name: Option<String>,
     pub events: bool,
+    /// The ConfigMap owning the Leases; `None`: the pod's ServiceAccount.
+    pub lease_owner: Option<String>,
     pub coordinator: Option<CoordinatorConfig>,
 }
 
@@ -407,6 +413,12 @@ impl RawConfig {
             check_value(v).map(|_| v.to_owned()).map_err(str::to_owned)
         });
         let events = c.check("SIDECAR_EVENTS", &self.events, parse_bool(&self.events));
+        // Empty: unset (the chart's way of leaving a variable out).
+        let lease_owner = c
+            .opt("SIDECAR_LEASE_OWNER", &self.lease_owner, |v| {
+                check_value(v).map(|_| v.to_owned()).map_err(str::to_owned)
+            })
+            .filter(|v| !v.is_empty());
         let known = id.pod_name.clone().zip(id.namespace.clone());
         let on = match mode? {
             Some(on) => on,
@@ -431,6 +443,7 @@ impl RawConfig {
             policy: policy?,
             shard_name,
             events: events?,
+            lease_owner,
             coordinator,
         }))
     }

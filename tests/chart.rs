@@ -146,6 +146,7 @@ fn without_valkey_only_the_agents_permissions_are_rendered() {
         [
             "ClusterRole",
             "ClusterRoleBinding",
+            "ConfigMap",
             "Role",
             "RoleBinding",
             "ServiceAccount",

@@ -2,15 +2,16 @@
 //! and asserts that nothing bad happened.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::task::JoinSet;
@@ -385,4 +386,136 @@ async fn a_forged_record_naming_a_pod_outside_the_shard_is_never_followed() {
     );
     let events = s.events().await.unwrap();
     assert!(events.contains("ForeignShardRecord"), "{events}");
+}
+
+/// The deployment's Leases (coordinator and records): name → (uid, owners' kind and uid).
+type Leases = BTreeMap<String, (String, Vec<(String, String)>)>;
+
+async fn leases_of(s: &Stage) -> Leases {
+    let api: Api<Lease> = Api::namespaced(s.plane.client(), &s.namespace);
+    let leases = api.list(&ListParams::default()).await.unwrap().items;
+    leases
+        .into_iter()
+        .filter(|l| {
+            l.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with("valkey-"))
+        })
+        .map(|l| {
+            let owners = l.metadata.owner_references.unwrap_or_default();
+            let owners = owners.into_iter().map(|o| (o.kind, o.uid)).collect();
+            let (name, uid) = (l.metadata.name.unwrap(), l.metadata.uid.unwrap());
+            (name, (uid, owners))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leases_go_with_their_configmap_and_with_nothing_else() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    // The records must not go with a ServiceAccount someone renames or deletes, and an owner
+    // created anew must not leave the agents re-creating records the garbage collector deletes.
+    let s = Stage::start(StageOptions::replication("attack-owner", 1).lease("4s", "3s", "1s"))
+        .await
+        .unwrap();
+    let maps: Api<ConfigMap> = Api::namespaced(s.plane.client(), &s.namespace);
+    let names = ["valkey-0-primary", "valkey-coordinator"];
+    let owned_by = |uid: String| {
+        let names = names.map(str::to_owned);
+        move |leases: &Leases| {
+            names.iter().all(|n| {
+                leases
+                    .get(n)
+                    .is_some_and(|(_, o)| o == &[("ConfigMap".to_owned(), uid.clone())])
+            })
+        }
+    };
+    let anchor = maps.get("valkey-leases").await.unwrap();
+    let first = owned_by(anchor.metadata.uid.clone().unwrap());
+    poll_until(
+        "Leases owned by the ConfigMap",
+        30 * SECOND,
+        SECOND / 5,
+        || async { Ok(first(&leases_of(&s).await)) },
+    )
+    .await
+    .unwrap();
+
+    // The ConfigMap deleted and created again (a GitOps tool re-syncing it): the collector
+    // deletes the Leases, the agents create them again with the new owner, and they stay.
+    maps.delete("valkey-leases", &DeleteParams::default())
+        .await
+        .unwrap();
+    let mut fresh = anchor.clone();
+    fresh.metadata = ObjectMeta {
+        name: anchor.metadata.name.clone(),
+        labels: anchor.metadata.labels.clone(),
+        ..ObjectMeta::default()
+    };
+    let fresh = maps.create(&PostParams::default(), &fresh).await.unwrap();
+    let second = owned_by(fresh.metadata.uid.clone().unwrap());
+    let t = Instant::now();
+    poll_until(
+        "Leases owned by the new ConfigMap",
+        60 * SECOND,
+        SECOND / 5,
+        || async { Ok(second(&leases_of(&s).await)) },
+    )
+    .await
+    .unwrap();
+    println!(
+        "Leases re-created under the new owner after {:?}",
+        t.elapsed()
+    );
+    let settled = leases_of(&s).await;
+    tokio::time::sleep(10 * SECOND).await;
+    let later = leases_of(&s).await;
+    let uids = |l: &Leases| names.map(|n| l.get(n).map(|(uid, _)| uid.clone()));
+    assert_eq!(
+        uids(&settled),
+        uids(&later),
+        "the Leases were deleted again"
+    );
+    s.wait_settled(2, 1, 30 * SECOND).await.unwrap();
+
+    // The ServiceAccount deleted: the Leases stay (the agents lose their API access with it).
+    let accounts: Api<ServiceAccount> = Api::namespaced(s.plane.client(), &s.namespace);
+    let account = s.pod_objects().await.unwrap()[0]
+        .spec
+        .as_ref()
+        .and_then(|p| p.service_account_name.clone())
+        .unwrap();
+    accounts
+        .delete(&account, &DeleteParams::default())
+        .await
+        .unwrap();
+    poll_until("ServiceAccount gone", 30 * SECOND, SECOND / 5, || async {
+        Ok(accounts.get_opt(&account).await?.is_none())
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(10 * SECOND).await;
+    assert_eq!(
+        uids(&leases_of(&s).await),
+        uids(&later),
+        "gone with the ServiceAccount"
+    );
+    // The control: the collector is at work, and the ConfigMap takes them along.
+    maps.delete("valkey-leases", &DeleteParams::default())
+        .await
+        .unwrap();
+    poll_until(
+        "Leases gone with the ConfigMap",
+        60 * SECOND,
+        SECOND / 5,
+        || async {
+            let left = leases_of(&s).await;
+            Ok(names.iter().all(|n| !left.contains_key(*n)))
+        },
+    )
+    .await
+    .unwrap();
+    let events = s.events().await.unwrap();
+    assert!(!events.contains("FailoverStarted"), "{events}");
 }

@@ -612,14 +612,14 @@ async fn cluster_3x2_helm_install_forms_and_labels_and_helm_uninstall_leaves_not
     let scheduling = until_condition(&stage, "SchedulingSatisfied", "True").await;
     println!("{scheduling}");
     drift_and_failback(&stage, &pods, &password).await;
-    // The agents' Leases are owned by their ServiceAccount, so they go with the release.
+    // The agents' Leases are owned by the chart's ConfigMap, so they go with the release.
     let leases: Api<Lease> = Api::namespaced(stage.plane.client(), &stage.namespace);
     let coordinator = leases.get("valkey-coordinator").await.unwrap();
     let owners = coordinator.metadata.owner_references.unwrap_or_default();
     assert_eq!(owners.len(), 1, "{owners:?}");
     assert_eq!(
         (owners[0].kind.as_str(), owners[0].name.as_str()),
-        ("ServiceAccount", "valkey-sidecar")
+        ("ConfigMap", "valkey-leases")
     );
 
     let t1 = Instant::now();

@@ -24,10 +24,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use crate::kube::owner::LeaseOwner;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{self, Store};
@@ -87,7 +87,7 @@ pub struct Coordinator {
     /// Cluster mode: form a cluster of this many shards, re-add replaced pods (`formation`).
     pub formation_shards: Option<u32>,
     /// Set on the shard records this agent writes (`kube::owner`).
-    pub lease_owner: Option<OwnerReference>,
+    pub lease_owner: Option<LeaseOwner>,
 }
 
 /// How long a finished move may take to show in the local view before the shard is planned again.

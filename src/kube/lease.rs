@@ -21,6 +21,7 @@ use valkey_sidecar_core::lease::{Elector, LeaseAction, LeaseRecord, LeaseTimings
 use valkey_sidecar_core::time::Millis;
 
 use super::KubeError;
+use super::owner::LeaseOwner;
 use crate::clock::Clock;
 
 /// Who leads, as this agent knows it.
@@ -50,12 +51,12 @@ pub struct LeaseClient {
     timeout: Duration,
     status: watch::Receiver<StatusAnnotations>,
     /// Set on every write, so the Lease goes with its owner (`kube::owner`).
-    owner: Option<OwnerReference>,
+    owner: Option<LeaseOwner>,
 }
 
 impl LeaseClient {
     /// The owner to put on the Lease.
-    pub fn owned_by(mut self, owner: Option<OwnerReference>) -> LeaseClient {
+    pub fn owned_by(mut self, owner: Option<LeaseOwner>) -> LeaseClient {
         self.owner = owner;
         self
     }
@@ -76,6 +77,15 @@ impl LeaseClient {
         }
     }
 
+    /// The owner for a write: looked up afresh for a creation (`kube::owner`).
+    async fn owner(&self, creating: bool) -> Option<OwnerReference> {
+        let owner = self.owner.as_ref()?;
+        match creating {
+            true => owner.refreshed(self.timeout).await,
+            false => owner.current(),
+        }
+    }
+
     async fn call<T>(
         &self,
         f: impl std::future::Future<Output = Result<T, kube::Error>>,
@@ -91,7 +101,7 @@ impl LeaseClient {
 
     /// Creates the Lease, or replaces it if it exists (409 when someone wrote in between).
     pub async fn write(&self, rec: &LeaseRecord, exists: bool) -> Result<LeaseRecord, KubeError> {
-        let lease = self.lease_of(rec);
+        let lease = self.lease_of(rec, self.owner(!exists).await);
         let written = if exists {
             self.call(self.api.replace(&self.name, &PostParams::default(), &lease))
                 .await?
@@ -110,7 +120,7 @@ impl LeaseClient {
         (holds && !status.is_empty()).then(|| status.clone())
     }
 
-    fn lease_of(&self, rec: &LeaseRecord) -> Lease {
+    fn lease_of(&self, rec: &LeaseRecord, owner: Option<OwnerReference>) -> Lease {
         let now = MicroTime(jiff::Timestamp::now());
         let version = Some(rec.version.clone()).filter(|v| !v.is_empty());
         Lease {
@@ -118,7 +128,7 @@ impl LeaseClient {
                 name: Some(self.name.clone()),
                 resource_version: version,
                 annotations: self.annotations(rec),
-                owner_references: self.owner.clone().map(|o| vec![o]),
+                owner_references: owner.map(|o| vec![o]),
                 ..ObjectMeta::default()
             },
             spec: Some(LeaseSpec {

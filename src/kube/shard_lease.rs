@@ -18,6 +18,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use valkey_sidecar_core::replication::ShardRecord;
 
 use super::KubeError;
+use super::owner::LeaseOwner;
 
 /// One shard's record, read and written with optimistic concurrency.
 #[derive(Clone)]
@@ -26,7 +27,7 @@ pub struct ShardLeaseClient {
     name: String,
     cluster: String,
     /// Set on every write, so the Lease goes with its owner (`kube::owner`).
-    owner: Option<OwnerReference>,
+    owner: Option<LeaseOwner>,
     timeout: Duration,
     lease_seconds: i32,
 }
@@ -51,13 +52,22 @@ impl ShardLeaseClient {
     }
 
     /// The owner to put on the Lease.
-    pub fn owned_by(mut self, owner: Option<OwnerReference>) -> ShardLeaseClient {
+    pub fn owned_by(mut self, owner: Option<LeaseOwner>) -> ShardLeaseClient {
         self.owner = owner;
         self
     }
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The owner for a write: looked up afresh for a creation (`kube::owner`).
+    async fn owner(&self, creating: bool) -> Option<OwnerReference> {
+        let owner = self.owner.as_ref()?;
+        match creating {
+            true => owner.refreshed(self.timeout).await,
+            false => owner.current(),
+        }
     }
 
     async fn call<T>(
@@ -88,8 +98,9 @@ impl ShardLeaseClient {
     /// Writes `rec`: creates the Lease when `rec.version` is empty, else replaces the version
     /// `rec` was read at (409 if it changed since). Returns the record as written.
     pub async fn write(&self, rec: &ShardRecord) -> Result<ShardRecord, KubeError> {
-        let lease = self.lease_of(rec);
-        let written = if rec.version.is_empty() {
+        let creating = rec.version.is_empty();
+        let lease = self.lease_of(rec, self.owner(creating).await);
+        let written = if creating {
             self.call(self.api.create(&PostParams::default(), &lease))
                 .await?
         } else {
@@ -132,7 +143,7 @@ impl ShardLeaseClient {
         Ok(false)
     }
 
-    fn lease_of(&self, rec: &ShardRecord) -> Lease {
+    fn lease_of(&self, rec: &ShardRecord, owner: Option<OwnerReference>) -> Lease {
         let now = MicroTime(jiff::Timestamp::now());
         let mut annotations = BTreeMap::new();
         annotations.insert(
@@ -154,7 +165,7 @@ impl ShardLeaseClient {
             metadata: ObjectMeta {
                 name: Some(self.name.clone()),
                 labels: Some(labels),
-                owner_references: self.owner.clone().map(|o| vec![o]),
+                owner_references: owner.map(|o| vec![o]),
                 resource_version: Some(rec.version.clone()).filter(|v| !v.is_empty()),
                 annotations: Some(annotations),
                 ..ObjectMeta::default()

@@ -13,9 +13,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::kube::owner::LeaseOwner;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Api;
 use kube::api::ListParams;
 use tokio::sync::watch;
@@ -65,7 +65,7 @@ pub struct Keeper {
     /// the observer then polls fast, so the promoted node is advertised within milliseconds.
     pub hurry: watch::Sender<bool>,
     /// Set on the record when this agent writes it (`kube::owner`).
-    pub owner: Option<OwnerReference>,
+    pub owner: Option<LeaseOwner>,
     /// Events on this agent's pod (`SIDECAR_EVENTS`): a record naming a pod outside the shard.
     pub recorder: Option<kube::runtime::events::Recorder>,
     /// This pod's UID (`POD_UID`), for the Events' reference.

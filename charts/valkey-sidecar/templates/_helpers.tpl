@@ -12,6 +12,11 @@ StatefulSets and PDBs `<cluster>-<shard>`, pods `<cluster>-<shard>-<ordinal>`, S
 {{- $name -}}
 {{- end -}}
 
+{{- /* The ConfigMap that owns the agents' Leases (SIDECAR_LEASE_OWNER). */ -}}
+{{- define "valkey-sidecar.leaseOwner" -}}
+{{- printf "%s-leases" (include "valkey-sidecar.cluster" .) -}}
+{{- end -}}
+
 {{- define "valkey-sidecar.serviceAccount" -}}
 {{- default (printf "%s-sidecar" (include "valkey-sidecar.cluster" .)) .Values.sidecar.serviceAccount.name -}}
 {{- end -}}
@@ -271,6 +276,8 @@ config file, so the pod needs no init step; secrets come in through `$(VAR)` fro
   value: {{ $v.mode }}
 - name: SIDECAR_CLUSTER_NAME
   value: {{ $cluster }}
+- name: SIDECAR_LEASE_OWNER
+  value: {{ include "valkey-sidecar.leaseOwner" $root }}
 {{- if eq $v.mode "replication" }}
 - name: SIDECAR_SHARD_NAME
   value: "{{ $cluster }}-{{ .shard }}"
@@ -314,7 +321,7 @@ config file, so the pod needs no init step; secrets come in through `$(VAR)` fro
   value: /etc/valkey-sidecar/tls/tls.key
 {{- end }}
 {{- end }}
-{{- $reserved := list "POD_NAME" "POD_UID" "POD_NAMESPACE" "NODE_NAME" "POD_IP" "VALKEY_ADDR" "VALKEY_USERNAME" "VALKEY_PASSWORD_FILE" "SIDECAR_MODE" "SIDECAR_CLUSTER_NAME" "SIDECAR_SHARD_NAME" "SIDECAR_CLUSTER_SHARDS" "SIDECAR_ROLE_LABEL" "SIDECAR_ROLE_VALUES" "SIDECAR_SHARD_LABEL" "SIDECAR_ZONE_LABEL" "SIDECAR_REGION_LABEL" }}
+{{- $reserved := list "POD_NAME" "POD_UID" "POD_NAMESPACE" "NODE_NAME" "POD_IP" "VALKEY_ADDR" "VALKEY_USERNAME" "VALKEY_PASSWORD_FILE" "SIDECAR_MODE" "SIDECAR_CLUSTER_NAME" "SIDECAR_LEASE_OWNER" "SIDECAR_SHARD_NAME" "SIDECAR_CLUSTER_SHARDS" "SIDECAR_ROLE_LABEL" "SIDECAR_ROLE_VALUES" "SIDECAR_SHARD_LABEL" "SIDECAR_ZONE_LABEL" "SIDECAR_REGION_LABEL" }}
 {{- range $name, $value := $v.sidecar.env }}
 {{- if or (has $name $reserved) (hasPrefix "VALKEY_TLS" $name) }}
 {{- fail (printf "sidecar.env.%s: the chart sets it from its own values" $name) }}
