@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use valkey_sidecar_core::observation::Observation;
-use valkey_sidecar_core::quorum::{Guard, QuorumPolicy, guard};
+use valkey_sidecar_core::quorum::{Guard, QuorumPolicy, guard_after_gap};
 
 use crate::metrics::Metrics;
 use crate::valkey::Session;
@@ -17,6 +17,8 @@ pub struct QuorumFence {
     pub policy: QuorumPolicy,
     pub metrics: Arc<Metrics>,
     until: Option<Instant>,
+    /// When the previous observation was applied: a long gap means this node went unseen.
+    last: Option<Instant>,
     /// Logged once: Valkey would not show `CLUSTER NODES` (an ACL without `cluster|nodes`).
     blind_logged: bool,
 }
@@ -27,6 +29,7 @@ impl QuorumFence {
             policy,
             metrics,
             until: None,
+            last: None,
             blind_logged: false,
         }
     }
@@ -38,7 +41,10 @@ impl QuorumFence {
         if !fenced && self.until.take().is_some() {
             tracing::info!("quorum fence ran out: writes resume");
         }
-        match guard(obs, obs.server_time_ms, fenced, &self.policy) {
+        let now = Instant::now();
+        let gap = self.last.replace(now).map_or(Duration::ZERO, |t| now - t);
+        let gap_ms = u64::try_from(gap.as_millis()).unwrap_or(u64::MAX);
+        match guard_after_gap(obs, obs.server_time_ms, gap_ms, fenced, &self.policy) {
             Guard::Fence { ms, reason } => self.fence(session, ms, &reason, fenced).await,
             Guard::Lift { reason } => self.lift(session, &reason).await,
             Guard::Hold => {}

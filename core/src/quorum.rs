@@ -120,6 +120,37 @@ pub enum Guard {
     Hold,
 }
 
+/// [`guard`], after first asking whether the node went unseen too long: `gap_ms` since the
+/// previous observation by the agent's monotonic clock. A node frozen (a paused VM, SIGSTOP, a
+/// long stall) wakes up with its clients' writes queued and its pings answered at once, so the
+/// ping rule sees a majority again while the majority may have elected its replica meanwhile; it
+/// learns so only when the new epoch's gossip arrives, tens of milliseconds later. A primary not
+/// seen for twice the silence limit is fenced at its first observation, before it acknowledges
+/// more than what was already queued; the fence then runs out on its own.
+pub fn guard_after_gap(
+    obs: &Observation,
+    now_ms: Option<u64>,
+    gap_ms: u64,
+    fenced: bool,
+    policy: &QuorumPolicy,
+) -> Guard {
+    let serving = obs
+        .cluster
+        .as_ref()
+        .and_then(|c| c.peers.as_ref())
+        .is_some_and(|peers| peers.iter().any(|p| p.myself && p.serves_slots));
+    let stalled = gap_ms >= policy.silent_after_ms.saturating_mul(2);
+    if obs.role == Role::Primary && serving && stalled {
+        return Guard::Fence {
+            ms: policy.pause_ms,
+            reason: format!(
+                "unseen for {gap_ms} ms (this node or its agent stalled): the majority may have elected my replica"
+            ),
+        };
+    }
+    guard(obs, now_ms, fenced, policy)
+}
+
 /// The rule for one observation; `fenced`: this guard's own fence may still be in force.
 pub fn guard(obs: &Observation, now_ms: Option<u64>, fenced: bool, policy: &QuorumPolicy) -> Guard {
     if obs.role != Role::Primary {
@@ -197,6 +228,51 @@ mod tests {
         silent_after_ms: 1000,
         pause_ms: 1500,
     };
+
+    #[test]
+    fn a_primary_unseen_for_two_silence_limits_is_fenced_whatever_it_hears_now() {
+        let heard = obs(Role::Primary, &three([0, 0, 0]));
+        let cases = [
+            (Role::Primary, 1_999, false),
+            (Role::Primary, 2_000, true),
+            (Role::Primary, 60_000, true),
+            (Role::Replica, 60_000, false),
+        ];
+        for (role, gap, fences) in cases {
+            let o = Observation {
+                role,
+                ..heard.clone()
+            };
+            let got = guard_after_gap(&o, Some(NOW), gap, false, &POLICY);
+            assert_eq!(
+                matches!(got, Guard::Fence { .. }),
+                fences,
+                "{role:?} {gap}: {got:?}"
+            );
+        }
+        // Without slots it decides no election; without CLUSTER NODES it cannot tell.
+        let slotless = three([0, 0, 0]).replace(
+            &line("a", "myself,master", 0, "0-5460"),
+            &line("a", "myself,master", 0, ""),
+        );
+        assert_ne!(slotless, three([0, 0, 0]));
+        let got = guard_after_gap(
+            &obs(Role::Primary, &slotless),
+            Some(NOW),
+            60_000,
+            false,
+            &POLICY,
+        );
+        assert_eq!(got, Guard::Hold);
+        let blind = Observation {
+            role: Role::Primary,
+            ..Observation::default()
+        };
+        assert_eq!(
+            guard_after_gap(&blind, Some(NOW), 60_000, false, &POLICY),
+            Guard::Hold
+        );
+    }
 
     #[test]
     fn parses_flags_slots_and_pings() {

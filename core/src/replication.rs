@@ -836,13 +836,42 @@ fn choose(view: &ShardView, record: &ShardRecord, why: String) -> Result<Promoti
         let reason = "the epoch cannot increase any further";
         return Err(hold(HoldKind::NoCandidate, reason));
     };
-    match candidates(view, record).first() {
-        Some(best) => Ok(promotion(view, record, best, epoch, why)),
+    if let Some(best) = candidates(view, record).first() {
+        return Ok(promotion(view, record, best, epoch, why));
+    }
+    match last_primary_back(view, record) {
+        Some(last) => {
+            let mut p = promotion(view, record, last, epoch, why.clone());
+            p.reason = format!(
+                "{why}; no replica holds the data and {}, the last primary, answers as primary: it takes the record back",
+                last.pod
+            );
+            Ok(p)
+        }
         None => Err(hold(
             HoldKind::NoCandidate,
             no_candidate(view, record, &why),
         )),
     }
+}
+
+/// The recorded primary, back after a restart with its data, when no other member can hold the
+/// shard's data: it wrote last under the record, so it holds everything the record ever covered
+/// (a shard of one pod with persistence, after a rolling update). Never while another member
+/// does not answer or has synced (that one may hold data the last primary lost), and never
+/// when it came back empty: its keeper would release such a claim again, as it cannot tell it
+/// from a stale one (a shard of one pod without persistence stays fenced — issue 17).
+fn last_primary_back<'a>(view: &'a ShardView, record: &ShardRecord) -> Option<&'a ShardMember> {
+    let last = record.recorded_primary()?;
+    let back = view.members.iter().find(|m| m.pod == last)?;
+    let has_data = back.valkey.as_ref().is_some_and(|v| !v.fresh);
+    let usable = has_data && !back.terminating && back.node_ready && back.node_schedulable;
+    let others_empty = view
+        .members
+        .iter()
+        .filter(|m| m.pod != last)
+        .all(|m| m.valkey.as_ref().is_some_and(|v| v.fresh));
+    (usable && answers_as_primary(back) && others_empty).then_some(back)
 }
 
 fn promotion(

@@ -752,6 +752,65 @@ fn ties_go_to_the_preferred_zone_then_the_pod_name() {
 }
 
 #[test]
+fn the_last_primary_takes_a_vacant_record_back_only_when_no_other_member_holds_data() {
+    let policy = FailoverPolicy::default();
+    let released = |members: Vec<ShardMember>| ShardView {
+        record: Some(seen(Some(record(None, Some("pod-0"), 5)), 0)),
+        members,
+        ..shard(1_000)
+    };
+    let fresh = |pod: &str| {
+        let mut m = member(pod, Role::Primary, 0, "b");
+        m.valkey.as_mut().unwrap().fresh = true;
+        m
+    };
+    // A shard of one pod, back after a restart.
+    let alone = released(vec![member("pod-0", Role::Primary, 0, "a")]);
+    let p = promote(&alone, &policy).unwrap();
+    assert_eq!((p.target.as_str(), p.epoch), ("pod-0", 6));
+    assert!(p.reason.contains("the last primary"), "{}", p.reason);
+    // Its replicas came back empty: they hold nothing the last primary lacks.
+    let p = promote(
+        &released(vec![member("pod-0", Role::Primary, 7, "a"), fresh("pod-1")]),
+        &policy,
+    );
+    assert_eq!(p.unwrap().target, "pod-0");
+    // A member that does not answer, or a replica that synced but may not be promoted, may hold
+    // data the last primary lost: hold.
+    let mut silent = member("pod-1", Role::Replica, 900, "b");
+    silent.valkey = None;
+    let mut cordoned = member("pod-1", Role::Replica, 900, "b");
+    cordoned.node_schedulable = false;
+    for other in [silent, cordoned] {
+        let v = released(vec![member("pod-0", Role::Primary, 0, "a"), other]);
+        assert_eq!(
+            promote(&v, &policy).unwrap_err().kind,
+            HoldKind::NoCandidate
+        );
+    }
+    // The last primary must answer as a primary, on a usable node, and not be going away.
+    let mut down = member("pod-0", Role::Primary, 0, "a");
+    down.valkey = None;
+    let mut leaving = member("pod-0", Role::Primary, 0, "a");
+    leaving.terminating = true;
+    let emptied = fresh("pod-0");
+    for last in [
+        down,
+        leaving,
+        emptied,
+        member("pod-0", Role::Replica, 0, "a"),
+    ] {
+        assert!(promote(&released(vec![last]), &policy).is_err());
+    }
+    // A held record stays held.
+    let held = ShardView {
+        members: vec![member("pod-0", Role::Primary, 0, "a")],
+        ..shard(1_000)
+    };
+    assert_eq!(promote(&held, &policy).unwrap_err().kind, HoldKind::Held);
+}
+
+#[test]
 fn blocked_promotions_say_why() {
     let policy = FailoverPolicy::default();
     let mut v = shard(20_000);
@@ -1225,13 +1284,23 @@ proptest! {
     }
 
     /// The target is an answering, synced replica on a usable node, not going away, not the
-    /// recorded primary, with the highest offset of all such members; the epoch goes up by one.
+    /// recorded primary, with the highest offset of all such members — or, when no other member
+    /// can hold data, the recorded primary answering as one; the epoch goes up by one.
     #[test]
     fn the_target_is_always_eligible(v in shard_view()) {
         let Ok(p) = promote(&v, &FailoverPolicy::default()) else { return Ok(()) };
         let rec = v.record.as_ref().unwrap().record.as_ref().unwrap();
         let m = v.members.iter().find(|m| m.pod == p.target).unwrap();
         let mv = m.valkey.as_ref().expect("answering");
+        if rec.recorded_primary() == Some(p.target.as_str()) {
+            prop_assert_eq!(mv.role, Role::Primary);
+            prop_assert!(!mv.fresh);
+            prop_assert!(!m.terminating && m.node_ready && m.node_schedulable);
+            let others = v.members.iter().filter(|o| o.pod != p.target);
+            prop_assert!(others.clone().all(|o| o.valkey.as_ref().is_some_and(|ov| ov.fresh)));
+            prop_assert_eq!(p.epoch, rec.epoch + 1);
+            return Ok(());
+        }
         prop_assert!(rec.holder() != Some(p.target.as_str()));
         prop_assert!(rec.primary.as_deref() != Some(p.target.as_str()));
         prop_assert!(!m.terminating && m.node_ready && m.node_schedulable);

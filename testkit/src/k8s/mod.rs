@@ -49,6 +49,7 @@ pub mod netfault;
 pub mod primaries;
 pub mod shard;
 pub mod stage;
+pub mod storage;
 pub mod valkey;
 pub mod writer;
 

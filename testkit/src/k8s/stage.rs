@@ -17,8 +17,8 @@
 //!
 //! Harness limits that shape the tests: pod IPs are loopback addresses, which EndpointSlices may
 //! not hold, so the EndpointSlice controller's *attempted* endpoints are read from its events
-//! ([`Stage::attempted_endpoints`]); PersistentVolumeClaims are never bound (keep
-//! `persistence.enabled=false`).
+//! ([`Stage::attempted_endpoints`]). PersistentVolumeClaims bind to local volumes only with
+//! [`StageOptions::persistent`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -36,6 +36,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 
 use super::chart::{self, label, node_of};
+use super::storage::create_local_volumes;
 use super::util::poll_until;
 use super::valkey::{CLUSTER_LABEL, SIDECAR_PORT, VALKEY_PORT, apply, cmd_as, valkey_addr};
 use super::writer::{Targets, Writer, WriterOptions, missing, tag_for_with};
@@ -71,6 +72,8 @@ pub struct StageOptions {
     /// Install with `helm install` (a release helm can upgrade and uninstall) instead of rendering
     /// and applying the manifests (policies first, which `helm install` cannot order).
     pub helm_install: bool,
+    /// Local PersistentVolumes per node ([`super::storage`]); 0: none.
+    pub local_volumes: usize,
 }
 
 impl Default for StageOptions {
@@ -86,6 +89,7 @@ impl Default for StageOptions {
             kubelet: KubeletOptions::default(),
             helm_install: false,
             nodes: FakeNodesOptions::default(),
+            local_volumes: 0,
         }
     }
 }
@@ -130,6 +134,16 @@ impl StageOptions {
         self.objects
             .retain(|o| o["kind"] != "Secret" || o["metadata"]["name"] != "valkey-auth");
         self.set("auth.existingSecret=")
+    }
+
+    /// The chart's `persistence.enabled` path: a claim per pod, bound to one of two local volumes
+    /// per node ([`super::storage`]).
+    pub fn persistent(mut self) -> Self {
+        self.local_volumes = 2;
+        self.set("persistence.enabled=true").set(&format!(
+            "persistence.storageClassName={}",
+            super::storage::LOCAL_CLASS
+        ))
     }
 
     /// One more `--set`.
@@ -209,6 +223,11 @@ impl Stage {
         let plane = ControlPlane::start(opts.plane.clone()).await?;
         let nodes = FakeNodes::start(plane.client(), opts.nodes.clone()).await?;
         nodes.wait_ready(Duration::from_secs(30)).await?;
+        if opts.local_volumes > 0 {
+            let root = plane.dir().join("local-volumes");
+            let names = nodes.names();
+            create_local_volumes(&plane.client(), &root, &names, opts.local_volumes).await?;
+        }
         let kubelet = Kubelet::start(&plane, &nodes, opts.kubelet.clone()).await?;
         plane
             .kubectl(&["create", "namespace", &opts.namespace])

@@ -11,8 +11,10 @@
 //!   unless `optional`. `downwardAPI` items take the `fieldRef`s of environment variables plus
 //!   `metadata.labels` and `metadata.annotations` (`key="value"` lines, sorted); not
 //!   `resourceFieldRef`. A `serviceAccountToken` source is a TokenRequest bound to the pod with
-//!   its `audience` and `expirationSeconds` (default 1 h). Any other volume type (a
-//!   `persistentVolumeClaim`, `hostPath`, …) is an empty directory that lives as long as the pod.
+//!   its `audience` and `expirationSeconds` (default 1 h). A `persistentVolumeClaim` is a link
+//!   to the directory of the `local` or `hostPath` PersistentVolume bound to the claim (see
+//!   `k8s::storage`), so its data outlives the pod. Any other volume type (`hostPath`, …) is an
+//!   empty directory that lives as long as the pod.
 //! - **Updates.** Like the kubelet (about once a minute), the files are refreshed every
 //!   [`super::KubeletOptions::volume_refresh`]: Secrets and ConfigMaps read again, downward-API
 //!   files recomputed (labels change), tokens renewed at 80% of their lifetime. A volume is
@@ -37,8 +39,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, DownwardAPIVolumeFile, KeyToPath, Pod, Probe, Secret, ServiceAccount,
-    ServiceAccountTokenProjection, Volume, VolumeProjection,
+    ConfigMap, Container, DownwardAPIVolumeFile, KeyToPath, PersistentVolume,
+    PersistentVolumeClaim, Pod, Probe, Secret, ServiceAccount, ServiceAccountTokenProjection,
+    Volume, VolumeProjection,
 };
 use kube::api::PostParams;
 use kube::{Api, Client};
@@ -146,6 +149,9 @@ impl Volumes {
 
     async fn volume(&self, sources: &Sources<'_>, volume: &Volume) -> Result<()> {
         let dir = self.dir(&volume.name);
+        if let Some(claim) = &volume.persistent_volume_claim {
+            return claimed(sources, &claim.claim_name, &dir).await;
+        }
         let Some(files) = self.contents(sources, volume).await? else {
             return fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()));
         };
@@ -255,6 +261,35 @@ impl Volumes {
 }
 
 /// Names of the volumes some container mounts.
+/// Mounts the volume bound to `claim`: `dir` becomes a link to its `local` (or `hostPath`)
+/// directory, which outlives the pod. A claim not bound yet fails the set-up (retried).
+async fn claimed(sources: &Sources<'_>, claim: &str, dir: &Path) -> Result<()> {
+    if fs::symlink_metadata(dir).is_ok() {
+        return Ok(());
+    }
+    let claims: Api<PersistentVolumeClaim> =
+        Api::namespaced(sources.client.clone(), namespace(sources.facts));
+    let bound = claims.get(claim).await?.spec.and_then(|s| s.volume_name);
+    let Some(volume) = bound.filter(|v| !v.is_empty()) else {
+        bail!("claim {claim} is not bound yet");
+    };
+    let pv = Api::<PersistentVolume>::all(sources.client.clone())
+        .get(&volume)
+        .await?;
+    let spec = pv.spec.unwrap_or_default();
+    let path = spec
+        .local
+        .map(|l| l.path)
+        .or(spec.host_path.map(|h| h.path))
+        .with_context(|| {
+            format!("volume {volume}: only local and hostPath volumes are supported")
+        })?;
+    if let Some(parent) = dir.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    symlink(&path, dir).with_context(|| format!("linking {} to {path}", dir.display()))
+}
+
 fn mounted_names(pod: &Pod) -> BTreeSet<&str> {
     let spec = pod.spec.iter();
     let containers = spec.flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers));
