@@ -151,7 +151,8 @@ async fn kube_tasks(
     placement: watch::Sender<Placement>,
 ) -> Result<Vec<Task>, StartError> {
     let client = crate::kube::client().await?;
-    // The Leases' owner, looked up once for the keeper, the Lease runner and the coordinator.
+    // The Leases' owner for the keeper, the Lease runner and the coordinator: looked up at start,
+    // and again whenever one of them creates a Lease.
     let anchor = match &kube.lease_owner {
         Some(name) => Anchor::ConfigMap(name.clone()),
         None => Anchor::ServiceAccountOf(kube.pod_name.clone()),

@@ -21,7 +21,7 @@ use valkey_sidecar_core::lease::{Elector, LeaseAction, LeaseRecord, LeaseTimings
 use valkey_sidecar_core::time::Millis;
 
 use super::KubeError;
-use super::owner::LeaseOwner;
+use super::owner::{LeaseOwner, for_write};
 use crate::clock::Clock;
 
 /// Who leads, as this agent knows it.
@@ -77,15 +77,6 @@ impl LeaseClient {
         }
     }
 
-    /// The owner for a write: looked up afresh for a creation (`kube::owner`).
-    async fn owner(&self, creating: bool) -> Option<OwnerReference> {
-        let owner = self.owner.as_ref()?;
-        match creating {
-            true => owner.refreshed(self.timeout).await,
-            false => owner.current(),
-        }
-    }
-
     async fn call<T>(
         &self,
         f: impl std::future::Future<Output = Result<T, kube::Error>>,
@@ -101,7 +92,8 @@ impl LeaseClient {
 
     /// Creates the Lease, or replaces it if it exists (409 when someone wrote in between).
     pub async fn write(&self, rec: &LeaseRecord, exists: bool) -> Result<LeaseRecord, KubeError> {
-        let lease = self.lease_of(rec, self.owner(!exists).await);
+        let owner = for_write(self.owner.as_ref(), !exists, self.timeout).await;
+        let lease = self.lease_of(rec, owner);
         let written = if exists {
             self.call(self.api.replace(&self.name, &PostParams::default(), &lease))
                 .await?

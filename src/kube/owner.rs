@@ -91,6 +91,20 @@ impl LeaseOwner {
     }
 }
 
+/// The owner reference for one Lease write: looked up afresh for a creation (within the call's
+/// own budget), the cached one for a replace; none without an owner.
+pub async fn for_write(
+    owner: Option<&LeaseOwner>,
+    creating: bool,
+    within: Duration,
+) -> Option<OwnerReference> {
+    let owner = owner?;
+    match creating {
+        true => owner.refreshed(within).await,
+        false => owner.current(),
+    }
+}
+
 fn definitive(e: &KubeError) -> bool {
     matches!(e, KubeError::Api(kube::Error::Api(s)) if s.code == 403 || s.code == 404)
 }

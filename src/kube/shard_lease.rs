@@ -18,7 +18,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use valkey_sidecar_core::replication::ShardRecord;
 
 use super::KubeError;
-use super::owner::LeaseOwner;
+use super::owner::{LeaseOwner, for_write};
 
 /// One shard's record, read and written with optimistic concurrency.
 #[derive(Clone)]
@@ -61,15 +61,6 @@ impl ShardLeaseClient {
         &self.name
     }
 
-    /// The owner for a write: looked up afresh for a creation (`kube::owner`).
-    async fn owner(&self, creating: bool) -> Option<OwnerReference> {
-        let owner = self.owner.as_ref()?;
-        match creating {
-            true => owner.refreshed(self.timeout).await,
-            false => owner.current(),
-        }
-    }
-
     async fn call<T>(
         &self,
         f: impl std::future::Future<Output = Result<T, kube::Error>>,
@@ -99,7 +90,8 @@ impl ShardLeaseClient {
     /// `rec` was read at (409 if it changed since). Returns the record as written.
     pub async fn write(&self, rec: &ShardRecord) -> Result<ShardRecord, KubeError> {
         let creating = rec.version.is_empty();
-        let lease = self.lease_of(rec, self.owner(creating).await);
+        let owner = for_write(self.owner.as_ref(), creating, self.timeout).await;
+        let lease = self.lease_of(rec, owner);
         let written = if creating {
             self.call(self.api.create(&PostParams::default(), &lease))
                 .await?
