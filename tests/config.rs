@@ -158,6 +158,7 @@ fn bad_label_settings() {
             ("SIDECAR_ROLE_VALUES", "primary"),
             ("SIDECAR_SHARD_NAME", "shard one"),
             ("SIDECAR_EVENTS", "sometimes"),
+            ("SIDECAR_LEASE_OWNER", "my leases"),
         ],
         // Labels on without a pod to label: POD_NAME is named too.
         &[
@@ -165,6 +166,7 @@ fn bad_label_settings() {
             "SIDECAR_ROLE_VALUES",
             "SIDECAR_SHARD_NAME",
             "SIDECAR_EVENTS",
+            "SIDECAR_LEASE_OWNER",
             "POD_NAME",
         ],
     );
