@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::Api;
 use valkey_sidecar_testkit::k8s::chart::{node_of, text};
@@ -84,4 +85,26 @@ async fn a_deleted_cluster_node_comes_back_with_its_node_id() {
     s.wait_settled(6, 3, 120 * SECOND).await.unwrap();
     let info = text(s.cmd(&replica, &["CLUSTER", "INFO"]).unwrap()).unwrap();
     assert!(info.contains("cluster_state:ok"), "{info}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_pod_shard_without_persistence_needs_its_record_removed_after_a_restart() {
+    // The documented gap (docs/operations.md, "A shard of one pod"): the pod comes back empty, its
+    // agent will not take back a claim made by an earlier run, and nobody else can. The documented
+    // way out works: remove the record and the pod bootstraps a new one.
+    let s = Stage::start(StageOptions::replication("one-pod-empty", 0))
+        .await
+        .unwrap();
+    let name = "valkey-0-0";
+    s.recycle(name, 120 * SECOND).await.unwrap();
+    tokio::time::sleep(5 * SECOND).await;
+    let labels = s.labels(name).await.unwrap();
+    assert_eq!(labels.get("valkey.io/role"), None, "{labels:?}");
+    let leases: Api<Lease> = Api::namespaced(s.plane.client(), &s.namespace);
+    leases
+        .delete("valkey-0-primary", &Default::default())
+        .await
+        .unwrap();
+    s.wait_settled(1, 1, 60 * SECOND).await.unwrap();
+    s.cmd(name, &["SET", "after", "restart"]).unwrap();
 }
