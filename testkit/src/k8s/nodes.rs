@@ -99,6 +99,9 @@ pub(crate) struct NodesShared {
     nodes: Vec<FakeNode>,
     state: Mutex<HashMap<String, NodeState>>,
     opts: FakeNodesOptions,
+    /// One Ready report at a time: a heartbeat that read `ready` before a test's `set_ready` must
+    /// not land its stale report after the test's (a node made NotReady stayed Ready for good).
+    reporting: tokio::sync::Mutex<()>,
 }
 
 /// The fake nodes and their heartbeat task. Dropping it stops the heartbeat (the objects stay:
@@ -139,6 +142,7 @@ impl FakeNodes {
             nodes,
             state: Mutex::new(state),
             opts,
+            reporting: tokio::sync::Mutex::new(()),
         });
         for node in &shared.nodes {
             shared.create(node).await?;
@@ -187,6 +191,7 @@ impl FakeNodes {
     /// `false`: the node reports `Ready=False` (reason `KubeletNotReady`) right away and its
     /// heartbeat stops, as when a kubelet's runtime fails. `true`: Ready again, heartbeat back.
     pub async fn set_ready(&self, node: &str, ready: bool) -> Result<()> {
+        let _one = self.shared.reporting.lock().await;
         self.shared.update(node, |s| {
             if s.ready != ready {
                 s.since = Timestamp::now();
@@ -303,6 +308,18 @@ impl NodesShared {
         })
     }
 
+    /// The heartbeat's Ready report, with the state as it is now (under the report lock).
+    async fn report_if_beating(&self, node: &str) -> Result<()> {
+        let _one = self.reporting.lock().await;
+        let ready = lock(&self.state)
+            .get(node)
+            .and_then(|s| s.beating.then_some(s.ready));
+        match ready {
+            Some(ready) => self.report_status(node, ready).await,
+            None => Ok(()),
+        }
+    }
+
     /// Patches the Ready condition (strategic merge: the other conditions stay).
     async fn report_status(&self, node: &str, ready: bool) -> Result<()> {
         let api: Api<Node> = Api::all(self.client.clone());
@@ -370,12 +387,12 @@ async fn heartbeat(shared: Arc<NodesShared>) {
         if with_status {
             since_status = 0;
         }
-        for (node, ready) in shared.beating() {
+        for (node, _) in shared.beating() {
             // A failed beat is retried on the next tick; the grace period spans several ticks.
             if let Err(e) = shared.renew_lease(&node, None).await {
                 eprintln!("valkey-testkit: node heartbeat: {e:#}");
             }
-            if with_status && let Err(e) = shared.report_status(&node.name, ready).await {
+            if with_status && let Err(e) = shared.report_if_beating(&node.name).await {
                 eprintln!("valkey-testkit: node heartbeat: {e:#}");
             }
         }
