@@ -248,7 +248,7 @@ fn coordinator_tasks(
     // The coordinator's status rides along in the Lease holder's renewals.
     let (status_tx, status_rx) = watch::channel(StatusAnnotations::new());
     // A Lease call must finish well inside the renew deadline to be of any use.
-    let call_timeout = Duration::from_millis(co.timings.retry_ms.max(500));
+    let call_timeout = Duration::from_millis(co.timings.call_limit_ms());
     let lease = LeaseClient::new(
         client.clone(),
         &kube.namespace,

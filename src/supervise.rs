@@ -22,7 +22,7 @@ use crate::metrics::Metrics;
 /// The back-off between restarts of a panicking task.
 #[derive(Debug, Clone, Copy)]
 pub struct Restarts {
-    /// Before the first restart; doubled after each panic.
+    /// Before the first restart; doubled (jittered, `retry::exponential`) after each panic.
     pub first: Duration,
     /// The longest wait; a task that ran longer than this before panicking starts over at `first`.
     pub max: Duration,
@@ -44,15 +44,17 @@ pub async fn supervised<F>(
 ) where
     F: Fn() -> LocalBoxFuture<'static, ()>,
 {
-    let mut delay = restarts.first;
+    let schedule = || crate::retry::exponential(restarts.first, restarts.max);
+    let mut delays = schedule();
     loop {
         let started = Instant::now();
         let Err(panic) = AssertUnwindSafe(make()).catch_unwind().await else {
             return;
         };
         if started.elapsed() > restarts.max {
-            delay = restarts.first;
+            delays = schedule();
         }
+        let delay = delays.next().unwrap_or(restarts.max);
         let message = message(panic.as_ref());
         tracing::error!(
             task = name,
@@ -65,7 +67,6 @@ pub async fn supervised<F>(
             _ = tokio::time::sleep(delay) => {}
             _ = shutdown.wait_for(|stop| *stop) => return,
         }
-        delay = (delay * 2).min(restarts.max);
     }
 }
 

@@ -35,6 +35,12 @@ impl Default for LeaseTimings {
 }
 
 impl LeaseTimings {
+    /// How long one Kubernetes call may take: a call must finish well inside the renew deadline
+    /// to be of any use, so it gets one retry period (at least half a second).
+    pub fn call_limit_ms(&self) -> u64 {
+        self.retry_ms.max(500)
+    }
+
     /// client-go's invariant: `lease > renew deadline > 1.2 × retry`.
     pub fn validate(&self) -> Result<(), &'static str> {
         if self.lease_ms <= self.renew_deadline_ms {
@@ -256,6 +262,18 @@ pub fn judged_lease_ms(own_ms: u64, recorded_ms: Option<u64>) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_call_gets_one_retry_period_and_at_least_half_a_second() {
+        let t = |retry_ms| {
+            LeaseTimings {
+                retry_ms,
+                ..LeaseTimings::default()
+            }
+            .call_limit_ms()
+        };
+        assert_eq!((t(2_000), t(500), t(100)), (2_000, 500, 500));
+    }
 
     const T: LeaseTimings = LeaseTimings {
         lease_ms: 15_000,

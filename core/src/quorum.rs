@@ -137,8 +137,8 @@ pub fn guard_after_gap(
     let serving = obs
         .cluster
         .as_ref()
-        .and_then(|c| c.peers.as_ref())
-        .is_some_and(|peers| peers.iter().any(|p| p.myself && p.serves_slots));
+        .and_then(|c| c.peers.as_deref())
+        .is_some_and(serves_slots);
     let stalled = gap_ms >= policy.silent_after_ms.saturating_mul(2);
     if obs.role == Role::Primary && serving && stalled {
         return Guard::Fence {
@@ -167,9 +167,8 @@ pub fn guard(obs: &Observation, now_ms: Option<u64>, fenced: bool, policy: &Quor
     else {
         return Guard::Hold;
     };
-    let me_serving = peers.iter().any(|p| p.myself && p.serves_slots);
     let seen = sight(peers, now, policy.silent_after_ms);
-    if !me_serving || !seen.minority() {
+    if !serves_slots(peers) || !seen.minority() {
         return Guard::Hold;
     }
     Guard::Fence {
@@ -179,6 +178,11 @@ pub fn guard(obs: &Observation, now_ms: Option<u64>, fenced: bool, policy: &Quor
             seen.reachable, seen.primaries
         ),
     }
+}
+
+/// Whether the local node serves slots: only then can the majority elect its replica.
+fn serves_slots(peers: &[Peer]) -> bool {
+    peers.iter().any(|p| p.myself && p.serves_slots)
 }
 
 fn lift_if(fenced: bool, reason: &str) -> Guard {

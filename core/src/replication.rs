@@ -837,16 +837,17 @@ fn choose(view: &ShardView, record: &ShardRecord, why: String) -> Result<Promoti
         return Err(hold(HoldKind::NoCandidate, reason));
     };
     if let Some(best) = candidates(view, record).first() {
-        return Ok(promotion(view, record, best, epoch, why));
+        let offset = best.valkey.as_ref().map_or(0, |v| v.offset);
+        let reason = format!("{why}; {} has the highest offset ({offset})", best.pod);
+        return Ok(promotion(view, record, best, epoch, reason));
     }
     match last_primary_back(view, record) {
         Some(last) => {
-            let mut p = promotion(view, record, last, epoch, why.clone());
-            p.reason = format!(
+            let reason = format!(
                 "{why}; no replica holds the data and {}, the last primary, answers as primary: it takes the record back",
                 last.pod
             );
-            Ok(p)
+            Ok(promotion(view, record, last, epoch, reason))
         }
         None => Err(hold(
             HoldKind::NoCandidate,
@@ -879,10 +880,9 @@ fn promotion(
     record: &ShardRecord,
     best: &ShardMember,
     epoch: u64,
-    why: String,
+    reason: String,
 ) -> Promotion {
     let others = || view.members.iter().filter(|m| m.pod != best.pod);
-    let offset = best.valkey.as_ref().map_or(0, |v| v.offset);
     Promotion {
         target: best.pod.clone(),
         epoch,
@@ -892,7 +892,7 @@ fn promotion(
             .map(|m| m.pod.clone())
             .collect(),
         repoint: others().map(|m| m.pod.clone()).collect(),
-        reason: format!("{why}; {} has the highest offset ({offset})", best.pod),
+        reason,
     }
 }
 

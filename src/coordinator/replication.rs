@@ -398,7 +398,7 @@ impl Coordinator {
             &self.namespace,
             (&self.cluster, shard),
             // A call must finish well inside the renew deadline to be of any use.
-            Duration::from_millis(self.timings.retry_ms.max(500)),
+            Duration::from_millis(self.timings.call_limit_ms()),
             Duration::from_millis(self.timings.lease_ms),
         )
         .owned_by(self.lease_owner.clone())

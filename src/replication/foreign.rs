@@ -3,8 +3,6 @@
 //! keeper never follows it (no `REPLICAOF` to that pod, see `Keeper::member_ip`); this says so,
 //! once per pod named, in the log, a counter and a Warning Event on the agent's own pod.
 
-use std::time::Duration;
-
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::Api;
 use kube::runtime::events::{Event, EventType};
@@ -70,10 +68,5 @@ impl Keeper {
             uid: self.pod_uid.clone(),
             ..ObjectReference::default()
         }
-    }
-
-    /// A Kubernetes call must finish well inside the renew deadline to be of any use.
-    pub(super) fn api_limit(&self) -> Duration {
-        Duration::from_millis(self.timings.retry_ms.max(500))
     }
 }

@@ -13,7 +13,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::kube::owner::LeaseOwner;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -30,6 +29,7 @@ use valkey_sidecar_core::time::Millis;
 
 use crate::clock::Clock;
 use crate::kube::KubeError;
+use crate::kube::owner::LeaseOwner;
 use crate::kube::shard_lease::ShardLeaseClient;
 use crate::metrics::Metrics;
 use crate::valkey::{Connector, Session};
@@ -351,8 +351,7 @@ impl Keeper {
         match records.read().await {
             Ok(record) => {
                 memory.force_read = false;
-                let gap = self.timings.renew_deadline_ms;
-                seen(memory, record, (now, self.clock.now()), gap);
+                self.note_read(memory, record, now);
             }
             Err(e) => self.api_error("read", &e),
         }
@@ -545,10 +544,21 @@ impl Keeper {
         }
     }
 
+    /// A read sent at `sent` and answered now (or our own write): the record's clock restarts
+    /// after a gap in the reads longer than the renew deadline ([`seen`]).
+    fn note_read(&self, memory: &mut Memory, record: Option<ShardRecord>, sent: Millis) {
+        let at = (sent, self.clock.now());
+        seen(memory, record, at, self.timings.renew_deadline_ms);
+    }
+
+    /// A Kubernetes call must finish well inside the renew deadline to be of any use.
+    fn api_limit(&self) -> Duration {
+        Duration::from_millis(self.timings.call_limit_ms())
+    }
+
     /// Our own write is the freshest read there is.
     fn written(&self, memory: &mut Memory, written: ShardRecord, sent: Millis) -> bool {
-        let gap = self.timings.renew_deadline_ms;
-        seen(memory, Some(written), (sent, self.clock.now()), gap);
+        self.note_read(memory, Some(written), sent);
         self.metrics.shard_record("ok");
         true
     }
@@ -610,10 +620,7 @@ impl Keeper {
         }
         let sent = self.clock.now();
         match records.read().await {
-            Ok(record) => {
-                let gap = self.timings.renew_deadline_ms;
-                seen(memory, record, (sent, self.clock.now()), gap);
-            }
+            Ok(record) => self.note_read(memory, record, sent),
             Err(e) => self.api_error("read", &e),
         }
         if self.release(records, session, memory, true).await {
@@ -628,7 +635,6 @@ fn moved(memory: &Memory, rec: &ShardRecord) -> bool {
     !last.is_some_and(|l| l.same_claim(rec))
 }
 
-/// Records a read (or our own write) sent at `sent` and answered at `received`.
 /// Folds a read (or our own write) into the memory. The clock of an unchanged record restarts
 /// after a gap in the reads longer than `gap_ms`, as in the coordinator's own reads: this view
 /// seeds a new leader of the same agent, and after an apiserver outage it would otherwise judge

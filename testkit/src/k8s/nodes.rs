@@ -361,16 +361,11 @@ impl NodesShared {
         Ok(())
     }
 
-    /// Nodes whose heartbeat runs, with their Ready status.
-    fn beating(&self) -> Vec<(FakeNode, bool)> {
+    /// Nodes whose heartbeat runs.
+    fn beating(&self) -> Vec<FakeNode> {
         let state = lock(&self.state);
-        self.nodes
-            .iter()
-            .filter_map(|n| {
-                let s = state.get(&n.name)?;
-                s.beating.then(|| (n.clone(), s.ready))
-            })
-            .collect()
+        let beats = |n: &&FakeNode| state.get(&n.name).is_some_and(|s| s.beating);
+        self.nodes.iter().filter(beats).cloned().collect()
     }
 }
 
@@ -387,7 +382,7 @@ async fn heartbeat(shared: Arc<NodesShared>) {
         if with_status {
             since_status = 0;
         }
-        for (node, _) in shared.beating() {
+        for node in shared.beating() {
             // A failed beat is retried on the next tick; the grace period spans several ticks.
             if let Err(e) = shared.renew_lease(&node, None).await {
                 eprintln!("valkey-testkit: node heartbeat: {e:#}");
