@@ -13,6 +13,7 @@ use valkey_sidecar_core::lease::election_identity;
 use valkey_sidecar_core::observation::Mode;
 use valkey_sidecar_core::placement::Placement;
 use valkey_sidecar_core::replication::FailoverPolicy;
+use valkey_sidecar_core::restart::{self, Permit};
 
 use crate::clock::Clock;
 use crate::config::{Config, CoordinatorConfig, KubeConfig};
@@ -26,6 +27,7 @@ use crate::metrics::Metrics;
 use crate::observer::Observer;
 use crate::quorum::QuorumFence;
 use crate::replication::{Keeper, RecordSeed};
+use crate::start_guard::StartGuard;
 use crate::supervise::{RESTARTS, supervised};
 use crate::valkey::{Connector, tls};
 
@@ -69,6 +71,8 @@ struct Shared {
     hurry: (watch::Sender<bool>, watch::Receiver<bool>),
     /// The keeper's view of its shard record, which the coordinator starts from.
     seed: (watch::Sender<RecordSeed>, watch::Receiver<RecordSeed>),
+    /// Cluster mode: whether a start of the local Valkey may go ahead (`start_guard`).
+    start: Option<(watch::Sender<Permit>, watch::Receiver<Permit>)>,
 }
 
 type Task = LocalBoxFuture<'static, ()>;
@@ -95,6 +99,7 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         claim: keeps_record(&config).then(|| watch::channel(false)),
         hurry: watch::channel(false),
         seed: watch::channel(None),
+        start: (config.mode == Mode::Cluster).then(|| watch::channel(restart::permit(None, None))),
     };
     let mut tasks = serve(&config, &shared).await?;
     let observer = Observer {
@@ -115,6 +120,17 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     tasks.push(supervised_task("observer", &shared, move |stop| {
         observer.clone().run(stop)
     }));
+    if let Some((permit, _)) = &shared.start {
+        let guard = StartGuard {
+            state: shared.state.clone(),
+            connector: shared.connector.clone(),
+            permit: permit.clone(),
+            metrics: shared.metrics.clone(),
+        };
+        tasks.push(supervised_task("start_guard", &shared, move |stop| {
+            guard.clone().run(stop)
+        }));
+    }
     if let Some(kube) = &config.kube {
         tasks.extend(kube_tasks(&config, kube, &shared, placement_tx).await?);
     }
@@ -136,6 +152,7 @@ async fn serve(config: &Config, shared: &Shared) -> Result<Vec<Task>, StartError
         identity: config.identity.clone(),
         metrics: shared.metrics.clone(),
         claim: shared.claim.as_ref().map(|(_, rx)| rx.clone()),
+        start: shared.start.as_ref().map(|(_, rx)| rx.clone()),
     });
     Ok(vec![
         http::serve(probe, app.clone(), shared.shutdown.clone()).boxed_local(),

@@ -11,12 +11,15 @@
 //! - [`metrics`], [`telemetry`], [`lifecycle`], [`clock`], [`retry`]: the usual plumbing;
 //!   [`supervise`] starts a panicking task afresh instead of losing the agent.
 //! - [`agent`] wires them together; [`inject`] is the `inject` subcommand (manifests in, manifests
-//!   with the agent out); [`drain`] is `drain-check` (can this node be drained now, and why not).
+//!   with the agent out); [`drain`] is `drain-check` (can this node be drained now, and why not);
+//!   [`await_start`] is `await` and `install` (the Valkey container's entrypoint, which holds a
+//!   crashed primary's restart until [`start_guard`] allows it).
 //!
 //! The rules themselves (parsing, health verdicts, later lease and planning) live in the
 //! dependency-free `valkey-sidecar-core` crate.
 
 pub mod agent;
+pub mod await_start;
 pub mod clock;
 pub mod config;
 pub mod coordinator;
@@ -30,6 +33,7 @@ pub mod observer;
 pub mod quorum;
 pub mod replication;
 pub mod retry;
+pub mod start_guard;
 pub mod supervise;
 pub mod telemetry;
 pub mod valkey;

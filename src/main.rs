@@ -1,5 +1,5 @@
 //! The `valkey-sidecar` binary: parse configuration, start logging, run the agent (or `inject`,
-//! `drain-check`).
+//! `drain-check`, `await`, `install`).
 
 use std::process::ExitCode;
 
@@ -7,8 +7,8 @@ use clap::FromArgMatches;
 use valkey_sidecar::config::{Cli, Command, EXIT_CONFIG};
 
 fn main() -> ExitCode {
-    // `inject` and `drain-check` are tools of their own, not the agent: their own arguments and
-    // exit codes.
+    // `inject`, `drain-check`, `await` and `install` are tools of their own, not the agent:
+    // their own arguments and exit codes.
     let matches = match valkey_sidecar::inject::command().try_get_matches() {
         Ok(m) => m,
         Err(e) => return usage_error(e),
@@ -16,6 +16,8 @@ fn main() -> ExitCode {
     match matches.subcommand() {
         Some(("inject", args)) => return exit(valkey_sidecar::inject::main(args)),
         Some(("drain-check", args)) => return exit(valkey_sidecar::drain::main(args)),
+        Some(("await", args)) => return exit(valkey_sidecar::await_start::main(args)),
+        Some(("install", args)) => return exit(valkey_sidecar::await_start::install(args)),
         _ => {}
     }
     let cli = match Cli::from_arg_matches(&matches) {

@@ -70,6 +70,7 @@ pub struct Metrics {
     zone_pushes: Family<ResultLabel, Counter>,
     actions: Family<ActionLabel, Counter>,
     leader: Gauge,
+    start_held: Gauge,
     last_decision: Gauge,
     drift: Family<DriftLabel, Gauge>,
     keeper_actions: Family<KindLabel, Counter>,
@@ -107,6 +108,7 @@ impl Metrics {
             zone_pushes: Family::default(),
             actions: Family::default(),
             leader: Gauge::default(),
+            start_held: Gauge::default(),
             last_decision: Gauge::default(),
             drift: Family::default(),
             keeper_actions: Family::default(),
@@ -218,6 +220,11 @@ impl Metrics {
             "coordinator_actions",
             "Coordinator moves, by kind and result",
             self.actions.clone(),
+        );
+        r.register(
+            "start_held",
+            "Cluster mode: 1 while a start of the local Valkey is held until a replica takes over its slots (valkey-sidecar await)",
+            self.start_held.clone(),
         );
         r.register(
             "coordinator_leader",
@@ -337,6 +344,11 @@ impl Metrics {
         self.actions
             .get_or_create(&ActionLabel { kind, result })
             .inc();
+    }
+
+    /// Whether a start of the local Valkey would now be held (`start_guard`).
+    pub fn start_permit(&self, go: bool) {
+        self.start_held.set(i64::from(!go));
     }
 
     pub fn coordinator_leader(&self, leader: bool) {

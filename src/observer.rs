@@ -47,9 +47,10 @@ impl Observer {
         ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut log = LogOnChange::default();
         let mut zone_retry_at = None;
+        let mut orphaned = Orphaned::default();
         loop {
             // A closed connection is news (Valkey exited): tick now, not at the next interval.
-            let hurried = *self.hurry.borrow_and_update();
+            let hurried = *self.hurry.borrow_and_update() || orphaned.watching();
             tokio::select! {
                 _ = ticker.tick() => {}
                 _ = tokio::time::sleep(HURRIED), if hurried => {}
@@ -65,6 +66,7 @@ impl Observer {
             self.metrics
                 .tick(started.elapsed(), error.as_ref().map(ValkeyError::kind));
             log.outcome(&outcome);
+            orphaned.saw(&outcome);
             if let Outcome::Observed(obs) = &outcome {
                 // Fence first: it is the one reaction here that has a deadline.
                 if let Some(q) = self.quorum.as_mut() {
@@ -109,6 +111,33 @@ impl Observer {
         let state = self.state.borrow();
         let ready = state.readiness(now, &self.bounds, self.mode).ok;
         self.metrics.update(&state, now, &self.bounds, ready);
+    }
+}
+
+/// A replica that lost its primary may be promoted any moment (in cluster mode the coordinator
+/// fails a dead primary over within milliseconds), so for a while it is polled every [`HURRIED`]
+/// and its new role labelled at once rather than up to an interval later.
+#[derive(Default)]
+struct Orphaned {
+    since: Option<Instant>,
+}
+
+/// How long after losing its primary a replica is polled fast: past the node timeout, a promotion
+/// that has not happened waits on Valkey's own election, which is not that fast.
+const ORPHAN_WATCH: Duration = Duration::from_secs(10);
+
+impl Orphaned {
+    fn saw(&mut self, outcome: &Outcome) {
+        let lost = matches!(outcome, Outcome::Observed(o) if o.primary_lost());
+        self.since = match (lost, self.since) {
+            (true, None) => Some(Instant::now()),
+            (true, since) => since,
+            (false, _) => None,
+        };
+    }
+
+    fn watching(&self) -> bool {
+        self.since.is_some_and(|t| t.elapsed() < ORPHAN_WATCH)
     }
 }
 

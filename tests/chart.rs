@@ -349,7 +349,10 @@ async fn rendered_objects_pass_a_server_side_dry_run() {
     assert!(tls_args.contains("\"--tls-cluster\",\"yes\""), "{tls_args}");
     assert!(tls_args.contains("\"--port\",\"0\""), "{tls_args}");
     let classic = pod_spec(&sts("classic-sidecar")[0]).clone();
-    assert!(classic["initContainers"].is_null());
+    // Classic mode: the agent is a regular container; the only init container installs `await`.
+    let inits = classic["initContainers"].as_array().unwrap();
+    let names: Vec<&Value> = inits.iter().map(|c| &c["name"]).collect();
+    assert_eq!(names, [&json!("install-await")]);
     let caps = pod_spec(&sts("spread-caps")[0]).clone();
     assert_eq!(caps["topologySpreadConstraints"][0]["minDomains"], 5);
     assert_eq!(caps["topologySpreadConstraints"][0]["maxSkew"], 2);
@@ -515,13 +518,31 @@ fn check_pods(name: &str, objects: &[Value]) {
             );
             assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
         }
-        // The harness's kubelet (and the pods' need for no init step): settings as arguments.
-        assert_eq!(valkey["command"], json!(["valkey-server"]));
         let args = valkey["args"].as_array().unwrap();
         assert!(
             args[0].as_str().unwrap().starts_with("--"),
             "{name}: {args:?}"
         );
+        // Settings as arguments (the harness's kubelet reads them); in cluster mode `await` in
+        // front of valkey-server, its binary copied in by the first init container.
+        let command = valkey["command"].as_array().unwrap();
+        assert_eq!(command.last().unwrap(), "valkey-server", "{name}");
+        let wrapped = command.len() > 1;
+        if wrapped {
+            let tool = "/opt/valkey-sidecar/valkey-sidecar";
+            assert_eq!(command[..2], [json!(tool), json!("await")], "{name}");
+            assert_eq!(command[command.len() - 2], "--", "{name}");
+            let install = &spec["initContainers"][0];
+            assert_eq!(install["name"], "install-await", "{name}");
+            assert_eq!(install["args"], json!(["install", tool]), "{name}");
+            assert_eq!(
+                install["securityContext"], agent["securityContext"],
+                "{name}"
+            );
+        }
+        let cluster = args.iter().any(|a| a == "--cluster-enabled");
+        assert_eq!(wrapped, cluster, "{name}: await in cluster mode only");
+
         let env: BTreeMap<&str, &Value> = agent["env"]
             .as_array()
             .unwrap()
@@ -529,7 +550,10 @@ fn check_pods(name: &str, objects: &[Value]) {
             .map(|e| (e["name"].as_str().unwrap(), e))
             .collect();
         assert_eq!(env["SIDECAR_CLUSTER_NAME"]["value"], "valkey");
-        if !valkey["env"].is_null() {
+        let auth = valkey["env"]
+            .as_array()
+            .is_some_and(|e| e.iter().any(|v| v["name"] == "VALKEY_PASSWORD"));
+        if auth {
             // Auth: the agent's password from a file only it mounts; Valkey gets its hash, and
             // its own password from the Secret via $(VAR).
             assert_eq!(

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use valkey_sidecar_testkit::faults::{self, Outcome, show};
 use valkey_sidecar_testkit::k8s::chart::{label, node_of};
-use valkey_sidecar_testkit::k8s::writer::{Writer, Written};
+use valkey_sidecar_testkit::k8s::writer::{Ack, Writer, Written, missing};
 use valkey_sidecar_testkit::k8s::{
     FakeNodesOptions, ROLE_LABEL, Stage, StageOptions, holder_pod, poll_until,
 };
@@ -702,4 +702,88 @@ async fn a_node_with_two_primaries_is_rebalanced() {
     )
     .await
     .unwrap();
+}
+
+/// Issue 17, items 1 and 2: a primary's Valkey killed while its agent lives; the kubelet restarts
+/// the container at once, empty (no persistence). The leader sees the socket close and refuse,
+/// fails the shard over to its replica with `CLUSTER FAILOVER FORCE` (no waiting out
+/// `cluster-node-timeout`), and the restart is held (`valkey-sidecar await`) until then, so the
+/// empty node comes back as the new primary's replica instead of wiping it. Lost: at most the
+/// writes acknowledged in the last moments before the kill, which the replica had not received.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_primary_is_failed_over_at_once_and_its_empty_restart_rejoins_as_a_replica() {
+    const TAIL: Duration = Duration::from_millis(500);
+    let (s, _) = coordinated_stage("coord-crash", &[("SIDECAR_BALANCE", "false")]).await;
+    let (old, _) = s.primary_and_replica(0).unwrap();
+    let writer = s.shard_writer(0).unwrap();
+    let tag = writer.tag.clone();
+    tokio::time::sleep(SECOND).await;
+    let killed = Instant::now();
+    s.kubelet
+        .crash_container(&s.namespace, &old, "valkey")
+        .unwrap();
+    let promoted = poll_until(
+        "another member primary",
+        20 * SECOND,
+        Duration::from_millis(5),
+        || async { Ok(s.primary_and_replica(0).is_ok_and(|(p, _)| p != old)) },
+    )
+    .await;
+    let writable = killed.elapsed();
+    assert!(promoted.is_ok(), "{promoted:?}\n{}", s.describe().await);
+    let (new, _) = s.primary_and_replica(0).unwrap();
+    poll_until(
+        "labelled: the new primary, the old one a replica",
+        60 * SECOND,
+        Duration::from_millis(20),
+        || async {
+            let new_label = s.labels(&new).await?.get(ROLE_LABEL).cloned();
+            let old_label = s.labels(&old).await?.get(ROLE_LABEL).cloned();
+            Ok(new_label.as_deref() == Some("primary") && old_label.as_deref() == Some("replica"))
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        s.role(&old).as_deref(),
+        Some("slave"),
+        "the restarted node follows"
+    );
+    tokio::time::sleep(SECOND).await;
+    let w = writer.stop().unwrap();
+    let lost = missing(s.valkey(&new).unwrap(), &s.client(), &tag, &w.acked).unwrap();
+    let outside: Vec<&Ack> = w
+        .acks
+        .iter()
+        .filter(|a| lost.contains(&a.n))
+        .filter(|a| a.at > killed || killed.duration_since(a.at) > TAIL)
+        .collect();
+    assert!(
+        outside.is_empty(),
+        "lost beyond the unreplicated tail: {outside:?}"
+    );
+    let before = w.acks.iter().filter(|a| a.at <= killed).count();
+    assert!(
+        before > 100,
+        "the writer made progress before the kill: {before}"
+    );
+    let events = s.events().await.unwrap();
+    assert!(
+        events.contains("CrashFailoverStarted") && events.contains("CrashFailoverSucceeded"),
+        "the coordinator did not fail the shard over itself:\n{events}"
+    );
+    println!(
+        "crash of {old}: {new} writable after {writable:?}; {} acknowledged, {} lost (all within {TAIL:?} before the kill)",
+        w.acked.len(),
+        lost.len()
+    );
+    faults::record(
+        &Outcome::new(module_path!(), "cluster: primary's Valkey killed, restarted at once (no persistence)")
+            .writes(w.acked.len(), lost.len())
+            .recovery(writable)
+            .note(format!(
+                "recovery: kill → a replica primary (CLUSTER FAILOVER FORCE by the coordinator); the restart held until then, back as a replica; loss allowed only within {} before the kill",
+                show(TAIL)
+            )),
+    );
 }

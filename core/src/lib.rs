@@ -21,8 +21,12 @@
 //! - [`status`]: the coordinator's conditions for humans, rendered as Lease annotations.
 //! - [`replication`]: replication mode's shard record, fencing, promotion and switchover.
 //! - [`formation`]: forming a fresh Valkey Cluster from the pods, and re-adding replaced pods.
+//! - [`crash`]: cluster mode's failover of a primary whose Valkey died, before the node timeout.
+//! - [`restart`]: whether a stopped Valkey may start again (a primary waits for a replica to take
+//!   over its slots).
 //! - [`drain`]: whether a node can be drained now, and why not (`valkey-sidecar drain-check`).
 
+pub mod crash;
 pub mod drain;
 pub mod formation;
 pub mod health;
@@ -36,6 +40,7 @@ pub mod quorum;
 pub mod ratelimit;
 pub mod replication;
 pub mod reply;
+pub mod restart;
 pub mod shards;
 pub mod status;
 pub mod time;

@@ -282,6 +282,12 @@ impl Observation {
         }
     }
 
+    /// A replica whose link to its primary broke after it had been up in this run: the primary
+    /// went away, and the replica may be promoted any moment.
+    pub fn primary_lost(&self) -> bool {
+        self.role == Role::Replica && self.link.as_ref().is_some_and(|l| !l.up && l.ever_up)
+    }
+
     /// How many bytes this replica is behind its primary, when the primary's offset is known.
     ///
     /// In cluster mode the primary's offset comes from gossip (`CLUSTER SHARDS`) and may be a
@@ -322,6 +328,28 @@ mod tests {
             info: Some(Reply::Text(text.into())),
             ..Replies::default()
         }
+    }
+
+    #[test]
+    fn a_replica_has_lost_its_primary_only_when_a_link_that_was_up_went_down() {
+        let replica = |link: &str| {
+            let text = format!(
+                "# Replication\r\nrole:slave\r\nmaster_host:10.0.0.1\r\nmaster_port:6379\r\n{link}"
+            );
+            observe(&info(&text), Mode::Replication)
+                .unwrap()
+                .primary_lost()
+        };
+        assert!(replica(
+            "master_link_status:down\r\nmaster_link_down_since_seconds:0\r\n"
+        ));
+        assert!(!replica(
+            "master_link_status:up\r\nmaster_link_down_since_seconds:-1\r\n"
+        ));
+        // Never synced in this run (a replica's first full sync): nothing was lost.
+        assert!(!replica(
+            "master_link_status:down\r\nmaster_link_down_since_seconds:-1\r\n"
+        ));
     }
 
     #[test]

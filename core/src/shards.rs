@@ -40,9 +40,13 @@ pub enum NodeHealth {
 }
 
 impl Shard {
-    /// The shard's primary, if the local node knows one.
+    /// The shard's primary, if the local node knows one. A primary that died and was failed over
+    /// stays listed as a (failed) master beside the replica that took over: a live one first.
     pub fn primary(&self) -> Option<&ShardNode> {
-        self.nodes.iter().find(|n| n.role == Role::Primary)
+        let primaries = || self.nodes.iter().filter(|n| n.role == Role::Primary);
+        primaries()
+            .find(|n| n.health != NodeHealth::Failed)
+            .or_else(|| primaries().next())
     }
 
     /// Whether the node with `id` belongs to this shard.
@@ -142,6 +146,27 @@ mod tests {
             t("availability-zone"),
             t("zone-a"),
         ])
+    }
+
+    #[test]
+    fn the_live_primary_is_the_primary_when_a_failed_one_is_still_listed() {
+        let n = |id: &str, health| ShardNode {
+            id: id.into(),
+            role: Role::Primary,
+            health,
+            ..ShardNode::default()
+        };
+        let shard = Shard {
+            id: "s".into(),
+            slots: vec![(0, 1)],
+            nodes: vec![n("dead", NodeHealth::Failed), n("new", NodeHealth::Online)],
+        };
+        assert_eq!(shard.primary().map(|p| p.id.as_str()), Some("new"));
+        let alone = Shard {
+            nodes: vec![n("dead", NodeHealth::Failed)],
+            ..shard
+        };
+        assert_eq!(alone.primary().map(|p| p.id.as_str()), Some("dead"));
     }
 
     #[test]

@@ -153,11 +153,11 @@ async fn knows(session: &mut Session, id: &str) -> Option<bool> {
     Some(shards.iter().any(|s| s.contains(id)))
 }
 
-async fn is_primary(session: &mut Session) -> bool {
+pub(crate) async fn is_primary(session: &mut Session) -> bool {
     matches!(session.command(&redis::cmd("ROLE")).await, Ok(redis::Value::Array(items)) if is_master(items.first()))
 }
 
-async fn wait_primary(session: &mut Session, deadline: Instant) -> Result<(), String> {
+pub(crate) async fn wait_primary(session: &mut Session, deadline: Instant) -> Result<(), String> {
     loop {
         if is_primary(session).await {
             return Ok(());

@@ -14,6 +14,7 @@
 //! it observes every member itself, reads each shard's record, plans with the same planner and
 //! also promotes a replica when a shard's primary is lost.
 
+pub mod crash;
 pub mod execute;
 pub mod formation;
 pub mod replication;
@@ -35,6 +36,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use valkey_sidecar_core::crash as core_crash;
 use valkey_sidecar_core::health::{Bounds, HealthState};
 use valkey_sidecar_core::lease::LeaseTimings;
 use valkey_sidecar_core::observation::Mode;
@@ -93,6 +95,10 @@ pub struct Coordinator {
 /// How long a finished move may take to show in the local view before the shard is planned again.
 const SETTLE_MS: u64 = 10_000;
 
+/// A primary that died is failed over once; it is watched again (and, still refusing while it
+/// serves slots, failed over again) only after this long.
+const CRASH_REPEAT_MS: u64 = 10_000;
+
 /// A move under way.
 struct Move {
     shard: String,
@@ -134,6 +140,10 @@ struct Memory {
     formed_at: Option<Millis>,
     /// The drift last reported (reason, message), so each is an Event once.
     drift: BTreeSet<(String, String)>,
+    /// Cluster mode, while leading: the watch on every primary's socket.
+    deaths: Option<crash::DeathWatch>,
+    /// Primaries failed over after their Valkey died, and when: one failover per death.
+    crashes: BTreeMap<String, Millis>,
 }
 
 /// Wall-clock time for the status: humans read it, no decision does.
@@ -276,7 +286,11 @@ impl Coordinator {
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         let (done_tx, mut done_rx) = mpsc::channel::<Finished>(16);
         let (record_tx, mut record_rx) = mpsc::channel::<String>(64);
+        let (death_tx, mut death_rx) = mpsc::channel::<crash::Death>(16);
         let mut memory = Memory::default();
+        if self.mode == Mode::Cluster {
+            memory.deaths = Some(crash::DeathWatch::new(death_tx));
+        }
         let mut watches: Option<Watches> = None;
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         // A replication round waits for its slowest member: a late round is not caught up on.
@@ -287,6 +301,10 @@ impl Coordinator {
                 _ = self.leadership.changed() => {}
                 Some(done) = done_rx.recv() => self.finished(done, &mut memory),
                 Some(shard) = record_rx.recv() => memory.repl.read_soon(&shard),
+                Some(death) = death_rx.recv() => {
+                    let pods = watches.as_ref().map(|w| &w.pods);
+                    self.crashed(death, pods, &mut memory, &done_tx).await;
+                }
                 _ = shutdown.changed() => break,
             }
             if !self.leadership.borrow().may_act(self.clock.now()) {
@@ -359,6 +377,10 @@ impl Coordinator {
         self.publish(None, memory);
         memory.shards.clear();
         memory.drift.clear();
+        memory.crashes.clear();
+        if let Some(d) = memory.deaths.as_mut() {
+            d.clear();
+        }
         // A new term reads every record afresh, so no expiry is judged on a history it missed.
         memory.repl = replication::State::default();
     }
@@ -448,6 +470,9 @@ impl Coordinator {
             self.publish(leader.then(status::without_view), memory);
             return;
         };
+        if let Some(d) = memory.deaths.as_mut().filter(|_| leader) {
+            d.track(&shards, &self.connector);
+        }
         let members = world::members(&shards, &pods.state());
         let world = self.world(members, (pods, nodes), memory, now, leader);
         let plan = decide(&world, &self.policy);
@@ -532,6 +557,89 @@ impl Coordinator {
         });
         memory.status = next;
         self.status.send_replace(annotations);
+    }
+
+    /// A primary's Valkey died (`crash`): the leader fails its shard over at once to the replica
+    /// with the highest offset, once per death, unless a move of that shard is under way.
+    async fn crashed(
+        &self,
+        death: crash::Death,
+        pods: Option<&Store<Pod>>,
+        memory: &mut Memory,
+        done: &mpsc::Sender<Finished>,
+    ) {
+        let now = self.clock.now();
+        if !self.leadership.borrow().may_act(now) {
+            return;
+        }
+        let Some(shards) = self.shards(now) else {
+            tracing::warn!(node = %death.node, "a primary died; no fresh view of the cluster to fail it over from");
+            return;
+        };
+        let Some(shard) = core_crash::crashed_shard(&shards, &death.node) else {
+            return;
+        };
+        let repeated = memory
+            .crashes
+            .get(&death.node)
+            .is_some_and(|at| now.since(*at) < CRASH_REPEAT_MS);
+        if repeated || busy(memory).iter().any(|f| f.shard == shard.id) {
+            return;
+        }
+        memory.crashes.insert(death.node.clone(), now);
+        let candidates = core_crash::candidates(shard, &death.node);
+        let offsets = crash::offsets(candidates, &self.connector).await;
+        match core_crash::choose(shard, &death.node, &offsets) {
+            Ok(chosen) => self.force(chosen, &shards, pods, memory, done),
+            Err(why) => {
+                tracing::warn!(node = %death.node, %why, "a primary died; no replica to fail over to")
+            }
+        }
+    }
+
+    fn force(
+        &self,
+        chosen: core_crash::CrashFailover,
+        shards: &[Shard],
+        pods: Option<&Store<Pod>>,
+        memory: &mut Memory,
+        done: &mpsc::Sender<Finished>,
+    ) {
+        let Some(node) = shards
+            .iter()
+            .flat_map(|s| &s.nodes)
+            .find(|n| n.id == chosen.to)
+        else {
+            return;
+        };
+        let target = self.connector_of(node);
+        let reference = pods
+            .and_then(|p| self.pod_of(&chosen.dead, shards, p))
+            .map(|p| p.object_ref(&()));
+        memory.running.push(InFlight {
+            shard: chosen.shard.clone(),
+            started: self.clock.now(),
+        });
+        tracing::info!(shard = %chosen.shard, from = %chosen.dead, to = %chosen.to, reason = %chosen.reason, "starting a crash failover");
+        self.event(
+            reference.clone(),
+            EventType::Warning,
+            "CrashFailoverStarted",
+            format!("{} → {}: {}", chosen.dead, chosen.to, chosen.reason),
+        );
+        let started = Move {
+            shard: chosen.shard,
+            to: chosen.to,
+            kind: "CrashFailover",
+            decision: None,
+            reference,
+        };
+        let (lead, clock, limit) = (self.leadership.clone(), self.clock, self.handover_timeout);
+        let run = async move {
+            let may_act = || lead.borrow().may_act(clock.now());
+            crash::force(target, may_act, limit).await
+        };
+        spawn_move(started, run, done);
     }
 
     fn start(
@@ -645,16 +753,7 @@ impl Coordinator {
     }
 
     fn connector_of(&self, node: &ShardNode) -> Connector {
-        let host = if node.ip.is_empty() {
-            node.endpoint.clone()
-        } else {
-            node.ip.clone()
-        };
-        Connector {
-            host,
-            port: node.port,
-            ..self.connector.clone()
-        }
+        self.connector.for_node(node)
     }
 
     fn pod_of(&self, node_id: &str, shards: &[Shard], pods: &Store<Pod>) -> Option<Arc<Pod>> {

@@ -10,6 +10,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use tokio::sync::watch;
 use valkey_sidecar_core::health::{Bounds, HealthState, Verdict};
 use valkey_sidecar_core::observation::Mode;
+use valkey_sidecar_core::restart::{self, Permit};
 
 use super::status;
 use crate::clock::Clock;
@@ -27,6 +28,9 @@ pub struct App {
     /// Replication mode: whether the shard record lets this Valkey be primary now (see
     /// `replication::Keeper`); `/primary` answers 200 only with it, like Patroni's.
     pub claim: Option<watch::Receiver<bool>>,
+    /// Cluster mode: whether a start of the local Valkey may go ahead (`start_guard`), for
+    /// `/valkey-start` and `/livez`.
+    pub start: Option<watch::Receiver<Permit>>,
 }
 
 type Body = Full<Bytes>;
@@ -86,7 +90,7 @@ impl App {
         let now = self.clock.now();
         let b = &self.bounds;
         match path {
-            "/livez" => verdict(state.liveness(now, b)),
+            "/livez" => verdict(self.held(state.liveness(now, b), state.down)),
             "/readyz" => verdict(state.readiness(now, b, self.mode)),
             "/startupz" => verdict(state.startup()),
             "/primary" => verdict(claimed(state.primary(now, b), self.claim.as_ref())),
@@ -96,6 +100,7 @@ impl App {
             },
             "/status" => json(status::render(&state, self, now)),
             "/metrics" => metrics(self.metrics.encode()),
+            "/valkey-start" => verdict(self.start_verdict()),
             _ => text(StatusCode::NOT_FOUND, "not found\n".into()),
         }
     }
@@ -103,7 +108,7 @@ impl App {
 
 /// Maps a request path onto the fixed set used as a metric label.
 fn known_path(path: &str) -> &'static str {
-    const PATHS: [&str; 7] = [
+    const PATHS: [&str; 8] = [
         "/livez",
         "/readyz",
         "/startupz",
@@ -111,8 +116,35 @@ fn known_path(path: &str) -> &'static str {
         "/replica",
         "/status",
         "/metrics",
+        "/valkey-start",
     ];
     PATHS.into_iter().find(|p| *p == path).unwrap_or("other")
+}
+
+impl App {
+    /// `/valkey-start`: `valkey-sidecar await`'s question. Without a guard (replication mode) it
+    /// is always "go": there the shard record keeps a restarted primary from being trusted.
+    fn start_verdict(&self) -> Verdict {
+        let Some(start) = &self.start else {
+            return Verdict {
+                ok: true,
+                reason: "go: nothing to wait for in this mode".into(),
+            };
+        };
+        let permit = start.borrow();
+        let word = if permit.go() { "go" } else { "hold" };
+        Verdict {
+            ok: permit.go(),
+            reason: format!("{word}: {}", permit.reason()),
+        }
+    }
+
+    fn held(&self, liveness: Verdict, down: bool) -> Verdict {
+        match &self.start {
+            Some(start) => restart::liveness(liveness, down, &start.borrow()),
+            None => liveness,
+        }
+    }
 }
 
 /// A primary verdict stands only with the claim, where there is one to check.

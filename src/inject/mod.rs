@@ -284,12 +284,21 @@ fn inject_document(
     Ok((doc != before).then_some(doc))
 }
 
-/// The binary's command line: the agent's, with `inject` and `drain-check` added.
+/// The binary's command line: the agent's, with `inject`, `drain-check`, `await` and `install`
+/// added.
 pub fn command() -> clap::Command {
+    use crate::await_start::{AwaitArgs, InstallArgs};
     let drain = crate::drain::DrainArgs::augment_args(clap::Command::new("drain-check"));
     Cli::command()
         .subcommand(InjectArgs::augment_args(clap::Command::new("inject")))
         .subcommand(drain)
+        .subcommand(AwaitArgs::augment_args(clap::Command::new("await")).about(
+            "Hold Valkey's start until the agent allows it, then become the command after --",
+        ))
+        .subcommand(
+            InstallArgs::augment_args(clap::Command::new("install"))
+                .about("Copy this binary to PATH (for the Valkey container's await)"),
+        )
 }
 
 /// `valkey-sidecar inject`; returns the exit code.

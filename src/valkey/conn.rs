@@ -14,6 +14,7 @@ use redis::{AsyncConnectionConfig, RedisConnectionInfo};
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
+use valkey_sidecar_core::shards::ShardNode;
 
 use super::capped::{Capped, REPLY_CAP};
 use super::tls::Tls;
@@ -91,6 +92,20 @@ pub struct Connector {
 }
 
 impl Connector {
+    /// The same settings for another node of the cluster, by the address its peers know it by.
+    pub fn for_node(&self, node: &ShardNode) -> Connector {
+        let host = if node.ip.is_empty() {
+            node.endpoint.clone()
+        } else {
+            node.ip.clone()
+        };
+        Connector {
+            host,
+            port: node.port,
+            ..self.clone()
+        }
+    }
+
     fn addr(&self) -> String {
         format!("{}:{}", self.host, self.port)
     }

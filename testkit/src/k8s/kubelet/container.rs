@@ -14,7 +14,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::backoff::CrashLoop;
 use super::probe::{Action, ProbeKind, Prober, in_cgroup};
-use super::spec::{Kind, command_line, valkey_args};
+use super::spec::{Kind, command_line, split_wrapper, valkey_args};
 use crate::Result;
 use crate::net::lock;
 use crate::process::{ProcessSpec, ServerProcess};
@@ -286,18 +286,22 @@ impl ContainerRuntime {
             .tempdir()
             .context("creating a container dir")?;
         let tokens = command_line(&self.spec, &self.env);
-        let (args, log) = match self.kind {
-            Kind::Valkey => (
-                valkey_args(&tokens, self.ip, dir.path()),
-                dir.path().join("valkey.log"),
+        let (program, args, log) = match self.kind {
+            Kind::Valkey => {
+                let (program, args) = wrapped(program, &tokens, self.ip, dir.path());
+                (program, args, dir.path().join("valkey.log"))
+            }
+            Kind::Pause => (
+                program,
+                vec!["infinity".into()],
+                dir.path().join("output.log"),
             ),
-            Kind::Pause => (vec!["infinity".into()], dir.path().join("output.log")),
             // The agent: `command[0]` names the program (the image's entrypoint); everything
             // after it and `args` pass through.
             _ => {
                 let skip = usize::from(self.spec.command.as_ref().is_some_and(|c| !c.is_empty()));
                 let args = tokens.iter().skip(skip).map(Into::into).collect();
-                (args, dir.path().join("output.log"))
+                (program, args, dir.path().join("output.log"))
             }
         };
         let (program, args) = in_cgroup(
@@ -430,6 +434,28 @@ impl ContainerRuntime {
 
 /// `env -i NAME=value... program args...`: the process gets exactly the pod's environment.
 /// (`ProcessSpec` has no environment of its own; `env` execs, so the pid stays the program's.)
+/// A Valkey container's program and arguments. The chart's runs `valkey-sidecar await … --
+/// valkey-server …` (the binary an init container copied into a volume, here at its rewritten
+/// path): that program runs with its own arguments, then `--`, this harness's `valkey-server` and
+/// the Valkey arguments it execs into.
+fn wrapped(
+    valkey: PathBuf,
+    tokens: &[String],
+    ip: Ipv4Addr,
+    dir: &Path,
+) -> (PathBuf, Vec<OsString>) {
+    match split_wrapper(tokens) {
+        (Some(wrapper), rest) => {
+            let mut args: Vec<OsString> = wrapper[1..].iter().map(Into::into).collect();
+            args.push("--".into());
+            args.push(valkey.into_os_string());
+            args.extend(valkey_args(rest, ip, dir));
+            (PathBuf::from(&wrapper[0]), args)
+        }
+        (None, all) => (valkey, valkey_args(all, ip, dir)),
+    }
+}
+
 fn env_args(
     env: &[(String, String)],
     program: &std::path::Path,

@@ -14,7 +14,7 @@ use std::sync::Mutex;
 use anyhow::bail;
 use k8s_openapi::api::core::v1::Pod;
 
-use super::spec::{Kind, command_line, kind_of, valkey_port};
+use super::spec::{Kind, command_line, kind_of, split_wrapper, valkey_port};
 use crate::Result;
 use crate::net::lock;
 
@@ -61,7 +61,7 @@ pub(crate) fn ports_of(pod: &Pod) -> Vec<u16> {
         }
         match kind_of(c.image.as_deref().unwrap_or_default()) {
             Kind::Valkey => {
-                ports.insert(valkey_port(&command_line(c, &[])));
+                ports.insert(valkey_port(split_wrapper(&command_line(c, &[])).1));
             }
             Kind::Sidecar => ports.extend([9736, 9737]),
             _ => {}

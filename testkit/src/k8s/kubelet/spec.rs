@@ -102,6 +102,17 @@ pub(crate) fn valkey_args(tokens: &[String], ip: Ipv4Addr, dir: &Path) -> Vec<Os
     out
 }
 
+/// A Valkey container's command line split at a wrapper in front of `valkey-server` (the chart's
+/// `valkey-sidecar await … -- valkey-server …`): the wrapper's tokens (program first) and
+/// Valkey's; no wrapper when the command starts with `valkey-server` or has no `--`.
+pub(crate) fn split_wrapper(tokens: &[String]) -> (Option<&[String]>, &[String]) {
+    let plain = tokens.first().is_none_or(|t| t.ends_with("valkey-server"));
+    match tokens.iter().position(|t| t == "--") {
+        Some(at) if !plain && at > 0 => (Some(&tokens[..at]), &tokens[at + 1..]),
+        _ => (None, tokens),
+    }
+}
+
 /// The `--port` of a valkey container (6379 if absent).
 pub(crate) fn valkey_port(tokens: &[String]) -> u16 {
     flag_groups(tokens)
@@ -439,6 +450,22 @@ mod tests {
         assert!(joined.ends_with("--bind 127.1.0.1 --bind-source-addr 127.1.0.1 --daemonize no --dir /d --logfile /d/valkey.log"));
         assert_eq!(valkey_port(&tokens), 7000);
         assert_eq!(valkey_port(&[]), 6379);
+        let wrapped: Vec<String> = [
+            "/opt/x/valkey-sidecar",
+            "await",
+            "--url",
+            "u",
+            "--",
+            "valkey-server",
+            "--port",
+            "7000",
+        ]
+        .map(String::from)
+        .to_vec();
+        let (wrapper, valkey) = split_wrapper(&wrapped);
+        assert_eq!(wrapper.map(<[String]>::len), Some(4));
+        assert_eq!(valkey_port(valkey), 7000);
+        assert_eq!(split_wrapper(&tokens).0, None);
         // The pod's own data directory (a volume, rewritten to its place on this host) stays.
         let own = ["--dir".to_string(), "/volumes/data".to_string()];
         let joined = valkey_args(&own, ip, Path::new("/d"))

@@ -1,0 +1,157 @@
+//! Cluster mode: failing over a primary whose Valkey died, without waiting for
+//! `cluster-node-timeout`.
+//!
+//! Dead means its socket refuses connections (the process is gone, or held at its restart by
+//! `valkey-sidecar await`): a slow, blocked or loading Valkey still accepts them and is left to
+//! Valkey's own failure detection. The coordinator then asks the replica with the highest offset,
+//! read from each replica itself, to take over with `CLUSTER FAILOVER FORCE`: no handshake with
+//! the dead primary, but still Valkey's election among the primaries, so config epochs keep it
+//! safe (`TAKEOVER`, which skips the election, is never used).
+
+use crate::observation::Role;
+use crate::shards::{NodeHealth, Shard, ShardNode};
+
+/// A replica's offset as read from the replica itself (`None`: it did not answer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaOffset {
+    pub id: String,
+    pub offset: Option<u64>,
+}
+
+/// The failover to send, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CrashFailover {
+    pub shard: String,
+    pub dead: String,
+    pub to: String,
+    pub reason: String,
+}
+
+/// The shard `dead` serves slots of as primary in `shards` (the coordinator's view); `None` once
+/// it does not (already failed over, or never a primary).
+pub fn crashed_shard<'a>(shards: &'a [Shard], dead: &str) -> Option<&'a Shard> {
+    shards
+        .iter()
+        .filter(|s| !s.slots.is_empty())
+        .find(|s| s.primary().is_some_and(|p| p.id == dead))
+}
+
+/// The replicas that could take over: the shard's other nodes not marked failed.
+pub fn candidates<'a>(shard: &'a Shard, dead: &'a str) -> impl Iterator<Item = &'a ShardNode> {
+    shard
+        .nodes
+        .iter()
+        .filter(move |n| n.id != dead && n.role == Role::Replica && n.health != NodeHealth::Failed)
+}
+
+/// The replica to promote: the highest offset among those that answered; on a tie the one in the
+/// dead primary's zone (clients there keep their latency), then the lowest id (deterministic).
+pub fn choose(
+    shard: &Shard,
+    dead: &str,
+    offsets: &[ReplicaOffset],
+) -> Result<CrashFailover, String> {
+    let zone = shard
+        .nodes
+        .iter()
+        .find(|n| n.id == dead)
+        .and_then(|n| n.availability_zone.as_deref());
+    let answered = candidates(shard, dead).filter_map(|n| {
+        let offset = offsets.iter().find(|o| o.id == n.id)?.offset?;
+        Some((n, offset))
+    });
+    let best = answered.max_by(|(a, ao), (b, bo)| {
+        let same_zone = |n: &ShardNode| zone.is_some() && n.availability_zone.as_deref() == zone;
+        ao.cmp(bo)
+            .then(same_zone(a).cmp(&same_zone(b)))
+            .then(b.id.cmp(&a.id))
+    });
+    let Some((node, offset)) = best else {
+        return Err(format!("shard {}: no replica of {dead} answered", shard.id));
+    };
+    Ok(CrashFailover {
+        shard: shard.id.clone(),
+        dead: dead.to_owned(),
+        to: node.id.clone(),
+        reason: format!(
+            "{dead}'s Valkey refuses connections (it died); {} has the highest offset ({offset}) of the replicas that answered",
+            node.id
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(id: &str, role: Role, zone: &str) -> ShardNode {
+        ShardNode {
+            id: id.into(),
+            role,
+            availability_zone: Some(zone.into()),
+            ..ShardNode::default()
+        }
+    }
+
+    fn shard() -> Shard {
+        Shard {
+            id: "s1".into(),
+            slots: vec![(0, 5460)],
+            nodes: vec![
+                node("p", Role::Primary, "a"),
+                node("r1", Role::Replica, "b"),
+                node("r2", Role::Replica, "a"),
+            ],
+        }
+    }
+
+    fn offsets(r1: Option<u64>, r2: Option<u64>) -> Vec<ReplicaOffset> {
+        vec![
+            ReplicaOffset {
+                id: "r1".into(),
+                offset: r1,
+            },
+            ReplicaOffset {
+                id: "r2".into(),
+                offset: r2,
+            },
+        ]
+    }
+
+    #[test]
+    fn the_highest_offset_wins_then_the_primary_zone_then_the_id() {
+        let cases = [
+            (offsets(Some(10), Some(9)), Some("r1")),
+            (offsets(Some(9), Some(10)), Some("r2")),
+            // Tie: r2 shares the dead primary's zone.
+            (offsets(Some(10), Some(10)), Some("r2")),
+            (offsets(None, Some(1)), Some("r2")),
+            (offsets(None, None), None),
+        ];
+        for (given, want) in cases {
+            let got = choose(&shard(), "p", &given).ok().map(|f| f.to);
+            assert_eq!(got.as_deref(), want, "{given:?}");
+        }
+        let mut other_zones = shard();
+        other_zones.nodes[2].availability_zone = Some("c".into());
+        let f = choose(&other_zones, "p", &offsets(Some(10), Some(10))).unwrap();
+        assert_eq!(f.to, "r1");
+        assert!(f.reason.contains("highest offset (10)"), "{}", f.reason);
+    }
+
+    #[test]
+    fn only_a_primary_serving_slots_counts_and_failed_replicas_never_do() {
+        let shards = [shard()];
+        assert!(crashed_shard(&shards, "p").is_some());
+        assert!(crashed_shard(&shards, "r1").is_none());
+        let mut empty = shard();
+        empty.slots.clear();
+        assert!(crashed_shard(&[empty], "p").is_none());
+        let mut failed = shard();
+        failed.nodes[1].health = NodeHealth::Failed;
+        let ids: Vec<&str> = candidates(&failed, "p").map(|n| n.id.as_str()).collect();
+        assert_eq!(ids, ["r2"]);
+        let f = choose(&failed, "p", &offsets(Some(99), Some(1))).unwrap();
+        assert_eq!(f.to, "r2", "a replica marked failed is never chosen");
+    }
+}

@@ -1,0 +1,188 @@
+//! Cluster mode: the leader's watch on every primary's socket, and the failover of one that died
+//! (`core::crash`).
+//!
+//! The leader keeps one idle TCP connection to each primary serving slots. A process that dies
+//! has its sockets closed by the kernel, so the watch sees the end at once — no poll, no
+//! `cluster-node-timeout` — and dials again: refused means nothing listens there any more. A
+//! Valkey that is slow, blocked or loading still accepts, and a silent node (power loss, a cut)
+//! closes nothing; both are left to Valkey's own failure detection.
+
+use std::collections::BTreeMap;
+use std::io::ErrorKind;
+use std::time::Duration;
+
+use futures::future::join_all;
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep, timeout};
+use valkey_sidecar_core::crash::ReplicaOffset;
+use valkey_sidecar_core::info::Info;
+use valkey_sidecar_core::shards::{Shard, ShardNode};
+
+use super::execute::{Outcome, wait_primary};
+use crate::valkey::{Connector, Session, observe};
+
+/// A primary whose socket refused a connection right after its connection closed.
+#[derive(Debug, Clone)]
+pub struct Death {
+    pub node: String,
+}
+
+/// One dial of a watch.
+const DIAL_LIMIT: Duration = Duration::from_secs(1);
+
+/// Between dials that did not reach a verdict (a timeout, a connection closed at once).
+const REDIAL_PAUSE: Duration = Duration::from_millis(250);
+
+/// Reading a replica's offset: short, the shard takes no writes meanwhile.
+const OFFSET_LIMIT: Duration = Duration::from_millis(300);
+
+/// The watches, one per primary (node id → its address and task).
+pub struct DeathWatch {
+    watched: BTreeMap<String, ((String, u16), JoinHandle<()>)>,
+    deaths: mpsc::Sender<Death>,
+}
+
+impl DeathWatch {
+    pub fn new(deaths: mpsc::Sender<Death>) -> DeathWatch {
+        DeathWatch {
+            watched: BTreeMap::new(),
+            deaths,
+        }
+    }
+
+    /// Watches exactly the primaries serving slots in `shards`.
+    pub fn track(&mut self, shards: &[Shard], connector: &Connector) {
+        let wanted: BTreeMap<String, (String, u16)> = shards
+            .iter()
+            .filter(|s| !s.slots.is_empty())
+            .filter_map(Shard::primary)
+            .map(|p| {
+                let c = connector.for_node(p);
+                (p.id.clone(), (c.host, c.port))
+            })
+            .collect();
+        self.watched.retain(|id, (addr, task)| {
+            let keep = wanted.get(id) == Some(addr);
+            if !keep {
+                task.abort();
+            }
+            keep
+        });
+        for (id, addr) in wanted {
+            if !self.watched.contains_key(&id) {
+                let task = tokio::spawn(watch(id.clone(), addr.clone(), self.deaths.clone()));
+                self.watched.insert(id, (addr, task));
+            }
+        }
+    }
+
+    /// Stops every watch (this agent no longer leads).
+    pub fn clear(&mut self) {
+        for (_, (_, task)) in std::mem::take(&mut self.watched) {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for DeathWatch {
+    fn drop(&mut self) {
+        self.clear();
+    }
+}
+
+/// Holds a connection to `addr` until it ends, then dials again; reports every refusal.
+async fn watch(node: String, addr: (String, u16), deaths: mpsc::Sender<Death>) {
+    loop {
+        match dial(&addr).await {
+            Ok(stream) => wait_closed(stream).await,
+            Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
+                tracing::info!(%node, host = %addr.0, port = addr.1, "a primary's Valkey refuses connections");
+                let death = Death { node: node.clone() };
+                if deaths.send(death).await.is_err() {
+                    return;
+                }
+                sleep(REDIAL_PAUSE).await;
+            }
+            Err(_) => sleep(REDIAL_PAUSE).await,
+        }
+    }
+}
+
+async fn dial(addr: &(String, u16)) -> std::io::Result<TcpStream> {
+    timeout(DIAL_LIMIT, TcpStream::connect((addr.0.as_str(), addr.1)))
+        .await
+        .unwrap_or_else(|_| Err(ErrorKind::TimedOut.into()))
+}
+
+/// Returns when the peer closes the connection (or it fails). Anything Valkey sends unasked (an
+/// error before closing) is read and dropped; a connection that ends at once is paced so a
+/// server that always closes (e.g. protected mode) is not dialed in a tight loop.
+async fn wait_closed(mut stream: TcpStream) {
+    let opened = tokio::time::Instant::now();
+    let mut buf = [0u8; 512];
+    while let Ok(n) = stream.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+    }
+    if opened.elapsed() < REDIAL_PAUSE {
+        sleep(REDIAL_PAUSE).await;
+    }
+}
+
+/// Each candidate's own offset (`INFO replication`'s `master_repl_offset`, which on a replica is
+/// how far it has processed its primary's stream), read from the replica itself.
+pub async fn offsets<'a>(
+    replicas: impl Iterator<Item = &'a ShardNode>,
+    connector: &Connector,
+) -> Vec<ReplicaOffset> {
+    let reads = replicas.map(|n| async move {
+        let c = Connector {
+            timeout: OFFSET_LIMIT,
+            ..connector.for_node(n)
+        };
+        ReplicaOffset {
+            id: n.id.clone(),
+            offset: timeout(OFFSET_LIMIT, offset_of(&c)).await.ok().flatten(),
+        }
+    });
+    join_all(reads).await
+}
+
+async fn offset_of(connector: &Connector) -> Option<u64> {
+    let (mut conn, _driver) = connector.connect().await.ok()?;
+    let value: redis::Value = redis::cmd("INFO")
+        .arg("replication")
+        .query_async(&mut conn)
+        .await
+        .ok()?;
+    let text = observe::reply(value).as_text()?.to_owned();
+    Info::parse(&text).u64("master_repl_offset")
+}
+
+/// Sends `CLUSTER FAILOVER FORCE` to `target` (checking the Lease right before) and waits until
+/// it reports itself primary.
+pub async fn force(target: Connector, may_act: impl Fn() -> bool, limit: Duration) -> Outcome {
+    let started = Instant::now();
+    let mut session = Session::new(target);
+    if let Err(e) = session.connection().await {
+        return Outcome::Failed(format!("cannot reach the replica: {e}"));
+    }
+    if !may_act() {
+        return Outcome::NoLease;
+    }
+    let mut cmd = redis::cmd("CLUSTER");
+    cmd.arg("FAILOVER").arg("FORCE");
+    if let Err(e) = session.command(&cmd).await {
+        return Outcome::Failed(format!("CLUSTER FAILOVER FORCE refused: {e}"));
+    }
+    match wait_primary(&mut session, started + limit).await {
+        Ok(()) => Outcome::Done {
+            took: started.elapsed(),
+        },
+        Err(e) => Outcome::Failed(e),
+    }
+}

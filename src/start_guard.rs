@@ -1,0 +1,104 @@
+//! The answer to `valkey-sidecar await` (`GET /valkey-start`): whether the local Valkey may start
+//! again. The rule is `core::restart`; this task asks the replicas how they see the cluster while
+//! Valkey is down and publishes the permit, so the endpoint answers from cached state.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::join_all;
+use tokio::sync::watch;
+use valkey_sidecar_core::health::HealthState;
+use valkey_sidecar_core::restart::{self, Permit};
+use valkey_sidecar_core::shards::{Shard, ShardNode, parse_shards};
+
+use crate::metrics::Metrics;
+use crate::valkey::{Connector, observe};
+
+/// How often the replicas are asked while a start is held: the start follows a takeover by
+/// about this much.
+const HELD_PACE: Duration = Duration::from_millis(50);
+
+/// How often they are asked once the answer is "go" and Valkey is still not back.
+const GO_PACE: Duration = Duration::from_secs(1);
+
+/// One question to a replica: short, a held start is waiting on it.
+const ASK_LIMIT: Duration = Duration::from_millis(300);
+
+#[derive(Clone)]
+pub struct StartGuard {
+    pub state: watch::Receiver<HealthState>,
+    pub connector: Connector,
+    pub permit: watch::Sender<Permit>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl StartGuard {
+    /// Publishes the permit until shutdown.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        loop {
+            let (permit, asked) = self.judge().await;
+            let pace = if permit.go() { GO_PACE } else { HELD_PACE };
+            self.publish(permit);
+            tokio::select! {
+                _ = tokio::time::sleep(pace), if asked => {}
+                Ok(()) = self.state.changed() => {}
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+
+    /// The permit now, and whether the replicas were asked for it (then it is asked again).
+    async fn judge(&mut self) -> (Permit, bool) {
+        let (last, running) = {
+            let s = self.state.borrow_and_update();
+            let running = !s.down && s.consecutive_failures == 0;
+            (s.observation.as_ref().map(|(_, o)| o.clone()), running)
+        };
+        let replicas = match restart::takeover(last.as_ref()) {
+            Ok(t) if !running => t.replicas,
+            // Running (or nothing to wait for): the rule answers without asking anyone.
+            _ => return (restart::permit(last.as_ref(), None), false),
+        };
+        let views = self.ask(&replicas).await;
+        (restart::permit(last.as_ref(), Some(&views)), true)
+    }
+
+    /// `CLUSTER SHARDS` of every replica that answers in time.
+    async fn ask(&self, replicas: &[ShardNode]) -> Vec<Vec<Shard>> {
+        let asks = replicas.iter().map(|n| self.view_of(n));
+        join_all(asks).await.into_iter().flatten().collect()
+    }
+
+    async fn view_of(&self, node: &ShardNode) -> Option<Vec<Shard>> {
+        let connector = Connector {
+            timeout: ASK_LIMIT,
+            ..self.connector.for_node(node)
+        };
+        let ask = async {
+            let (mut conn, _driver) = connector.connect().await.ok()?;
+            let value: redis::Value = redis::cmd("CLUSTER")
+                .arg("SHARDS")
+                .query_async(&mut conn)
+                .await
+                .ok()?;
+            Some(parse_shards(&observe::reply(value)))
+        };
+        tokio::time::timeout(ASK_LIMIT, ask).await.ok().flatten()
+    }
+
+    fn publish(&self, permit: Permit) {
+        let changed = self.permit.send_if_modified(|p| {
+            let changed = *p != permit;
+            *p = permit.clone();
+            changed
+        });
+        if changed {
+            self.metrics.start_permit(permit.go());
+            tracing::info!(
+                go = permit.go(),
+                reason = permit.reason(),
+                "valkey start permit"
+            );
+        }
+    }
+}
