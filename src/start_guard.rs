@@ -70,20 +70,10 @@ impl StartGuard {
     }
 
     async fn view_of(&self, node: &ShardNode) -> Option<Vec<Shard>> {
-        let connector = Connector {
-            timeout: ASK_LIMIT,
-            ..self.connector.for_node(node)
-        };
-        let ask = async {
-            let (mut conn, _driver) = connector.connect().await.ok()?;
-            let value: redis::Value = redis::cmd("CLUSTER")
-                .arg("SHARDS")
-                .query_async(&mut conn)
-                .await
-                .ok()?;
-            Some(parse_shards(&observe::reply(value)))
-        };
-        tokio::time::timeout(ASK_LIMIT, ask).await.ok().flatten()
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SHARDS");
+        let value = self.connector.for_node(node).ask(&cmd, ASK_LIMIT).await?;
+        Some(parse_shards(&observe::reply(value)))
     }
 
     fn publish(&self, permit: Permit) {

@@ -12,7 +12,7 @@ use valkey_sidecar_testkit::faults::{self, Outcome, show};
 use valkey_sidecar_testkit::k8s::shard::{
     Record, follows, new_primary, record, role_label, writable, write_acked,
 };
-use valkey_sidecar_testkit::k8s::writer::{Ack, missing};
+use valkey_sidecar_testkit::k8s::writer::missing;
 use valkey_sidecar_testkit::k8s::{Stage, StageOptions, http_get, poll_until};
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -218,22 +218,7 @@ async fn a_killed_primary_is_replaced_and_rejoins_as_a_replica() {
     // is only the tail the replicas had not received when the primary died — acknowledged in the
     // last moments before the kill, none after it (the empty run refused writes: no replica) and
     // none earlier (a resync from the empty run would have wiped them all).
-    let tail = |a: &&Ack| a.at <= killed && killed.duration_since(a.at) <= TAIL;
-    let outside: Vec<&Ack> = w
-        .acks
-        .iter()
-        .filter(|a| lost.contains(&a.n))
-        .filter(|a| !tail(a))
-        .collect();
-    assert!(
-        outside.is_empty(),
-        "lost beyond the unreplicated tail: {outside:?}"
-    );
-    let before = w.acks.iter().filter(|a| a.at <= killed).count();
-    assert!(
-        before > 100,
-        "the writer made progress before the kill: {before}"
-    );
+    w.only_tail_lost(&lost, killed, TAIL).unwrap();
     faults::record(
         &Outcome::new(module_path!(), "primary's Valkey killed (agent alive)")
             .writes(w.acked.len(), missing)

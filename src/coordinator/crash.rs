@@ -36,6 +36,9 @@ const DIAL_LIMIT: Duration = Duration::from_secs(1);
 /// Between dials that did not reach a verdict (a timeout, a connection closed at once).
 const REDIAL_PAUSE: Duration = Duration::from_millis(250);
 
+/// A watch connection that ends sooner than this after it opened ended "at once".
+const QUICK_END: Duration = Duration::from_millis(100);
+
 /// Reading a replica's offset: short, the shard takes no writes meanwhile.
 const OFFSET_LIMIT: Duration = Duration::from_millis(300);
 
@@ -95,9 +98,17 @@ impl Drop for DeathWatch {
 
 /// Holds a connection to `addr` until it ends, then dials again; reports every refusal.
 async fn watch(node: String, addr: (String, u16), deaths: mpsc::Sender<Death>) {
+    let mut quick_ends = 0u32;
     loop {
         match dial(&addr).await {
-            Ok(stream) => wait_closed(stream).await,
+            Ok(stream) => {
+                quick_ends = if wait_closed(stream).await {
+                    quick_ends + 1
+                } else {
+                    0
+                };
+                sleep(quick_pause(quick_ends)).await;
+            }
             Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
                 tracing::info!(%node, host = %addr.0, port = addr.1, "a primary's Valkey refuses connections");
                 let death = Death { node: node.clone() };
@@ -111,16 +122,27 @@ async fn watch(node: String, addr: (String, u16), deaths: mpsc::Sender<Death>) {
     }
 }
 
+/// The pause before dialing again after `n` connections in a row that ended at once. A dying
+/// process can close its connections a moment before its listening socket, so the first redial
+/// may still be accepted and then reset: try again soon (5 ms), doubling up to [`REDIAL_PAUSE`]
+/// so a server that always closes (e.g. protected mode) is not dialed in a tight loop.
+fn quick_pause(n: u32) -> Duration {
+    match n {
+        0 => Duration::ZERO,
+        n => (Duration::from_millis(5) * (1 << n.min(6))).min(REDIAL_PAUSE),
+    }
+}
+
 async fn dial(addr: &(String, u16)) -> std::io::Result<TcpStream> {
     timeout(DIAL_LIMIT, TcpStream::connect((addr.0.as_str(), addr.1)))
         .await
         .unwrap_or_else(|_| Err(ErrorKind::TimedOut.into()))
 }
 
-/// Returns when the peer closes the connection (or it fails). Anything Valkey sends unasked (an
-/// error before closing) is read and dropped; a connection that ends at once is paced so a
-/// server that always closes (e.g. protected mode) is not dialed in a tight loop.
-async fn wait_closed(mut stream: TcpStream) {
+/// Returns when the peer closes the connection (or it fails): whether that was at once (within
+/// [`QUICK_END`] of opening). Anything Valkey sends unasked (an error before closing) is read and
+/// dropped.
+async fn wait_closed(mut stream: TcpStream) -> bool {
     let opened = tokio::time::Instant::now();
     let mut buf = [0u8; 512];
     while let Ok(n) = stream.read(&mut buf).await {
@@ -128,9 +150,7 @@ async fn wait_closed(mut stream: TcpStream) {
             break;
         }
     }
-    if opened.elapsed() < REDIAL_PAUSE {
-        sleep(REDIAL_PAUSE).await;
-    }
+    opened.elapsed() < QUICK_END
 }
 
 /// Each candidate's own offset (`INFO replication`'s `master_repl_offset`, which on a replica is
@@ -140,25 +160,18 @@ pub async fn offsets<'a>(
     connector: &Connector,
 ) -> Vec<ReplicaOffset> {
     let reads = replicas.map(|n| async move {
-        let c = Connector {
-            timeout: OFFSET_LIMIT,
-            ..connector.for_node(n)
-        };
         ReplicaOffset {
             id: n.id.clone(),
-            offset: timeout(OFFSET_LIMIT, offset_of(&c)).await.ok().flatten(),
+            offset: offset_of(&connector.for_node(n)).await,
         }
     });
     join_all(reads).await
 }
 
 async fn offset_of(connector: &Connector) -> Option<u64> {
-    let (mut conn, _driver) = connector.connect().await.ok()?;
-    let value: redis::Value = redis::cmd("INFO")
-        .arg("replication")
-        .query_async(&mut conn)
-        .await
-        .ok()?;
+    let mut cmd = redis::cmd("INFO");
+    cmd.arg("replication");
+    let value = connector.ask(&cmd, OFFSET_LIMIT).await?;
     let text = observe::reply(value).as_text()?.to_owned();
     Info::parse(&text).u64("master_repl_offset")
 }
@@ -184,5 +197,19 @@ pub async fn force(target: Connector, may_act: impl Fn() -> bool, limit: Duratio
             took: started.elapsed(),
         },
         Err(e) => Outcome::Failed(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quick_ends_are_retried_soon_then_ever_slower() {
+        let ms = |n| quick_pause(n).as_millis();
+        assert_eq!(
+            [ms(0), ms(1), ms(2), ms(5), ms(6), ms(40)],
+            [0, 10, 20, 160, 250, 250]
+        );
     }
 }

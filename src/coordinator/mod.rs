@@ -584,6 +584,7 @@ impl Coordinator {
             .get(&death.node)
             .is_some_and(|at| now.since(*at) < CRASH_REPEAT_MS);
         if repeated || busy(memory).iter().any(|f| f.shard == shard.id) {
+            tracing::info!(node = %death.node, repeated, "a primary died; its shard is already being moved");
             return;
         }
         memory.crashes.insert(death.node.clone(), now);

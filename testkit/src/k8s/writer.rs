@@ -85,6 +85,27 @@ pub struct Written {
 }
 
 impl Written {
+    /// Checks a crash's losses: every write in `lost` was acknowledged within `tail` before the
+    /// crash at `at` (the stream its replicas had not received yet) — none after it, none earlier
+    /// (a resync from an empty restart would have wiped them all) — and the writer made progress
+    /// before it. `Err` names what broke that.
+    pub fn only_tail_lost(&self, lost: &[u64], at: Instant, tail: Duration) -> Result<()> {
+        let outside: Vec<&Ack> = self
+            .acks
+            .iter()
+            .filter(|a| lost.contains(&a.n))
+            .filter(|a| a.at > at || at.duration_since(a.at) > tail)
+            .collect();
+        if !outside.is_empty() {
+            bail!("lost beyond the unreplicated tail of {tail:?}: {outside:?}");
+        }
+        let before = self.acks.iter().filter(|a| a.at <= at).count();
+        if before <= 100 {
+            bail!("the writer made little progress before the crash: {before} writes");
+        }
+        Ok(())
+    }
+
     /// The acknowledged numbers.
     pub fn acked(&self) -> Vec<u64> {
         self.acks.iter().map(|a| a.n).collect()
