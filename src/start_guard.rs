@@ -49,10 +49,11 @@ impl StartGuard {
 
     /// The permit now, and whether the replicas were asked for it (then it is asked again).
     async fn judge(&mut self) -> (Permit, bool) {
+        // Only a refusal means nothing runs: a blocked or slow Valkey (timeouts) is still there,
+        // and its replicas are not asked on its behalf.
         let (last, running) = {
             let s = self.state.borrow_and_update();
-            let running = !s.down && s.consecutive_failures == 0;
-            (s.observation.as_ref().map(|(_, o)| o.clone()), running)
+            (s.observation.as_ref().map(|(_, o)| o.clone()), !s.down)
         };
         let replicas = match restart::takeover(last.as_ref()) {
             Ok(t) if !running => t.replicas,

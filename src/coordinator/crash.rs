@@ -117,7 +117,11 @@ async fn watch(node: String, addr: (String, u16), deaths: mpsc::Sender<Death>) {
                 }
                 sleep(REDIAL_PAUSE).await;
             }
-            Err(_) => sleep(REDIAL_PAUSE).await,
+            // Reset while connecting (the same dying listener), or no answer: soon, then slower.
+            Err(_) => {
+                quick_ends += 1;
+                sleep(quick_pause(quick_ends)).await;
+            }
         }
     }
 }

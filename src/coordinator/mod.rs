@@ -583,8 +583,11 @@ impl Coordinator {
             .crashes
             .get(&death.node)
             .is_some_and(|at| now.since(*at) < CRASH_REPEAT_MS);
-        if repeated || busy(memory).iter().any(|f| f.shard == shard.id) {
-            tracing::info!(node = %death.node, repeated, "a primary died; its shard is already being moved");
+        if repeated {
+            return;
+        }
+        if busy(memory).iter().any(|f| f.shard == shard.id) {
+            tracing::debug!(node = %death.node, "a primary died; its shard is already being moved");
             return;
         }
         memory.crashes.insert(death.node.clone(), now);
