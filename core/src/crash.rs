@@ -11,11 +11,28 @@
 use crate::observation::Role;
 use crate::shards::{NodeHealth, Shard, ShardNode};
 
-/// A replica's offset as read from the replica itself (`None`: it did not answer).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A replica as read from the replica itself (`offset` `None`: it did not answer).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ReplicaOffset {
     pub id: String,
     pub offset: Option<u64>,
+    /// The primary it follows (`master_host`, `master_port`).
+    pub primary: Option<(String, u16)>,
+    /// `master_link_status:up`.
+    pub link_up: bool,
+}
+
+impl ReplicaOffset {
+    /// It still follows `dead` and has lost the link: the coordinator's view (gossip) can lag a
+    /// planned hand-over, and a replica that already follows a live new primary must never be
+    /// forced to take over from it.
+    fn orphan_of(&self, dead: &ShardNode) -> bool {
+        let follows = self
+            .primary
+            .as_ref()
+            .is_some_and(|(h, p)| *h == dead.ip && *p == dead.port);
+        follows && !self.link_up
+    }
 }
 
 /// The failover to send, and why.
@@ -51,14 +68,13 @@ pub fn choose(
     dead: &str,
     offsets: &[ReplicaOffset],
 ) -> Result<CrashFailover, String> {
-    let zone = shard
-        .nodes
-        .iter()
-        .find(|n| n.id == dead)
-        .and_then(|n| n.availability_zone.as_deref());
+    let Some(dead_node) = shard.nodes.iter().find(|n| n.id == dead) else {
+        return Err(format!("shard {}: {dead} is not a member", shard.id));
+    };
+    let zone = dead_node.availability_zone.as_deref();
     let answered = candidates(shard, dead).filter_map(|n| {
-        let offset = offsets.iter().find(|o| o.id == n.id)?.offset?;
-        Some((n, offset))
+        let read = offsets.iter().find(|o| o.id == n.id)?;
+        Some((n, read.offset.filter(|_| read.orphan_of(dead_node))?))
     });
     let best = answered.max_by(|(a, ao), (b, bo)| {
         let same_zone = |n: &ShardNode| zone.is_some() && n.availability_zone.as_deref() == zone;
@@ -67,7 +83,10 @@ pub fn choose(
             .then(b.id.cmp(&a.id))
     });
     let Some((node, offset)) = best else {
-        return Err(format!("shard {}: no replica of {dead} answered", shard.id));
+        return Err(format!(
+            "shard {}: no replica answered that still follows {dead} with its link down",
+            shard.id
+        ));
     };
     Ok(CrashFailover {
         shard: shard.id.clone(),
@@ -87,6 +106,8 @@ mod tests {
     fn node(id: &str, role: Role, zone: &str) -> ShardNode {
         ShardNode {
             id: id.into(),
+            ip: format!("10.0.0.{}", id.len()),
+            port: 6379,
             role,
             availability_zone: Some(zone.into()),
             ..ShardNode::default()
@@ -105,17 +126,18 @@ mod tests {
         }
     }
 
+    fn read(id: &str, offset: Option<u64>) -> ReplicaOffset {
+        ReplicaOffset {
+            id: id.into(),
+            offset,
+            // "p" is at 10.0.0.1 (see `node`).
+            primary: Some(("10.0.0.1".into(), 6379)),
+            link_up: false,
+        }
+    }
+
     fn offsets(r1: Option<u64>, r2: Option<u64>) -> Vec<ReplicaOffset> {
-        vec![
-            ReplicaOffset {
-                id: "r1".into(),
-                offset: r1,
-            },
-            ReplicaOffset {
-                id: "r2".into(),
-                offset: r2,
-            },
-        ]
+        vec![read("r1", r1), read("r2", r2)]
     }
 
     #[test]
@@ -153,5 +175,21 @@ mod tests {
         assert_eq!(ids, ["r2"]);
         let f = choose(&failed, "p", &offsets(Some(99), Some(1))).unwrap();
         assert_eq!(f.to, "r2", "a replica marked failed is never chosen");
+    }
+
+    #[test]
+    fn a_replica_that_follows_someone_else_or_is_still_linked_is_never_forced() {
+        // A stale view: the shard was handed over to r1 already; r2 follows r1.
+        let mut moved = offsets(Some(5), Some(9));
+        moved[1].primary = Some(("10.0.0.2".into(), 6379));
+        let f = choose(&shard(), "p", &moved).unwrap();
+        assert_eq!(f.to, "r1");
+        let mut linked = offsets(Some(5), Some(9));
+        linked[0].link_up = true;
+        linked[1].link_up = true;
+        assert!(
+            choose(&shard(), "p", &linked).is_err(),
+            "its primary answers it: not dead"
+        );
     }
 }

@@ -158,26 +158,36 @@ async fn wait_closed(mut stream: TcpStream) -> bool {
 }
 
 /// Each candidate's own offset (`INFO replication`'s `master_repl_offset`, which on a replica is
-/// how far it has processed its primary's stream), read from the replica itself.
+/// how far it has processed its primary's stream), whom it follows and whether its link is up,
+/// read from the replica itself.
 pub async fn offsets<'a>(
     replicas: impl Iterator<Item = &'a ShardNode>,
     connector: &Connector,
 ) -> Vec<ReplicaOffset> {
     let reads = replicas.map(|n| async move {
+        let info = read_replication(&connector.for_node(n)).await;
         ReplicaOffset {
             id: n.id.clone(),
-            offset: offset_of(&connector.for_node(n)).await,
+            offset: info.as_ref().and_then(|i| i.u64("master_repl_offset")),
+            primary: info.as_ref().and_then(|i| {
+                Some((
+                    i.get("master_host")?.to_owned(),
+                    i.u64("master_port")?.try_into().ok()?,
+                ))
+            }),
+            link_up: info.as_ref().and_then(|i| i.get("master_link_status")) == Some("up"),
         }
     });
     join_all(reads).await
 }
 
-async fn offset_of(connector: &Connector) -> Option<u64> {
+/// `INFO replication` of another node.
+async fn read_replication(connector: &Connector) -> Option<Info> {
     let mut cmd = redis::cmd("INFO");
     cmd.arg("replication");
     let value = connector.ask(&cmd, OFFSET_LIMIT).await?;
     let text = observe::reply(value).as_text()?.to_owned();
-    Info::parse(&text).u64("master_repl_offset")
+    Some(Info::parse(&text))
 }
 
 /// Sends `CLUSTER FAILOVER FORCE` to `target` (checking the Lease right before) and waits until

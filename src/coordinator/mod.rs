@@ -586,6 +586,15 @@ impl Coordinator {
         if repeated {
             return;
         }
+        // A pod going away is the planned hand-over's (its preStop holds Valkey until then);
+        // after it, the coordinator's view can lag, and forcing a replica then could depose the
+        // primary the hand-over just made.
+        let pod = pods.and_then(|p| self.pod_of(&death.node, &shards, p));
+        if pod.is_some_and(|p| p.metadata.deletion_timestamp.is_some()) {
+            tracing::info!(node = %death.node, "a primary's Valkey stopped with its pod: left to the hand-over");
+            memory.crashes.insert(death.node.clone(), now);
+            return;
+        }
         if busy(memory).iter().any(|f| f.shard == shard.id) {
             tracing::debug!(node = %death.node, "a primary died; its shard is already being moved");
             return;
