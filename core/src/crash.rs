@@ -8,7 +8,7 @@
 //! the dead primary, but still Valkey's election among the primaries, so config epochs keep it
 //! safe (`TAKEOVER`, which skips the election, is never used).
 
-use crate::observation::Role;
+use crate::observation::{Observation, Role};
 use crate::shards::{NodeHealth, Shard, ShardNode};
 
 /// A replica as read from the replica itself (`offset` `None`: it did not answer).
@@ -23,6 +23,17 @@ pub struct ReplicaOffset {
 }
 
 impl ReplicaOffset {
+    /// What `id`'s own observation says (`None`: it did not answer in time).
+    pub fn read(id: &str, seen: Option<&Observation>) -> ReplicaOffset {
+        let link = seen.and_then(|o| o.link.as_ref());
+        ReplicaOffset {
+            id: id.to_owned(),
+            offset: seen.map(|o| o.repl_offset),
+            primary: link.map(|l| (l.host.clone(), l.port)),
+            link_up: link.is_some_and(|l| l.up),
+        }
+    }
+
     /// It still follows `dead` and has lost the link: the coordinator's view (gossip) can lag a
     /// planned hand-over, and a replica that already follows a live new primary must never be
     /// forced to take over from it.

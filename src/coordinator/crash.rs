@@ -18,11 +18,11 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout};
 use valkey_sidecar_core::crash::ReplicaOffset;
-use valkey_sidecar_core::info::Info;
+use valkey_sidecar_core::observation::{self, Mode, Observation, Replies};
 use valkey_sidecar_core::shards::{Shard, ShardNode};
 
-use super::execute::{Outcome, wait_primary};
-use crate::valkey::{Connector, Session, observe};
+use super::execute::{Outcome, fail_over_to};
+use crate::valkey::{Connector, observe};
 
 /// A primary whose socket refused a connection right after its connection closed.
 #[derive(Debug, Clone)]
@@ -165,53 +165,31 @@ pub async fn offsets<'a>(
     connector: &Connector,
 ) -> Vec<ReplicaOffset> {
     let reads = replicas.map(|n| async move {
-        let info = read_replication(&connector.for_node(n)).await;
-        ReplicaOffset {
-            id: n.id.clone(),
-            offset: info.as_ref().and_then(|i| i.u64("master_repl_offset")),
-            primary: info.as_ref().and_then(|i| {
-                Some((
-                    i.get("master_host")?.to_owned(),
-                    i.u64("master_port")?.try_into().ok()?,
-                ))
-            }),
-            link_up: info.as_ref().and_then(|i| i.get("master_link_status")) == Some("up"),
-        }
+        let seen = observe_replica(&connector.for_node(n)).await;
+        ReplicaOffset::read(&n.id, seen.as_ref())
     });
     join_all(reads).await
 }
 
-/// `INFO replication` of another node.
-async fn read_replication(connector: &Connector) -> Option<Info> {
+/// Another node's `INFO replication`, through the same parser as the agent's own ticks.
+async fn observe_replica(connector: &Connector) -> Option<Observation> {
     let mut cmd = redis::cmd("INFO");
     cmd.arg("replication");
     let value = connector.ask(&cmd, OFFSET_LIMIT).await?;
-    let text = observe::reply(value).as_text()?.to_owned();
-    Some(Info::parse(&text))
+    let replies = Replies {
+        info: Some(observe::reply(value)),
+        ..Replies::default()
+    };
+    observation::observe(&replies, Mode::Replication).ok()
 }
 
 /// Sends `CLUSTER FAILOVER FORCE` to `target` (checking the Lease right before) and waits until
 /// it reports itself primary.
 pub async fn force(target: Connector, may_act: impl Fn() -> bool, limit: Duration) -> Outcome {
     let started = Instant::now();
-    let mut session = Session::new(target);
-    if let Err(e) = session.connection().await {
-        return Outcome::Failed(format!("cannot reach the replica: {e}"));
-    }
-    if !may_act() {
-        return Outcome::NoLease;
-    }
     let mut cmd = redis::cmd("CLUSTER");
     cmd.arg("FAILOVER").arg("FORCE");
-    if let Err(e) = session.command(&cmd).await {
-        return Outcome::Failed(format!("CLUSTER FAILOVER FORCE refused: {e}"));
-    }
-    match wait_primary(&mut session, started + limit).await {
-        Ok(()) => Outcome::Done {
-            took: started.elapsed(),
-        },
-        Err(e) => Outcome::Failed(e),
-    }
+    fail_over_to(target, &cmd, may_act, started, started + limit).await
 }
 
 #[cfg(test)]

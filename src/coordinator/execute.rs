@@ -82,10 +82,25 @@ pub async fn failover(
     if let Err(e) = known_by_peers(&action.to, peers, known_by).await {
         return Outcome::Failed(e);
     }
+    let mut cmd = redis::cmd("CLUSTER");
+    cmd.arg("FAILOVER");
+    fail_over_to(target, &cmd, may_act, started, started + limit).await
+}
+
+/// Sends `cmd` (a `CLUSTER FAILOVER` variant) to the replica `target`, its Lease checked right
+/// before, and waits until `deadline` for it to report itself primary; `started` times the move.
+pub(crate) async fn fail_over_to(
+    target: Connector,
+    cmd: &redis::Cmd,
+    may_act: impl Fn() -> bool,
+    started: Instant,
+    deadline: Instant,
+) -> Outcome {
+    let addr = format!("{}:{}", target.host, target.port);
     let mut session = Session::new(target);
     // Connect first, so the lease check sits right before the command itself.
     if let Err(e) = session.connection().await {
-        return Outcome::Failed(format!("cannot reach {}: {e}", action.to));
+        return Outcome::Failed(format!("cannot reach {addr}: {e}"));
     }
     // The planner works from gossip, which can lag: a target that is already primary is done.
     if is_primary(&mut session).await {
@@ -96,12 +111,10 @@ pub async fn failover(
     if !may_act() {
         return Outcome::NoLease;
     }
-    let mut cmd = redis::cmd("CLUSTER");
-    cmd.arg("FAILOVER");
-    if let Err(e) = session.command(&cmd).await {
-        return Outcome::Failed(format!("CLUSTER FAILOVER refused by {}: {e}", action.to));
+    if let Err(e) = session.command(cmd).await {
+        return Outcome::Failed(format!("CLUSTER FAILOVER refused by {addr}: {e}"));
     }
-    match wait_primary(&mut session, started + limit).await {
+    match wait_primary(&mut session, deadline).await {
         Ok(()) => Outcome::Done {
             took: started.elapsed(),
         },
@@ -153,11 +166,11 @@ async fn knows(session: &mut Session, id: &str) -> Option<bool> {
     Some(shards.iter().any(|s| s.contains(id)))
 }
 
-pub(crate) async fn is_primary(session: &mut Session) -> bool {
+async fn is_primary(session: &mut Session) -> bool {
     matches!(session.command(&redis::cmd("ROLE")).await, Ok(redis::Value::Array(items)) if is_master(items.first()))
 }
 
-pub(crate) async fn wait_primary(session: &mut Session, deadline: Instant) -> Result<(), String> {
+async fn wait_primary(session: &mut Session, deadline: Instant) -> Result<(), String> {
     loop {
         if is_primary(session).await {
             return Ok(());
