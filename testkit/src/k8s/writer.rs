@@ -90,12 +90,7 @@ impl Written {
     /// (a resync from an empty restart would have wiped them all) — and the writer made progress
     /// before it. `Err` names what broke that.
     pub fn only_tail_lost(&self, lost: &[u64], at: Instant, tail: Duration) -> Result<()> {
-        let outside: Vec<&Ack> = self
-            .acks
-            .iter()
-            .filter(|a| lost.contains(&a.n))
-            .filter(|a| a.at > at || at.duration_since(a.at) > tail)
-            .collect();
+        let outside = self.lost_outside_tail(lost, at, tail);
         if !outside.is_empty() {
             bail!("lost beyond the unreplicated tail of {tail:?}: {outside:?}");
         }
@@ -104,6 +99,17 @@ impl Written {
             bail!("the writer made little progress before the crash: {before} writes");
         }
         Ok(())
+    }
+
+    /// The acknowledgements among `lost` that fall outside the `tail` before a crash at `at`:
+    /// acknowledged earlier (a replica had had time to receive them) or after it.
+    pub fn lost_outside_tail(&self, lost: &[u64], at: Instant, tail: Duration) -> Vec<&Ack> {
+        let lost: std::collections::HashSet<u64> = lost.iter().copied().collect();
+        self.acks
+            .iter()
+            .filter(|a| lost.contains(&a.n))
+            .filter(|a| a.at > at || at.duration_since(a.at) > tail)
+            .collect()
     }
 
     /// The acknowledged numbers.

@@ -37,6 +37,10 @@ const TAKE_OVER: Duration = Duration::from_secs(30);
 const AROUND: Duration = Duration::from_millis(500);
 const AFTER: Duration = Duration::from_secs(1);
 
+/// A node timeout users pick to fail over sooner without the agents (false failovers on a busy
+/// node grow below it).
+pub const FAST_NODE_TIMEOUT_MS: u64 = 2000;
+
 /// How the primary is stopped.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Stop {
@@ -85,6 +89,8 @@ pub struct Baselines {
     pub failover: Vec<Stopped>,
     pub plain: Vec<Stopped>,
     pub crash: Vec<Stopped>,
+    /// The crash again at [`FAST_NODE_TIMEOUT_MS`]: Valkey alone tuned for speed.
+    pub crash_fast: Vec<Stopped>,
     pub replication: Vec<Standalone>,
 }
 
@@ -97,6 +103,7 @@ pub fn measure(runs: usize, node_timeout_ms: u64, wait: Duration) -> Result<Base
         failover: cluster_sigterm_failover_runs(runs, node_timeout_ms)?,
         plain: cluster_plain_kill_runs(runs, node_timeout_ms)?,
         crash: cluster_unplanned_kill_runs(runs, node_timeout_ms)?,
+        crash_fast: cluster_unplanned_kill_runs(runs, FAST_NODE_TIMEOUT_MS)?,
         replication: vec![
             replication_stop(Stop::SigtermFailover, wait)?,
             replication_stop(Stop::Sigterm, wait)?,

@@ -37,7 +37,7 @@ pub async fn run(bin: &Path, runs: usize) -> Result<()> {
         tokio::task::spawn_blocking(move || crate::alone::measure(runs, NODE_TIMEOUT_MS, wait))
             .await??;
     print_handovers(&moves, &leader);
-    print_crashes(&crashes, &alone.crash);
+    print_crashes(&crashes, &alone);
     let pauses: Vec<Duration> = moves.iter().map(|m| m.pause).collect();
     crate::alone::report(
         &alone,
@@ -107,6 +107,13 @@ fn summarize(moves: &[Handover], crashes: &[Crash], alone: &crate::alone::Baseli
     }
 }
 
+/// The acknowledged and lost cells of a Valkey-alone row.
+fn acked_lost(runs: &[crate::alone::Stopped]) -> String {
+    let acked: usize = runs.iter().map(|s| s.moved.acked).sum();
+    let lost: usize = runs.iter().map(|s| s.moved.lost).sum();
+    format!("{acked} | {lost} |")
+}
+
 /// Why the agents can be slower after a crash in cluster mode.
 const CRASH_WHY: &str = "the agents' figure includes the label and a failover, while Valkey alone counts its restarted \
 node taking writes again, empty, about 2 s after the crash (a restarted primary refuses writes that long before it \
@@ -146,6 +153,10 @@ fn log_runs(moves: &[Handover], crashes: &[Crash], alone: &crate::alone::Baselin
         (
             "cluster, no agent: SIGKILL, restarted at once",
             &alone.crash,
+        ),
+        (
+            "cluster, no agent, 2 s node timeout: SIGKILL, restarted at once",
+            &alone.crash_fast,
         ),
     ] {
         let moves: Vec<crate::failover::Move> = runs.iter().map(|s| s.moved.clone()).collect();
@@ -204,7 +215,13 @@ struct Crash {
     labelled: Duration,
     acked: usize,
     lost: usize,
+    /// Of `lost`, those acknowledged outside the [`TAIL`] before the kill (earlier, or after it):
+    /// what an empty restart's resync would wipe, unlike the stream a replica had not received.
+    lost_outside_tail: usize,
 }
+
+/// The end of the replication stream a replica may not have received when its primary died.
+const TAIL: Duration = Duration::from_millis(500);
 
 /// `runs` crashes, shards in turn: SIGKILL of the primary's Valkey container (the kubelet
 /// restarts it; it rejoins as a replica), Valkey Cluster fails over by itself after the node
@@ -276,7 +293,13 @@ async fn crash(stage: &Stage, shard: usize) -> Result<Crash> {
     let tag = writer.tag.clone();
     let written = writer.stop()?;
     let (now_primary, _) = stage.primary_and_replica(shard)?;
-    let missing = stage.lost(&now_primary, &tag, &written.acked)?;
+    let missing = valkey_sidecar_testkit::k8s::writer::missing(
+        stage.valkey(&now_primary)?,
+        &stage.client(),
+        &tag,
+        &written.acked,
+    )?;
+    let lost_outside_tail = written.lost_outside_tail(&missing, at, TAIL).len();
     // The next crash must be a first crash too (restarted at once, as in production), not one
     // the kubelet holds back in crash-loop back-off: a fresh pod, back in its shard.
     stage.recycle(&primary, Duration::from_secs(120)).await?;
@@ -285,7 +308,8 @@ async fn crash(stage: &Stage, shard: usize) -> Result<Crash> {
         writable,
         labelled,
         acked: written.acked.len(),
-        lost: missing,
+        lost: missing.len(),
+        lost_outside_tail,
     })
 }
 
@@ -318,15 +342,16 @@ async fn rejoined(stage: &Stage, members: &[String]) -> Result<()> {
     Ok(())
 }
 
-fn print_crashes(ours: &[Crash], alone: &[crate::alone::Stopped]) {
-    use crate::alone::{Stop, shutdown_setting};
+fn print_crashes(ours: &[Crash], baselines: &crate::alone::Baselines) {
+    use crate::alone::{FAST_NODE_TIMEOUT_MS, Stop, shutdown_setting};
+    let alone = &baselines.crash;
     use crate::report::duration_row;
     let runs = ours.len();
     println!(
         "### Cluster mode, unplanned: a primary's Valkey crashes, with the agents and on its own\n"
     );
     println!(
-        "Command: `BENCH_HANDOVERS={runs} target/release/bench handover`. With the agents: the stage above, SIGKILL of the primary's Valkey container (its agent lives; the kubelet restarts Valkey at once, empty), shards in turn, a writer on the shard; *writable*: a member of the shard accepts a `SET` again (offered every 5 ms, the restarted one included), *labelled*: it also carries `{ROLE_LABEL}=primary`; acknowledged writes are read back once the crashed pod is back and the shard whole. Every run is a container's first crash, as a crash in production is: the pod crashed in the run before is deleted and recreated by its StatefulSet first (a container that crashed before restarts only after the kubelet's crash-loop back-off, by which time Valkey Cluster has failed over). Valkey alone: the loopback cluster of the next section, SIGKILL of a primary and a restart at once. The agents: the coordinator holds an idle connection to every primary; it sees this one close and refuse a new dial, reads each replica's offset from the replica and sends the highest `CLUSTER FAILOVER FORCE` (Valkey's election among the primaries still runs; never `TAKEOVER`); the restarted container's `valkey-sidecar await` holds `valkey-server` until a replica has taken over, so the empty node rejoins as its replica. Valkey alone elects a replica only after `cluster-node-timeout`, and a node restarted before that keeps its slots. With at most 50 runs p99 is the maximum.\n"
+        "Command: `BENCH_HANDOVERS={runs} target/release/bench handover`. With the agents: the stage above, SIGKILL of the primary's Valkey container (its agent lives; the kubelet restarts Valkey at once, empty), shards in turn, a writer on the shard; *writable*: a member of the shard accepts a `SET` again (offered every 5 ms, the restarted one included), *labelled*: it also carries `{ROLE_LABEL}=primary`; acknowledged writes are read back once the crashed pod is back and the shard whole. Every run is a container's first crash, as a crash in production is: the pod crashed in the run before is deleted and recreated by its StatefulSet first (a container that crashed before restarts only after the kubelet's crash-loop back-off, by which time Valkey Cluster has failed over). Valkey alone: the loopback cluster of the next section, SIGKILL of a primary and a restart at once, at the chart's node timeout and again at 2 s (a setting users pick to fail over sooner without an agent). The agents: the coordinator holds an idle connection to every primary; it sees this one close and refuse a new dial, reads each replica's offset from the replica and sends the highest `CLUSTER FAILOVER FORCE` (Valkey's election among the primaries still runs; never `TAKEOVER`); the restarted container's `valkey-sidecar await` holds `valkey-server` until a replica has taken over, so the empty node rejoins as its replica. Valkey alone elects a replica only after `cluster-node-timeout`, and a node restarted before that keeps its slots. With at most 50 runs p99 is the maximum.\n"
     );
     println!("| measure | settings | runs | p50 ms | p99 ms | max ms | acknowledged | lost |");
     println!("|---|---|---|---|---|---|---|---|");
@@ -355,16 +380,36 @@ fn print_crashes(ours: &[Crash], alone: &[crate::alone::Stopped]) {
         &alone_config,
         theirs.clone(),
     );
-    let alone_acked: usize = alone.iter().map(|s| s.moved.acked).sum();
-    let alone_lost: usize = alone.iter().map(|s| s.moved.lost).sum();
-    println!("{row} {alone_acked} | {alone_lost} |");
-    let (theirs, labelled) = (sorted(theirs), sorted(labelled));
-    let r = |p: f64| crate::report::ratio(percentile(&theirs, p), percentile(&labelled, p));
-    println!(
-        "\nRatio (Valkey alone to writable ÷ the agents' to writable and labelled; above 1 the agent is faster): p50 {}, p99 {}.\n",
-        r(0.5),
-        r(0.99)
+    println!("{row} {}", acked_lost(alone));
+    let fast = &baselines.crash_fast;
+    let fast_times: Vec<Duration> = fast.iter().map(|s| s.writable).collect();
+    let fast_config =
+        crate::settings::valkey_alone(FAST_NODE_TIMEOUT_MS, shutdown_setting(Stop::Sigkill));
+    let row = duration_row(
+        "Valkey alone, 2 s node timeout: kill -9, restarted at once → a member writable",
+        &fast_config,
+        fast_times.clone(),
     );
+    println!("{row} {}", acked_lost(fast));
+    let labelled = sorted(labelled);
+    let outside: usize = ours.iter().map(|c| c.lost_outside_tail).sum();
+    println!(
+        "\nThe agents' lost writes: {lost}, of them {outside} acknowledged outside the {} ms before the kill (the stream a replica may not have received when its primary died is lost by asynchronous replication; anything older would be what an empty restart wiped).\n",
+        TAIL.as_millis()
+    );
+    for (name, theirs) in [
+        ("Valkey alone", theirs),
+        ("Valkey alone at a 2 s node timeout", fast_times),
+    ] {
+        let theirs = sorted(theirs);
+        let r = |p: f64| crate::report::ratio(percentile(&theirs, p), percentile(&labelled, p));
+        println!(
+            "Ratio ({name} to writable ÷ the agents' to writable and labelled; above 1 the agent is faster): p50 {}, p99 {}.\n",
+            r(0.5),
+            r(0.99)
+        );
+    }
+    let theirs: Vec<Duration> = sorted(alone.iter().map(|s| s.writable).collect());
     if percentile(&theirs, 0.5) < percentile(&labelled, 0.5) {
         println!("Where the agent does not win on time: {CRASH_WHY}.\n");
     }
