@@ -20,7 +20,7 @@ use crate::config::{Config, CoordinatorConfig, KubeConfig};
 use crate::coordinator::Coordinator;
 use crate::http::{self, App};
 use crate::kube::labeler::Labeler;
-use crate::kube::lease::{self, Leadership, LeaseClient, StatusAnnotations};
+use crate::kube::lease::{self, FormedMarker, Leadership, LeaseClient, StatusAnnotations};
 use crate::kube::owner::{Anchor, LeaseOwner};
 use crate::kube::{FIELD_MANAGER, KubeError};
 use crate::metrics::Metrics;
@@ -273,7 +273,11 @@ fn coordinator_tasks(
         call_timeout,
         status_rx,
     );
-    let coordinator = coordinator(config, kube, co, shared, client, (lead_rx, status_tx));
+    // Whether the cluster was formed before, kept on the Lease across holders and restarts.
+    let formed = FormedMarker::default();
+    let lease = lease.remembering(formed.clone());
+    let mut coordinator = coordinator(config, kube, co, shared, client, (lead_rx, status_tx));
+    coordinator.formed = formed;
     let identity = election_identity(&kube.pod_name, config.identity.pod_uid.as_deref());
     let (timings, clock, elect_owner) = (co.timings, shared.clock, owner.clone());
     let elect = supervised_task("election", shared, move |stop| {
@@ -354,6 +358,7 @@ fn coordinator(
         status,
         seed: shared.seed.1.clone(),
         formation_shards: co.formation_shards,
+        formed: FormedMarker::default(),
         lease_owner: None,
     }
 }

@@ -11,8 +11,13 @@
 //!   primary (`CLUSTER MEET`).
 //! - **An existing cluster** — some node owns slots: introduce any node that knows only itself; make
 //!   every slot-less master that the cluster knows a replica of its shard's primary (the node of
-//!   the same shard index that owns slots), once it knows that primary; and forget, on every node,
-//!   a node marked failed that no pod is any more (the previous identity of a replaced pod).
+//!   the same shard index that owns slots), once it knows that primary; forget, on every node,
+//!   a node marked failed that no pod is any more (the previous identity of a replaced pod); and
+//!   introduce again every node that some node (itself included) lists at an address that is not
+//!   its pod's any more ([`readdress`]): after a full restart every pod has a new IP and every
+//!   `nodes.conf` names the old ones, so no node could reach another by itself. A `CLUSTER MEET`
+//!   to a known node's new address makes Valkey update the address ("we already know node …,
+//!   updating the address"), and the node met learns its own new address from it.
 //!
 //! # Why it is safe
 //! - Slots are only ever assigned when *no* node anywhere owns a slot: an existing cluster is never
@@ -57,6 +62,8 @@ pub struct ClusterNode {
     pub knows: BTreeSet<String>,
     /// The node ids it marks failed.
     pub failed: BTreeSet<String>,
+    /// Node id → the IP it lists that node at (itself included); empty when not read.
+    pub addrs: BTreeMap<String, String>,
 }
 
 impl ClusterNode {
@@ -243,12 +250,80 @@ fn grow(nodes: &[(&Seat, &ClusterNode)]) -> Formation {
         }
     }
     steps.extend(forget(nodes));
-    let reason = match (steps.is_empty(), waiting.is_empty()) {
+    let moved: Vec<Step> = readdress(via, nodes)
+        .into_iter()
+        .filter(|m| !steps.contains(m))
+        .collect();
+    let reason = match (steps.is_empty() && moved.is_empty(), waiting.is_empty()) {
         (true, true) => "formed: every node is in the cluster and placed".into(),
         (true, false) => waiting.join("; "),
-        (false, _) => format!("bringing {} node(s) into the cluster", steps.len()),
+        (false, _) if moved.is_empty() => {
+            format!("bringing {} node(s) into the cluster", steps.len())
+        }
+        (false, _) if steps.is_empty() => {
+            format!("{} introduction(s) at pods' new addresses", moved.len())
+        }
+        (false, _) => format!(
+            "{} step(s) to bring nodes into the cluster, {} introduction(s) at pods' new addresses",
+            steps.len(),
+            moved.len()
+        ),
     };
+    steps.extend(moved);
     Formation { steps, reason }
+}
+
+/// At most this many `CLUSTER MEET`s between nodes other than the anchor per round: after a full
+/// restart of n nodes each lists the n − 1 others at old addresses, and gossip repairs what the
+/// anchor's introductions leave (a node flagged failing takes a peer's newer address for it).
+pub const MAX_PAIR_MEETS: usize = 256;
+
+/// Introductions at pods' current addresses. First through the anchor `via` (a node with slots):
+/// every node that `via` lists at an old address, that lists itself or `via` at an old address, is
+/// met by `via` — one round reconnects every node to it and tells each its own address — and
+/// another node meets `via` if it lists itself at an old one. Then every other node meets the
+/// peers it still lists at an old address, up to [`MAX_PAIR_MEETS`].
+pub fn readdress(via: &Seat, nodes: &[(&Seat, &ClusterNode)]) -> Vec<Step> {
+    let current: BTreeMap<&str, &str> = nodes
+        .iter()
+        .filter_map(|(s, n)| Some((n.id.as_str(), s.addr.as_ref()?.0.as_str())))
+        .collect();
+    let stale = |lister: &ClusterNode, id: &str| {
+        let listed = lister.addrs.get(id).map(String::as_str);
+        listed.is_some()
+            && current
+                .get(id)
+                .copied()
+                .is_some_and(|ip| Some(ip) != listed)
+    };
+    let Some((_, anchor)) = nodes.iter().find(|(s, _)| s.pod == via.pod) else {
+        return Vec::new();
+    };
+    let mut steps: Vec<Step> = nodes
+        .iter()
+        .filter(|(s, _)| s.pod != via.pod)
+        .filter(|(_, n)| stale(anchor, &n.id) || stale(n, &n.id) || stale(n, &anchor.id))
+        .filter_map(|(s, _)| meet(via, s))
+        .collect();
+    // The anchor's own address it learns only from a MEET it receives.
+    if stale(anchor, &anchor.id) {
+        let other = nodes.iter().find(|(s, _)| s.pod != via.pod);
+        steps.extend(other.and_then(|(s, _)| meet(s, via)));
+    }
+    let by_id: BTreeMap<&str, &Seat> = nodes.iter().map(|(s, n)| (n.id.as_str(), *s)).collect();
+    let pairs = nodes
+        .iter()
+        .filter(|(s, _)| s.pod != via.pod)
+        .flat_map(|(s, n)| {
+            let targets = n
+                .addrs
+                .keys()
+                .filter(|id| **id != n.id && **id != anchor.id);
+            let targets = targets.filter(|id| stale(n, id));
+            targets.filter_map(|id| meet(s, by_id.get(id.as_str())?))
+        });
+    steps.extend(pairs.take(MAX_PAIR_MEETS));
+    steps
 }
 
 /// A node marked failed whose id no pod has any more is a replaced pod's old identity: every node

@@ -2,27 +2,31 @@
 //! property: slots are assigned only when no node anywhere owns any.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
-use valkey_sidecar_core::formation::{ClusterNode, FormationView, SLOTS, Seat, Step, plan};
+use valkey_sidecar_core::formation::{
+    ClusterNode, FormationView, MAX_PAIR_MEETS, SLOTS, Seat, Step, plan,
+};
 use valkey_sidecar_core::observation::Role;
 
 /// `v-<shard>-<index>` at 10.0.<shard>.<index>, a fresh node `n<shard><index>` knowing itself.
 fn seat(shard: u32, index: u32) -> Seat {
     let id = format!("n{shard}{index}");
+    let ip = format!("10.0.{shard}.{index}");
     Seat {
         pod: format!("v-{shard}-{index}"),
         shard: Some(shard),
         index: Some(index),
-        addr: Some((format!("10.0.{shard}.{index}"), 6379)),
+        addr: Some((ip.clone(), 6379)),
         node: Some(ClusterNode {
             id: id.clone(),
             role: Role::Primary,
             owns_slots: false,
             primary: None,
-            knows: BTreeSet::from([id]),
+            knows: BTreeSet::from([id.clone()]),
             failed: BTreeSet::new(),
+            addrs: BTreeMap::from([(id, ip)]),
         }),
     }
 }
@@ -39,15 +43,22 @@ fn deployment(shards: u32, replicas: u32) -> FormationView {
 /// Everyone knows everyone; node-index 0 pods own slots, the others replicate them.
 fn formed(shards: u32, replicas: u32) -> FormationView {
     let mut v = deployment(shards, replicas);
-    let all: BTreeSet<String> = v
+    let addrs: BTreeMap<String, String> = v
         .seats
         .iter()
-        .map(|s| s.node.as_ref().unwrap().id.clone())
+        .map(|s| {
+            (
+                s.node.as_ref().unwrap().id.clone(),
+                s.addr.clone().unwrap().0,
+            )
+        })
         .collect();
+    let all: BTreeSet<String> = addrs.keys().cloned().collect();
     for s in &mut v.seats {
         let primary = format!("n{}0", s.shard.unwrap());
         let n = s.node.as_mut().unwrap();
         n.knows = all.clone();
+        n.addrs = addrs.clone();
         if s.index == Some(0) {
             n.owns_slots = true;
         } else {
@@ -168,6 +179,7 @@ fn a_replaced_pod_that_came_back_empty_is_introduced_again() {
         primary: None,
         knows: BTreeSet::from(["fresh".into()]),
         failed: BTreeSet::new(),
+        addrs: BTreeMap::new(),
     };
     let f = plan(&v);
     assert_eq!(
@@ -239,12 +251,129 @@ fn a_formed_cluster_needs_nothing_and_a_new_shard_is_not_resharded_into_it() {
     assert!(f.reason.contains("resharding) is not automatic"), "{f:?}");
 }
 
+/// Every pod of `v` moved to a new IP (10.1.x.y) while every node still lists the old ones.
+fn restarted(mut v: FormationView) -> FormationView {
+    for s in &mut v.seats {
+        let (ip, port) = s.addr.clone().unwrap();
+        s.addr = Some((ip.replacen("10.0.", "10.1.", 1), port));
+    }
+    v
+}
+
+fn meets(steps: &[Step]) -> Vec<(String, String)> {
+    steps
+        .iter()
+        .map(|s| match s {
+            Step::Meet { pod, ip, .. } => (pod.clone(), ip.clone()),
+            other => panic!("only introductions expected: {other:?}"),
+        })
+        .collect()
+}
+
+#[test]
+fn after_a_full_restart_every_node_is_met_again_at_its_new_address() {
+    let f = plan(&restarted(formed(3, 1)));
+    let meets = meets(&f.steps);
+    // The anchor (the first node with slots) meets every other node at its new address ...
+    let from_anchor: Vec<&str> = meets
+        .iter()
+        .filter(|(pod, _)| pod == "v-0-0")
+        .map(|(_, ip)| ip.as_str())
+        .collect();
+    assert_eq!(
+        from_anchor,
+        ["10.1.0.1", "10.1.1.0", "10.1.1.1", "10.1.2.0", "10.1.2.1"],
+        "{f:?}"
+    );
+    // ... another node meets the anchor (which lists itself at its old address too), and every
+    // other node meets the non-anchor peers it still lists at old addresses.
+    assert!(
+        meets.contains(&("v-0-1".into(), "10.1.0.0".into())),
+        "{f:?}"
+    );
+    assert_eq!(meets.len(), 5 + 1 + 5 * 4, "{f:?}");
+    assert!(meets.iter().all(|(_, ip)| ip.starts_with("10.1.")), "{f:?}");
+    assert!(f.reason.contains("new addresses"), "{f:?}");
+}
+
+#[test]
+fn a_node_that_lists_only_itself_at_an_old_address_is_met_by_the_anchor_or_the_anchor_by_another() {
+    let mut v = restarted(formed(2, 1));
+    let current: BTreeMap<String, String> = v
+        .seats
+        .iter()
+        .map(|s| {
+            (
+                s.node.as_ref().unwrap().id.clone(),
+                s.addr.clone().unwrap().0,
+            )
+        })
+        .collect();
+    for s in &mut v.seats {
+        s.node.as_mut().unwrap().addrs = current.clone();
+    }
+    // Everybody else has learned n11's new address, but n11 still names itself by the old one
+    // (Valkey learns its own address only from a MEET it receives).
+    node(&mut v, "v-1-1")
+        .addrs
+        .insert("n11".into(), "10.0.1.1".into());
+    assert_eq!(
+        meets(&plan(&v).steps),
+        [("v-0-0".into(), "10.1.1.1".into())]
+    );
+    node(&mut v, "v-1-1")
+        .addrs
+        .insert("n11".into(), "10.1.1.1".into());
+    // The anchor itself is met by another node.
+    node(&mut v, "v-0-0")
+        .addrs
+        .insert("n00".into(), "10.0.0.0".into());
+    assert_eq!(
+        meets(&plan(&v).steps),
+        [("v-0-1".into(), "10.1.0.0".into())]
+    );
+    node(&mut v, "v-0-0")
+        .addrs
+        .insert("n00".into(), "10.1.0.0".into());
+    let f = plan(&v);
+    assert!(
+        f.steps.is_empty() && f.reason.starts_with("formed"),
+        "{f:?}"
+    );
+}
+
+#[test]
+fn introductions_between_other_nodes_are_capped_per_round() {
+    let f = plan(&restarted(formed(30, 1)));
+    let meets = meets(&f.steps);
+    let from_anchor = meets.iter().filter(|(pod, _)| pod == "v-0-0").count();
+    assert_eq!(from_anchor, 59, "the anchor meets all 59 others");
+    assert_eq!(
+        meets.len() - from_anchor - 1,
+        MAX_PAIR_MEETS,
+        "one more meets the anchor"
+    );
+}
+
+/// Where a node lists the ids it knows: node `nSI` at 10.0.S.I, or at an old 10.9.S.I.
+fn listed(knows: &BTreeSet<String>, me: &str, stale: bool) -> BTreeMap<String, String> {
+    let net = if stale { "10.9" } else { "10.0" };
+    let ip = |id: &str| format!("{net}.{}.{}", &id[1..2], &id[2..3]);
+    knows
+        .iter()
+        .map(String::as_str)
+        .chain([me])
+        .map(|id| (id.to_owned(), ip(id)))
+        .collect()
+}
+
 fn any_view() -> impl Strategy<Value = FormationView> {
     let node = (
         any::<bool>(),
         any::<bool>(),
         any::<bool>(),
         proptest::collection::btree_set("n[0-2][0-2]", 0..6),
+        any::<bool>(),
     );
     // Keyed by (shard, index): pod names are unique.
     let nodes = proptest::collection::btree_map((0u32..3, 0u32..3), node, 0..9);
@@ -252,7 +381,7 @@ fn any_view() -> impl Strategy<Value = FormationView> {
         shards,
         seats: nodes
             .into_iter()
-            .map(|((s, i), (answers, owns, replica, knows))| {
+            .map(|((s, i), (answers, owns, replica, knows, stale))| {
                 let mut seat = seat(s, i);
                 let id = seat.node.as_ref().unwrap().id.clone();
                 seat.node = answers.then(|| ClusterNode {
@@ -264,6 +393,7 @@ fn any_view() -> impl Strategy<Value = FormationView> {
                     },
                     owns_slots: owns && !replica,
                     primary: None,
+                    addrs: listed(&knows, &id, stale),
                     knows: knows.into_iter().chain([id]).collect(),
                     failed: BTreeSet::new(),
                 });
@@ -291,6 +421,11 @@ proptest! {
             prop_assert!(seat.node.is_some(), "a step for a silent pod: {step:?}");
             if let Step::Replicate { .. } = step {
                 prop_assert!(!seat.node.as_ref().unwrap().owns_slots);
+            }
+            // Introductions only ever name a pod's current address.
+            if let Step::Meet { ip, port, .. } = step {
+                let to = Some((ip.clone(), *port));
+                prop_assert!(v.seats.iter().any(|s| s.addr == to), "{step:?}");
             }
         }
     }

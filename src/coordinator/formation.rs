@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
+use kube::Resource;
+use kube::runtime::events::EventType;
 use valkey_sidecar_core::formation::{ClusterNode, FormationView, Seat, Step, plan};
 use valkey_sidecar_core::observation::{self, Mode, Observation, Role};
 use valkey_sidecar_core::shards::{NodeHealth, Shard};
@@ -50,17 +52,50 @@ pub fn incomplete(local: &[Shard], pods: &[Arc<Pod>]) -> bool {
 }
 
 impl Coordinator {
-    /// One formation round: observe every pod, plan, send the steps in order.
-    pub(super) async fn formation_round(&self, shards: u32, pods: &[Arc<Pod>], now: Millis) {
+    /// One formation round: observe every pod, plan, send the steps in order. Whether it sent
+    /// any: the next round then runs even if the local view looks whole, since other nodes'
+    /// views (an old address, say) show only in theirs.
+    pub(super) async fn formation_round(
+        &self,
+        shards: u32,
+        pods: &[Arc<Pod>],
+        now: Millis,
+    ) -> bool {
         let seats = join_all(pods.iter().map(|p| self.seat(p))).await;
         let f = plan(&FormationView { shards, seats });
         if f.steps.is_empty() {
             tracing::debug!(reason = %f.reason, at = now.0, "formation");
-            return;
+            return false;
         }
         tracing::info!(reason = %f.reason, steps = f.steps.len(), "forming the cluster");
+        if f.steps
+            .iter()
+            .any(|s| matches!(s, Step::AssignSlots { .. }))
+        {
+            self.announce_fresh(shards, pods);
+        }
         for step in &f.steps {
             self.send(step, pods).await;
+        }
+        true
+    }
+
+    /// A fresh formation says so in an Event; where the Lease says a cluster was formed before,
+    /// every node came back without data (no persistence, or volumes lost): that data is gone.
+    fn announce_fresh(&self, shards: u32, pods: &[Arc<Pod>]) {
+        let reference = pods.first().map(|p| p.object_ref(&()));
+        match self.formed.get() {
+            Some(at) => {
+                let note = format!(
+                    "every pod came back without data or cluster state: forming a fresh, empty cluster of {shards} shards; the data of the cluster formed at {at} is gone (no persistence, or its volumes were lost)"
+                );
+                tracing::error!(formed = %at, "{note}");
+                self.event(reference, EventType::Warning, "ClusterDataLost", note);
+            }
+            None => {
+                let note = format!("forming a fresh cluster of {shards} shards");
+                self.event(reference, EventType::Normal, "ClusterFormed", note);
+            }
         }
     }
 
@@ -141,11 +176,12 @@ pub fn cluster_node(obs: &Observation) -> Option<ClusterNode> {
         .shards
         .iter()
         .flat_map(|s| s.nodes.iter().map(|n| n.id.clone()));
-    let failed = view.shards.iter().flat_map(|s| &s.nodes);
-    let failed = failed.filter(|n| n.health == NodeHealth::Failed);
+    let listed = || view.shards.iter().flat_map(|s| &s.nodes);
+    let failed = listed().filter(|n| n.health == NodeHealth::Failed);
     Some(ClusterNode {
         knows: knows.chain([id.clone()]).collect(),
         failed: failed.map(|n| n.id.clone()).collect(),
+        addrs: listed().map(|n| (n.id.clone(), n.ip.clone())).collect(),
         id,
         role: obs.role,
         owns_slots,

@@ -49,7 +49,7 @@ use valkey_sidecar_core::status::{self, Condition, Decision, Status};
 use valkey_sidecar_core::time::Millis;
 
 use crate::clock::Clock;
-use crate::kube::lease::{Leadership, StatusAnnotations};
+use crate::kube::lease::{FormedMarker, Leadership, StatusAnnotations};
 use crate::metrics::Metrics;
 use crate::valkey::Connector;
 use execute::Outcome;
@@ -88,6 +88,8 @@ pub struct Coordinator {
     pub seed: watch::Receiver<crate::replication::RecordSeed>,
     /// Cluster mode: form a cluster of this many shards, re-add replaced pods (`formation`).
     pub formation_shards: Option<u32>,
+    /// When the cluster was first seen formed, shared with the Lease writer.
+    pub formed: FormedMarker,
     /// Set on the shard records this agent writes (`kube::owner`).
     pub lease_owner: Option<LeaseOwner>,
 }
@@ -138,6 +140,8 @@ struct Memory {
     repl: replication::State,
     /// Cluster mode: when the last formation round ran.
     formed_at: Option<Millis>,
+    /// Cluster mode: the last formation round sent steps, so the next one runs too.
+    forming: bool,
     /// The drift last reported (reason, message), so each is an Event once.
     drift: BTreeSet<(String, String)>,
     /// Cluster mode, while leading: the watch on every primary's socket.
@@ -424,7 +428,7 @@ impl Coordinator {
     }
 
     /// With `SIDECAR_CLUSTER_SHARDS`: a formation round when the local node's view of the cluster
-    /// misses a pod, at most every [`formation::PERIOD_MS`].
+    /// misses a pod or the last round sent steps, at most every [`formation::PERIOD_MS`].
     async fn form_if_incomplete(&self, pods: &Store<Pod>, memory: &mut Memory) {
         let Some(shards) = self.formation_shards else {
             return;
@@ -434,12 +438,14 @@ impl Coordinator {
             .formed_at
             .is_none_or(|at| now.since(at) >= formation::PERIOD_MS);
         let pods = pods.state();
-        let incomplete = self
-            .shards(now)
-            .is_some_and(|local| formation::incomplete(&local, &pods));
-        if due && incomplete {
+        let local = self.shards(now);
+        if local.iter().flatten().any(|s| !s.slots.is_empty()) {
+            self.formed.set_if_unset(&wall_clock());
+        }
+        let incomplete = local.is_some_and(|local| formation::incomplete(&local, &pods));
+        if due && (incomplete || memory.forming) {
             memory.formed_at = Some(now);
-            self.formation_round(shards, &pods, now).await;
+            memory.forming = self.formation_round(shards, &pods, now).await;
         }
     }
 

@@ -8,8 +8,14 @@
 //! The holder's writes also carry the coordinator's status as `status.valkey.io/*` annotations
 //! (`core::status`): the renewals happen anyway, so the status costs no extra write, and only the
 //! holder ever writes it. A release drops them, as a released Lease vouches for nothing.
+//!
+//! One annotation outlives holders and releases: `valkey.io/cluster-formed` ([`FormedMarker`]),
+//! when the coordinator first saw the cluster formed. Every write carries it on, so after a full
+//! restart without persistence the next leader knows that the empty cluster it forms replaces
+//! one that held data.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -43,6 +49,37 @@ impl Leadership {
 /// empty while this agent does not lead.
 pub type StatusAnnotations = BTreeMap<String, String>;
 
+/// When the cluster was first seen formed: learnt from every Lease read and write, set by the
+/// coordinator, carried on by every write (the status annotations are not: they end with a holder).
+#[derive(Clone, Debug, Default)]
+pub struct FormedMarker(Arc<Mutex<Option<String>>>);
+
+impl FormedMarker {
+    pub const ANNOTATION: &'static str = "valkey.io/cluster-formed";
+
+    pub fn get(&self) -> Option<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Keeps `value` unless a value is known already (the first formation's time stays).
+    pub fn set_if_unset(&self, value: &str) {
+        let mut known = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if known.is_none() {
+            *known = Some(value.to_owned());
+        }
+    }
+
+    fn learn(&self, lease: &Lease) {
+        let annotations = lease.metadata.annotations.as_ref();
+        if let Some(v) = annotations.and_then(|a| a.get(Self::ANNOTATION)) {
+            self.set_if_unset(v);
+        }
+    }
+}
+
 /// One Lease, read and written with optimistic concurrency.
 #[derive(Clone)]
 pub struct LeaseClient {
@@ -52,12 +89,19 @@ pub struct LeaseClient {
     status: watch::Receiver<StatusAnnotations>,
     /// Set on every write, so the Lease goes with its owner (`kube::owner`).
     owner: Option<LeaseOwner>,
+    formed: FormedMarker,
 }
 
 impl LeaseClient {
     /// The owner to put on the Lease.
     pub fn owned_by(mut self, owner: Option<LeaseOwner>) -> LeaseClient {
         self.owner = owner;
+        self
+    }
+
+    /// Shares the formation marker with the coordinator.
+    pub fn remembering(mut self, formed: FormedMarker) -> LeaseClient {
+        self.formed = formed;
         self
     }
 
@@ -74,6 +118,7 @@ impl LeaseClient {
             timeout,
             status,
             owner: None,
+            formed: FormedMarker::default(),
         }
     }
 
@@ -87,6 +132,9 @@ impl LeaseClient {
     /// The current record; `None` when the Lease does not exist.
     pub async fn read(&self) -> Result<Option<LeaseRecord>, KubeError> {
         let lease = self.call(self.api.get_opt(&self.name)).await?;
+        if let Some(l) = &lease {
+            self.formed.learn(l);
+        }
         Ok(lease.as_ref().map(record_of))
     }
 
@@ -101,15 +149,24 @@ impl LeaseClient {
             self.call(self.api.create(&PostParams::default(), &lease))
                 .await?
         };
+        self.formed.learn(&written);
         Ok(record_of(&written))
     }
 
     /// The status goes only with a record that names a holder: a release carries none, and the
-    /// replace then removes what the holder wrote before.
+    /// replace then removes what the holder wrote before. The formation marker goes with every
+    /// write.
     fn annotations(&self, rec: &LeaseRecord) -> Option<StatusAnnotations> {
         let holds = rec.holder.as_deref().is_some_and(|h| !h.is_empty());
-        let status = self.status.borrow();
-        (holds && !status.is_empty()).then(|| status.clone())
+        let mut out = if holds {
+            self.status.borrow().clone()
+        } else {
+            StatusAnnotations::new()
+        };
+        if let Some(at) = self.formed.get() {
+            out.insert(FormedMarker::ANNOTATION.to_owned(), at);
+        }
+        (!out.is_empty()).then_some(out)
     }
 
     fn lease_of(&self, rec: &LeaseRecord, owner: Option<OwnerReference>) -> Lease {

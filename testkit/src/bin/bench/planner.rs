@@ -76,6 +76,10 @@ fn formation_view(shards: usize) -> FormationView {
     let ids: BTreeSet<String> = (0..shards)
         .flat_map(|s| (0..3).map(move |i| format!("n{s}-{i}")))
         .collect();
+    // Every node lists every node at its current address, as in a healthy cluster.
+    let addrs: BTreeMap<String, String> = (0..shards)
+        .flat_map(|s| (0..3).map(move |i| (format!("n{s}-{i}"), format!("10.{s}.0.{i}"))))
+        .collect();
     let seats = (0..shards)
         .flat_map(|s| (0..3).map(move |i| (s, i)))
         .map(|(s, i)| Seat {
@@ -90,6 +94,7 @@ fn formation_view(shards: usize) -> FormationView {
                 primary: (i > 0).then(|| format!("n{s}-0")),
                 knows: ids.clone(),
                 failed: BTreeSet::new(),
+                addrs: addrs.clone(),
             }),
         })
         .collect();

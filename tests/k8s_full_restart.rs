@@ -1,0 +1,303 @@
+//! Issue 17 item 4: every pod of a cluster deleted at once (a node-pool replacement, a restore):
+//! every pod comes back with a new IP. With persistence each Valkey loads its `nodes.conf`, which
+//! names its peers at their old addresses, so no node can reach another until someone introduces
+//! them again: the coordinator meets every node at its pod's new address (formation's
+//! `readdress`). Without persistence every node comes back empty: the agents form a fresh cluster
+//! and say in an Event that the data is gone.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use valkey_sidecar_testkit::faults::{self, Outcome};
+use valkey_sidecar_testkit::k8s::chart::text;
+use valkey_sidecar_testkit::k8s::writer::{Written, missing};
+use valkey_sidecar_testkit::k8s::{Stage, StageOptions, poll_until};
+
+const SECOND: Duration = Duration::from_secs(1);
+const SHARDS: usize = 3;
+const PODS: usize = 6;
+
+/// A writer on every shard for a couple of seconds: (tag, what it acknowledged) per shard.
+async fn write_every_shard(s: &Stage) -> Vec<(String, Written)> {
+    let writers: Vec<_> = (0..SHARDS).map(|i| s.shard_writer(i).unwrap()).collect();
+    tokio::time::sleep(2 * SECOND).await;
+    writers
+        .into_iter()
+        .map(|w| (w.tag.clone(), w.stop().unwrap()))
+        .collect()
+}
+
+/// Deletes every pod at once (the kubelet stops them gracefully, as a drain of every node does)
+/// and waits until the StatefulSet's replacements are Ready: (the old pod IPs, when the deletes
+/// went out).
+async fn delete_every_pod(s: &Stage) -> (Vec<String>, Instant) {
+    let names: Vec<String> = (0..SHARDS).flat_map(|i| s.shard_pods(i).to_vec()).collect();
+    let before: Vec<String> = names
+        .iter()
+        .map(|p| s.valkey(p).unwrap().ip().to_string())
+        .collect();
+    let uids: Vec<String> = s
+        .pod_objects()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|p| p.metadata.uid)
+        .collect();
+    let at = Instant::now();
+    let (api, params) = (s.api(), Default::default());
+    join_all(names.iter().map(|p| api.delete(p, &params)))
+        .await
+        .into_iter()
+        .for_each(|r| {
+            r.unwrap();
+        });
+    let replaced = poll_until("every pod replaced", 120 * SECOND, SECOND / 10, || async {
+        let now = s.pod_objects().await?;
+        Ok(now.len() == names.len()
+            && now
+                .iter()
+                .all(|p| !uids.contains(&p.metadata.uid.clone().unwrap_or_default())))
+    })
+    .await;
+    assert!(replaced.is_ok(), "{replaced:?}\n{}", s.describe().await);
+    for p in &names {
+        s.kubelet
+            .wait_ready(&s.namespace, p, 180 * SECOND)
+            .await
+            .unwrap();
+        let ip = s.valkey(p).unwrap().ip().to_string();
+        assert!(
+            !before.contains(&ip),
+            "{p} came back on an old address {ip}"
+        );
+    }
+    (before, at)
+}
+
+/// Scales every shard's StatefulSet to 0, waits until no pod is left, and back to 2 (a restore,
+/// or every node replaced: nothing of the old cluster is running when the pods come back); waits
+/// until they are Ready: (the old pod IPs, when the scale-down went out).
+async fn restart_everything(s: &Stage) -> (Vec<String>, Instant) {
+    let names: Vec<String> = (0..SHARDS).flat_map(|i| s.shard_pods(i).to_vec()).collect();
+    let before: Vec<String> = names
+        .iter()
+        .map(|p| s.valkey(p).unwrap().ip().to_string())
+        .collect();
+    let sets: Api<StatefulSet> = Api::namespaced(s.plane.client(), &s.namespace);
+    let scale = |n: i32| {
+        let sets = sets.clone();
+        async move {
+            for i in 0..SHARDS {
+                let patch = serde_json::json!({ "spec": { "replicas": n } });
+                sets.patch(
+                    &format!("valkey-{i}"),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+                .unwrap();
+            }
+        }
+    };
+    let at = Instant::now();
+    scale(0).await;
+    let empty = poll_until("no pod left", 180 * SECOND, SECOND / 10, || async {
+        Ok(s.pod_objects().await?.is_empty())
+    })
+    .await;
+    assert!(empty.is_ok(), "{empty:?}\n{}", s.describe().await);
+    scale(2).await;
+    for p in &names {
+        s.kubelet
+            .wait_ready(&s.namespace, p, 180 * SECOND)
+            .await
+            .unwrap();
+    }
+    (before, at)
+}
+
+/// Every node says `cluster_state:ok` and lists no peer at an address that is no pod's any more.
+async fn healed(s: &Stage, old: &[String], within: Duration) {
+    let names: Vec<String> = (0..SHARDS).flat_map(|i| s.shard_pods(i).to_vec()).collect();
+    let ok = poll_until(
+        "every node ok, no old address",
+        within,
+        SECOND / 10,
+        || async {
+            Ok(names.iter().all(|p| {
+                let info = s
+                    .cmd(p, &["CLUSTER", "INFO"])
+                    .ok()
+                    .and_then(|v| text(v).ok());
+                let nodes = s
+                    .cmd(p, &["CLUSTER", "NODES"])
+                    .ok()
+                    .and_then(|v| text(v).ok());
+                info.is_some_and(|i| i.contains("cluster_state:ok"))
+                    && nodes.is_some_and(|n| !old.iter().any(|ip| n.contains(&format!("{ip}:"))))
+            }))
+        },
+    )
+    .await;
+    if ok.is_err() {
+        for p in &names {
+            let nodes = s
+                .cmd(p, &["CLUSTER", "NODES"])
+                .ok()
+                .and_then(|v| text(v).ok());
+            println!("{p} CLUSTER NODES:\n{}", nodes.unwrap_or_default());
+        }
+    }
+    assert!(
+        ok.is_ok(),
+        "{ok:?} (old addresses {old:?})\n{}",
+        s.describe().await
+    );
+}
+
+/// A `SET` on every shard's primary succeeds (keys tagged as its writer's were).
+fn every_shard_writable(s: &Stage, written: &[(String, Written)]) {
+    for (i, (tag, _)) in written.iter().enumerate() {
+        let (primary, _) = s.primary_and_replicas(i).unwrap();
+        s.cmd(&primary, &["SET", &format!("{{{tag}}}:after"), "1"])
+            .unwrap();
+    }
+}
+
+/// Reads every shard's writes back from its primary now: (acknowledged, lost).
+fn read_back(s: &Stage, written: &[(String, Written)]) -> (usize, usize) {
+    let (mut acked, mut lost) = (0, 0);
+    for (i, (tag, w)) in written.iter().enumerate() {
+        let (primary, _) = s.primary_and_replicas(i).unwrap();
+        let gone = missing(s.valkey(&primary).unwrap(), &s.client(), tag, &w.acked).unwrap();
+        acked += w.acked.len();
+        lost += gone.len();
+    }
+    (acked, lost)
+}
+
+/// The cluster whole again after a full restart: pods Ready and labelled, every node ok with no
+/// old address; how long that took from `at`.
+async fn whole_again(s: &Stage, (old, at): (Vec<String>, Instant)) -> Duration {
+    s.wait_settled(PODS, SHARDS, 120 * SECOND).await.unwrap();
+    healed(s, &old, 120 * SECOND).await;
+    at.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_persistence_a_full_restart_comes_back_whole_with_its_data() {
+    let s = Stage::start(StageOptions::cluster("full-restart-pv", SHARDS, 1).persistent())
+        .await
+        .unwrap();
+    s.wait_coordinator(30 * SECOND).await.unwrap();
+    for (how, restart) in [
+        ("every pod deleted at once", false),
+        ("scaled to 0 and back", true),
+    ] {
+        let written = write_every_shard(&s).await;
+        let restarted = if restart {
+            restart_everything(&s).await
+        } else {
+            delete_every_pod(&s).await
+        };
+        let recovered = whole_again(&s, restarted).await;
+        every_shard_writable(&s, &written);
+        let (acked, lost) = read_back(&s, &written);
+        assert_eq!(lost, 0, "{how}: {lost} of {acked} acknowledged writes lost");
+        println!(
+            "{how}, persistence: whole again after {recovered:?}; {acked} acknowledged before, 0 lost"
+        );
+        faults::record(
+            &Outcome::new(module_path!(), &format!("cluster mode, persistence: {how}, new pod IPs"))
+                .writes(acked, lost)
+                .recovery(recovered)
+                .note(
+                    "recovery: the restart → every pod Ready and labelled, every node cluster_state:ok listing no old address; writes acknowledged before the clean shutdown, read back after",
+                ),
+        );
+    }
+}
+
+/// The coordinator Lease's `valkey.io/cluster-formed` marker, if any.
+async fn formed_marker(s: &Stage) -> Option<String> {
+    let leases: Api<Lease> = Api::namespaced(s.plane.client(), &s.namespace);
+    let lease = leases.get("valkey-coordinator").await.ok()?;
+    lease
+        .metadata
+        .annotations?
+        .get("valkey.io/cluster-formed")
+        .cloned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_persistence_pods_deleted_at_once_keep_the_data_and_a_full_restart_says_it_is_gone()
+{
+    let s = Stage::start(StageOptions::cluster("full-restart-empty", SHARDS, 1))
+        .await
+        .unwrap();
+    s.wait_coordinator(30 * SECOND).await.unwrap();
+    let marked = poll_until(
+        "the Lease marks the cluster formed",
+        30 * SECOND,
+        SECOND / 10,
+        || async { Ok(formed_marker(&s).await.is_some()) },
+    )
+    .await;
+    assert!(marked.is_ok(), "{marked:?}");
+    // Deleted at once, the pods still stop one by one: each primary's preStop wait holds it until
+    // a replica (a replacement that synced from it, if need be) took over, so nothing is lost.
+    let written = write_every_shard(&s).await;
+    let restarted = delete_every_pod(&s).await;
+    let recovered = whole_again(&s, restarted).await;
+    every_shard_writable(&s, &written);
+    let (acked, lost) = read_back(&s, &written);
+    assert_eq!(lost, 0, "{lost} of {acked} acknowledged writes lost");
+    let events = s.events().await.unwrap();
+    assert!(!events.contains("ClusterDataLost"), "{events}");
+    println!(
+        "every pod deleted at once, no persistence: whole again after {recovered:?}; {acked} acknowledged before, 0 lost"
+    );
+    faults::record(
+        &Outcome::new(module_path!(), "cluster mode, no persistence: every pod deleted at once, new pod IPs")
+            .writes(acked, lost)
+            .recovery(recovered)
+            .note(
+                "recovery: the deletes → every pod Ready and labelled, every node cluster_state:ok listing no old address; each primary handed over to a synced replica (a replacement, if need be) before it stopped",
+            ),
+    );
+    // Nothing runs when the pods come back: nothing can survive, and the agents say so.
+    let written = write_every_shard(&s).await;
+    let restarted = restart_everything(&s).await;
+    let recovered = whole_again(&s, restarted).await;
+    every_shard_writable(&s, &written);
+    let (acked, lost) = read_back(&s, &written);
+    assert_eq!(
+        lost, acked,
+        "nothing could have survived: {lost} of {acked} lost"
+    );
+    let events = s.events().await.unwrap();
+    assert!(
+        events.contains("ClusterDataLost"),
+        "the agents did not say that the data is gone:\n{events}"
+    );
+    assert!(
+        formed_marker(&s).await.is_some(),
+        "the marker outlived the restart"
+    );
+    println!(
+        "scaled to 0 and back, no persistence: a fresh cluster after {recovered:?}; {acked} acknowledged before, all lost"
+    );
+    faults::record(
+        &Outcome::new(module_path!(), "cluster mode, no persistence: scaled to 0 and back, new pod IPs")
+            .writes(acked, lost)
+            .recovery(recovered)
+            .note(
+                "recovery: the restart → a fresh cluster formed by the agents, every pod Ready and labelled, every node cluster_state:ok; all data lost by design (no persistence), said by a ClusterDataLost Event",
+            ),
+    );
+}
