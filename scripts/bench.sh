@@ -19,7 +19,7 @@ export HELM_BIN="$(scripts/helm-bin.sh)"
 cargo build --release --locked --bin valkey-sidecar -p valkey-sidecar
 cargo build --release --locked -p valkey-sidecar-testkit --bin bench
 # The chaos tests, built before anything is timed.
-chaos=(k8s_node_faults k8s_split_brain k8s_disruption k8s_replication k8s_replication_coordinator k8s_coordinator k8s_chart k8s_labels)
+chaos=(k8s_node_faults k8s_split_brain k8s_disruption k8s_replication k8s_replication_coordinator k8s_coordinator k8s_chart k8s_labels k8s_full_restart)
 cargo test --locked -p valkey-sidecar --no-run "${chaos[@]/#/--test=}"
 export VALKEY_SIDECAR_BIN="$PWD/target/release/valkey-sidecar"
 export BENCH_PLOTS_DIR="$PWD/docs/plots"

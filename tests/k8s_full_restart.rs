@@ -20,11 +20,31 @@ use valkey_sidecar_testkit::k8s::{Stage, StageOptions, poll_until};
 
 const SECOND: Duration = Duration::from_secs(1);
 const SHARDS: usize = 3;
-const PODS: usize = 6;
+
+/// Every pod's name.
+fn every_pod(s: &Stage) -> Vec<String> {
+    (0..s.shape().0)
+        .flat_map(|i| s.shard_pods(i).to_vec())
+        .collect()
+}
+
+/// Cluster mode (else replication mode).
+fn is_cluster(s: &Stage) -> bool {
+    every_pod(s)
+        .iter()
+        .any(|p| s.cmd(p, &["CLUSTER", "INFO"]).is_ok())
+}
 
 /// A writer on every shard for a couple of seconds: (tag, what it acknowledged) per shard.
 async fn write_every_shard(s: &Stage) -> Vec<(String, Written)> {
-    let writers: Vec<_> = (0..SHARDS).map(|i| s.shard_writer(i).unwrap()).collect();
+    let writers: Vec<_> = if is_cluster(s) {
+        (0..s.shape().0)
+            .map(|i| s.shard_writer(i).unwrap())
+            .collect()
+    } else {
+        let addrs = every_pod(s).iter().map(|p| s.valkey(p).unwrap()).collect();
+        vec![s.writer(addrs, "w")]
+    };
     tokio::time::sleep(2 * SECOND).await;
     writers
         .into_iter()
@@ -36,7 +56,7 @@ async fn write_every_shard(s: &Stage) -> Vec<(String, Written)> {
 /// and waits until the StatefulSet's replacements are Ready: (the old pod IPs, when the deletes
 /// went out).
 async fn delete_every_pod(s: &Stage) -> (Vec<String>, Instant) {
-    let names: Vec<String> = (0..SHARDS).flat_map(|i| s.shard_pods(i).to_vec()).collect();
+    let names = every_pod(s);
     let before: Vec<String> = names
         .iter()
         .map(|p| s.valkey(p).unwrap().ip().to_string())
@@ -83,7 +103,7 @@ async fn delete_every_pod(s: &Stage) -> (Vec<String>, Instant) {
 /// or every node replaced: nothing of the old cluster is running when the pods come back); waits
 /// until they are Ready: (the old pod IPs, when the scale-down went out).
 async fn restart_everything(s: &Stage) -> (Vec<String>, Instant) {
-    let names: Vec<String> = (0..SHARDS).flat_map(|i| s.shard_pods(i).to_vec()).collect();
+    let names = every_pod(s);
     let before: Vec<String> = names
         .iter()
         .map(|p| s.valkey(p).unwrap().ip().to_string())
@@ -92,7 +112,7 @@ async fn restart_everything(s: &Stage) -> (Vec<String>, Instant) {
     let scale = |n: i32| {
         let sets = sets.clone();
         async move {
-            for i in 0..SHARDS {
+            for i in 0..s.shape().0 {
                 let patch = serde_json::json!({ "spec": { "replicas": n } });
                 sets.patch(
                     &format!("valkey-{i}"),
@@ -111,7 +131,7 @@ async fn restart_everything(s: &Stage) -> (Vec<String>, Instant) {
     })
     .await;
     assert!(empty.is_ok(), "{empty:?}\n{}", s.describe().await);
-    scale(2).await;
+    scale(i32::try_from(s.shape().1).unwrap()).await;
     for p in &names {
         s.kubelet
             .wait_ready(&s.namespace, p, 180 * SECOND)
@@ -123,7 +143,7 @@ async fn restart_everything(s: &Stage) -> (Vec<String>, Instant) {
 
 /// Every node says `cluster_state:ok` and lists no peer at an address that is no pod's any more.
 async fn healed(s: &Stage, old: &[String], within: Duration) {
-    let names: Vec<String> = (0..SHARDS).flat_map(|i| s.shard_pods(i).to_vec()).collect();
+    let names = every_pod(s);
     let ok = poll_until(
         "every node ok, no old address",
         within,
@@ -184,8 +204,13 @@ fn read_back(s: &Stage, written: &[(String, Written)]) -> (usize, usize) {
 /// The cluster whole again after a full restart: pods Ready and labelled, every node ok with no
 /// old address; how long that took from `at`.
 async fn whole_again(s: &Stage, (old, at): (Vec<String>, Instant)) -> Duration {
-    s.wait_settled(PODS, SHARDS, 120 * SECOND).await.unwrap();
-    healed(s, &old, 120 * SECOND).await;
+    let (shards, members) = s.shape();
+    s.wait_settled(shards * members, shards, 120 * SECOND)
+        .await
+        .unwrap();
+    if is_cluster(s) {
+        healed(s, &old, 120 * SECOND).await;
+    }
     at.elapsed()
 }
 
@@ -299,5 +324,81 @@ async fn without_persistence_pods_deleted_at_once_keep_the_data_and_a_full_resta
             .note(
                 "recovery: the restart → a fresh cluster formed by the agents, every pod Ready and labelled, every node cluster_state:ok; all data lost by design (no persistence), said by a ClusterDataLost Event",
             ),
+    );
+}
+
+/// The shard record's (holder, epoch).
+async fn record(s: &Stage) -> (Option<String>, u64) {
+    let leases: Api<Lease> = Api::namespaced(s.plane.client(), &s.namespace);
+    let lease = leases.get("valkey-0-primary").await.unwrap();
+    let epoch = lease.metadata.annotations.unwrap_or_default()["valkey.io/epoch"]
+        .parse()
+        .unwrap();
+    (lease.spec.unwrap().holder_identity, epoch)
+}
+
+/// Replication mode, one shard of 3 pods scaled to 0 and back: the record's epoch carries on
+/// (the next primary takes it one up, holding it under its new pod), and the writes acknowledged
+/// before come back with persistence; without it every member is empty and an Event says so.
+async fn replication_restart(persistent: bool) -> (usize, usize, Duration, String) {
+    let name = if persistent {
+        "full-restart-repl-pv"
+    } else {
+        "full-restart-repl"
+    };
+    let o = StageOptions::replication(name, 2);
+    let s = Stage::start(if persistent { o.persistent() } else { o })
+        .await
+        .unwrap();
+    s.wait_settled(3, 1, 60 * SECOND).await.unwrap();
+    let (_, epoch) = record(&s).await;
+    let written = write_every_shard(&s).await;
+    let restarted = restart_everything(&s).await;
+    let recovered = whole_again(&s, restarted).await;
+    every_shard_writable(&s, &written);
+    let (acked, lost) = read_back(&s, &written);
+    let (holder, now) = record(&s).await;
+    let (primary, _) = s.primary_and_replicas(0).unwrap();
+    assert_eq!(
+        holder.as_deref(),
+        Some(primary.as_str()),
+        "the record names the primary"
+    );
+    assert!(now > epoch, "the epoch went on from {epoch}: {now}");
+    println!(
+        "replication, persistent {persistent}: whole again after {recovered:?}; {acked} acknowledged, {lost} lost; epoch {epoch} → {now}"
+    );
+    (acked, lost, recovered, s.events().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replication_mode_with_persistence_a_full_restart_keeps_the_data_and_the_epoch_goes_on() {
+    let (acked, lost, recovered, events) = replication_restart(true).await;
+    assert_eq!(lost, 0, "{lost} of {acked} acknowledged writes lost");
+    assert!(!events.contains("ShardDataLost"), "{events}");
+    faults::record(
+        &Outcome::new(module_path!(), "replication mode, persistence: scaled to 0 and back, new pod IPs")
+            .writes(acked, lost)
+            .recovery(recovered)
+            .note("recovery: the restart → 3 pods Ready, one labelled primary and holding the record one epoch up, writable; writes acknowledged before the clean shutdown, read back after"),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replication_mode_without_persistence_a_full_restart_says_the_data_is_gone() {
+    let (acked, lost, recovered, events) = replication_restart(false).await;
+    assert_eq!(
+        lost, acked,
+        "nothing could have survived: {lost} of {acked}"
+    );
+    assert!(
+        events.contains("ShardDataLost"),
+        "the agents did not say that the data is gone:\n{events}"
+    );
+    faults::record(
+        &Outcome::new(module_path!(), "replication mode, no persistence: scaled to 0 and back, new pod IPs")
+            .writes(acked, lost)
+            .recovery(recovered)
+            .note("recovery: the restart → 3 pods Ready, one labelled primary and holding the record one epoch up, writable; all data lost by design (no persistence), said by a ShardDataLost Event"),
     );
 }

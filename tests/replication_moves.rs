@@ -237,6 +237,7 @@ async fn a_promotion_writes_the_record_first_promotes_and_repoints_and_stops_on_
         fence: vec![POD[0].into()],
         repoint: vec![POD[0].into(), POD[2].into()],
         reason: "test".into(),
+        empty: false,
     };
 
     // The holder renewed since the decision: nothing happens.

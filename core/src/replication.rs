@@ -695,6 +695,8 @@ pub struct MemberValkey {
     pub link_up: bool,
     /// No data and never completed a sync: promoting it would replace the shard's data by nothing.
     pub fresh: bool,
+    /// Keys in its dataset.
+    pub keys: u64,
 }
 
 /// Everything the coordinator looks at to decide on a failover of one shard.
@@ -746,6 +748,9 @@ pub struct Promotion {
     pub fence: Vec<String>,
     pub repoint: Vec<String>,
     pub reason: String,
+    /// No member that answered holds a key: whatever the shard held is gone (every member came
+    /// back without its data, e.g. a full restart without persistence). Said in an Event.
+    pub empty: bool,
 }
 
 impl Promotion {
@@ -883,7 +888,10 @@ fn promotion(
     reason: String,
 ) -> Promotion {
     let others = || view.members.iter().filter(|m| m.pod != best.pod);
+    let answering = view.members.iter().filter_map(|m| m.valkey.as_ref());
+    let empty = answering.map(|v| v.keys).sum::<u64>() == 0;
     Promotion {
+        empty,
         target: best.pod.clone(),
         epoch,
         version: record.version.clone(),

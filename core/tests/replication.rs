@@ -608,6 +608,7 @@ fn member(pod: &str, role: Role, offset: u64, zone: &str) -> ShardMember {
             offset,
             link_up: role == Role::Replica,
             fresh: false,
+            keys: 10,
         }),
         zone: Some(zone.into()),
         terminating: false,
@@ -653,6 +654,22 @@ fn promotes_the_highest_offset_once_the_lease_ran_out() {
         }
     );
     assert!(p.reason.contains("did not renew"), "{}", p.reason);
+    assert!(!p.empty, "the members hold keys");
+}
+
+#[test]
+fn a_promotion_among_members_that_all_came_back_without_keys_says_the_data_is_gone() {
+    let mut view = shard(15_000);
+    for m in &mut view.members {
+        if let Some(v) = m.valkey.as_mut() {
+            v.keys = 0;
+        }
+    }
+    let p = promote(&view, &FailoverPolicy::default()).unwrap();
+    assert!(p.empty, "{p:?}");
+    // One member with a key is enough to say nothing.
+    view.members[1].valkey.as_mut().unwrap().keys = 1;
+    assert!(!promote(&view, &FailoverPolicy::default()).unwrap().empty);
 }
 
 /// The holder's own lease, when longer, is what the record is judged by (a rolling change of
@@ -1079,6 +1096,7 @@ fn member_strategy() -> impl Strategy<Value = ShardMember> {
             offset,
             link_up,
             fresh,
+            keys: if fresh { 0 } else { offset },
         });
     (
         pod(),

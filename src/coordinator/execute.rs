@@ -677,6 +677,7 @@ mod tests {
             fence: Vec::new(),
             repoint: Vec::new(),
             reason: "test".into(),
+            empty: false,
         }
     }
 

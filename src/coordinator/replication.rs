@@ -537,6 +537,14 @@ impl Coordinator {
             "FailoverStarted",
             note,
         );
+        if p.empty {
+            let note = format!(
+                "no member of shard {shard} holds a key as {} becomes primary at epoch {}: whatever the shard held is gone (every member came back without its data: no persistence, or its volumes were lost)",
+                p.target, p.epoch
+            );
+            tracing::error!(shard, "{note}");
+            self.event(reference.clone(), EventType::Warning, "ShardDataLost", note);
+        }
         Move {
             shard: shard.to_owned(),
             to: p.target.clone(),
@@ -589,6 +597,7 @@ mod tests {
             offset: 10,
             link_up: false,
             fresh: false,
+            keys: 10,
         }
     }
 

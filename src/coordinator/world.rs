@@ -145,6 +145,7 @@ pub fn member_valkey(obs: &Observation) -> MemberValkey {
         offset,
         link_up,
         fresh: obs.unsynced(),
+        keys: obs.keys,
     }
 }
 
@@ -317,6 +318,7 @@ mod tests {
             offset,
             link_up,
             fresh: false,
+            keys: offset,
         }
     }
 

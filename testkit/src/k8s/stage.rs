@@ -483,6 +483,11 @@ impl Stage {
         Ok(value.map(|v| v.trim().parse()).transpose()?.unwrap_or(0))
     }
 
+    /// How many shards the stage has, and how many pods each.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.pods.len() / self.members.max(1), self.members)
+    }
+
     /// The pods of shard `shard` by name (whether or not they exist now).
     pub fn shard_pods(&self, shard: usize) -> &[String] {
         let start = (shard * self.members).min(self.pods.len());
