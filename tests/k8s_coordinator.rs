@@ -712,8 +712,29 @@ async fn a_node_with_two_primaries_is_rebalanced() {
 /// writes acknowledged in the last moments before the kill, which the replica had not received.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_primary_is_failed_over_at_once_and_its_empty_restart_rejoins_as_a_replica() {
+    let o = StageOptions::cluster("coord-crash", 3, 1);
+    crashed_primary(
+        o,
+        "cluster: primary's Valkey killed, restarted at once (no persistence)",
+    )
+    .await;
+}
+
+/// The same with persistence: the restarted node loads its append-only file, which lacks the last
+/// writes its replica has; held until the failover, it too rejoins as a replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_persistence_a_crashed_primary_is_failed_over_and_its_restart_rejoins_as_a_replica() {
+    let o = StageOptions::cluster("coord-crash-pv", 3, 1).persistent();
+    crashed_primary(
+        o,
+        "cluster: primary's Valkey killed, restarted at once (persistence)",
+    )
+    .await;
+}
+
+async fn crashed_primary(o: StageOptions, scenario: &str) {
     const TAIL: Duration = Duration::from_millis(500);
-    let (s, _) = coordinated_stage("coord-crash", &[("SIDECAR_BALANCE", "false")]).await;
+    let (s, _) = coordinated(o, &[("SIDECAR_BALANCE", "false")]).await;
     let (old, _) = s.primary_and_replica(0).unwrap();
     let writer = s.shard_writer(0).unwrap();
     let tag = writer.tag.clone();
@@ -764,7 +785,7 @@ async fn a_crashed_primary_is_failed_over_at_once_and_its_empty_restart_rejoins_
         lost.len()
     );
     faults::record(
-        &Outcome::new(module_path!(), "cluster: primary's Valkey killed, restarted at once (no persistence)")
+        &Outcome::new(module_path!(), scenario)
             .writes(w.acked.len(), lost.len())
             .recovery(writable)
             .note(format!(

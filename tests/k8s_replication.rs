@@ -183,6 +183,24 @@ fn addrs(s: &Stage) -> Vec<std::net::SocketAddr> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_primary_is_replaced_and_rejoins_as_a_replica() {
     let s = replication_stage("repl-kill", &[]).await;
+    killed_primary(s, "primary's Valkey killed (agent alive)").await;
+}
+
+/// The same with persistence: the restarted run loads its append-only file, which lacks the last
+/// writes its replicas have; it must not serve as the primary either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_persistence_a_killed_primary_is_replaced_and_rejoins_as_a_replica() {
+    let o = StageOptions::replication("repl-kill-pv", 2).persistent();
+    let s = Stage::start(o).await.unwrap();
+    killed_primary(
+        s,
+        "primary's Valkey killed (agent alive), restarted at once with persistence",
+    )
+    .await;
+}
+
+/// The primary's Valkey killed; the kubelet restarts the container at once.
+async fn killed_primary(s: Stage, scenario: &str) {
     bootstrapped(&s).await;
     let writer = s.writer(addrs(&s), "w");
     tokio::time::sleep(SECOND).await;
@@ -220,7 +238,7 @@ async fn a_killed_primary_is_replaced_and_rejoins_as_a_replica() {
     // none earlier (a resync from the empty run would have wiped them all).
     w.only_tail_lost(&lost, killed, TAIL).unwrap();
     faults::record(
-        &Outcome::new(module_path!(), "primary's Valkey killed (agent alive)")
+        &Outcome::new(module_path!(), scenario)
             .writes(w.acked.len(), missing)
             .recovery(took)
             .note(format!(
@@ -229,7 +247,7 @@ async fn a_killed_primary_is_replaced_and_rejoins_as_a_replica() {
             )),
     );
     println!(
-        "primary Valkey killed (agent alive): {promoted} writable and labelled primary after {took:?}; writer: {} acknowledged, {missing} lost (async replication), longest pause {:?}; record {:?}",
+        "{scenario}: {promoted} writable and labelled primary after {took:?}; writer: {} acknowledged, {missing} lost (async replication), longest pause {:?}; record {:?}",
         w.acked.len(),
         w.longest_pause,
         record(&s, "0").await
