@@ -101,6 +101,8 @@ pub enum Step {
 pub struct Formation {
     pub steps: Vec<Step>,
     pub reason: String,
+    /// Some pod did not answer this round: what it lists (its own address, say) is unseen.
+    pub silent: bool,
 }
 
 impl Formation {
@@ -108,6 +110,7 @@ impl Formation {
         Formation {
             steps: Vec::new(),
             reason: reason.into(),
+            silent: false,
         }
     }
 }
@@ -115,7 +118,14 @@ impl Formation {
 /// Decides the formation steps for this round (none: formed, or waiting — the reason says which).
 pub fn plan(view: &FormationView) -> Formation {
     if let Some(why) = not_ready(view) {
-        return Formation::wait(why);
+        let silent = view
+            .seats
+            .iter()
+            .any(|s| s.node.is_none() || s.addr.is_none());
+        return Formation {
+            silent,
+            ..Formation::wait(why)
+        };
     }
     let nodes: Vec<(&Seat, &ClusterNode)> = view
         .seats
@@ -204,6 +214,7 @@ fn fresh(view: &FormationView, nodes: &[(&Seat, &ClusterNode)]) -> Formation {
             primaries.len(),
             nodes.len()
         ),
+        silent: false,
     }
 }
 
@@ -270,7 +281,11 @@ fn grow(nodes: &[(&Seat, &ClusterNode)]) -> Formation {
         ),
     };
     steps.extend(moved);
-    Formation { steps, reason }
+    Formation {
+        steps,
+        reason,
+        silent: false,
+    }
 }
 
 /// At most this many `CLUSTER MEET`s between nodes other than the anchor per round: after a full

@@ -130,6 +130,9 @@ fn waits_rather_than_forming_from_a_partial_view() {
     silent.seats[3].node = None;
     let f = plan(&silent);
     assert!(f.steps.is_empty() && f.reason.contains("v-1-1"), "{f:?}");
+    // A silent pod is worth another round: its view is unseen.
+    assert!(f.silent, "{f:?}");
+    assert!(!plan(&missing_primary).silent);
 
     let mut unlabelled = deployment(1, 1);
     unlabelled.seats[1].index = None;

@@ -2,9 +2,10 @@
 //! deployment's pods and brings pods that come back empty into it again. The decisions are
 //! `core::formation::plan`; this module observes every pod's Valkey and sends the steps.
 //!
-//! It runs only while the local node's `CLUSTER SHARDS` misses one of the pods (by IP, among the
-//! nodes not marked failed) — a formed, whole cluster costs nothing beyond that comparison — and at
-//! most once a second, which leaves gossip time to spread a `CLUSTER MEET` between rounds.
+//! It runs while the local node's `CLUSTER SHARDS` misses one of the pods (by IP, among the nodes
+//! not marked failed), after a round that sent steps or met a silent pod, and otherwise every
+//! [`RECHECK_MS`] (other nodes' own views show only in theirs) — at most once a second, which leaves
+//! gossip time to spread a `CLUSTER MEET` between rounds.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -25,6 +26,9 @@ use crate::valkey::{Connector, Session, observe};
 
 /// Between two formation rounds: a `CLUSTER MEET` needs a gossip round or two to spread.
 pub const PERIOD_MS: u64 = 1_000;
+
+/// A formation round runs at least this often while leading, whatever the leader's own view says.
+pub const RECHECK_MS: u64 = 30_000;
 
 /// How long one pod's observation may take in a formation round.
 const OBSERVE_TIMEOUT: Duration = Duration::from_millis(500);
@@ -53,8 +57,9 @@ pub fn incomplete(local: &[Shard], pods: &[Arc<Pod>]) -> bool {
 
 impl Coordinator {
     /// One formation round: observe every pod, plan, send the steps in order. Whether it sent
-    /// any: the next round then runs even if the local view looks whole, since other nodes'
-    /// views (an old address, say) show only in theirs.
+    /// any or a pod did not answer: the next round then runs even if the local view looks whole,
+    /// since other nodes' views (a node naming itself by its old address, say) show only in
+    /// theirs.
     pub(super) async fn formation_round(
         &self,
         shards: u32,
@@ -65,7 +70,7 @@ impl Coordinator {
         let f = plan(&FormationView { shards, seats });
         if f.steps.is_empty() {
             tracing::debug!(reason = %f.reason, at = now.0, "formation");
-            return false;
+            return f.silent;
         }
         tracing::info!(reason = %f.reason, steps = f.steps.len(), "forming the cluster");
         if f.steps

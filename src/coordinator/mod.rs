@@ -428,7 +428,8 @@ impl Coordinator {
     }
 
     /// With `SIDECAR_CLUSTER_SHARDS`: a formation round when the local node's view of the cluster
-    /// misses a pod or the last round sent steps, at most every [`formation::PERIOD_MS`].
+    /// misses a pod or the last round sent steps or met a silent pod, at most every
+    /// [`formation::PERIOD_MS`], and at least every [`formation::RECHECK_MS`].
     async fn form_if_incomplete(&self, pods: &Store<Pod>, memory: &mut Memory) {
         let Some(shards) = self.formation_shards else {
             return;
@@ -443,7 +444,12 @@ impl Coordinator {
             self.formed.set_if_unset(&wall_clock());
         }
         let incomplete = local.is_some_and(|local| formation::incomplete(&local, &pods));
-        if due && (incomplete || memory.forming) {
+        // Now and then a round anyway: what only another node's own view shows (a node naming
+        // itself by an old address) leaves the leader's view whole.
+        let anyway = memory
+            .formed_at
+            .is_none_or(|at| now.since(at) >= formation::RECHECK_MS);
+        if due && (incomplete || memory.forming || anyway) {
             memory.formed_at = Some(now);
             memory.forming = self.formation_round(shards, &pods, now).await;
         }
