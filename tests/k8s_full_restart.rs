@@ -52,15 +52,17 @@ async fn write_every_shard(s: &Stage) -> Vec<(String, Written)> {
         .collect()
 }
 
+/// Every pod's IP now.
+fn pod_ips(s: &Stage) -> Vec<String> {
+    let ip = |p: &String| s.valkey(p).unwrap().ip().to_string();
+    every_pod(s).iter().map(ip).collect()
+}
+
 /// Deletes every pod at once (the kubelet stops them gracefully, as a drain of every node does)
 /// and waits until the StatefulSet's replacements are Ready: (the old pod IPs, when the deletes
 /// went out).
 async fn delete_every_pod(s: &Stage) -> (Vec<String>, Instant) {
-    let names = every_pod(s);
-    let before: Vec<String> = names
-        .iter()
-        .map(|p| s.valkey(p).unwrap().ip().to_string())
-        .collect();
+    let (names, before) = (every_pod(s), pod_ips(s));
     let uids: Vec<String> = s
         .pod_objects()
         .await
@@ -103,11 +105,7 @@ async fn delete_every_pod(s: &Stage) -> (Vec<String>, Instant) {
 /// or every node replaced: nothing of the old cluster is running when the pods come back); waits
 /// until they are Ready: (the old pod IPs, when the scale-down went out).
 async fn restart_everything(s: &Stage) -> (Vec<String>, Instant) {
-    let names = every_pod(s);
-    let before: Vec<String> = names
-        .iter()
-        .map(|p| s.valkey(p).unwrap().ip().to_string())
-        .collect();
+    let (names, before) = (every_pod(s), pod_ips(s));
     let sets: Api<StatefulSet> = Api::namespaced(s.plane.client(), &s.namespace);
     let scale = |n: i32| {
         let sets = sets.clone();

@@ -40,19 +40,19 @@ fn deployment(shards: u32, replicas: u32) -> FormationView {
     }
 }
 
+/// Node id → its pod's address now.
+fn current_addrs(v: &FormationView) -> BTreeMap<String, String> {
+    let id = |s: &Seat| s.node.as_ref().unwrap().id.clone();
+    v.seats
+        .iter()
+        .map(|s| (id(s), s.addr.clone().unwrap().0))
+        .collect()
+}
+
 /// Everyone knows everyone; node-index 0 pods own slots, the others replicate them.
 fn formed(shards: u32, replicas: u32) -> FormationView {
     let mut v = deployment(shards, replicas);
-    let addrs: BTreeMap<String, String> = v
-        .seats
-        .iter()
-        .map(|s| {
-            (
-                s.node.as_ref().unwrap().id.clone(),
-                s.addr.clone().unwrap().0,
-            )
-        })
-        .collect();
+    let addrs = current_addrs(&v);
     let all: BTreeSet<String> = addrs.keys().cloned().collect();
     for s in &mut v.seats {
         let primary = format!("n{}0", s.shard.unwrap());
@@ -302,16 +302,7 @@ fn after_a_full_restart_every_node_is_met_again_at_its_new_address() {
 #[test]
 fn a_node_that_lists_only_itself_at_an_old_address_is_met_by_the_anchor_or_the_anchor_by_another() {
     let mut v = restarted(formed(2, 1));
-    let current: BTreeMap<String, String> = v
-        .seats
-        .iter()
-        .map(|s| {
-            (
-                s.node.as_ref().unwrap().id.clone(),
-                s.addr.clone().unwrap().0,
-            )
-        })
-        .collect();
+    let current = current_addrs(&v);
     for s in &mut v.seats {
         s.node.as_mut().unwrap().addrs = current.clone();
     }
