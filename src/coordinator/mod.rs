@@ -441,7 +441,7 @@ impl Coordinator {
         let pods = pods.state();
         let local = self.shards(now);
         if local.iter().flatten().any(|s| !s.slots.is_empty()) {
-            self.formed.set_if_unset(&wall_clock());
+            self.formed.set_if_unset(wall_clock);
         }
         let incomplete = local.is_some_and(|local| formation::incomplete(&local, &pods));
         // Now and then a round anyway: what only another node's own view shows (a node naming

@@ -64,18 +64,19 @@ impl FormedMarker {
             .clone()
     }
 
-    /// Keeps `value` unless a value is known already (the first formation's time stays).
-    pub fn set_if_unset(&self, value: &str) {
+    /// Keeps `value()` unless a value is known already (the first formation's time stays);
+    /// `value` runs only then.
+    pub fn set_if_unset(&self, value: impl FnOnce() -> String) {
         let mut known = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         if known.is_none() {
-            *known = Some(value.to_owned());
+            *known = Some(value());
         }
     }
 
     fn learn(&self, lease: &Lease) {
         let annotations = lease.metadata.annotations.as_ref();
         if let Some(v) = annotations.and_then(|a| a.get(Self::ANNOTATION)) {
-            self.set_if_unset(v);
+            self.set_if_unset(|| v.clone());
         }
     }
 }
