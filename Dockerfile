@@ -2,9 +2,9 @@
 # Verified without a Docker engine by tests/image.rs (`cargo test --test image`): it parses this file
 # (build and final stage, the build base pinned by digest, the one COPY of the binary, numeric
 # non-root USER, exec-form ENTRYPOINT),
-# checks that the cargo build below has the same arguments as scripts/static-build.sh's, builds the
-# binary with that script, checks it is a static ELF (no loader, no shared library), runs it alone
-# in an empty root as this USER through this ENTRYPOINT, and holds the image estimate to 10 MiB.
+# checks that the cargo build below is scripts/static-build.sh's, builds the binary with that
+# script, runs it alone in an empty root (no loader, no shared library: so it is static) as this USER
+# through this ENTRYPOINT, and holds the image estimate to 10 MiB.
 # No CC variable is needed: the cc crate finds musl-tools' x86_64-linux-musl-gcc for ring by itself.
 # The builder is pinned by digest (the tag moves); refresh with
 # `docker buildx imagetools inspect rust:1.95-bookworm` when moving to a newer Rust.

@@ -18,7 +18,7 @@ VALKEY_TESTKIT_K8S_BIN_DIR="$(scripts/k8s-bins.sh)"
 VALKEY_SERVER="$(scripts/valkey-bin.sh)"
 export VALKEY_TESTKIT_K8S_BIN_DIR VALKEY_SERVER
 cargo build --bin valkey-sidecar -p valkey-sidecar
-cargo build --bin demo -p valkey-sidecar-testkit
+cargo build --bin demo -p valkey-sidecar-bench
 target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
 export VALKEY_SIDECAR_BIN="$target_dir/debug/valkey-sidecar"
 exec "$target_dir/debug/demo" "$@"

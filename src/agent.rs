@@ -19,6 +19,7 @@ use crate::clock::Clock;
 use crate::config::{Config, CoordinatorConfig, KubeConfig};
 use crate::coordinator::Coordinator;
 use crate::http::{self, App};
+use crate::keeper::{Keeper, RecordSeed};
 use crate::kube::labeler::Labeler;
 use crate::kube::lease::{self, FormedMarker, Leadership, LeaseClient, StatusAnnotations};
 use crate::kube::owner::{Anchor, LeaseOwner};
@@ -26,7 +27,6 @@ use crate::kube::{FIELD_MANAGER, KubeError};
 use crate::metrics::Metrics;
 use crate::observer::Observer;
 use crate::quorum::QuorumFence;
-use crate::replication::{Keeper, RecordSeed};
 use crate::start_guard::StartGuard;
 use crate::supervise::{RESTARTS, supervised};
 use crate::valkey::{Connector, tls};
@@ -51,8 +51,8 @@ impl StartError {
     /// Exit code: 64 for configuration the user must fix, 69 (`EX_UNAVAILABLE`) otherwise.
     pub fn exit_code(&self) -> i32 {
         match self {
-            StartError::Tls(_) | StartError::Kube(_) => crate::config::EXIT_CONFIG,
-            _ => 69,
+            StartError::Tls(_) | StartError::Kube(_) => crate::exit::CONFIG,
+            _ => crate::exit::UNAVAILABLE,
         }
     }
 }

@@ -16,7 +16,7 @@ use tokio::net::TcpStream;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::config::EXIT_CONFIG;
+use crate::exit;
 
 /// `valkey-sidecar await`.
 #[derive(Debug, Args)]
@@ -57,7 +57,7 @@ pub fn main(matches: &ArgMatches) -> i32 {
             "valkey-sidecar await: --url {:?} is not http://HOST:PORT/PATH",
             args.url
         );
-        return EXIT_CONFIG;
+        return exit::CONFIG;
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -76,7 +76,7 @@ pub fn main(matches: &ArgMatches) -> i32 {
 /// Replaces this process with the command; returns only on failure.
 fn become_command(command: &[OsString]) -> i32 {
     let Some((program, rest)) = command.split_first() else {
-        return EXIT_CONFIG;
+        return exit::CONFIG;
     };
     let e = std::process::Command::new(program).args(rest).exec();
     eprintln!("valkey-sidecar await: cannot run {program:?}: {e}");
@@ -85,7 +85,7 @@ fn become_command(command: &[OsString]) -> i32 {
 
 fn usage(e: &clap::Error) -> i32 {
     let _ = e.print();
-    EXIT_CONFIG
+    exit::CONFIG
 }
 
 /// Asks until the agent says go or `limit` passes; `None` on SIGTERM.
@@ -163,7 +163,7 @@ pub fn install(matches: &ArgMatches) -> i32 {
         Err(e) => return usage(&e),
     };
     match copy_self(&args.path) {
-        Ok(()) => 0,
+        Ok(()) => exit::OK,
         Err(e) => {
             eprintln!("valkey-sidecar install: {}: {e}", args.path.display());
             73

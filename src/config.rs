@@ -17,9 +17,6 @@ use valkey_sidecar_core::observation::Mode;
 use valkey_sidecar_core::plan::Policy;
 use valkey_sidecar_core::quorum::QuorumPolicy;
 
-/// Exit code for bad configuration (`EX_USAGE` from sysexits.h).
-pub const EXIT_CONFIG: i32 = 64;
-
 /// Default port of the probe listener (kubelet probes, `/metrics`, role endpoints).
 pub const DEFAULT_PROBE_PORT: u16 = 9736;
 
@@ -737,7 +734,8 @@ fn parse_zone_map(v: &str) -> Result<std::collections::BTreeMap<String, String>,
         .collect()
 }
 
-fn parse_role_values(v: &str) -> Result<(String, String), String> {
+/// `<primary>,<replica>`: two different valid label values.
+pub(crate) fn parse_role_values(v: &str) -> Result<(String, String), String> {
     let (p, r) = v.split_once(',').ok_or("must be `<primary>,<replica>`")?;
     check_value(p).and(check_value(r)).map_err(str::to_owned)?;
     if p.is_empty() || r.is_empty() || p == r {

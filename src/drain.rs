@@ -12,15 +12,12 @@ use clap::{ArgMatches, Args, FromArgMatches};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{EvictParams, ListParams, PostParams};
-use valkey_sidecar_core::drain::{Copy, DrainView, Eviction, NodeVerdict, assess};
-use valkey_sidecar_core::observation::Role;
+use valkey_sidecar_core::drain::{DrainView, Eviction, NodeVerdict, ShardCopy, assess};
+use valkey_sidecar_core::labels::LabelPolicy;
 
+use crate::exit;
 use crate::kube::KubeError;
-
-/// The node cannot be drained now.
-pub const EXIT_NOT_NOW: i32 = 1;
-/// The API could not be asked.
-pub const EXIT_UNAVAILABLE: i32 = 69;
+use crate::kube::pods::{SHARD_INDEX_LABEL, cordoned, is_ready, node_ready};
 
 /// Tell whether a node can be drained now without a shard losing its primary or its last
 /// in-sync copy (read-only; uses KUBECONFIG or the in-cluster account).
@@ -37,6 +34,25 @@ pub struct DrainArgs {
     /// The live role label the agents keep.
     #[arg(long, default_value = "valkey.io/role")]
     pub role_label: String,
+    /// Its values, `<primary>,<replica>` (the agents' `SIDECAR_ROLE_VALUES`).
+    #[arg(long, default_value = "primary,replica", value_parser = role_values)]
+    pub role_values: (String, String),
+}
+
+fn role_values(v: &str) -> Result<(String, String), String> {
+    crate::config::parse_role_values(v)
+}
+
+impl DrainArgs {
+    /// The agents' label policy, as far as the role goes.
+    fn policy(&self) -> LabelPolicy {
+        LabelPolicy {
+            role_key: self.role_label.clone(),
+            primary_value: self.role_values.0.clone(),
+            replica_value: self.role_values.1.clone(),
+            ..LabelPolicy::default()
+        }
+    }
 }
 
 /// `valkey-sidecar drain-check`; returns the exit code.
@@ -45,7 +61,7 @@ pub fn main(matches: &ArgMatches) -> i32 {
         Ok(args) => args,
         Err(e) => {
             let _ = e.print();
-            return crate::config::EXIT_CONFIG;
+            return exit::CONFIG;
         }
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -60,7 +76,7 @@ pub fn main(matches: &ArgMatches) -> i32 {
 
 fn unavailable(e: &str) -> i32 {
     eprintln!("valkey-sidecar drain-check: {e}");
-    EXIT_UNAVAILABLE
+    exit::UNAVAILABLE
 }
 
 /// Asks the API and judges.
@@ -71,10 +87,10 @@ pub async fn check(args: &DrainArgs) -> Result<NodeVerdict, KubeError> {
         .list(&ListParams::default().labels(&args.selector))
         .await?;
     let usable = usable_nodes(&client).await;
-    let copies: Vec<Copy> = list
+    let copies: Vec<ShardCopy> = list
         .items
         .iter()
-        .filter_map(|p| copy_of(p, &args.role_label, &usable))
+        .filter_map(|p| copy_of(p, &args.policy(), &usable))
         .collect();
     let mut evictions = BTreeMap::new();
     for c in copies.iter().filter(|c| c.node == args.node) {
@@ -101,35 +117,27 @@ async fn usable_nodes(client: &kube::Client) -> Option<BTreeMap<String, bool>> {
 }
 
 fn node_usable(n: &Node) -> bool {
-    let cordoned = n
-        .spec
-        .as_ref()
-        .and_then(|s| s.unschedulable)
-        .unwrap_or(false);
-    let conditions = n.status.as_ref().and_then(|s| s.conditions.as_ref());
-    let ready =
-        conditions.is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-    ready && !cordoned
+    node_ready(n) && !cordoned(n)
 }
 
-fn copy_of(p: &Pod, role_label: &str, usable: &Option<BTreeMap<String, bool>>) -> Option<Copy> {
+fn copy_of(
+    p: &Pod,
+    policy: &LabelPolicy,
+    usable: &Option<BTreeMap<String, bool>>,
+) -> Option<ShardCopy> {
     let labels = p.metadata.labels.clone().unwrap_or_default();
     let node = p.spec.as_ref()?.node_name.clone()?;
     let shard = labels
-        .get("valkey.io/shard-index")
+        .get(SHARD_INDEX_LABEL)
         .or_else(|| labels.get("valkey.io/shard-id"))
         .cloned()
         .unwrap_or_else(|| "?".into());
-    let role = match labels.get(role_label).map(String::as_str) {
-        Some("primary" | "master") => Some(Role::Primary),
-        Some("replica" | "slave") => Some(Role::Replica),
-        _ => None,
-    };
-    Some(Copy {
+    let role = policy.role_in(&labels);
+    Some(ShardCopy {
         pod: p.metadata.name.clone()?,
         shard,
         role,
-        ready: crate::coordinator::world::is_ready(p),
+        ready: is_ready(p),
         usable_node: usable
             .as_ref()
             .is_none_or(|u| u.get(&node).copied().unwrap_or(false)),
@@ -170,5 +178,5 @@ fn report(node: &str, v: &NodeVerdict) -> i32 {
     for n in &v.notes {
         println!("  note: {n}");
     }
-    if v.now { 0 } else { EXIT_NOT_NOW }
+    if v.now { exit::OK } else { exit::NO }
 }

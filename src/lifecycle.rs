@@ -3,9 +3,6 @@
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
-/// Exit code when a second signal cuts the graceful stop short (128 + SIGINT, as shells report).
-pub const EXIT_ABORTED: i32 = 130;
-
 /// Returns a receiver that turns `true` at the first signal. A second signal exits the process.
 pub fn shutdown_on_signals() -> std::io::Result<watch::Receiver<bool>> {
     let mut term = signal(SignalKind::terminate())?;
@@ -17,7 +14,7 @@ pub fn shutdown_on_signals() -> std::io::Result<watch::Receiver<bool>> {
         let _ = tx.send(true);
         tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
         tracing::warn!("second signal: aborting");
-        std::process::exit(EXIT_ABORTED);
+        std::process::exit(crate::exit::ABORTED);
     });
     Ok(rx)
 }

@@ -1,31 +1,18 @@
-//! The `valkey-sidecar` binary: parse configuration, start logging, run the agent (or `inject`,
-//! `drain-check`, `await`, `install`).
+//! The `valkey-sidecar` binary: parse the command line, then run the agent (start logging,
+//! validate its settings) or one of the tools (`inject`, `drain-check`, `await`, `install`).
 
 use std::process::ExitCode;
 
-use clap::FromArgMatches;
-use valkey_sidecar::config::{Cli, Command, EXIT_CONFIG};
+use valkey_sidecar::cli::{self, Command};
+use valkey_sidecar::config::RawConfig;
+use valkey_sidecar::exit::{CONFIG, SOFTWARE};
 
 fn main() -> ExitCode {
-    // `inject`, `drain-check`, `await` and `install` are tools of their own, not the agent:
-    // their own arguments and exit codes.
-    let matches = match valkey_sidecar::inject::command().try_get_matches() {
-        Ok(m) => m,
-        Err(e) => return usage_error(e),
-    };
-    match matches.subcommand() {
-        Some(("inject", args)) => return exit(valkey_sidecar::inject::main(args)),
-        Some(("drain-check", args)) => return exit(valkey_sidecar::drain::main(args)),
-        Some(("await", args)) => return exit(valkey_sidecar::await_start::main(args)),
-        Some(("install", args)) => return exit(valkey_sidecar::await_start::install(args)),
-        _ => {}
-    }
-    let cli = match Cli::from_arg_matches(&matches) {
-        Ok(cli) => cli,
-        Err(e) => return usage_error(e),
-    };
-    match cli.command.unwrap_or(Command::Run) {
-        Command::Run => run(cli.agent),
+    match cli::parse() {
+        Ok(Command::Agent(raw)) => run(*raw),
+        // The tools are programs of their own: their own arguments and exit codes.
+        Ok(Command::Tool(tool, args)) => exit(tool.run(&args)),
+        Err(e) => usage_error(e),
     }
 }
 
@@ -33,18 +20,18 @@ fn main() -> ExitCode {
 fn usage_error(e: clap::Error) -> ExitCode {
     let _ = e.print();
     if e.use_stderr() {
-        exit(EXIT_CONFIG)
+        exit(CONFIG)
     } else {
         ExitCode::SUCCESS
     }
 }
 
-fn run(raw: valkey_sidecar::config::RawConfig) -> ExitCode {
+fn run(raw: RawConfig) -> ExitCode {
     let config = match raw.validate() {
         Ok(c) => c,
         Err(e) => {
             eprint!("valkey-sidecar: {e}");
-            return exit(EXIT_CONFIG);
+            return exit(CONFIG);
         }
     };
     valkey_sidecar::telemetry::init(config.log_format);
@@ -57,7 +44,7 @@ fn run(raw: valkey_sidecar::config::RawConfig) -> ExitCode {
         Ok(rt) => rt.block_on(valkey_sidecar::agent::run(config)),
         Err(e) => {
             eprintln!("valkey-sidecar: cannot start the runtime: {e}");
-            return exit(70);
+            return exit(SOFTWARE);
         }
     };
     match result {

@@ -51,6 +51,13 @@ struct HttpLabel {
     code: u16,
 }
 
+/// Registers each `field => name: help;` row of the table with the registry.
+macro_rules! table {
+    ($m:ident { $($field:ident => $name:literal : $help:literal;)* }) => {
+        $( $m.registry.register($name, $help, $m.$field.clone()); )*
+    };
+}
+
 /// Every metric the agent exports.
 pub struct Metrics {
     registry: Registry,
@@ -123,134 +130,36 @@ impl Metrics {
         m
     }
 
+    /// Every metric with its name (after the `valkey_sidecar_` prefix) and help, one row each.
     fn register(&mut self) {
-        let r = &mut self.registry;
-        r.register(
-            "keeper_actions",
-            "What the agent did about its own Valkey: renew, fence, release, … (replication mode); quorum_fence, quorum_lift (cluster mode)",
-            self.keeper_actions.clone(),
-        );
-        r.register(
-            "formation_steps",
-            "Cluster mode: commands the coordinator sent to form the cluster or re-add a node, by kind and result",
-            self.formation_steps.clone(),
-        );
-        r.register(
-            "task_panics",
-            "Panics of the agent's tasks, by task (each started afresh after a back-off)",
-            self.task_panics.clone(),
-        );
-        r.register(
-            "watch_errors",
-            "Kubernetes watch errors, by watch (each re-established with backoff)",
-            self.watch_errors.clone(),
-        );
-        r.register(
-            "shard_record_calls",
-            "Replication mode: reads and writes of the shard's primary record, by result",
-            self.shard_record_calls.clone(),
-        );
-        r.register(
-            "role",
-            "1 for the role Valkey has now (primary, replica, unknown)",
-            self.role.clone(),
-        );
-        r.register(
-            "repl_offset_bytes",
-            "Valkey's master_repl_offset",
-            self.repl_offset.clone(),
-        );
-        r.register(
-            "replica_lag_bytes",
-            "Bytes this replica is behind its primary (-1 unknown)",
-            self.lag_bytes.clone(),
-        );
-        r.register(
-            "valkey_up",
-            "1 while the latest observation is fresh",
-            self.valkey_up.clone(),
-        );
-        r.register("ready", "1 while /readyz passes", self.ready.clone());
-        r.register(
-            "observation_errors",
-            "Ticks that got no usable answer, by kind",
-            self.observation_errors.clone(),
-        );
-        r.register(
-            "observations",
-            "Ticks of the observation loop",
-            self.observations.clone(),
-        );
-        r.register(
-            "observation_duration_seconds",
-            "Time one tick took",
-            self.loop_seconds.clone(),
-        );
-        r.register(
-            "http_requests",
-            "HTTP requests served, by path and status",
-            self.http_requests.clone(),
-        );
-        r.register(
-            "http_connections_closed",
-            "HTTP connections closed, by why: done, header_timeout (no request head in time), lifetime (open too long), per_source (its address held too many), evicted (the oldest, past the connection cap)",
-            self.http_connections_closed.clone(),
-        );
-        r.register(
-            "label_writes",
-            "Server-side applies of the pod labels, by result",
-            self.label_writes.clone(),
-        );
-        r.register(
-            "label_write_duration_seconds",
-            "Time one label write took",
-            self.label_write_seconds.clone(),
-        );
-        r.register(
-            "events",
-            "Kubernetes Events, by reason and result",
-            self.events.clone(),
-        );
-        r.register(
-            "zone_pushes",
-            "CONFIG SET availability-zone, by result",
-            self.zone_pushes.clone(),
-        );
-        r.register(
-            "coordinator_actions",
-            "Coordinator moves, by kind and result",
-            self.actions.clone(),
-        );
-        r.register(
-            "start_held",
-            "Cluster mode: 1 while a start of the local Valkey is held until a replica takes over its slots (valkey-sidecar await)",
-            self.start_held.clone(),
-        );
-        r.register(
-            "coordinator_leader",
-            "1 while this agent holds the coordinator Lease",
-            self.leader.clone(),
-        );
-        r.register(
-            "coordinator_last_decision_timestamp_seconds",
-            "Unix time at which this agent last started a coordinator move (0: never)",
-            self.last_decision.clone(),
-        );
-        r.register(
-            "coordinator_record_reads",
-            "Replication mode: the coordinator's reads of the shard records, by result",
-            self.coordinator_record_reads.clone(),
-        );
-        r.register(
-            "coordinator_move_duration_seconds",
-            "Time a successful coordinator move took, start to new primary",
-            self.move_seconds.clone(),
-        );
-        r.register(
-            "placement_drift",
-            "Placement facts the coordinator reports, by reason",
-            self.drift.clone(),
-        );
+        table!(self {
+            keeper_actions => "keeper_actions": "What the agent did about its own Valkey: renew, fence, release, … (replication mode); quorum_fence, quorum_lift (cluster mode)";
+            formation_steps => "formation_steps": "Cluster mode: commands the coordinator sent to form the cluster or re-add a node, by kind and result";
+            task_panics => "task_panics": "Panics of the agent's tasks, by task (each started afresh after a back-off)";
+            watch_errors => "watch_errors": "Kubernetes watch errors, by watch (each re-established with backoff)";
+            shard_record_calls => "shard_record_calls": "Replication mode: reads and writes of the shard's primary record, by result";
+            role => "role": "1 for the role Valkey has now (primary, replica, unknown)";
+            repl_offset => "repl_offset_bytes": "Valkey's master_repl_offset";
+            lag_bytes => "replica_lag_bytes": "Bytes this replica is behind its primary (-1 unknown)";
+            valkey_up => "valkey_up": "1 while the latest observation is fresh";
+            ready => "ready": "1 while /readyz passes";
+            observation_errors => "observation_errors": "Ticks that got no usable answer, by kind";
+            observations => "observations": "Ticks of the observation loop";
+            loop_seconds => "observation_duration_seconds": "Time one tick took";
+            http_requests => "http_requests": "HTTP requests served, by path and status";
+            http_connections_closed => "http_connections_closed": "HTTP connections closed, by why: done, header_timeout (no request head in time), lifetime (open too long), per_source (its address held too many), evicted (the oldest, past the connection cap)";
+            label_writes => "label_writes": "Server-side applies of the pod labels, by result";
+            label_write_seconds => "label_write_duration_seconds": "Time one label write took";
+            events => "events": "Kubernetes Events, by reason and result";
+            zone_pushes => "zone_pushes": "CONFIG SET availability-zone, by result";
+            actions => "coordinator_actions": "Coordinator moves, by kind and result";
+            start_held => "start_held": "Cluster mode: 1 while a start of the local Valkey is held until a replica takes over its slots (valkey-sidecar await)";
+            leader => "coordinator_leader": "1 while this agent holds the coordinator Lease";
+            last_decision => "coordinator_last_decision_timestamp_seconds": "Unix time at which this agent last started a coordinator move (0: never)";
+            coordinator_record_reads => "coordinator_record_reads": "Replication mode: the coordinator's reads of the shard records, by result";
+            move_seconds => "coordinator_move_duration_seconds": "Time a successful coordinator move took, start to new primary";
+            drift => "placement_drift": "Placement facts the coordinator reports, by reason";
+        });
     }
 
     /// Counts one tick and its error kind, if any.

@@ -889,3 +889,72 @@ async fn matches_inject(plane: &ControlPlane, dir: &Path, sts: &Value) {
         assert!(our_env.contains(var), "the chart's agent lacks {var}");
     }
 }
+
+const VALUES_BEGIN: &str = "<!-- values:begin -->";
+const VALUES_END: &str = "<!-- values:end -->";
+
+/// The chart manual's values table is `values.yaml`'s own `# --` comments, one row per documented
+/// key (regenerate with `UPDATE_RENDERED=1 cargo test --test chart`).
+#[test]
+fn the_values_table_is_values_yaml() {
+    let values = std::fs::read_to_string(chart_dir().join("values.yaml")).unwrap();
+    let table = values_table(&values);
+    assert!(
+        table.lines().count() > 60,
+        "values.yaml was not read: {table}"
+    );
+    let manual_path = chart_dir().join("README.md");
+    let manual = std::fs::read_to_string(&manual_path).unwrap();
+    let (before, rest) = manual
+        .split_once(VALUES_BEGIN)
+        .expect("a values:begin marker");
+    let (_, after) = rest.split_once(VALUES_END).expect("a values:end marker");
+    let regenerated = format!("{before}{VALUES_BEGIN}\n{table}{VALUES_END}{after}");
+    if std::env::var_os("UPDATE_RENDERED").is_some() {
+        std::fs::write(&manual_path, regenerated).unwrap();
+        return;
+    }
+    assert!(
+        manual == regenerated,
+        "the values table in {} is stale: regenerate with UPDATE_RENDERED=1 cargo test --test chart",
+        manual_path.display()
+    );
+}
+
+/// `| key | default | description |` for every key a `# --` comment describes; a key whose value
+/// is a block (a map or list on the following lines) shows `…` as its default.
+fn values_table(yaml: &str) -> String {
+    let mut out = String::from("| Value | Default | Description |\n|---|---|---|\n");
+    let mut path: Vec<(usize, String)> = Vec::new();
+    let mut doc: Option<String> = None;
+    for line in yaml.lines() {
+        let indent = line.len() - line.trim_start().len();
+        let text = line.trim();
+        if let Some(start) = text.strip_prefix("# --") {
+            doc = Some(start.trim().to_owned());
+        } else if let Some(more) = text.strip_prefix('#') {
+            if let Some(d) = doc.as_mut() {
+                d.push(' ');
+                d.push_str(more.trim());
+            }
+        } else if text.is_empty() || text.starts_with('-') {
+            doc = None;
+        } else if let Some((key, value)) = text.split_once(':') {
+            path.retain(|(i, _)| *i < indent);
+            path.push((indent, key.to_owned()));
+            if let Some(d) = doc.take() {
+                let full: Vec<&str> = path.iter().map(|(_, k)| k.as_str()).collect();
+                let value = match value.trim() {
+                    "" => "…".to_owned(),
+                    v => format!("`{}`", v.replace('|', "\\|")),
+                };
+                out.push_str(&format!(
+                    "| `{}` | {value} | {} |\n",
+                    full.join("."),
+                    d.replace('|', "\\|")
+                ));
+            }
+        }
+    }
+    out
+}

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use valkey_sidecar::coordinator::execute::{self, Outcome};
+use valkey_sidecar::coordinator::execute::{self, MoveOutcome};
 use valkey_sidecar::valkey::Connector;
 use valkey_sidecar_core::plan::{Action, Kind};
 use valkey_sidecar_testkit::{ServerOptions, ValkeyCluster, ValkeyServer};
@@ -58,7 +58,7 @@ async fn a_handover_waits_for_every_peer_to_know_the_target_then_fails_over() {
     let waited = t.elapsed();
     println!("with a peer that does not know the target: {out:?} after {waited:?}");
     assert!(
-        matches!(&out, Outcome::Failed(e) if e.contains("is not yet known to")),
+        matches!(&out, MoveOutcome::Failed(e) if e.contains("is not yet known to")),
         "{out:?}"
     );
     assert!(waited >= Duration::from_secs(1), "gave up after {waited:?}");
@@ -79,6 +79,6 @@ async fn a_handover_waits_for_every_peer_to_know_the_target_then_fails_over() {
     )
     .await;
     println!("with the primary and an unreachable peer: {out:?}");
-    assert!(matches!(out, Outcome::Done { .. }), "{out:?}");
+    assert!(matches!(out, MoveOutcome::Done { .. }), "{out:?}");
     assert!(replica.is_primary().unwrap());
 }

@@ -1,22 +1,16 @@
-//! The container image (`Dockerfile`), verified end to end without a Docker engine.
-//!
-//! The rules and readers are in [`valkey_sidecar_testkit::image`] (with their unit tests: every
-//! rule refuses a mutation of the real files, the ELF reader refuses a dynamic executable); this
-//! file applies them to the repository and to the binary the image would hold:
-//! - The Dockerfile against the packaging rules: a build stage whose `cargo build` is the one in
-//!   `scripts/static-build.sh`, and a final `FROM scratch` stage that copies exactly its
-//!   `target/x86_64-unknown-linux-musl/release/valkey-sidecar`, runs it as a numeric non-root
-//!   `USER` through an exec-form `ENTRYPOINT`.
-//! - The binary `scripts/static-build.sh` builds (the Dockerfile's build, slow the first time): a
-//!   static x86-64 ELF. This toolchain links the musl target as static-pie: `ET_DYN` with
-//!   `DF_1_PIE`, a `PT_DYNAMIC` for its own relocations, but no `PT_INTERP` (no loader) and no
-//!   `DT_NEEDED` (no shared library); a classic static `ET_EXEC` passes too.
-//! - That binary run in what the image holds: an otherwise empty root directory (`chroot`) with the
-//!   binary where the Dockerfile copies it, as the Dockerfile's `USER`, through its `ENTRYPOINT`,
-//!   with an empty environment: `--help`, `--version`, and exit code 64 for a bad variable.
-//! - The image size: the image is `scratch` plus one layer holding this one file, so the estimate is
-//!   the binary plus the layer's tar overhead (one 512-byte header, padding to 512 bytes, the 1 KiB
-//!   end-of-archive marker); it must stay within 10 MiB.
+//! The container image (`Dockerfile`), verified end to end without a Docker engine:
+//! - The Dockerfile: a build stage pinned by digest whose `RUN cargo build` is exactly the one in
+//!   `scripts/static-build.sh`, and a final stage that is exactly `FROM scratch`, one `COPY` of
+//!   that build's `target/x86_64-unknown-linux-musl/release/valkey-sidecar`, a numeric non-root
+//!   `USER` and an exec-form `ENTRYPOINT` naming the copied file.
+//! - The binary `scripts/static-build.sh` builds (the Dockerfile's build, slow the first time), run
+//!   in what the image holds: a root directory with nothing but the binary where the Dockerfile
+//!   copies it (`chroot`), as the Dockerfile's `USER`, through its `ENTRYPOINT`, with an empty
+//!   environment: `--help`, `--version`, and exit code 64 for a bad variable. An empty root has no
+//!   loader and no shared library, so a binary that runs there is static.
+//! - The image size: `scratch` plus one layer holding this one file, so the estimate is the binary
+//!   plus the layer's tar overhead (one 512-byte header, padding to 512 bytes, the 1 KiB
+//!   end-of-archive marker), cross-checked with a real `tar` where there is one; at most 10 MiB.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::os::unix::fs::PermissionsExt;
@@ -25,13 +19,11 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use valkey_sidecar_testkit::image::{
-    Image, check_dockerfile, classify_elf, layer_tar_bytes, shell_words,
-};
-
 /// The packaging target for the image.
 const MAX_IMAGE_BYTES: u64 = 10 * 1024 * 1024;
 const MIB: f64 = 1024.0 * 1024.0;
+/// Where the build stage leaves the binary the final stage copies.
+const BUILT: &str = "/src/target/x86_64-unknown-linux-musl/release/valkey-sidecar";
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -41,28 +33,110 @@ fn read(rel: &str) -> String {
     std::fs::read_to_string(root().join(rel)).unwrap_or_else(|e| panic!("reading {rel}: {e}"))
 }
 
-/// The image the repository's Dockerfile describes; the test fails on any broken rule.
+/// What the final stage says about the image.
+struct Image {
+    /// Where the binary is copied to, and what the ENTRYPOINT runs.
+    binary: String,
+    uid: u32,
+    gid: u32,
+}
+
+/// The Dockerfile's instructions, one per entry, continuation lines joined and comments dropped.
+fn instructions(dockerfile: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    for line in dockerfile.lines().map(str::trim) {
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let (text, continued) = match line.strip_suffix('\\') {
+            Some(t) => (t, true),
+            None => (line, false),
+        };
+        current.push_str(text.trim());
+        current.push(' ');
+        if !continued {
+            out.push(words(&current).join(" "));
+            current.clear();
+        }
+    }
+    out
+}
+
+fn words(text: &str) -> Vec<&str> {
+    text.split_whitespace().collect()
+}
+
+/// The image the repository's Dockerfile describes; panics naming the rule it breaks.
 fn image() -> Image {
-    check_dockerfile(&read("Dockerfile"), &read("scripts/static-build.sh"))
-        .unwrap_or_else(|e| panic!("Dockerfile: {e}"))
+    let all = instructions(&read("Dockerfile"));
+    let last_from = all
+        .iter()
+        .rposition(|i| i.starts_with("FROM "))
+        .expect("a FROM");
+    let (build, last) = all.split_at(last_from);
+    let from = build.first().expect("a build stage");
+    assert!(
+        from.starts_with("FROM ") && from.contains("@sha256:") && from.ends_with(" AS build"),
+        "the build stage's base is pinned by digest and named build: {from}"
+    );
+    let cargo = format!("RUN {}", script_cargo_build());
+    assert!(
+        build.contains(&cargo),
+        "the build stage runs {cargo}: {build:?}"
+    );
+    let [scratch, copy, user, entrypoint] = last else {
+        panic!("the final stage is FROM, COPY, USER, ENTRYPOINT: {last:?}");
+    };
+    assert_eq!(scratch, "FROM scratch");
+    let binary = copy
+        .strip_prefix(&format!("COPY --from=build {BUILT} "))
+        .unwrap_or_else(|| panic!("the final stage copies the built binary alone: {copy}"));
+    assert_eq!(
+        *entrypoint,
+        format!("ENTRYPOINT [\"{binary}\"]"),
+        "exec form, the copied file"
+    );
+    let ids = user.strip_prefix("USER ").expect("USER");
+    let (uid, gid) = ids.split_once(':').unwrap_or((ids, ids));
+    let (uid, gid): (u32, u32) = (
+        uid.parse().expect("numeric uid"),
+        gid.parse().expect("numeric gid"),
+    );
+    assert!(uid != 0 && gid != 0, "not root: {user}");
+    Image {
+        binary: binary.to_owned(),
+        uid,
+        gid,
+    }
+}
+
+/// `scripts/static-build.sh`'s `cargo build`, without its redirection.
+fn script_cargo_build() -> String {
+    let script = read("scripts/static-build.sh");
+    let line = script
+        .lines()
+        .find(|l| l.starts_with("cargo build "))
+        .expect("static-build.sh runs cargo build");
+    words(line.trim_end_matches(">&2")).join(" ")
 }
 
 #[test]
 fn dockerfile_builds_a_static_binary_into_an_empty_image() {
     let image = image();
-    println!("image: cargo {}", image.cargo[1..].join(" "));
-    println!(
-        "image: binary {} run as {}{} via {:?}",
-        image.binary,
-        image.uid,
-        image.gid.map(|g| format!(":{g}")).unwrap_or_default(),
-        image.entrypoint
-    );
+    println!("image: {} run as {}:{}", image.binary, image.uid, image.gid);
     assert_eq!(
-        image.cargo,
-        shell_words(
-            "cargo build --release --locked --target x86_64-unknown-linux-musl -p valkey-sidecar --bin valkey-sidecar"
-        )
+        script_cargo_build(),
+        "cargo build --release --locked --target x86_64-unknown-linux-musl -p valkey-sidecar --bin valkey-sidecar"
+    );
+}
+
+#[test]
+fn the_dockerfile_reader_joins_lines_and_drops_comments() {
+    let text = "# c\nFROM a AS build\nRUN x \\\n && y\n\nUSER 1:2\n";
+    assert_eq!(
+        instructions(text),
+        ["FROM a AS build", "RUN x && y", "USER 1:2"]
     );
 }
 
@@ -118,17 +192,6 @@ fn finished_line(stderr: &str) -> &str {
         .trim()
 }
 
-#[test]
-fn static_binary_is_a_static_elf() {
-    let bin = static_binary();
-    let data = std::fs::read(bin).unwrap();
-    let linkage = classify_elf(&data).unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
-    println!(
-        "elf: {} is {linkage:?} (no PT_INTERP, no DT_NEEDED)",
-        bin.display()
-    );
-}
-
 // ---------------------------------------------------------------------------------------------
 // The binary alone in the image's root
 // ---------------------------------------------------------------------------------------------
@@ -163,12 +226,12 @@ fn chroot_bin() -> &'static str {
 
 /// Runs the image's ENTRYPOINT (plus `args`) as its USER in its root, with only `env`.
 fn run_image(image: &Image, rootfs: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
-    let user = format!("{}:{}", image.uid, image.gid.unwrap_or(image.uid));
+    let user = format!("{}:{}", image.uid, image.gid);
     let mut cmd = Command::new(chroot_bin());
     cmd.env_clear()
         .arg(format!("--userspec={user}"))
         .arg(rootfs)
-        .args(&image.entrypoint)
+        .arg(&image.binary)
         .args(args)
         .envs(env.iter().copied());
     cmd.output()
@@ -287,6 +350,12 @@ fn print_estimate(size: u64, layer: u64) {
         layer as f64 / MIB,
         layer - size
     );
+}
+
+/// The one layer a `COPY` of one file of `size` bytes makes: a 512-byte header, the content
+/// padded to 512 bytes, and the 1 KiB end-of-archive marker.
+fn layer_tar_bytes(size: u64) -> u64 {
+    512 + size.div_ceil(512) * 512 + 1024
 }
 
 /// Cross-checks the tar arithmetic with a real tar of the image root, when tar is at hand.

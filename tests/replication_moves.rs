@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use valkey_sidecar::clock::Clock;
-use valkey_sidecar::coordinator::execute::{self, Links, Outcome};
+use valkey_sidecar::coordinator::execute::{self, Links, MoveOutcome};
 use valkey_sidecar::kube::shard_lease::ShardLeaseClient;
 use valkey_sidecar::valkey::Connector;
 use valkey_sidecar_core::replication::{Promotion, ShardRecord, SwitchoverPlan};
@@ -171,7 +171,7 @@ async fn a_switchover_moves_record_and_primary_without_losing_a_write_faster_tha
         execute::switchover(plan, shard.links(), record, Clock::start(), || true).await
     })
     .await;
-    let Outcome::Done { took } = ours else {
+    let MoveOutcome::Done { took } = ours else {
         panic!("switchover: {ours:?}");
     };
     assert_eq!(shard.holder().await, (Some(POD[1].into()), 2));
@@ -208,7 +208,7 @@ async fn a_switchover_whose_target_cannot_catch_up_rolls_back_and_writes_resume(
     )
     .await;
     println!("rolled back after {:?}: {out:?}", t.elapsed());
-    assert!(matches!(out, Outcome::RolledBack(_)), "{out:?}");
+    assert!(matches!(out, MoveOutcome::RolledBack(_)), "{out:?}");
     assert_eq!(
         shard.holder().await,
         (Some(POD[0].into()), 1),
@@ -248,10 +248,10 @@ async fn a_promotion_writes_the_record_first_promotes_and_repoints_and_stops_on_
         shard.links(),
         &shard.record,
         5000,
-        || true,
+        (Clock::start(), || true),
     )
     .await;
-    assert!(matches!(stale, Outcome::Conflict(_)), "{stale:?}");
+    assert!(matches!(stale, MoveOutcome::Conflict(_)), "{stale:?}");
     assert!(shard.node(POD[0]).is_primary().unwrap());
     assert!(!shard.node(POD[1]).is_primary().unwrap());
 
@@ -262,10 +262,10 @@ async fn a_promotion_writes_the_record_first_promotes_and_repoints_and_stops_on_
         shard.links(),
         &shard.record,
         5000,
-        || false,
+        (Clock::start(), || false),
     )
     .await;
-    assert!(matches!(no_lease, Outcome::NoLease), "{no_lease:?}");
+    assert!(matches!(no_lease, MoveOutcome::NoLease), "{no_lease:?}");
     assert_eq!(shard.holder().await, (Some(POD[0].into()), 1));
 
     let t = Instant::now();
@@ -274,11 +274,11 @@ async fn a_promotion_writes_the_record_first_promotes_and_repoints_and_stops_on_
         shard.links(),
         &shard.record,
         5000,
-        || true,
+        (Clock::start(), || true),
     )
     .await;
     println!("promotion: {done:?} ({:?})", t.elapsed());
-    assert!(matches!(done, Outcome::Done { .. }), "{done:?}");
+    assert!(matches!(done, MoveOutcome::Done { .. }), "{done:?}");
     assert_eq!(shard.holder().await, (Some(POD[1].into()), 2));
     assert!(shard.node(POD[1]).is_primary().unwrap());
     shard.wait_led_by(POD[1]);

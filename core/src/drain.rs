@@ -17,7 +17,7 @@ pub enum Eviction {
 
 /// A pod of the deployment, on the node to drain or elsewhere.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Copy {
+pub struct ShardCopy {
     pub pod: String,
     /// The shard (`valkey.io/shard-index`, else Valkey's shard id label).
     pub shard: String,
@@ -35,7 +35,7 @@ pub struct Copy {
 pub struct DrainView {
     pub node: String,
     /// Every pod of the deployment, this node's included.
-    pub copies: Vec<Copy>,
+    pub copies: Vec<ShardCopy>,
     /// The dry-run eviction of each pod on the node.
     pub evictions: BTreeMap<String, Eviction>,
 }
@@ -70,11 +70,11 @@ pub fn assess(view: &DrainView) -> NodeVerdict {
     }
 }
 
-fn on_node(view: &DrainView) -> impl Iterator<Item = &Copy> {
+fn on_node(view: &DrainView) -> impl Iterator<Item = &ShardCopy> {
     view.copies.iter().filter(move |c| c.node == view.node)
 }
 
-fn verdict(c: &Copy, now: bool, reason: String) -> PodVerdict {
+fn verdict(c: &ShardCopy, now: bool, reason: String) -> PodVerdict {
     PodVerdict {
         pod: c.pod.clone(),
         shard: c.shard.clone(),
@@ -83,7 +83,7 @@ fn verdict(c: &Copy, now: bool, reason: String) -> PodVerdict {
     }
 }
 
-fn pod(view: &DrainView, c: &Copy) -> PodVerdict {
+fn pod(view: &DrainView, c: &ShardCopy) -> PodVerdict {
     if let Some(Eviction::Refused(why)) = view.evictions.get(&c.pod) {
         return verdict(c, false, format!("the eviction would be refused: {why}"));
     }
@@ -94,14 +94,14 @@ fn pod(view: &DrainView, c: &Copy) -> PodVerdict {
 }
 
 /// Other copies of `c`'s shard, off the node being drained.
-fn elsewhere<'a>(view: &'a DrainView, c: &'a Copy) -> impl Iterator<Item = &'a Copy> {
+fn elsewhere<'a>(view: &'a DrainView, c: &'a ShardCopy) -> impl Iterator<Item = &'a ShardCopy> {
     view.copies
         .iter()
         .filter(move |o| o.shard == c.shard && o.pod != c.pod && o.node != view.node)
 }
 
-fn primary(view: &DrainView, c: &Copy) -> PodVerdict {
-    let takes_over = |o: &&Copy| o.ready && o.usable_node && o.role == Some(Role::Replica);
+fn primary(view: &DrainView, c: &ShardCopy) -> PodVerdict {
+    let takes_over = |o: &&ShardCopy| o.ready && o.usable_node && o.role == Some(Role::Replica);
     if let Some(t) = elsewhere(view, c).find(takes_over) {
         let reason = format!(
             "the primary: hands over to {} (in sync, on {}) before it stops",
@@ -120,7 +120,7 @@ fn primary(view: &DrainView, c: &Copy) -> PodVerdict {
     verdict(c, false, reason)
 }
 
-fn same_node_peers(view: &DrainView, c: &Copy) -> bool {
+fn same_node_peers(view: &DrainView, c: &ShardCopy) -> bool {
     on_node(view).any(|o| o.shard == c.shard && o.pod != c.pod)
 }
 

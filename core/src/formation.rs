@@ -30,7 +30,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::observation::Role;
+use crate::observation::{Observation, Role};
+use crate::shards::{NodeHealth, Shard};
+use crate::time::Millis;
 
 /// Valkey Cluster's slot count.
 pub const SLOTS: u32 = 16_384;
@@ -67,6 +69,37 @@ pub struct ClusterNode {
 }
 
 impl ClusterNode {
+    /// What formation needs of a node's own observation; `None` for a node that is loading or
+    /// not in cluster mode.
+    pub fn observed(obs: &Observation) -> Option<ClusterNode> {
+        let view = obs.cluster.as_ref().filter(|c| c.enabled && !obs.loading)?;
+        let id = view.my_id.clone()?;
+        let mine = view
+            .shards
+            .iter()
+            .find(|s| s.nodes.iter().any(|n| n.id == id));
+        let primary = mine
+            .and_then(|s| {
+                s.nodes
+                    .iter()
+                    .find(|n| n.role == Role::Primary && n.id != id)
+            })
+            .map(|n| n.id.clone());
+        let owns_slots = obs.role == Role::Primary && mine.is_some_and(|s| !s.slots.is_empty());
+        let listed = || view.shards.iter().flat_map(|s| &s.nodes);
+        let knows = listed().map(|n| n.id.clone());
+        let failed = listed().filter(|n| n.health == NodeHealth::Failed);
+        Some(ClusterNode {
+            knows: knows.chain([id.clone()]).collect(),
+            failed: failed.map(|n| n.id.clone()).collect(),
+            addrs: listed().map(|n| (n.id.clone(), n.ip.clone())).collect(),
+            id,
+            role: obs.role,
+            owns_slots,
+            primary: primary.filter(|_| obs.role == Role::Replica),
+        })
+    }
+
     fn alone(&self) -> bool {
         self.knows.iter().all(|k| *k == self.id)
     }
@@ -94,6 +127,76 @@ pub enum Step {
     Replicate { pod: String, primary: String },
     /// `CLUSTER FORGET <id>` on `pod`: a failed node that is no pod any more.
     Forget { pod: String, id: String },
+}
+
+impl Step {
+    /// The step's kind, for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Step::SetEpoch { .. } => "set_config_epoch",
+            Step::AssignSlots { .. } => "addslots",
+            Step::Meet { .. } => "meet",
+            Step::Replicate { .. } => "replicate",
+            Step::Forget { .. } => "forget",
+        }
+    }
+
+    /// Why the step is sent, for logs and Events.
+    pub fn reason(&self) -> String {
+        match self {
+            Step::SetEpoch { pod, epoch } => format!(
+                "{pod} is a fresh node: a config epoch of its own ({epoch}) spares the cluster its epoch-collision resolution"
+            ),
+            Step::AssignSlots { pod, from, to } => {
+                format!(
+                    "{pod} is its shard's first pod in a fresh cluster: it serves slots {from}-{to}"
+                )
+            }
+            Step::Meet { pod, ip, port } => {
+                format!("{pod} does not know {ip}:{port}, the address of a pod of this cluster")
+            }
+            Step::Replicate { pod, primary } => {
+                format!("{pod} serves no slots and does not follow its shard's primary {primary}")
+            }
+            Step::Forget { pod, id } => {
+                format!("{pod} still lists {id}, a failed node that is no pod any more")
+            }
+        }
+    }
+}
+
+/// Between two formation rounds: a `CLUSTER MEET` needs a gossip round or two to spread.
+pub const PERIOD_MS: u64 = 1_000;
+
+/// A formation round runs at least this often while leading, whatever the leader's own view says.
+pub const RECHECK_MS: u64 = 30_000;
+
+/// Whether the local node's view of the cluster leaves formation something to do: a pod (by its
+/// IP) it does not know among the nodes not marked failed, a master that owns no slots (not yet a
+/// replica), or a node marked failed (perhaps a replaced pod's old identity, to forget).
+pub fn incomplete<'a>(local: &[Shard], pod_ips: impl IntoIterator<Item = &'a str>) -> bool {
+    let nodes = || {
+        local
+            .iter()
+            .flat_map(|s| s.nodes.iter().map(move |n| (s, n)))
+    };
+    let failed = nodes().any(|(_, n)| n.health == NodeHealth::Failed);
+    let slotless = nodes().any(|(s, n)| n.role == Role::Primary && s.slots.is_empty());
+    let known: BTreeSet<&str> = nodes()
+        .filter(|(_, n)| n.health != NodeHealth::Failed)
+        .map(|(_, n)| n.ip.as_str())
+        .collect();
+    let missing = pod_ips.into_iter().any(|ip| !known.contains(ip));
+    failed || slotless || missing
+}
+
+/// Whether the leader runs a formation round now: at most every [`PERIOD_MS`] since the last
+/// (`last`), and then if the local view is [`incomplete`], the last round sent steps or met a
+/// silent pod (`again`), or [`RECHECK_MS`] have passed — what only another node's own view shows
+/// (a node naming itself by an old address) leaves the leader's view whole.
+pub fn round_due(last: Option<Millis>, incomplete: bool, again: bool, now: Millis) -> bool {
+    let since = |ms: u64| last.is_none_or(|at| now.since(at) >= ms);
+    since(PERIOD_MS) && (incomplete || again || since(RECHECK_MS))
 }
 
 /// What to do now, and why.

@@ -34,6 +34,31 @@ impl Default for LabelPolicy {
     }
 }
 
+impl LabelPolicy {
+    /// The role a pod's labels claim under this policy (`None`: no role label, or a value of
+    /// another policy).
+    pub fn role_in(&self, labels: &BTreeMap<String, String>) -> Option<Role> {
+        let value = labels.get(&self.role_key)?;
+        if *value == self.primary_value {
+            Some(Role::Primary)
+        } else if *value == self.replica_value {
+            Some(Role::Replica)
+        } else {
+            None
+        }
+    }
+}
+
+/// The role Valkey's answer may be advertised as (the role label, `/primary`): a master counts as
+/// primary only with the claim where there is one to check (replication mode: the shard record
+/// names it and it renewed in time; `None` in cluster mode, where Valkey's own epochs decide).
+pub fn advertised(role: Role, claim: Option<bool>) -> Role {
+    match (role, claim) {
+        (Role::Primary, Some(false)) => Role::Unknown,
+        _ => role,
+    }
+}
+
 /// What the labels describe.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Facts<'a> {

@@ -179,30 +179,36 @@ impl Elector {
 
     /// The next step.
     pub fn decide(&self, now: Millis) -> LeaseAction {
+        self.next(now).0
+    }
+
+    /// The next step and why (for the log).
+    pub fn next(&self, now: Millis) -> (LeaseAction, &'static str) {
         let Some((record, seen_at)) = &self.seen else {
-            return LeaseAction::Read;
+            return (LeaseAction::Read, "nothing read yet");
         };
         let retry = self.timings.retry_ms;
         let write_at = self.last_write.map_or(now, |t| t.plus(retry));
         let read_at = self.last_read.map_or(now, |t| t.plus(retry));
+        let acquire = || at_or_wait(LeaseAction::Acquire, now, write_at);
         if self.renewed_at.is_some() {
-            return at_or_wait(LeaseAction::Renew, now, write_at);
+            let renew = at_or_wait(LeaseAction::Renew, now, write_at);
+            return (renew, "held: renewed every retry period");
         }
         match record.holder() {
-            // Released, missing, or ours from a previous life of this pod's agent (the identity
-            // carries the pod's UID: a pod recreated under the same name waits like anyone else).
-            None => at_or_wait(LeaseAction::Acquire, now, write_at),
-            Some(h) if h == self.identity => at_or_wait(LeaseAction::Acquire, now, write_at),
+            None => (acquire(), "released or missing"),
+            // Ours from a previous life of this pod's agent (the identity carries the pod's UID:
+            // a pod recreated under the same name waits like anyone else).
+            Some(h) if h == self.identity => (acquire(), "held under our own identity"),
             // Someone else's: take over only after a full lease duration without change.
             Some(_) => {
-                let expires = seen_at.plus(judged_lease_ms(
-                    self.timings.lease_ms,
-                    Some(record.lease_ms),
-                ));
+                let lease = judged_lease_ms(self.timings.lease_ms, Some(record.lease_ms));
+                let expires = seen_at.plus(lease);
                 if now >= expires {
-                    at_or_wait(LeaseAction::Acquire, now, write_at)
+                    (acquire(), "another's, unchanged for a lease duration")
                 } else {
-                    at_or_wait(LeaseAction::Read, now, read_at.min(expires))
+                    let read = at_or_wait(LeaseAction::Read, now, read_at.min(expires));
+                    (read, "another's, renewed within the lease")
                 }
             }
         }

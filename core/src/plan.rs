@@ -483,20 +483,6 @@ pub fn track(
     next
 }
 
-/// Forgets finished moves once the view shows their new primary, or once `until` has passed.
-///
-/// The coordinator's view comes from gossip and lags a finished failover by up to a few hundred
-/// milliseconds; while a move settles its shard counts as busy, so the same move is not planned
-/// twice from a stale view. `settling` maps shard → (new primary, give up waiting at).
-pub fn settle(settling: &mut BTreeMap<String, (String, Millis)>, members: &[Member], now: Millis) {
-    settling.retain(|_, (to, until)| {
-        let shown = members
-            .iter()
-            .any(|m| m.id == *to && m.role == Role::Primary);
-        !shown && now < *until
-    });
-}
-
 /// Placement facts: primaries outside their preferred zone, nodes over the primary cap, shards
 /// whose members share a node or a zone, pods the scheduler could not place.
 fn drift(s: &Shards<'_>, policy: &Policy) -> Vec<Drift> {

@@ -3,11 +3,11 @@
 
 use std::collections::BTreeMap;
 
-use valkey_sidecar_core::drain::{Copy, DrainView, Eviction, assess};
+use valkey_sidecar_core::drain::{DrainView, Eviction, ShardCopy, assess};
 use valkey_sidecar_core::observation::Role;
 
-fn copy(pod: &str, shard: &str, role: Role, node: &str) -> Copy {
-    Copy {
+fn copy(pod: &str, shard: &str, role: Role, node: &str) -> ShardCopy {
+    ShardCopy {
         pod: pod.into(),
         shard: shard.into(),
         role: Some(role),
@@ -38,7 +38,7 @@ fn view(node: &str) -> DrainView {
     }
 }
 
-fn find<'a>(v: &'a mut DrainView, pod: &str) -> &'a mut Copy {
+fn find<'a>(v: &'a mut DrainView, pod: &str) -> &'a mut ShardCopy {
     v.copies.iter_mut().find(|c| c.pod == pod).unwrap()
 }
 

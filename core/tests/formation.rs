@@ -6,9 +6,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 use valkey_sidecar_core::formation::{
-    ClusterNode, FormationView, MAX_PAIR_MEETS, SLOTS, Seat, Step, plan,
+    ClusterNode, FormationView, MAX_PAIR_MEETS, PERIOD_MS, RECHECK_MS, SLOTS, Seat, Step,
+    incomplete, plan, round_due,
 };
 use valkey_sidecar_core::observation::Role;
+use valkey_sidecar_core::shards::{NodeHealth, Shard, ShardNode};
+use valkey_sidecar_core::time::Millis;
 
 /// `v-<shard>-<index>` at 10.0.<shard>.<index>, a fresh node `n<shard><index>` knowing itself.
 fn seat(shard: u32, index: u32) -> Seat {
@@ -113,6 +116,36 @@ fn a_fresh_3x2_deployment_gets_epochs_even_slots_and_one_meeting_point() {
     assert_eq!(meets.len(), 5, "everyone else meets the first primary");
     assert!(meets.iter().all(|(via, _)| via == "v-0-0"));
     assert!(!f.steps.iter().any(|s| matches!(s, Step::Replicate { .. })));
+}
+
+#[test]
+fn every_step_says_why_naming_the_pod_it_goes_to() {
+    let mut steps = plan(&deployment(3, 1)).steps;
+    steps.extend(plan(&restarted(formed(3, 1))).steps);
+    steps.push(Step::Replicate {
+        pod: "v-0-1".into(),
+        primary: "n00".into(),
+    });
+    steps.push(Step::Forget {
+        pod: "v-0-1".into(),
+        id: "gone".into(),
+    });
+    let kinds: BTreeSet<&str> = steps.iter().map(Step::kind).collect();
+    assert_eq!(kinds.len(), 5, "every kind of step: {kinds:?}");
+    for step in &steps {
+        let pod = match step {
+            Step::SetEpoch { pod, .. }
+            | Step::AssignSlots { pod, .. }
+            | Step::Meet { pod, .. }
+            | Step::Replicate { pod, .. }
+            | Step::Forget { pod, .. } => pod,
+        };
+        assert!(
+            step.reason().starts_with(pod.as_str()),
+            "{step:?}: {}",
+            step.reason()
+        );
+    }
 }
 
 #[test]
@@ -350,6 +383,84 @@ fn introductions_between_other_nodes_are_capped_per_round() {
 }
 
 /// Where a node lists the ids it knows: node `nSI` at 10.0.S.I, or at an old 10.9.S.I.
+fn shard_of(slots: Vec<(u16, u16)>, nodes: &[(&str, Role, NodeHealth)]) -> Shard {
+    Shard {
+        id: "s".into(),
+        slots,
+        nodes: nodes
+            .iter()
+            .map(|(ip, role, health)| ShardNode {
+                id: format!("n-{ip}"),
+                ip: (*ip).into(),
+                role: *role,
+                health: *health,
+                ..ShardNode::default()
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn the_local_view_is_incomplete_with_a_pod_it_does_not_know_a_slotless_master_or_a_failed_node() {
+    let whole = [shard_of(
+        vec![(0, 16383)],
+        &[
+            ("10.0.0.1", Role::Primary, NodeHealth::Online),
+            ("10.0.0.2", Role::Replica, NodeHealth::Online),
+        ],
+    )];
+    assert!(!incomplete(&whole, ["10.0.0.1", "10.0.0.2"]));
+    assert!(
+        incomplete(&whole, ["10.0.0.1", "10.0.0.2", "10.0.0.3"]),
+        "a new pod"
+    );
+    let slotless = [shard_of(
+        Vec::new(),
+        &[("10.0.0.1", Role::Primary, NodeHealth::Online)],
+    )];
+    assert!(
+        incomplete(&slotless, ["10.0.0.1"]),
+        "a master without slots"
+    );
+    let failed = [shard_of(
+        vec![(0, 16383)],
+        &[
+            ("10.0.0.1", Role::Primary, NodeHealth::Online),
+            ("10.0.0.9", Role::Replica, NodeHealth::Failed),
+        ],
+    )];
+    assert!(
+        incomplete(&failed, ["10.0.0.1"]),
+        "an old identity to forget"
+    );
+}
+
+#[test]
+fn a_formation_round_runs_at_most_every_period_and_at_least_every_recheck() {
+    let last = Some(Millis(10_000));
+    assert!(round_due(None, false, false, Millis(0)), "the first round");
+    assert!(
+        !round_due(last, true, true, Millis(10_000 + PERIOD_MS - 1)),
+        "paced"
+    );
+    assert!(
+        round_due(last, true, false, Millis(10_000 + PERIOD_MS)),
+        "incomplete"
+    );
+    assert!(
+        round_due(last, false, true, Millis(10_000 + PERIOD_MS)),
+        "the last round sent steps"
+    );
+    assert!(
+        !round_due(last, false, false, Millis(10_000 + RECHECK_MS - 1)),
+        "whole: waits"
+    );
+    assert!(
+        round_due(last, false, false, Millis(10_000 + RECHECK_MS)),
+        "a round anyway"
+    );
+}
+
 fn listed(knows: &BTreeSet<String>, me: &str, stale: bool) -> BTreeMap<String, String> {
     let net = if stale { "10.9" } else { "10.0" };
     let ip = |id: &str| format!("{net}.{}.{}", &id[1..2], &id[2..3]);

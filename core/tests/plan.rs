@@ -299,21 +299,57 @@ fn steadiness_restarts_on_a_new_primary_or_an_unsynced_replica() {
 
 #[test]
 fn a_finished_move_settles_until_the_view_shows_it() {
-    use valkey_sidecar_core::plan::settle;
-    let mut settling: BTreeMap<String, (String, Millis)> =
-        [("s0".to_string(), ("r0a".to_string(), Millis(10_000)))].into();
+    use valkey_sidecar_core::moves::{Ledger, Started};
+    let mut ledger = Ledger::default();
+    ledger.start("s0", Started::Planned(Kind::Handover), Millis(1_000));
+    assert!(ledger.is_busy("s0"), "running");
+    ledger.finish("s0", Some("r0a"), Millis(2_000));
     let stale = world();
-    settle(&mut settling, &stale.members, Millis(5_000));
-    assert!(
-        settling.contains_key("s0"),
-        "the view still shows the old primary"
+    ledger.settle(&stale.members, Millis(5_000));
+    assert!(ledger.is_busy("s0"), "the view still shows the old primary");
+    assert_eq!(
+        ledger.in_flight()[0].started,
+        Millis(1_000),
+        "counted from its start"
     );
-    settle(&mut settling, &drifted().members, Millis(5_000));
-    assert!(settling.is_empty(), "the view caught up");
-    let mut expired: BTreeMap<String, (String, Millis)> =
-        [("s0".to_string(), ("r0a".to_string(), Millis(10_000)))].into();
-    settle(&mut expired, &stale.members, Millis(10_000));
-    assert!(expired.is_empty(), "given up after the deadline");
+    ledger.settle(&drifted().members, Millis(5_000));
+    assert!(!ledger.is_busy("s0"), "the view caught up");
+    ledger.start("s0", Started::Planned(Kind::Handover), Millis(6_000));
+    ledger.finish("s0", Some("r0a"), Millis(7_000));
+    ledger.settle(&stale.members, Millis(17_000));
+    assert!(!ledger.is_busy("s0"), "given up after the deadline");
+    ledger.start("s1", Started::Unplanned, Millis(8_000));
+    ledger.finish("s1", None, Millis(9_000));
+    assert!(!ledger.is_busy("s1"), "a failed move does not settle");
+}
+
+#[test]
+fn only_fail_back_and_balance_start_the_cooldown() {
+    use valkey_sidecar_core::moves::{Ledger, Started};
+    let mut ledger = Ledger::default();
+    ledger.start("s0", Started::Planned(Kind::Handover), Millis(1_000));
+    ledger.start("s1", Started::Unplanned, Millis(2_000));
+    assert_eq!(ledger.last_move(), None);
+    ledger.start("s2", Started::Planned(Kind::FailBack), Millis(3_000));
+    ledger.start("s3", Started::Planned(Kind::Rebalance), Millis(4_000));
+    assert_eq!(ledger.last_move(), Some(Millis(4_000)));
+}
+
+#[test]
+fn a_planned_move_goes_before_an_unplanned_one() {
+    use valkey_sidecar_core::moves::{Ledger, Started};
+    use valkey_sidecar_core::plan::Action;
+    let mut ledger = Ledger::default();
+    ledger.start("s0", Started::Unplanned, Millis(1_000));
+    let planned = [Action {
+        kind: Kind::Handover,
+        shard: "s1".into(),
+        from: "p1".into(),
+        to: "r1".into(),
+        reason: "pod deleted".into(),
+    }];
+    let free = ledger.free_for_unplanned(["s0", "s1", "s2"], &planned);
+    assert_eq!(free, ["s2"]);
 }
 
 // ---- properties --------------------------------------------------------------------------------

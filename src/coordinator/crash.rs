@@ -12,17 +12,28 @@ use std::io::ErrorKind;
 use std::time::Duration;
 
 use futures::future::join_all;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Resource;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::Store;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout};
+use valkey_sidecar_core::crash as core_crash;
 use valkey_sidecar_core::crash::ReplicaOffset;
+use valkey_sidecar_core::moves::Started;
 use valkey_sidecar_core::observation::{self, Mode, Observation, Replies};
 use valkey_sidecar_core::shards::{Shard, ShardNode};
 
-use super::execute::{Outcome, fail_over_to};
+use super::execute::{MoveOutcome, fail_over_to};
+use super::{Coordinator, Finished, LeaderMemory, Move, spawn_move};
 use crate::valkey::{Connector, observe};
+
+/// A primary that died is failed over once; it is watched again (and, still refusing while it
+/// serves slots, failed over again) only after this long.
+const CRASH_REPEAT_MS: u64 = 10_000;
 
 /// A primary whose socket refused a connection right after its connection closed.
 #[derive(Debug, Clone)]
@@ -185,11 +196,107 @@ async fn observe_replica(connector: &Connector) -> Option<Observation> {
 
 /// Sends `CLUSTER FAILOVER FORCE` to `target` (checking the Lease right before) and waits until
 /// it reports itself primary.
-pub async fn force(target: Connector, may_act: impl Fn() -> bool, limit: Duration) -> Outcome {
+pub async fn force(target: Connector, may_act: impl Fn() -> bool, limit: Duration) -> MoveOutcome {
     let started = Instant::now();
     let mut cmd = redis::cmd("CLUSTER");
     cmd.arg("FAILOVER").arg("FORCE");
     fail_over_to(target, &cmd, may_act, started, started + limit).await
+}
+
+impl Coordinator {
+    /// A primary's Valkey died (`crash`): the leader fails its shard over at once to the replica
+    /// with the highest offset, once per death, unless a move of that shard is under way.
+    pub(super) async fn crashed(
+        &self,
+        death: Death,
+        pods: Option<&Store<Pod>>,
+        memory: &mut LeaderMemory,
+        done: &mpsc::Sender<Finished>,
+    ) {
+        let now = self.clock.now();
+        if !self.leadership.borrow().may_act(now) {
+            return;
+        }
+        let Some(shards) = self.shards(now) else {
+            tracing::warn!(node = %death.node, "a primary died; no fresh view of the cluster to fail it over from");
+            return;
+        };
+        let Some(shard) = core_crash::crashed_shard(&shards, &death.node) else {
+            return;
+        };
+        let repeated = memory
+            .crashes
+            .get(&death.node)
+            .is_some_and(|at| now.since(*at) < CRASH_REPEAT_MS);
+        if repeated {
+            return;
+        }
+        // A pod going away is the planned hand-over's (its preStop holds Valkey until then);
+        // after it, the coordinator's view can lag, and forcing a replica then could depose the
+        // primary the hand-over just made.
+        let pod = pods.and_then(|p| self.pod_of(&death.node, &shards, p));
+        if pod.is_some_and(|p| p.metadata.deletion_timestamp.is_some()) {
+            tracing::info!(node = %death.node, "a primary's Valkey stopped with its pod: left to the hand-over");
+            memory.crashes.insert(death.node.clone(), now);
+            return;
+        }
+        if memory.moves.is_busy(&shard.id) {
+            tracing::debug!(node = %death.node, "a primary died; its shard is already being moved");
+            return;
+        }
+        memory.crashes.insert(death.node.clone(), now);
+        let candidates = core_crash::candidates(shard, &death.node);
+        let offsets = offsets(candidates, &self.connector).await;
+        match core_crash::choose(shard, &death.node, &offsets) {
+            Ok(chosen) => self.force(chosen, &shards, pods, memory, done),
+            Err(why) => {
+                tracing::warn!(node = %death.node, %why, "a primary died; no replica to fail over to")
+            }
+        }
+    }
+
+    pub(super) fn force(
+        &self,
+        chosen: core_crash::CrashFailover,
+        shards: &[Shard],
+        pods: Option<&Store<Pod>>,
+        memory: &mut LeaderMemory,
+        done: &mpsc::Sender<Finished>,
+    ) {
+        let Some(node) = shards
+            .iter()
+            .flat_map(|s| &s.nodes)
+            .find(|n| n.id == chosen.to)
+        else {
+            return;
+        };
+        let target = self.connector_of(node);
+        let reference = pods
+            .and_then(|p| self.pod_of(&chosen.dead, shards, p))
+            .map(|p| p.object_ref(&()));
+        let now = self.clock.now();
+        memory.moves.start(&chosen.shard, Started::Unplanned, now);
+        tracing::info!(shard = %chosen.shard, from = %chosen.dead, to = %chosen.to, reason = %chosen.reason, "starting a crash failover");
+        self.event(
+            reference.clone(),
+            EventType::Warning,
+            "CrashFailoverStarted",
+            format!("{} → {}: {}", chosen.dead, chosen.to, chosen.reason),
+        );
+        let started = Move {
+            shard: chosen.shard,
+            to: chosen.to,
+            kind: "CrashFailover",
+            decision: None,
+            reference,
+        };
+        let (lead, clock, limit) = (self.leadership.clone(), self.clock, self.handover_timeout);
+        let run = async move {
+            let may_act = || lead.borrow().may_act(clock.now());
+            force(target, may_act, limit).await
+        };
+        spawn_move(started, run, done);
+    }
 }
 
 #[cfg(test)]

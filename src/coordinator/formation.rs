@@ -7,7 +7,6 @@
 //! [`RECHECK_MS`] (other nodes' own views show only in theirs) — at most once a second, which leaves
 //! gossip time to spread a `CLUSTER MEET` between rounds.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,44 +15,15 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Resource;
 use kube::runtime::events::EventType;
 use valkey_sidecar_core::formation::{ClusterNode, FormationView, Seat, Step, plan};
-use valkey_sidecar_core::observation::{self, Mode, Observation, Role};
-use valkey_sidecar_core::shards::{NodeHealth, Shard};
+use valkey_sidecar_core::observation::{self, Mode};
 use valkey_sidecar_core::time::Millis;
 
 use super::Coordinator;
-use super::world::{SHARD_INDEX_LABEL, pod_ip};
+use crate::kube::pods::{SHARD_INDEX_LABEL, node_index, pod_ip};
 use crate::valkey::{Connector, Session, observe};
-
-/// Between two formation rounds: a `CLUSTER MEET` needs a gossip round or two to spread.
-pub const PERIOD_MS: u64 = 1_000;
-
-/// A formation round runs at least this often while leading, whatever the leader's own view says.
-pub const RECHECK_MS: u64 = 30_000;
 
 /// How long one pod's observation may take in a formation round.
 const OBSERVE_TIMEOUT: Duration = Duration::from_millis(500);
-
-/// Whether the local node's view of the cluster leaves formation something to do: a pod it does
-/// not know (among the nodes not marked failed), a master that owns no slots (not yet a replica),
-/// or a node marked failed (perhaps a replaced pod's old identity, to forget).
-pub fn incomplete(local: &[Shard], pods: &[Arc<Pod>]) -> bool {
-    let nodes = || {
-        local
-            .iter()
-            .flat_map(|s| s.nodes.iter().map(move |n| (s, n)))
-    };
-    let failed = nodes().any(|(_, n)| n.health == NodeHealth::Failed);
-    let slotless = nodes().any(|(s, n)| n.role == Role::Primary && s.slots.is_empty());
-    let known: BTreeSet<&str> = nodes()
-        .filter(|(_, n)| n.health != NodeHealth::Failed)
-        .map(|(_, n)| n.ip.as_str())
-        .collect();
-    let missing = pods
-        .iter()
-        .filter_map(|p| pod_ip(p))
-        .any(|ip| !known.contains(ip));
-    failed || slotless || missing
-}
 
 impl Coordinator {
     /// One formation round: observe every pod, plan, send the steps in order. Whether it sent
@@ -114,7 +84,7 @@ impl Coordinator {
         Seat {
             pod: p.metadata.name.clone().unwrap_or_default(),
             shard: labels.get(SHARD_INDEX_LABEL).and_then(|s| s.parse().ok()),
-            index: crate::replication::node_index(&labels),
+            index: node_index(&labels),
             addr: ip.map(|ip| (ip, self.connector.port)),
             node,
         }
@@ -135,7 +105,7 @@ impl Coordinator {
             .await
             .ok()?;
         let replies = observe::replies(values);
-        cluster_node(&observation::observe(&replies, Mode::Cluster).ok()?)
+        ClusterNode::observed(&observation::observe(&replies, Mode::Cluster).ok()?)
     }
 
     async fn send(&self, step: &Step, pods: &[Arc<Pod>]) {
@@ -152,55 +122,13 @@ impl Coordinator {
             ..self.connector_at(ip)
         });
         let result = session.command(&cmd).await;
-        self.metrics.formation_step(kind(step), result.is_ok());
+        self.metrics.formation_step(step.kind(), result.is_ok());
         match result {
-            Ok(_) => tracing::info!(pod, step = ?step, "formation step"),
-            Err(e) => tracing::warn!(pod, step = ?step, error = %e, "formation step failed"),
+            Ok(_) => tracing::info!(pod, step = ?step, reason = %step.reason(), "formation step"),
+            Err(e) => {
+                tracing::warn!(pod, step = ?step, reason = %step.reason(), error = %e, "formation step failed");
+            }
         }
-    }
-}
-
-/// What formation needs of a node's own observation; `None` for a node that is loading or not
-/// in cluster mode.
-pub fn cluster_node(obs: &Observation) -> Option<ClusterNode> {
-    let view = obs.cluster.as_ref().filter(|c| c.enabled && !obs.loading)?;
-    let id = view.my_id.clone()?;
-    let mine = view
-        .shards
-        .iter()
-        .find(|s| s.nodes.iter().any(|n| n.id == id));
-    let primary = mine
-        .and_then(|s| {
-            s.nodes
-                .iter()
-                .find(|n| n.role == Role::Primary && n.id != id)
-        })
-        .map(|n| n.id.clone());
-    let owns_slots = obs.role == Role::Primary && mine.is_some_and(|s| !s.slots.is_empty());
-    let knows = view
-        .shards
-        .iter()
-        .flat_map(|s| s.nodes.iter().map(|n| n.id.clone()));
-    let listed = || view.shards.iter().flat_map(|s| &s.nodes);
-    let failed = listed().filter(|n| n.health == NodeHealth::Failed);
-    Some(ClusterNode {
-        knows: knows.chain([id.clone()]).collect(),
-        failed: failed.map(|n| n.id.clone()).collect(),
-        addrs: listed().map(|n| (n.id.clone(), n.ip.clone())).collect(),
-        id,
-        role: obs.role,
-        owns_slots,
-        primary: primary.filter(|_| obs.role == Role::Replica),
-    })
-}
-
-fn kind(step: &Step) -> &'static str {
-    match step {
-        Step::SetEpoch { .. } => "set_config_epoch",
-        Step::AssignSlots { .. } => "addslots",
-        Step::Meet { .. } => "meet",
-        Step::Replicate { .. } => "replicate",
-        Step::Forget { .. } => "forget",
     }
 }
 

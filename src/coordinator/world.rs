@@ -12,11 +12,9 @@ use valkey_sidecar_core::plan::{Member, NodeInfo, Pending, PodInfo};
 use valkey_sidecar_core::replication::{MemberValkey, ShardMember, ShardRecord};
 use valkey_sidecar_core::shards::{NodeHealth, Shard};
 
-/// valkey-operator's shard label: replication mode groups the pods into shards by it.
-pub const SHARD_INDEX_LABEL: &str = "valkey.io/shard-index";
-
-/// The shard of a pod without the label, so a single-shard deployment need not set it.
-pub const DEFAULT_SHARD: &str = "0";
+use crate::kube::pods::{
+    DEFAULT_SHARD, SHARD_INDEX_LABEL, cordoned, is_ready, node_index, node_ready, pod_ip,
+};
 
 /// Valkey nodes matched to their pods by IP (one Valkey per pod, so the pod IP is unique).
 pub fn members(shards: &[Shard], pods: &[Arc<Pod>]) -> Vec<Member> {
@@ -38,11 +36,6 @@ pub fn members(shards: &[Shard], pods: &[Arc<Pod>]) -> Vec<Member> {
         .collect()
 }
 
-/// The pod's IP, once it has one.
-pub fn pod_ip(p: &Pod) -> Option<&str> {
-    p.status.as_ref()?.pod_ip.as_deref()
-}
-
 /// The pod facts the planner uses.
 pub fn pod_info(p: &Pod) -> PodInfo {
     let labels = p.metadata.labels.as_ref();
@@ -51,14 +44,8 @@ pub fn pod_info(p: &Pod) -> PodInfo {
         node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
         ready: is_ready(p),
         terminating: p.metadata.deletion_timestamp.is_some(),
-        node_index: labels.and_then(crate::replication::node_index),
+        node_index: labels.and_then(node_index),
     }
-}
-
-/// The pod's `Ready` condition is `True` (the agent's readiness: for a replica, in sync).
-pub fn is_ready(p: &Pod) -> bool {
-    let conditions = p.status.as_ref().and_then(|s| s.conditions.as_ref());
-    conditions.is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// Nodes by name with the facts the planner uses.
@@ -70,20 +57,14 @@ pub fn nodes(nodes: &[Arc<Node>]) -> BTreeMap<String, NodeInfo> {
 }
 
 fn node_info(n: &Node) -> NodeInfo {
-    let conditions = n.status.as_ref().and_then(|s| s.conditions.as_ref());
     NodeInfo {
         zone: n
             .metadata
             .labels
             .as_ref()
             .and_then(|l| l.get(ZONE_LABEL).cloned()),
-        ready: conditions
-            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
-        unschedulable: n
-            .spec
-            .as_ref()
-            .and_then(|s| s.unschedulable)
-            .unwrap_or(false),
+        ready: node_ready(n),
+        unschedulable: cordoned(n),
     }
 }
 

@@ -9,7 +9,8 @@ use hyper::header::CONTENT_TYPE;
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::sync::watch;
 use valkey_sidecar_core::health::{Bounds, HealthState, Verdict};
-use valkey_sidecar_core::observation::Mode;
+use valkey_sidecar_core::labels::advertised;
+use valkey_sidecar_core::observation::{Mode, Role};
 use valkey_sidecar_core::restart::{self, Permit};
 
 use super::status;
@@ -26,7 +27,7 @@ pub struct App {
     pub identity: Identity,
     pub metrics: Arc<Metrics>,
     /// Replication mode: whether the shard record lets this Valkey be primary now (see
-    /// `replication::Keeper`); `/primary` answers 200 only with it, like Patroni's.
+    /// `keeper::Keeper`); `/primary` answers 200 only with it, like Patroni's.
     pub claim: Option<watch::Receiver<bool>>,
     /// Cluster mode: whether a start of the local Valkey may go ahead (`start_guard`), for
     /// `/valkey-start` and `/livez`.
@@ -147,14 +148,15 @@ impl App {
     }
 }
 
-/// A primary verdict stands only with the claim, where there is one to check.
+/// A primary verdict stands only where the role may be advertised (`core::labels::advertised`).
 fn claimed(v: Verdict, claim: Option<&watch::Receiver<bool>>) -> Verdict {
-    match claim {
-        Some(rx) if v.ok && !*rx.borrow() => Verdict {
+    let claim = claim.map(|rx| *rx.borrow());
+    match v.ok && advertised(Role::Primary, claim) != Role::Primary {
+        true => Verdict {
             ok: false,
             reason: "primary, but not on record: fenced or superseded".into(),
         },
-        _ => v,
+        false => v,
     }
 }
 
@@ -162,7 +164,7 @@ fn claimed(v: Verdict, claim: Option<&watch::Receiver<bool>>) -> Verdict {
 const DEFAULT_PRESTOP_WAIT: Duration = Duration::from_secs(25);
 /// The longest `/prestop` wait a caller may ask for: any pod can reach the probe port, and each
 /// wait holds a connection; a real hand-over takes seconds and a grace period minutes.
-pub const MAX_PRESTOP_WAIT: Duration = Duration::from_secs(300);
+pub(super) const MAX_PRESTOP_WAIT: Duration = Duration::from_secs(300);
 
 fn duration_param(query: Option<&str>, name: &str, default: Duration) -> Result<Duration, String> {
     let prefix = format!("{name}=");

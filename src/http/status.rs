@@ -43,7 +43,7 @@ struct ValkeyStatus<'a> {
 }
 
 /// Renders the status document.
-pub fn render(state: &HealthState, app: &App, now: Millis) -> String {
+pub(super) fn render(state: &HealthState, app: &App, now: Millis) -> String {
     let ready = state.readiness(now, &app.bounds, app.mode);
     let id = &app.identity;
     let status = Status {

@@ -21,22 +21,15 @@ pub mod yaml;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 
-use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, ValueEnum};
+use clap::{ArgMatches, Args, FromArgMatches, ValueEnum};
 
-use crate::config::Cli;
+use crate::exit;
 
 /// The image injected by default: this very version.
 pub const DEFAULT_IMAGE: &str = concat!(
     "ghcr.io/valkey-sidecar/valkey-sidecar:",
     env!("CARGO_PKG_VERSION")
 );
-
-/// sysexits.h: bad input data, an input that cannot be read, an output that cannot be written.
-pub const EXIT_DATA: i32 = 65;
-pub const EXIT_NO_INPUT: i32 = 66;
-pub const EXIT_IO: i32 = 74;
-/// `--check`: injection would change something.
-pub const EXIT_WOULD_CHANGE: i32 = 1;
 
 /// Add the agent to Kubernetes manifests (stdin or files) and print them.
 #[derive(Debug, Clone, Args)]
@@ -126,7 +119,7 @@ impl From<&InjectArgs> for Options {
 
 /// What injection did to one object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Outcome {
+pub enum Injection {
     NotWorkload,
     AlreadyInjected,
     Injected,
@@ -183,8 +176,8 @@ impl InjectError {
 
     pub fn exit_code(&self) -> i32 {
         match self.problem {
-            InputProblem::Read(_) => EXIT_NO_INPUT,
-            _ => EXIT_DATA,
+            InputProblem::Read(_) => exit::NO_INPUT,
+            _ => exit::DATA,
         }
     }
 }
@@ -284,30 +277,13 @@ fn inject_document(
     Ok((doc != before).then_some(doc))
 }
 
-/// The binary's command line: the agent's, with `inject`, `drain-check`, `await` and `install`
-/// added.
-pub fn command() -> clap::Command {
-    use crate::await_start::{AwaitArgs, InstallArgs};
-    let drain = crate::drain::DrainArgs::augment_args(clap::Command::new("drain-check"));
-    Cli::command()
-        .subcommand(InjectArgs::augment_args(clap::Command::new("inject")))
-        .subcommand(drain)
-        .subcommand(AwaitArgs::augment_args(clap::Command::new("await")).about(
-            "Hold Valkey's start until the agent allows it, then become the command after --",
-        ))
-        .subcommand(
-            InstallArgs::augment_args(clap::Command::new("install"))
-                .about("Copy this binary to PATH (for the Valkey container's await)"),
-        )
-}
-
 /// `valkey-sidecar inject`; returns the exit code.
 pub fn main(matches: &ArgMatches) -> i32 {
     match InjectArgs::from_arg_matches(matches) {
         Ok(args) => run(&args),
         Err(e) => {
             let _ = e.print();
-            crate::config::EXIT_CONFIG
+            exit::CONFIG
         }
     }
 }
@@ -333,8 +309,8 @@ pub fn run(args: &InjectArgs) -> i32 {
     }
     match (args.check, changed.is_empty()) {
         (false, _) => write_stdout(&text),
-        (true, true) => 0,
-        (true, false) => EXIT_WOULD_CHANGE,
+        (true, true) => exit::OK,
+        (true, false) => exit::NO,
     }
 }
 
@@ -347,7 +323,7 @@ fn fail(errors: &[InjectError]) -> i32 {
         .iter()
         .map(InjectError::exit_code)
         .max()
-        .unwrap_or(EXIT_DATA)
+        .unwrap_or(exit::DATA)
 }
 
 /// Every input injected and joined into one stream (with the changed documents); with errors,
@@ -420,12 +396,12 @@ fn join(stream: &mut String, next: &str) {
 fn write_stdout(text: &str) -> i32 {
     let mut out = std::io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Ok(()) => 0,
+        Ok(()) => exit::OK,
         // A reader that stopped early (`| head`) is not an error worth a message.
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => 0,
         Err(e) => {
             eprintln!("valkey-sidecar inject: cannot write the output: {e}");
-            EXIT_IO
+            exit::IO
         }
     }
 }

@@ -9,7 +9,7 @@
 use super::agent::{self, Agent};
 use super::pod;
 use super::yaml::Node;
-use super::{Mode, Notes, Options, Outcome, Problem};
+use super::{Injection, Mode, Notes, Options, Problem};
 
 /// The API group whose `ValkeyCluster` this is (others, e.g. other operators', are left alone).
 pub const GROUP: &str = "valkey.io/";
@@ -22,7 +22,7 @@ pub fn inject(
     name: &str,
     opts: &Options,
     notes: &mut Notes,
-) -> Result<Outcome, Problem> {
+) -> Result<Injection, Problem> {
     let spec = doc
         .entry("spec", || Node::map(vec![]))
         .ok_or(Problem::NoPodSpec)?;
@@ -31,7 +31,7 @@ pub fn inject(
         .and_then(Node::as_seq)
         .unwrap_or_default();
     if containers.iter().any(|c| agent::is_agent(c, &opts.image)) {
-        return Ok(Outcome::AlreadyInjected);
+        return Ok(Injection::AlreadyInjected);
     }
     // Unset, the operator derives at least 30 s: the default wait fits.
     let timeout = pod::prestop_timeout(spec, pod::DEFAULT_GRACE, notes);
@@ -53,7 +53,7 @@ pub fn inject(
         "ValkeyCluster {name}: the agent is a classic sidecar and the operator's own probes stay on \
          `server`; its pods' ServiceAccount needs the chart's RBAC"
     ));
-    Ok(Outcome::Injected)
+    Ok(Injection::Injected)
 }
 
 /// The patch entry for the Valkey container (`server`, or `--container`), added when missing.

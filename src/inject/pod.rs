@@ -3,10 +3,9 @@
 
 use super::agent::{self, Agent};
 use super::yaml::Node;
-use super::{Mode, Notes, Options, Outcome, Problem};
+use super::{Injection, Mode, Notes, Options, Problem};
 
-/// The label valkey-operator puts on its pods; the agent's default pod selector uses it.
-pub const CLUSTER_LABEL: &str = "valkey.io/cluster";
+use crate::kube::pods::CLUSTER_LABEL;
 
 /// Kubernetes' default `terminationGracePeriodSeconds`.
 pub const DEFAULT_GRACE: i64 = 30;
@@ -23,10 +22,10 @@ pub fn inject(
     owner: &Owner<'_>,
     opts: &Options,
     notes: &mut Notes,
-) -> Result<Outcome, Problem> {
+) -> Result<Injection, Problem> {
     let spec = pod.get("spec").ok_or(Problem::NoPodSpec)?;
     if has_agent(spec, &opts.image) {
-        return Ok(Outcome::AlreadyInjected);
+        return Ok(Injection::AlreadyInjected);
     }
     let valkey = find_valkey(spec, opts)?;
     if opts.mode.is_none() && valkey.mode == Mode::Replication {
@@ -50,7 +49,7 @@ pub fn inject(
     add_agent(spec, agent.container(), opts.classic);
     service_account(spec, opts, notes);
     label(pod, &cluster);
-    Ok(Outcome::Injected)
+    Ok(Injection::Injected)
 }
 
 /// The Valkey container and what it says about the agent's settings.

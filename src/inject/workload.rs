@@ -2,7 +2,7 @@
 //! items, and valkey-operator's `ValkeyCluster`. Everything else is not inject's business.
 
 use super::yaml::Node;
-use super::{Notes, Options, Outcome, Problem, operator, pod};
+use super::{Injection, Notes, Options, Problem, operator, pod};
 
 /// Why an object (or a `List` item) could not be injected.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -14,7 +14,11 @@ pub struct Failure {
 }
 
 /// Injects into the object `doc`.
-pub fn inject(doc: &mut Node, opts: &Options, notes: &mut Notes) -> Result<Outcome, Vec<Failure>> {
+pub fn inject(
+    doc: &mut Node,
+    opts: &Options,
+    notes: &mut Notes,
+) -> Result<Injection, Vec<Failure>> {
     let what = describe(doc);
     object(doc, what, opts, notes)
 }
@@ -24,7 +28,7 @@ fn object(
     what: String,
     opts: &Options,
     notes: &mut Notes,
-) -> Result<Outcome, Vec<Failure>> {
+) -> Result<Injection, Vec<Failure>> {
     let kind = doc.get("kind").and_then(Node::as_str).unwrap_or("");
     if is_list(doc, kind) {
         return list(doc, &what, opts, notes);
@@ -34,7 +38,7 @@ fn object(
             notes.warn(format!(
                 "{what}: {problem}; left unchanged (--ignore-missing)"
             ));
-            Ok(Outcome::NotWorkload)
+            Ok(Injection::NotWorkload)
         }
         other => other.map_err(|problem| vec![Failure { what, problem }]),
     }
@@ -46,7 +50,7 @@ fn single(
     what: &str,
     opts: &Options,
     notes: &mut Notes,
-) -> Result<Outcome, Problem> {
+) -> Result<Injection, Problem> {
     let kind = doc
         .get("kind")
         .and_then(Node::as_str)
@@ -61,10 +65,10 @@ fn single(
         notes.warn(format!(
             "{what} of {api} is not valkey-operator's; left unchanged"
         ));
-        return Ok(Outcome::NotWorkload);
+        return Ok(Injection::NotWorkload);
     }
     let Some(path) = template_path(&kind) else {
-        return Ok(Outcome::NotWorkload);
+        return Ok(Injection::NotWorkload);
     };
     let template = doc.at_mut(path).ok_or(Problem::NoPodSpec)?;
     let owner = pod::Owner { name: &name, what };
@@ -97,11 +101,11 @@ fn list(
     what: &str,
     opts: &Options,
     notes: &mut Notes,
-) -> Result<Outcome, Vec<Failure>> {
+) -> Result<Injection, Vec<Failure>> {
     let Some(items) = doc.get_mut("items").and_then(Node::seq_mut) else {
-        return Ok(Outcome::NotWorkload);
+        return Ok(Injection::NotWorkload);
     };
-    let mut outcome = Outcome::NotWorkload;
+    let mut outcome = Injection::NotWorkload;
     let mut failures = Vec::new();
     for (n, item) in items.iter_mut().enumerate() {
         let item_what = format!("{what}, item {} ({})", n + 1, describe(item));

@@ -19,7 +19,7 @@ use kube::{Api, Resource};
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until, timeout};
 use valkey_sidecar_core::health::{Bounds, HealthState};
-use valkey_sidecar_core::labels::{Facts, LabelPolicy, desired, needs_write};
+use valkey_sidecar_core::labels::{Facts, advertised, desired, needs_write};
 use valkey_sidecar_core::observation::{Mode, Role};
 use valkey_sidecar_core::placement::{Placement, resolve};
 use valkey_sidecar_core::ratelimit::TokenBucket;
@@ -62,12 +62,9 @@ async fn claim_changed(claim: &mut Option<watch::Receiver<bool>>) {
     }
 }
 
-/// The role the labels may claim: a primary only with the claim, when there is one to check.
+/// The role the labels may claim (`core::labels::advertised`).
 fn claimable(role: Role, claim: Option<&watch::Receiver<bool>>) -> Role {
-    match (role, claim) {
-        (Role::Primary, Some(rx)) if !*rx.borrow() => Role::Unknown,
-        _ => role,
-    }
+    advertised(role, claim.map(|rx| *rx.borrow()))
 }
 
 /// What the labeler remembers between wake-ups.
@@ -246,7 +243,7 @@ impl Labeler {
         let before = p
             .applied
             .as_ref()
-            .and_then(|a| role_in(a, &self.config.policy));
+            .and_then(|a| self.config.policy.role_in(a));
         let started = Instant::now();
         match self.apply(&want).await {
             Ok(pod) => {
@@ -327,18 +324,6 @@ impl Labeler {
             };
             metrics.event(reason, result);
         });
-    }
-}
-
-/// The role a label map claims.
-fn role_in(labels: &BTreeMap<String, String>, policy: &LabelPolicy) -> Option<Role> {
-    let value = labels.get(&policy.role_key)?;
-    if *value == policy.primary_value {
-        Some(Role::Primary)
-    } else if *value == policy.replica_value {
-        Some(Role::Replica)
-    } else {
-        None
     }
 }
 

@@ -223,7 +223,11 @@ pub async fn run(
     let mut e = Elector::new(identity, timings);
     loop {
         let now = clock.now();
-        match e.decide(now) {
+        let (action, why) = e.next(now);
+        if !matches!(action, LeaseAction::Wait { .. }) {
+            tracing::trace!(?action, why, "coordinator lease");
+        }
+        match action {
             LeaseAction::Read => read(&lease, &mut e, &clock).await,
             LeaseAction::Acquire | LeaseAction::Renew => write(&lease, &mut e, &clock).await,
             LeaseAction::Wait { until } => {

@@ -3,6 +3,7 @@
 pub mod labeler;
 pub mod lease;
 pub mod owner;
+pub mod pods;
 pub mod shard_lease;
 
 use std::collections::BTreeMap;

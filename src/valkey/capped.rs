@@ -17,17 +17,17 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// `INFO`, `CLUSTER SHARDS` and `CLUSTER NODES` of a thousand shards come to about 1.5 MB). Parsed,
 /// a reply of tiny array elements takes about ten times its wire size, so this bounds the worst
 /// case near 100 MB.
-pub const REPLY_CAP: usize = 8 << 20;
+pub(super) const REPLY_CAP: usize = 8 << 20;
 
 /// `inner` with the read allowance described in the module docs.
-pub struct Capped<S> {
+pub(super) struct Capped<S> {
     inner: S,
     cap: usize,
     read_since_write: usize,
 }
 
 impl<S> Capped<S> {
-    pub fn new(inner: S, cap: usize) -> Self {
+    pub(super) fn new(inner: S, cap: usize) -> Self {
         Capped {
             inner,
             cap,

@@ -7,7 +7,6 @@
 //!   everywhere before `start` returns.
 //! - [`TlsServer`]: a TLS-only server (Debian's `redis-server`) with a generated CA, server and client
 //!   certificates, and an unrelated CA for mismatch tests.
-//! - [`image`]: the Dockerfile's packaging rules, a static-ELF reader and the image's layer size.
 //!
 //! The `valkey-server` binary comes from `$VALKEY_SERVER`, else from `scripts/valkey-bin.sh`
 //! (valkey 9.1.2, installed into a cache on first use). Every server gets `--save ''`,
@@ -66,14 +65,12 @@
 mod binaries;
 mod cluster;
 pub mod faults;
-pub mod image;
 mod info;
 pub mod k8s;
 mod net;
-mod process;
+pub mod process;
 mod replication;
 pub mod resp;
-pub mod sentinel;
 mod server;
 mod sidecar;
 mod tls;
@@ -83,10 +80,12 @@ pub use binaries::{
 };
 pub use cluster::{CLUSTER_SLOTS, ClusterOptions, ValkeyCluster};
 pub use info::info_field;
-pub use net::{free_port, loopback_ip, wait_for, wait_until};
+pub use net::{free_port, lock, loopback_ip, wait_for, wait_until};
 pub use process::KEEP_DIRS_ENV;
 pub use replication::{ReplicationOptions, ReplicationSet};
-pub use server::{DEFAULT_CLUSTER_NODE_TIMEOUT_MS, ServerOptions, ValkeyServer};
+pub use server::{
+    DEFAULT_CLUSTER_NODE_TIMEOUT_MS, POLL, ServerOptions, ValkeyServer, cached_query,
+};
 pub use sidecar::{Sidecar, SidecarOptions, http_get};
 pub use tls::{TLS_SERVER_NAME, TlsCerts, TlsClientAuth, TlsOptions, TlsServer};
 

@@ -72,6 +72,6 @@ fn handed_out() -> &'static Mutex<HashSet<(IpAddr, u16)>> {
 
 /// Locks ignoring poison: a test that panicked while holding a harness lock must not make every
 /// later teardown panic too.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }

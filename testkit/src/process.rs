@@ -34,14 +34,14 @@ const PANIC_TAIL_LINES: usize = 25;
 
 /// What to run; kept so the same process can be started again on the same port and dir.
 #[derive(Clone, Debug)]
-pub(crate) struct ProcessSpec {
+pub struct ProcessSpec {
     pub program: PathBuf,
     pub args: Vec<OsString>,
     /// Names the server in diagnostics, e.g. `valkey 127.0.0.1:6379`.
     pub label: String,
 }
 
-pub(crate) struct ServerProcess {
+pub struct ServerProcess {
     spec: ProcessSpec,
     child: Mutex<Child>,
     pid: AtomicU32,

@@ -21,7 +21,7 @@ use crate::process::{ProcessSpec, ServerProcess};
 pub const DEFAULT_CLUSTER_NODE_TIMEOUT_MS: u64 = 2000;
 
 /// How often readiness checks poll.
-pub(crate) const POLL: Duration = Duration::from_millis(20);
+pub const POLL: Duration = Duration::from_millis(20);
 
 /// How many fresh ports to try when the server loses its port to another process before binding.
 const BIND_ATTEMPTS: usize = 5;
@@ -394,23 +394,8 @@ impl ValkeyServer {
 
     /// Runs one command and converts the reply, e.g. `server.query::<String>(&["CLUSTER", "MYID"])`.
     pub fn query<T: FromRedisValue>(&self, args: &[&str]) -> Result<T> {
-        let (name, rest) = args.split_first().context("empty command")?;
-        let mut cmd = redis::cmd(name);
-        for arg in rest {
-            cmd.arg(*arg);
-        }
-        let mut cached = lock(&self.conn);
-        let mut conn = match cached.take() {
-            Some(c) => c,
-            None => self.client()?,
-        };
-        let result = cmd.query::<T>(&mut conn);
-        // A server error (WRONGTYPE, LOADING...) leaves the connection usable; anything at the
-        // connection level means a fresh one next time.
-        if !result.as_ref().is_err_and(connection_broken) {
-            *cached = Some(conn);
-        }
-        result.with_context(|| format!("{} on {}", args.join(" "), self.addr))
+        cached_query(&self.conn, || self.client(), args)
+            .with_context(|| format!("{} on {}", args.join(" "), self.addr))
     }
 
     /// `INFO section` as text.
@@ -474,6 +459,31 @@ impl ValkeyServer {
     fn forget_connection(&self) {
         lock(&self.conn).take();
     }
+}
+
+/// Runs one command on the connection cached in `cached`, dialling with `connect` when there is
+/// none. A server error (WRONGTYPE, LOADING...) leaves the connection usable; anything at the
+/// connection level means a fresh one next time.
+pub fn cached_query<T: FromRedisValue>(
+    cached: &Mutex<Option<redis::Connection>>,
+    connect: impl FnOnce() -> Result<redis::Connection>,
+    args: &[&str],
+) -> Result<T> {
+    let (name, rest) = args.split_first().context("empty command")?;
+    let mut cmd = redis::cmd(name);
+    for arg in rest {
+        cmd.arg(*arg);
+    }
+    let mut cached = lock(cached);
+    let mut conn = match cached.take() {
+        Some(c) => c,
+        None => connect()?,
+    };
+    let result = cmd.query::<T>(&mut conn);
+    if !result.as_ref().is_err_and(connection_broken) {
+        *cached = Some(conn);
+    }
+    Ok(result?)
 }
 
 fn connection_broken(e: &redis::RedisError) -> bool {

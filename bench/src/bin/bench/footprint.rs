@@ -1,0 +1,171 @@
+//! Footprint: the agents' RSS and CPU at idle and under a 1k rps probe load, beside a Sentinel
+//! and a `valkey-server` measured in the same windows.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Result;
+use valkey_sidecar_bench::sentinel::{SentinelOptions, Sentinels};
+use valkey_sidecar_testkit::{
+    ClusterOptions, ReplicationSet, ServerOptions, Sidecar, SidecarOptions, ValkeyCluster,
+};
+
+/// Clock ticks per second of `/proc/<pid>/stat`'s utime and stime (USER_HZ on Linux).
+const HZ: f64 = 100.0;
+
+/// RSS at the end of a window and the share of one core used in it.
+struct Usage {
+    rss_mib: f64,
+    cpu_pct: f64,
+}
+
+/// Measures `pids` over `window` while `during` runs (it should take about `window`).
+fn measure(pids: &[u32], window: Duration, during: impl FnOnce()) -> Result<Vec<Usage>> {
+    let before = pids
+        .iter()
+        .map(|p| crate::proc_stats(*p))
+        .collect::<Result<Vec<_>>>()?;
+    let started = std::time::Instant::now();
+    during();
+    std::thread::sleep(window.saturating_sub(started.elapsed()));
+    let secs = started.elapsed().as_secs_f64();
+    pids.iter()
+        .zip(before)
+        .map(|(p, (_, ticks))| {
+            let (rss, now) = crate::proc_stats(*p)?;
+            let cpu_pct = now.saturating_sub(ticks) as f64 / HZ / secs * 100.0;
+            Ok(Usage {
+                rss_mib: rss as f64 / 1024.0,
+                cpu_pct,
+            })
+        })
+        .collect()
+}
+
+fn row(process: &str, idle: &Usage, loaded: Option<&Usage>) -> String {
+    let load = loaded.map_or_else(
+        || "– | –".to_string(),
+        |u| format!("{:.1} | {:.2}", u.rss_mib, u.cpu_pct),
+    );
+    format!(
+        "| {process} | {:.1} | {:.2} | {load} |",
+        idle.rss_mib, idle.cpu_pct
+    )
+}
+
+/// The processes: 6 agents beside a 3 × (1 + 1) cluster, and a Sentinel deployment (1 primary +
+/// 2 replicas, 3 sentinels) on the same binary, all idle in one window; then agent #0 under the
+/// probe load in a second window.
+pub fn run(bin: &Path) -> Result<()> {
+    const WINDOW: Duration = Duration::from_secs(30);
+    const LOADED: Duration = Duration::from_secs(10);
+    let cluster = ValkeyCluster::start(3, 1, ClusterOptions::default())?;
+    let agents = start_agents(bin, &cluster)?;
+    let set = ReplicationSet::start(2, ServerOptions::default())?;
+    let sentinels = Sentinels::monitor(&set, SentinelOptions::default())?;
+    std::thread::sleep(Duration::from_secs(2));
+    let mut pids: Vec<u32> = agents.iter().map(Sidecar::pid).collect();
+    pids.push(cluster.nodes()[0].pid());
+    pids.extend(sentinels.pids().first());
+    let idle = measure(&pids, WINDOW, || {})?;
+    let probe = agents[0].probe_addr();
+    let paths = ["/livez", "/readyz", "/startupz", "/status"];
+    let loaded_pids = [agents[0].pid(), cluster.nodes()[0].pid()];
+    let mut served = 0;
+    let loaded = measure(&loaded_pids, LOADED, || {
+        served = crate::load(probe, 1000, LOADED, &paths).len();
+    })?;
+    print(bin, &idle, &loaded, served, WINDOW)
+}
+
+fn start_agents(bin: &Path, cluster: &ValkeyCluster) -> Result<Vec<Sidecar>> {
+    let agents: Vec<Sidecar> = cluster
+        .nodes()
+        .iter()
+        .map(|n| Sidecar::start(SidecarOptions::new(bin, n.addr(), "cluster")))
+        .collect::<Result<_>>()?;
+    for a in &agents {
+        a.wait_code("/readyz", 200, Duration::from_secs(10))?;
+    }
+    Ok(agents)
+}
+
+/// The summary's footprint row: the largest idle RSS and CPU of the agents against one sentinel.
+fn summarize(agents: &[Usage], sentinel: &Usage, window: Duration) {
+    use crate::summary::{Part, Row, Side, record};
+    let parts = |rss: f64, cpu: f64| {
+        vec![
+            Part {
+                name: "RSS".into(),
+                value: rss,
+                unit: "MiB".into(),
+            },
+            Part {
+                name: "CPU".into(),
+                value: cpu,
+                unit: "%".into(),
+            },
+        ]
+    };
+    let most = |f: fn(&Usage) -> f64| agents.iter().map(f).fold(0.0, f64::max);
+    record(&Row {
+        key: "idle".into(),
+        measure: "idle footprint of one process (RSS, CPU % of one core)".into(),
+        ours: Side {
+            who: format!("agent (the largest of {})", agents.len()),
+            config: "poll 250 ms, cluster mode, no Kubernetes API".into(),
+            parts: parts(most(|u| u.rss_mib), most(|u| u.cpu_pct)),
+            lost: None,
+        },
+        theirs: Some(Side {
+            who: "one sentinel".into(),
+            config: "one of 3 sentinels, Sentinel's defaults, monitoring 1 primary + 2 replicas".into(),
+            parts: parts(sentinel.rss_mib, sentinel.cpu_pct),
+            lost: None,
+        }),
+        runs: format!("one {} s window", window.as_secs()),
+        why: "the agent is a multi-threaded program with an HTTP server for the probes and a Valkey client polling every 250 ms; a sentinel is one single-threaded C process pinging once a second. One agent runs beside every Valkey, 3 sentinels beside a whole deployment".into(),
+    });
+}
+
+fn print(
+    bin: &Path,
+    idle: &[Usage],
+    loaded: &[Usage],
+    served: usize,
+    window: Duration,
+) -> Result<()> {
+    let agents = idle.len().saturating_sub(2);
+    println!(
+        "### Footprint beside a 3-shard × 1-replica cluster and a Sentinel deployment (poll 250 ms)\n"
+    );
+    println!(
+        "Command: `target/release/bench footprint`. Idle: every process in one {}s window. Probe load: agent #0 served {served} probe requests at 1000 requests/s (new connection each, `/livez` `/readyz` `/startupz` `/status` in turn) in a second 10 s window, its own Valkey measured in the same window. Sentinel: one of 3 sentinels (the same valkey-server binary with `--sentinel`) monitoring 1 primary + 2 replicas with its defaults. RSS from `VmRSS`, CPU from utime + stime in `/proc/<pid>/stat`.\n",
+        window.as_secs()
+    );
+    println!(
+        "| process | idle RSS MiB | idle CPU % of one core | 1k rps probes RSS MiB | 1k rps probes CPU % |"
+    );
+    println!("|---|---|---|---|---|");
+    for (i, u) in idle.iter().take(agents).enumerate() {
+        let under = (i == 0).then(|| loaded.first()).flatten();
+        println!("{}", row(&format!("valkey-sidecar #{i}"), u, under));
+    }
+    let valkey = idle.get(agents);
+    if let Some(v) = valkey {
+        println!(
+            "{}",
+            row("valkey-server (a primary, for scale)", v, loaded.get(1))
+        );
+    }
+    if let Some(s) = idle.get(agents + 1) {
+        println!("{}", row("valkey-server --sentinel (one of 3)", s, None));
+        summarize(idle.get(..agents).unwrap_or_default(), s, window);
+    }
+    let size = std::fs::metadata(bin)?.len();
+    println!(
+        "\nRelease binary (`target/release/valkey-sidecar`, glibc, stripped, LTO, opt-level s): {:.2} MiB ({size} bytes).\n",
+        size as f64 / 1048576.0
+    );
+    Ok(())
+}

@@ -1,0 +1,486 @@
+//! Each agent's rules for its own Valkey and its shard's record: renew, fence, release, follow,
+//! bootstrap ([`local`]).
+
+use super::record::{SeenRecord, ShardRecord};
+use crate::lease::LeaseTimings;
+use crate::time::Millis;
+
+/// The role of the local Valkey.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LocalRole {
+    /// `role:master`.
+    Primary,
+    /// `role:slave`, replicating from `of` (`master_host:master_port`).
+    Replica { of: String },
+}
+
+/// The local Valkey as the last fresh observation showed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalValkey {
+    pub role: LocalRole,
+    /// No data and never completed a sync (empty keyspace, offset 0): nothing on it anyone wrote.
+    pub fresh: bool,
+    /// INFO `run_id`: a restart changes it and voids the [`Holding`] made with the old process.
+    pub run_id: String,
+    /// When this agent first saw the current role (and, for a replica, its primary) in this run.
+    pub since: Millis,
+    /// When the observation this is made of was taken (it may be a poll older than `now`).
+    pub observed_at: Millis,
+}
+
+/// Whether the data of the local Valkey's current run can be trusted, as the keeper tracks it
+/// from one observation to the next.
+///
+/// Untrusted: the run started empty, or started while this agent watched (a restart: whatever it
+/// holds came after, e.g. client writes to an empty primary). Without persistence a restarted
+/// primary takes writes and gains replicas within a second (they full-sync from it), after which
+/// it no longer *looks* empty — but it is not the primary whose data the shard has, so it must
+/// never renew. Trusted again once the run completes a sync as a replica (its data is then the
+/// shard's), or is promoted from replica to master within the run: only the coordinator sends
+/// `REPLICAOF NO ONE`, and only to a replica that synced; or once it held the record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunTrust {
+    pub run_id: String,
+    pub untrusted: bool,
+    /// The role in the last observation of this run.
+    pub role: LocalRole,
+}
+
+impl RunTrust {
+    /// The trust after an observation of run `run_id` in `role`; `fresh`: it holds nothing
+    /// (`Observation::fresh`), `synced`: a link to a primary has been up in this run.
+    pub fn observe(
+        prev: Option<&RunTrust>,
+        run_id: &str,
+        role: &LocalRole,
+        fresh: bool,
+        synced: bool,
+    ) -> RunTrust {
+        let untrusted = match prev {
+            Some(p) if p.run_id == run_id => p.untrusted && !p.promoted_to(role),
+            // Restarted under this agent: whatever it holds now came after the restart.
+            Some(_) => true,
+            None => fresh,
+        };
+        RunTrust {
+            run_id: run_id.to_owned(),
+            untrusted: untrusted && !synced,
+            role: role.clone(),
+        }
+    }
+
+    /// After this run held the record (bootstrapped or renewed it): it is the shard's primary,
+    /// so its data is the shard's, however empty it started.
+    pub fn held(&self) -> RunTrust {
+        RunTrust {
+            untrusted: false,
+            ..self.clone()
+        }
+    }
+
+    fn promoted_to(&self, role: &LocalRole) -> bool {
+        matches!(self.role, LocalRole::Replica { .. }) && *role == LocalRole::Primary
+    }
+}
+
+/// This agent's own claim on the record: when it last renewed it, and for which Valkey run.
+///
+/// The adapter sets it after every successful renewal or bootstrap (to the *send* time of the
+/// write) and drops it when it releases. It counts only for the epoch and Valkey run it was made
+/// in, so a stale claim cannot outlive a promotion or a Valkey restart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holding {
+    pub epoch: u64,
+    pub renewed_at: Millis,
+    pub run_id: String,
+}
+
+impl Holding {
+    /// The acting deadline: past it, the holder must no longer accept writes unfenced.
+    pub fn deadline(&self, timings: &LeaseTimings) -> Millis {
+        self.renewed_at.plus(timings.renew_deadline_ms)
+    }
+}
+
+/// Everything an agent knows when it decides about its own Valkey.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalView {
+    pub now: Millis,
+    /// This pod's name (the identity written as holder).
+    pub me: String,
+    /// valkey-operator's `valkey.io/node-index` (0 = the intended primary at bootstrap).
+    pub node_index: Option<u32>,
+    /// The shard Lease's timings (validated: lease > renew deadline > 1.2 × retry).
+    pub timings: LeaseTimings,
+    /// `None`: Valkey does not answer, or is loading (it serves nothing either way).
+    pub valkey: Option<LocalValkey>,
+    /// `None`: the record has not been read yet.
+    pub record: Option<SeenRecord>,
+    /// This agent's own claim on the record, kept by the adapter across ticks.
+    pub holding: Option<Holding>,
+    /// Until when this agent's own fence (`CLIENT PAUSE ... WRITE`) holds; `None`: none set. Only
+    /// the agent's own fence is lifted here — a pause set by a switchover is not ours to lift.
+    pub fenced_until: Option<Millis>,
+    /// `host:port` of the record's primary, resolved by the adapter (the same spelling it uses
+    /// with `REPLICAOF`, so it compares equal to a replica's `master_host:master_port`).
+    pub primary_addr: Option<String>,
+    /// Another pod of this shard is known to run a master that holds data.
+    pub other_master: bool,
+}
+
+/// What an agent should do about its own Valkey; each carries the reason for logs and Events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LocalAction {
+    /// Renew the record (carrying its `resourceVersion`, so a record that moved meanwhile is not
+    /// overwritten), then keep a [`Holding`] for the record's epoch, the Valkey's `run_id` and
+    /// the write's send time. The adapter paces failed attempts at the retry period.
+    Renew { reason: String },
+    /// `CLIENT PAUSE <until − now> WRITE`. Pausing comes first because it is local, instant and
+    /// reversible: it stops writes before anyone may promote, yet a holder that renews late can
+    /// [`LocalAction::Unfence`] without losing its role. Demotion waits for a recorded successor,
+    /// because demoting with no successor would leave the shard with no primary at all.
+    Fence { until: Millis, reason: String },
+    /// `CLIENT UNPAUSE`: our own fence, now that we hold a valid renewal again.
+    Unfence { reason: String },
+    /// Clear the holder on the record (CAS), so failover does not wait for expiry.
+    Release { reason: String },
+    /// `REPLICAOF <to>` then `CLIENT UNPAUSE`: my Valkey has data but a successor is recorded.
+    /// Unpausing after the switch is safe (a replica refuses writes) and needed (a pause left
+    /// behind would block writes after a later promotion).
+    Demote { to: String, reason: String },
+    /// `REPLICAOF <to>` then `CLIENT UNPAUSE`: my Valkey came up as an empty master.
+    Rejoin { to: String, reason: String },
+    /// `REPLICAOF <to>`: my replica follows the wrong primary.
+    Repoint { to: String, reason: String },
+    /// Create the record naming me at `epoch` (create fails if it exists): 1 for a new shard
+    /// ([`ShardRecord::bootstrap`]), or above the epoch I held when the record vanished under me.
+    Bootstrap { epoch: u64, reason: String },
+    /// Waiting on someone else, or on a fresher read of the record (read it soon).
+    Wait { reason: String },
+    /// All is as it should be.
+    Nothing { reason: String },
+}
+
+impl LocalAction {
+    /// A short stable name, for logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            LocalAction::Renew { .. } => "renew",
+            LocalAction::Fence { .. } => "fence",
+            LocalAction::Unfence { .. } => "unfence",
+            LocalAction::Release { .. } => "release",
+            LocalAction::Demote { .. } => "demote",
+            LocalAction::Rejoin { .. } => "rejoin",
+            LocalAction::Repoint { .. } => "repoint",
+            LocalAction::Bootstrap { .. } => "bootstrap",
+            LocalAction::Wait { .. } => "wait",
+            LocalAction::Nothing { .. } => "nothing",
+        }
+    }
+
+    /// Why the action was chosen.
+    pub fn reason(&self) -> &str {
+        match self {
+            LocalAction::Renew { reason }
+            | LocalAction::Fence { reason, .. }
+            | LocalAction::Unfence { reason }
+            | LocalAction::Release { reason }
+            | LocalAction::Demote { reason, .. }
+            | LocalAction::Rejoin { reason, .. }
+            | LocalAction::Repoint { reason, .. }
+            | LocalAction::Bootstrap { reason, .. }
+            | LocalAction::Wait { reason }
+            | LocalAction::Nothing { reason } => reason,
+        }
+    }
+}
+
+/// Decides what this agent does about its own Valkey now.
+///
+/// The adapter may call it again right after acting (e.g. fence, then renew, then unfence), and
+/// must also call it at the holding's deadline, not only on its next tick.
+pub fn local(view: &LocalView) -> LocalAction {
+    match &view.valkey {
+        None => not_answering(view),
+        Some(v) => match &v.role {
+            LocalRole::Primary => as_primary(view, v),
+            LocalRole::Replica { of } => as_replica(view, v, of),
+        },
+    }
+}
+
+/// Whether the labels and `/primary` may advertise the local Valkey as primary *once it is
+/// master*: this agent holds a valid renewal of the record naming it (this epoch, this Valkey
+/// run, before the deadline) and has not fenced it. A named replica may already hold it, so the
+/// moment its promotion lands it is labelled primary directly. Everything else — a fenced,
+/// superseded or unrecorded master — is advertised as unknown, so a Service never routes writes
+/// to it. (The consumers check the role itself: a replica is never advertised as primary.)
+pub fn may_advertise(view: &LocalView) -> bool {
+    let held = view.valkey.as_ref().is_some_and(|v| holds(view, v));
+    held && view.fenced_until.is_none()
+}
+
+/// Whether the record names this agent while its Valkey is still a replica: the coordinator's
+/// `REPLICAOF NO ONE` is due any moment (or, for an empty replica, a fresh look decides whether
+/// to release), so it is worth observing Valkey more often until then.
+pub fn awaiting_promotion(view: &LocalView) -> bool {
+    let replica = |v: &&LocalValkey| matches!(v.role, LocalRole::Replica { .. });
+    named(view) && view.valkey.as_ref().filter(replica).is_some()
+}
+
+fn wait(reason: impl Into<String>) -> LocalAction {
+    LocalAction::Wait {
+        reason: reason.into(),
+    }
+}
+
+fn nothing(reason: impl Into<String>) -> LocalAction {
+    LocalAction::Nothing {
+        reason: reason.into(),
+    }
+}
+
+/// The record, if it has been read and exists.
+fn existing(view: &LocalView) -> Option<&ShardRecord> {
+    view.record.as_ref()?.record.as_ref()
+}
+
+fn named(view: &LocalView) -> bool {
+    existing(view).and_then(ShardRecord::holder) == Some(view.me.as_str())
+}
+
+/// Our holding, if it was made for the record's current epoch and this Valkey run.
+fn current_holding<'a>(view: &'a LocalView, v: &LocalValkey) -> Option<&'a Holding> {
+    let epoch = existing(view)?.epoch;
+    let h = view.holding.as_ref()?;
+    (named(view) && h.epoch == epoch && h.run_id == v.run_id).then_some(h)
+}
+
+fn holds(view: &LocalView, v: &LocalValkey) -> bool {
+    current_holding(view, v).is_some_and(|h| view.now < h.deadline(&view.timings))
+}
+
+/// Whether the record was read after the local Valkey took its current role: only then does the
+/// record reflect every promotion that happened before (the coordinator writes the record first).
+fn read_since_role_change(view: &LocalView, v: &LocalValkey) -> bool {
+    view.record.as_ref().is_some_and(|s| s.read_at >= v.since)
+}
+
+fn not_answering(view: &LocalView) -> LocalAction {
+    if named(view) {
+        return LocalAction::Release {
+            reason: "my Valkey does not answer: releasing so failover need not wait for expiry"
+                .into(),
+        };
+    }
+    wait("waiting for my Valkey to answer")
+}
+
+/// Pauses writes unless our fence still has at least half its length to run.
+fn fence_or(view: &LocalView, reason: &str, otherwise: LocalAction) -> LocalAction {
+    let fence_ms = view.timings.lease_ms;
+    let lasts = |until: &Millis| until.since(view.now) >= fence_ms / 2;
+    if view.fenced_until.as_ref().is_some_and(lasts) {
+        return otherwise;
+    }
+    LocalAction::Fence {
+        until: view.now.plus(fence_ms),
+        reason: reason.into(),
+    }
+}
+
+fn fence_or_wait(view: &LocalView, reason: &str) -> LocalAction {
+    fence_or(view, reason, wait(format!("fenced: {reason}")))
+}
+
+fn as_primary(view: &LocalView, v: &LocalValkey) -> LocalAction {
+    if holds(view, v) {
+        return steady_primary(view, v);
+    }
+    let Some(seen) = &view.record else {
+        return fence_or_wait(
+            view,
+            "the record has not been read: cannot confirm I may be primary",
+        );
+    };
+    let Some(record) = &seen.record else {
+        return unrecorded_primary(view, v);
+    };
+    if named(view) {
+        return lapsed_primary(view, v);
+    }
+    match record.recorded_primary() {
+        Some(p) if p != view.me => superseded_primary(view, v, p),
+        Some(_) => fence_or_wait(view, "I released the record: no writes until a successor"),
+        None => fence_or_wait(view, "the record names no primary"),
+    }
+}
+
+/// We hold a valid renewal: lift our fence if one is left, else renew when due.
+fn steady_primary(view: &LocalView, v: &LocalValkey) -> LocalAction {
+    if view.fenced_until.is_some() {
+        return LocalAction::Unfence {
+            reason: "renewed the record: writes may resume".into(),
+        };
+    }
+    let Some(h) = current_holding(view, v) else {
+        return nothing("primary on record");
+    };
+    let due = h.renewed_at.plus(view.timings.retry_ms);
+    if view.now >= due {
+        LocalAction::Renew {
+            reason: "primary on record: renewing".into(),
+        }
+    } else {
+        nothing("primary on record, renewed recently")
+    }
+}
+
+/// No record exists: its last holder re-creates it above its epoch; otherwise only the intended
+/// primary creates it, and only if no one else has data.
+fn unrecorded_primary(view: &LocalView, v: &LocalValkey) -> LocalAction {
+    if let Some(epoch) = recreate_epoch(view, v) {
+        let reason = format!(
+            "the record vanished while I held it at epoch {}: re-creating it at epoch {epoch}",
+            epoch - 1
+        );
+        return LocalAction::Bootstrap { epoch, reason };
+    }
+    if view.other_master {
+        return fence_or_wait(view, "no record, and another pod runs a master with data");
+    }
+    if view.node_index == Some(0) {
+        return LocalAction::Bootstrap {
+            epoch: 1,
+            reason: "no record exists and I am node-index 0: creating it at epoch 1".into(),
+        };
+    }
+    fence_or_wait(
+        view,
+        "no record yet: the node-index 0 pod bootstraps the shard",
+    )
+}
+
+/// The epoch at which the holder re-creates a deleted record: one above the epoch it holds, if
+/// its holding is still valid (before its renew deadline) for this Valkey run, with its data.
+/// While it is valid nobody can have been promoted (the coordinator waits a full lease after the
+/// last renewal it saw, longer than the renew deadline), and the create fails if anyone else
+/// re-created the record first; so the pod the shard trusts stays primary, with no failover. A
+/// holder that learns of the deletion only after its deadline has fenced itself and waits.
+fn recreate_epoch(view: &LocalView, v: &LocalValkey) -> Option<u64> {
+    let h = view.holding.as_ref()?;
+    let valid = view.now < h.deadline(&view.timings);
+    let ours = h.run_id == v.run_id && !v.fresh;
+    (valid && ours).then(|| h.epoch.checked_add(1)).flatten()
+}
+
+/// The record names us, but our renewal lapsed (or was made for another epoch or Valkey run).
+fn lapsed_primary(view: &LocalView, v: &LocalValkey) -> LocalAction {
+    // Empty under our own claim is legitimate (a bootstrapped primary before its first write);
+    // empty in another run means Valkey restarted without its data, and continuing as primary
+    // would have every replica resync nothing.
+    let same_run = view.holding.as_ref().is_some_and(|h| h.run_id == v.run_id);
+    if v.fresh && !same_run {
+        return LocalAction::Release {
+            reason: "my Valkey came back empty: its data is gone, a replica has the shard's".into(),
+        };
+    }
+    let renew = LocalAction::Renew {
+        reason: "fenced: renewing late; writes resume if nobody took over".into(),
+    };
+    fence_or(
+        view,
+        "could not renew the record before my renew deadline",
+        renew,
+    )
+}
+
+/// My Valkey is master, but the record names another pod.
+fn superseded_primary(view: &LocalView, v: &LocalValkey, successor: &str) -> LocalAction {
+    if !read_since_role_change(view, v) {
+        return fence_or_wait(
+            view,
+            "my Valkey became master after my last read of the record",
+        );
+    }
+    let Some(to) = view.primary_addr.clone() else {
+        return fence_or_wait(
+            view,
+            &format!("{successor} is primary but its address is unknown"),
+        );
+    };
+    if v.fresh {
+        let reason = format!("my Valkey came up as an empty master; {successor} is primary");
+        return LocalAction::Rejoin { to, reason };
+    }
+    let reason = format!("{successor} is primary on record: demoting before accepting writes");
+    LocalAction::Demote { to, reason }
+}
+
+fn as_replica(view: &LocalView, v: &LocalValkey, of: &str) -> LocalAction {
+    let Some(seen) = &view.record else {
+        return wait("the record has not been read yet");
+    };
+    let Some(record) = &seen.record else {
+        return nothing(format!("no record yet; replicating from {of}"));
+    };
+    if named(view) {
+        return named_replica(view, v);
+    }
+    match record.recorded_primary() {
+        Some(p) if p != view.me => follow(view, v, p, of),
+        _ => wait("the record names no other primary: waiting for the coordinator"),
+    }
+}
+
+/// The record names us while our Valkey is still a replica: a promotion is under way.
+///
+/// One renewal anchors our deadline before the coordinator's `REPLICAOF NO ONE` arrives, so the
+/// new primary is writable at once. Only one: if the promotion does not come by that deadline
+/// the coordinator stalled, and we release so it can choose again.
+fn named_replica(view: &LocalView, v: &LocalValkey) -> LocalAction {
+    if v.fresh {
+        // An observation older than the read that named us may predate a sync that completed
+        // since (the coordinator, which observed it later, saw the data): look again first, or
+        // the shard ping-pongs between replicas the coordinator picks and their agents release.
+        if view
+            .record
+            .as_ref()
+            .is_some_and(|s| v.observed_at < s.read_at)
+        {
+            return wait("named primary: observing my Valkey again before deciding");
+        }
+        // The coordinator never picks a replica that never synced: the record is about an
+        // earlier incarnation of this pod, whose data is gone.
+        return LocalAction::Release {
+            reason: "named primary, but my Valkey never synced: releasing".into(),
+        };
+    }
+    match current_holding(view, v) {
+        None => LocalAction::Renew {
+            reason: "named primary: renewing before my Valkey is promoted".into(),
+        },
+        Some(_) if holds(view, v) => wait("named primary: waiting to be promoted"),
+        Some(_) => LocalAction::Release {
+            reason: "named primary, but my Valkey was not promoted before my renew deadline".into(),
+        },
+    }
+}
+
+fn follow(view: &LocalView, v: &LocalValkey, primary: &str, of: &str) -> LocalAction {
+    let Some(to) = view.primary_addr.clone() else {
+        return wait(format!("{primary} is primary but its address is unknown"));
+    };
+    if to == of {
+        return nothing(format!("replicating from the recorded primary {primary}"));
+    }
+    if !read_since_role_change(view, v) {
+        return wait("my Valkey changed primary after my last read of the record");
+    }
+    let reason = format!("replicating from {of}, but {primary} is primary on record");
+    LocalAction::Repoint { to, reason }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The coordinator: unplanned failover.
+// ---------------------------------------------------------------------------------------------

@@ -1,0 +1,508 @@
+//! Replication mode, the agent beside each Valkey (`replication::local`): one table row per
+//! situation, and the claim, trust and fencing rules around it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use support::*;
+use valkey_sidecar_core::replication::{
+    LocalAction, LocalRole, LocalValkey, LocalView, RunTrust, SeenRecord, ShardRecord,
+    awaiting_promotion, local, may_advertise,
+};
+use valkey_sidecar_core::time::Millis;
+
+// ------------------------------------------------------------------------------------------
+// local(): one table row per situation.
+// ------------------------------------------------------------------------------------------
+
+#[test]
+fn local_table() {
+    let fenced = |mut v: LocalView, until: u64| {
+        v.fenced_until = Some(Millis(until));
+        v
+    };
+    let fresh = |mut v: LocalValkey| {
+        v.fresh = true;
+        v
+    };
+    let rows: Vec<(&str, LocalView, &str)> = vec![
+        // The primary on record.
+        ("renewal due", holder_view(2_000, 0), "renew"),
+        ("renewed recently", holder_view(1_999, 0), "nothing"),
+        ("renew deadline passed", holder_view(10_000, 0), "fence"),
+        (
+            "fenced, renewing late",
+            fenced(holder_view(10_500, 0), 25_000),
+            "renew",
+        ),
+        (
+            "fence about to lapse",
+            fenced(holder_view(20_000, 0), 25_000),
+            "fence",
+        ),
+        (
+            "renewed again while fenced",
+            fenced(holder_view(12_000, 11_000), 25_000),
+            "unfence",
+        ),
+        (
+            "holding of an older epoch",
+            LocalView {
+                holding: Some(holding(2, 1_000, "run")),
+                ..holder_view(2_000, 1_000)
+            },
+            "fence",
+        ),
+        (
+            "Valkey restarted with data",
+            LocalView {
+                holding: Some(holding(3, 1_000, "old")),
+                ..holder_view(2_000, 1_000)
+            },
+            "fence",
+        ),
+        (
+            "Valkey restarted empty",
+            LocalView {
+                valkey: Some(fresh(master("new", 1_500))),
+                holding: Some(holding(3, 1_000, "old")),
+                ..holder_view(2_000, 1_000)
+            },
+            "release",
+        ),
+        (
+            "bootstrapped, no writes yet, renewal due",
+            LocalView {
+                valkey: Some(fresh(master("run", 0))),
+                ..holder_view(2_000, 0)
+            },
+            "renew",
+        ),
+        (
+            "Valkey does not answer",
+            LocalView {
+                valkey: None,
+                ..holder_view(2_000, 0)
+            },
+            "release",
+        ),
+        // A successor is recorded.
+        (
+            "old primary, successor recorded",
+            follower_view(master("run", 1_000)),
+            "demote",
+        ),
+        (
+            "empty master, successor recorded",
+            follower_view(fresh(master("run", 1_000))),
+            "rejoin",
+        ),
+        (
+            "became master after the last read",
+            follower_view(master("run", 5_001)),
+            "fence",
+        ),
+        (
+            "successor's address unknown",
+            LocalView {
+                primary_addr: None,
+                ..follower_view(master("run", 1_000))
+            },
+            "fence",
+        ),
+        (
+            "released by me, no successor yet",
+            LocalView {
+                record: Some(seen(Some(record(None, Some("pod-0"), 3)), 11_000)),
+                ..holder_view(11_000, 0)
+            },
+            "fence",
+        ),
+        (
+            "released by me, already fenced",
+            LocalView {
+                record: Some(seen(Some(record(None, Some("pod-0"), 3)), 11_000)),
+                fenced_until: Some(Millis(30_000)),
+                ..holder_view(11_000, 0)
+            },
+            "wait",
+        ),
+        // Replicas.
+        (
+            "following the recorded primary",
+            follower_view(replica_of("10.0.0.11:6379", 1_000)),
+            "nothing",
+        ),
+        (
+            "following the wrong primary",
+            follower_view(replica_of("10.0.0.12:6379", 1_000)),
+            "repoint",
+        ),
+        (
+            "repointed after the last read",
+            follower_view(replica_of("10.0.0.12:6379", 5_500)),
+            "wait",
+        ),
+        (
+            "named primary, not promoted yet",
+            LocalView {
+                valkey: Some(replica_of("10.0.0.11:6379", 0)),
+                holding: None,
+                ..holder_view(3_000, 0)
+            },
+            "renew",
+        ),
+        (
+            "named primary, renewed, waiting",
+            LocalView {
+                valkey: Some(replica_of("10.0.0.11:6379", 0)),
+                ..holder_view(3_000, 0)
+            },
+            "wait",
+        ),
+        (
+            "named primary, promotion never came",
+            LocalView {
+                valkey: Some(replica_of("10.0.0.11:6379", 0)),
+                ..holder_view(10_000, 0)
+            },
+            "release",
+        ),
+        (
+            "named primary but never synced",
+            LocalView {
+                valkey: Some(fresh(replica_of("10.0.0.11:6379", 0))),
+                holding: None,
+                ..holder_view(3_000, 0)
+            },
+            "release",
+        ),
+        (
+            "named primary, empty in an observation older than the record read",
+            LocalView {
+                valkey: Some(fresh(replica_of("10.0.0.11:6379", 0))),
+                holding: None,
+                record: Some(seen(Some(record(Some("pod-0"), Some("pod-0"), 3)), 1_000)),
+                ..holder_view(3_000, 0)
+            },
+            "wait",
+        ),
+        // Before anything is known, and bootstrap.
+        (
+            "record not read, replica",
+            LocalView {
+                valkey: Some(replica_of("x:1", 0)),
+                ..view(0)
+            },
+            "wait",
+        ),
+        (
+            "record not read, master",
+            LocalView {
+                valkey: Some(master("run", 0)),
+                ..view(0)
+            },
+            "fence",
+        ),
+        ("Valkey silent, not holder", view(0), "wait"),
+        (
+            "no record, node-index 0",
+            LocalView {
+                valkey: Some(fresh(master("run", 0))),
+                record: Some(seen(None, 10)),
+                ..view(10)
+            },
+            "bootstrap",
+        ),
+        (
+            "no record, node-index 1",
+            LocalView {
+                node_index: Some(1),
+                valkey: Some(fresh(master("run", 0))),
+                record: Some(seen(None, 10)),
+                ..view(10)
+            },
+            "fence",
+        ),
+        (
+            "no record any more, node-index 1 held it at epoch 4 in this run",
+            LocalView {
+                node_index: Some(1),
+                valkey: Some(master("run", 0)),
+                holding: Some(holding(4, 5, "run")),
+                record: Some(seen(None, 10)),
+                other_master: true,
+                ..view(10)
+            },
+            "bootstrap",
+        ),
+        (
+            "no record any more, held it at epoch 4 but past the renew deadline",
+            LocalView {
+                node_index: Some(1),
+                valkey: Some(master("run", 0)),
+                holding: Some(holding(4, 5, "run")),
+                record: Some(seen(None, 10_005)),
+                ..view(10_005)
+            },
+            "fence",
+        ),
+        (
+            "no record any more, held it in an earlier Valkey run",
+            LocalView {
+                node_index: Some(1),
+                valkey: Some(master("run-2", 0)),
+                holding: Some(holding(4, 5, "run")),
+                record: Some(seen(None, 10)),
+                ..view(10)
+            },
+            "fence",
+        ),
+        (
+            "no record, another master has data",
+            LocalView {
+                valkey: Some(fresh(master("run", 0))),
+                record: Some(seen(None, 10)),
+                other_master: true,
+                ..view(10)
+            },
+            "fence",
+        ),
+        (
+            "no record, replica",
+            LocalView {
+                valkey: Some(replica_of("x:1", 0)),
+                record: Some(seen(None, 10)),
+                ..view(10)
+            },
+            "nothing",
+        ),
+    ];
+    for (name, v, want) in rows {
+        let got = local(&v);
+        assert_eq!(got.kind(), want, "{name}: {got:?}");
+        assert!(!got.reason().is_empty(), "{name}: no reason");
+    }
+}
+
+#[test]
+fn a_vanished_record_is_re_created_by_its_holder_above_its_epoch() {
+    let v = LocalView {
+        node_index: Some(2),
+        valkey: Some(master("run", 0)),
+        holding: Some(holding(4, 5, "run")),
+        record: Some(seen(None, 10)),
+        ..view(10)
+    };
+    match local(&v) {
+        LocalAction::Bootstrap { epoch, reason } => {
+            assert_eq!(epoch, 5);
+            assert!(reason.contains("epoch 4"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn only_a_held_unfenced_master_is_advertised() {
+    let steady = holder_view(3_000, 2_000);
+    let rows: Vec<(&str, LocalView, bool)> = vec![
+        ("held, renewed 1 s ago", steady.clone(), true),
+        ("past the renew deadline", holder_view(12_001, 2_000), false),
+        (
+            "fenced by its own agent",
+            LocalView {
+                fenced_until: Some(Millis(9_000)),
+                ..steady.clone()
+            },
+            false,
+        ),
+        (
+            "Valkey restarted (new run)",
+            LocalView {
+                valkey: Some(master("run-2", 2_500)),
+                ..steady.clone()
+            },
+            false,
+        ),
+        (
+            "the record moved on (epoch 4, pod-1)",
+            LocalView {
+                record: Some(seen(Some(record(Some("pod-1"), Some("pod-1"), 4)), 2_500)),
+                ..steady.clone()
+            },
+            false,
+        ),
+        (
+            "a named replica holding a renewal (advertised once promoted)",
+            LocalView {
+                valkey: Some(replica_of("10.0.0.11:6379", 0)),
+                ..steady.clone()
+            },
+            true,
+        ),
+        (
+            "no answer from Valkey",
+            LocalView {
+                valkey: None,
+                ..steady
+            },
+            false,
+        ),
+    ];
+    for (why, v, want) in rows {
+        assert_eq!(may_advertise(&v), want, "{why}");
+    }
+}
+
+#[test]
+fn a_named_replica_with_data_awaits_its_promotion() {
+    let named = LocalView {
+        valkey: Some(replica_of("10.0.0.10:6379", 0)),
+        record: Some(seen(Some(record(Some("pod-0"), Some("pod-0"), 4)), 5_000)),
+        ..view(6_000)
+    };
+    assert!(awaiting_promotion(&named));
+    let fresh = LocalValkey {
+        fresh: true,
+        ..replica_of("10.0.0.10:6379", 0)
+    };
+    let empty = LocalView {
+        valkey: Some(fresh),
+        ..named.clone()
+    };
+    assert!(awaiting_promotion(&empty), "an empty one looks again, fast");
+    let promoted = LocalView {
+        valkey: Some(master("run", 5_500)),
+        ..named
+    };
+    assert!(!awaiting_promotion(&promoted), "already master");
+    let other = follower_view(replica_of("10.0.0.11:6379", 0));
+    assert!(!awaiting_promotion(&other), "the record names pod-1");
+}
+
+#[test]
+fn a_renewal_keeps_the_claim_but_a_release_or_promotion_changes_it() {
+    let a = record(Some("pod-0"), Some("pod-0"), 3);
+    let renewed = ShardRecord {
+        version: "v3b".into(),
+        ..a.clone()
+    };
+    assert!(a.same_claim(&renewed));
+    assert!(!a.same_claim(&a.released()));
+    assert!(!a.same_claim(&record(Some("pod-1"), Some("pod-1"), 4)));
+}
+
+#[test]
+fn a_new_version_counts_as_changed_when_its_answer_arrived() {
+    let rec = |v: &str| {
+        Some(ShardRecord {
+            version: v.into(),
+            ..ShardRecord::bootstrap("v-0-0")
+        })
+    };
+    let first = SeenRecord::after_read(None, rec("1"), Millis(100), Millis(130));
+    assert_eq!(
+        (first.read_at, first.changed_at),
+        (Millis(100), Millis(130))
+    );
+    let same = SeenRecord::after_read(Some(&first), rec("1"), Millis(2100), Millis(2110));
+    assert_eq!((same.read_at, same.changed_at), (Millis(2100), Millis(130)));
+    let renewed = SeenRecord::after_read(Some(&same), rec("2"), Millis(4100), Millis(4120));
+    assert_eq!(renewed.changed_at, Millis(4120));
+    let deleted = SeenRecord::after_read(Some(&renewed), None, Millis(5000), Millis(5001));
+    assert_eq!(deleted.changed_at, Millis(5001));
+    let still_none = SeenRecord::after_read(Some(&deleted), None, Millis(6000), Millis(6001));
+    assert_eq!(still_none.changed_at, Millis(5001));
+}
+
+#[test]
+fn a_run_is_trusted_once_synced_or_promoted_never_after_an_unseen_restart() {
+    let replica = LocalRole::Replica { of: "p:1".into() };
+    let primary = LocalRole::Primary;
+    let first = RunTrust::observe(None, "r1", &primary, true, false);
+    assert!(first.untrusted, "started empty");
+    let known = RunTrust::observe(None, "r1", &primary, false, false);
+    assert!(!known.untrusted, "found with data when the agent started");
+    let restarted = RunTrust::observe(Some(&known), "r2", &primary, false, false);
+    assert!(
+        restarted.untrusted,
+        "restarted under the agent: it took writes since"
+    );
+    let rejoined = RunTrust::observe(Some(&restarted), "r2", &replica, false, false);
+    assert!(rejoined.untrusted, "a replica before its sync");
+    let synced = RunTrust::observe(Some(&rejoined), "r2", &replica, false, true);
+    assert!(
+        !synced.untrusted,
+        "a completed sync brings the shard's data"
+    );
+    let promoted = RunTrust::observe(Some(&rejoined), "r2", &primary, false, false);
+    assert!(
+        !promoted.untrusted,
+        "replica to master in one run: the coordinator's promotion"
+    );
+    let again = RunTrust::observe(Some(&restarted), "r2", &primary, false, false);
+    assert!(
+        again.untrusted,
+        "a master that stays master stays untrusted"
+    );
+    let bootstrapped = first.held();
+    let later = RunTrust::observe(Some(&bootstrapped), "r1", &primary, false, false);
+    assert!(
+        !later.untrusted,
+        "the run that held the record is the shard's primary"
+    );
+}
+
+#[test]
+fn record_names_and_selector() {
+    let name = ShardRecord::lease_name("cache", "2");
+    assert_eq!(name, "cache-2-primary");
+    assert_eq!(ShardRecord::shard_of("cache", &name), Some("2"));
+    assert_eq!(ShardRecord::shard_of("cache", "cache-coordinator"), None);
+    assert_eq!(ShardRecord::shard_of("cache", "cache--primary"), None);
+    assert_eq!(ShardRecord::shard_of("other", &name), None);
+    assert_eq!(
+        ShardRecord::selector("cache"),
+        "valkey.io/record=shard-primary,valkey.io/cluster=cache"
+    );
+}
+
+#[test]
+fn record_helpers() {
+    assert_eq!(ShardRecord::lease_name("cache", "s0"), "cache-s0-primary");
+    let r = ShardRecord::bootstrap("pod-0");
+    assert_eq!(
+        (r.holder(), r.recorded_primary(), r.epoch),
+        (Some("pod-0"), Some("pod-0"), 1)
+    );
+    let released = r.released();
+    assert_eq!(released.holder(), None);
+    assert_eq!(released.recorded_primary(), Some("pod-0"));
+    assert_eq!(released.epoch, 1);
+    let empty = ShardRecord {
+        holder: Some(String::new()),
+        ..released
+    };
+    assert_eq!(empty.holder(), None, "an empty holder is a release");
+    assert!(r.held_by("pod-0") && !r.held_by("pod-1"));
+    assert!(
+        !r.released().held_by("pod-0"),
+        "nobody holds a released record"
+    );
+}
+
+#[test]
+fn fence_pauses_for_a_lease_and_demotion_targets_the_recorded_address() {
+    assert_eq!(
+        local(&holder_view(10_000, 0)),
+        LocalAction::Fence {
+            until: Millis(25_000),
+            reason: "could not renew the record before my renew deadline".into()
+        }
+    );
+    let LocalAction::Demote { to, .. } = local(&follower_view(master("run", 1_000))) else {
+        panic!("expected a demotion")
+    };
+    assert_eq!(to, "10.0.0.11:6379");
+}

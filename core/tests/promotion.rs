@@ -1,0 +1,266 @@
+//! Replication mode, the coordinator's failover decision (`replication::promote`): who is
+//! promoted, when the lease has run out, and why a promotion is blocked.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use support::*;
+use valkey_sidecar_core::observation::Role;
+use valkey_sidecar_core::replication::{
+    FailoverPolicy, HoldKind, SeenRecord, ShardMember, ShardRecord, ShardView, promote,
+};
+use valkey_sidecar_core::time::Millis;
+
+// ------------------------------------------------------------------------------------------
+// promote(): the coordinator's failover decision.
+// ------------------------------------------------------------------------------------------
+
+#[test]
+fn promotes_the_highest_offset_once_the_lease_ran_out() {
+    let held = promote(&shard(14_999), &FailoverPolicy::default()).unwrap_err();
+    assert_eq!(held.kind, HoldKind::Held);
+    let p = promote(&shard(15_000), &FailoverPolicy::default()).unwrap();
+    assert_eq!(p.target, "pod-2");
+    assert_eq!(p.epoch, 6);
+    assert_eq!(p.version, "v5");
+    assert_eq!(p.fence, vec!["pod-0".to_string()]);
+    assert_eq!(p.repoint, vec!["pod-0".to_string(), "pod-1".to_string()]);
+    assert_eq!(
+        p.record(),
+        ShardRecord {
+            lease_ms: None,
+            holder: Some("pod-2".into()),
+            primary: Some("pod-2".into()),
+            epoch: 6,
+            version: "v5".into()
+        }
+    );
+    assert!(p.reason.contains("did not renew"), "{}", p.reason);
+    assert!(!p.empty, "the members hold keys");
+}
+
+#[test]
+fn a_promotion_among_members_that_all_came_back_without_keys_says_the_data_is_gone() {
+    let mut view = shard(15_000);
+    for m in &mut view.members {
+        if let Some(v) = m.valkey.as_mut() {
+            v.keys = 0;
+        }
+    }
+    let p = promote(&view, &FailoverPolicy::default()).unwrap();
+    assert!(p.empty, "{p:?}");
+    // One member with a key is enough to say nothing.
+    view.members[1].valkey.as_mut().unwrap().keys = 1;
+    assert!(!promote(&view, &FailoverPolicy::default()).unwrap().empty);
+}
+
+/// The holder's own lease, when longer, is what the record is judged by (a rolling change of
+/// lease settings); a record claiming more than an hour is judged by an hour.
+#[test]
+fn expiry_is_judged_by_the_holders_lease_up_to_an_hour() {
+    use valkey_sidecar_core::replication::{MAX_LEASE_MS, judged_lease_ms};
+    let cases = [
+        (15_000, None, 15_000),
+        (15_000, Some(10_000), 15_000),
+        (15_000, Some(30_000), 30_000),
+        (15_000, Some(u64::MAX), MAX_LEASE_MS),
+    ];
+    for (own, recorded, want) in cases {
+        assert_eq!(judged_lease_ms(own, recorded), want, "{own} {recorded:?}");
+    }
+    let longer = |now: u64, lease_ms: u64| {
+        let mut v = shard(now);
+        let rec = v.record.as_mut().unwrap().record.as_mut().unwrap();
+        rec.lease_ms = Some(lease_ms);
+        promote(&v, &FailoverPolicy::default())
+    };
+    assert_eq!(longer(29_999, 30_000).unwrap_err().kind, HoldKind::Held);
+    assert!(longer(30_000, 30_000).unwrap().reason.contains("30000 ms"));
+    let forged = longer(MAX_LEASE_MS - 1, u64::MAX / 1000 * 1000);
+    assert_eq!(forged.unwrap_err().kind, HoldKind::Held);
+    assert!(longer(MAX_LEASE_MS, u64::MAX / 1000 * 1000).is_ok());
+}
+
+/// After a gap in reads longer than the renew deadline (an apiserver outage) the record counts
+/// as just seen: the holder, which could not renew either, gets a full lease once it can.
+#[test]
+fn a_gap_in_reads_restarts_the_expiry_clock() {
+    let before = seen(Some(record(Some("pod-0"), Some("pod-0"), 5)), 1_000);
+    let same = || Some(record(Some("pod-0"), Some("pod-0"), 5));
+    let steady = SeenRecord::after_continuous_read(
+        Some(&before),
+        same(),
+        Millis(3_000),
+        Millis(3_010),
+        10_000,
+    );
+    assert_eq!(
+        steady.changed_at,
+        Millis(1_000),
+        "a continuous watch keeps the first sighting"
+    );
+    let after_gap = SeenRecord::after_continuous_read(
+        Some(&before),
+        same(),
+        Millis(61_000),
+        Millis(61_010),
+        10_000,
+    );
+    assert_eq!(after_gap.changed_at, Millis(61_010));
+    let mut v = shard(61_010 + 14_999);
+    v.record = Some(after_gap.clone());
+    assert_eq!(
+        promote(&v, &FailoverPolicy::default()).unwrap_err().kind,
+        HoldKind::Held
+    );
+    v.now = Millis(61_010 + 15_000);
+    assert!(promote(&v, &FailoverPolicy::default()).is_ok());
+}
+
+#[test]
+fn a_released_record_is_taken_at_once() {
+    let mut v = shard(1);
+    v.record = Some(seen(Some(record(None, Some("pod-0"), 5)), 0));
+    v.members[0].valkey = None;
+    let p = promote(&v, &FailoverPolicy::default()).unwrap();
+    assert_eq!(p.target, "pod-2");
+    assert!(p.fence.is_empty());
+    assert!(p.reason.contains("released"));
+}
+
+#[test]
+fn ties_go_to_the_preferred_zone_then_the_pod_name() {
+    let mut v = shard(20_000);
+    v.members[1].valkey.as_mut().unwrap().offset = 950;
+    v.preferred_zone = Some("b".into());
+    assert_eq!(
+        promote(&v, &FailoverPolicy::default()).unwrap().target,
+        "pod-1"
+    );
+    v.preferred_zone = None;
+    assert_eq!(
+        promote(&v, &FailoverPolicy::default()).unwrap().target,
+        "pod-1"
+    );
+    v.members[1].zone = Some("c".into());
+    v.preferred_zone = Some("c".into());
+    assert_eq!(
+        promote(&v, &FailoverPolicy::default()).unwrap().target,
+        "pod-1"
+    );
+}
+
+#[test]
+fn the_last_primary_takes_a_vacant_record_back_only_when_no_other_member_holds_data() {
+    let policy = FailoverPolicy::default();
+    let released = |members: Vec<ShardMember>| ShardView {
+        record: Some(seen(Some(record(None, Some("pod-0"), 5)), 0)),
+        members,
+        ..shard(1_000)
+    };
+    let fresh = |pod: &str| {
+        let mut m = member(pod, Role::Primary, 0, "b");
+        m.valkey.as_mut().unwrap().fresh = true;
+        m
+    };
+    // A shard of one pod, back after a restart.
+    let alone = released(vec![member("pod-0", Role::Primary, 0, "a")]);
+    let p = promote(&alone, &policy).unwrap();
+    assert_eq!((p.target.as_str(), p.epoch), ("pod-0", 6));
+    assert!(p.reason.contains("the last primary"), "{}", p.reason);
+    // Its replicas came back empty: they hold nothing the last primary lacks.
+    let p = promote(
+        &released(vec![member("pod-0", Role::Primary, 7, "a"), fresh("pod-1")]),
+        &policy,
+    );
+    assert_eq!(p.unwrap().target, "pod-0");
+    // A member that does not answer, or a replica that synced but may not be promoted, may hold
+    // data the last primary lost: hold.
+    let mut silent = member("pod-1", Role::Replica, 900, "b");
+    silent.valkey = None;
+    let mut cordoned = member("pod-1", Role::Replica, 900, "b");
+    cordoned.node_schedulable = false;
+    for other in [silent, cordoned] {
+        let v = released(vec![member("pod-0", Role::Primary, 0, "a"), other]);
+        assert_eq!(
+            promote(&v, &policy).unwrap_err().kind,
+            HoldKind::NoCandidate
+        );
+    }
+    // The last primary must answer as a primary, on a usable node, and not be going away.
+    let mut down = member("pod-0", Role::Primary, 0, "a");
+    down.valkey = None;
+    let mut leaving = member("pod-0", Role::Primary, 0, "a");
+    leaving.terminating = true;
+    let emptied = fresh("pod-0");
+    for last in [
+        down,
+        leaving,
+        emptied,
+        member("pod-0", Role::Replica, 0, "a"),
+    ] {
+        assert!(promote(&released(vec![last]), &policy).is_err());
+    }
+    // A held record stays held.
+    let held = ShardView {
+        members: vec![member("pod-0", Role::Primary, 0, "a")],
+        ..shard(1_000)
+    };
+    assert_eq!(promote(&held, &policy).unwrap_err().kind, HoldKind::Held);
+}
+
+#[test]
+fn blocked_promotions_say_why() {
+    let policy = FailoverPolicy::default();
+    let mut v = shard(20_000);
+    v.members[1].terminating = true;
+    v.members[2].valkey.as_mut().unwrap().fresh = true;
+    let h = promote(&v, &policy).unwrap_err();
+    assert_eq!(h.kind, HoldKind::NoCandidate);
+    assert!(
+        h.reason.contains("pod-0 is the recorded primary"),
+        "{}",
+        h.reason
+    );
+    assert!(h.reason.contains("pod-1 is terminating"), "{}", h.reason);
+    assert!(h.reason.contains("pod-2 never synced"), "{}", h.reason);
+
+    let mut v = shard(20_000);
+    v.members[1].node_ready = false;
+    v.members[2].valkey = None;
+    let h = promote(&v, &policy).unwrap_err();
+    assert!(h.reason.contains("pod-1 is on a node"), "{}", h.reason);
+    assert!(h.reason.contains("pod-2 does not answer"), "{}", h.reason);
+
+    let rows = [
+        (
+            ShardView {
+                leader: false,
+                ..shard(20_000)
+            },
+            HoldKind::NotLeader,
+        ),
+        (
+            ShardView {
+                record: None,
+                ..shard(20_000)
+            },
+            HoldKind::NoRecord,
+        ),
+        (
+            ShardView {
+                record: Some(seen(None, 0)),
+                ..shard(20_000)
+            },
+            HoldKind::NoRecord,
+        ),
+    ];
+    for (v, want) in rows {
+        assert_eq!(promote(&v, &policy).unwrap_err().kind, want);
+    }
+    let off = FailoverPolicy { automatic: false };
+    assert_eq!(
+        promote(&shard(20_000), &off).unwrap_err().kind,
+        HoldKind::Disabled
+    );
+}

@@ -1,0 +1,144 @@
+//! What the leader tells: its status for the Lease writer (`core::status`), drift and blocked
+//! moves, Events on the pods they are about, and a follower's report that it does not lead.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use kube::Resource;
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::{self, Store};
+use valkey_sidecar_core::plan::Plan;
+use valkey_sidecar_core::status::{self, Condition, Decision, Status};
+
+use super::execute::MoveOutcome;
+use super::{Coordinator, LeaderMemory, Move, replication_round};
+use crate::kube::lease::StatusAnnotations;
+
+/// Wall-clock time for the status: humans read it, no decision does.
+pub(super) fn wall_clock() -> String {
+    jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+/// The last decision shows how its move ended (unless a newer one replaced it meanwhile).
+pub(super) fn ended(memory: &mut LeaderMemory, done: &Move, result: &'static str) {
+    let last = memory.last_decision.as_mut();
+    let same = |d: &&mut Decision| d.shard == done.shard && Some(d.kind) == done.decision;
+    if let Some(d) = last.filter(same) {
+        d.result = result;
+    }
+}
+
+/// The completion Event's type and note.
+pub(super) fn completion(shard: &str, outcome: &MoveOutcome) -> (EventType, String) {
+    match outcome {
+        MoveOutcome::Done { took } => (
+            EventType::Normal,
+            format!("shard {shard} has a new primary after {took:?}"),
+        ),
+        MoveOutcome::NoLease => (
+            EventType::Warning,
+            format!("shard {shard}: lease lost before acting; nothing more done"),
+        ),
+        MoveOutcome::RolledBack(e) => (
+            EventType::Warning,
+            format!("shard {shard}: rolled back, the primary is unchanged: {e}"),
+        ),
+        MoveOutcome::Conflict(e) | MoveOutcome::Failed(e) => {
+            (EventType::Warning, format!("shard {shard}: {e}"))
+        }
+    }
+}
+
+impl Coordinator {
+    /// A follower's round: it reports that it does not lead and forgets what it tracked, so that
+    /// when it leads again the quiet periods start afresh instead of from a history it did not see.
+    pub(super) fn follow(&self, memory: &mut LeaderMemory) {
+        self.metrics.coordinator_leader(false);
+        self.metrics.drift(std::iter::empty());
+        self.publish(None, memory);
+        memory.shards.clear();
+        memory.drift.clear();
+        memory.crashes.clear();
+        if let Some(d) = memory.deaths.as_mut() {
+            d.clear();
+        }
+        // A new term reads every record afresh, so no expiry is judged on a history it missed.
+        memory.repl = replication_round::State::default();
+    }
+
+    /// Drift into metrics, and an Event (on the pod it is about) when a drift first appears;
+    /// blocked moves logged when they first appear.
+    pub(super) fn report(&self, plan: &Plan, pods: &Store<Pod>, memory: &mut LeaderMemory) {
+        self.metrics.drift(plan.drift.iter().map(|d| d.reason));
+        let now_drift: BTreeSet<(String, String)> = plan
+            .drift
+            .iter()
+            .map(|d| (d.reason.to_owned(), d.message.clone()))
+            .collect();
+        for d in plan.drift.iter().filter(|d| {
+            !memory
+                .drift
+                .contains(&(d.reason.to_owned(), d.message.clone()))
+        }) {
+            let pod = d.pod.as_deref().and_then(|p| self.pod_ref(pods, p));
+            tracing::warn!(reason = d.reason, shard = %d.shard, message = %d.message, "placement drift");
+            self.event(pod, EventType::Warning, d.reason, d.message.clone());
+        }
+        memory.drift = now_drift;
+        let now_blocked: BTreeSet<String> = plan.blocked.iter().cloned().collect();
+        for b in now_blocked.difference(&memory.blocked) {
+            tracing::warn!(blocked = %b, "coordinator cannot act");
+        }
+        memory.blocked = now_blocked;
+    }
+
+    /// Hands the status to the Lease writer when it changed (the writer sends whatever is current
+    /// with its next renewal); `None` clears it, so a lost leadership leaves nothing stale behind.
+    pub(super) fn publish(&self, conditions: Option<Vec<Condition>>, memory: &mut LeaderMemory) {
+        let next = conditions.map(|conditions| Status {
+            conditions,
+            last_decision: memory.last_decision.clone(),
+        });
+        if next == memory.status {
+            return;
+        }
+        let annotations = next.as_ref().map_or_else(StatusAnnotations::new, |s| {
+            status::annotations(s, &wall_clock())
+        });
+        memory.status = next;
+        self.status.send_replace(annotations);
+    }
+
+    /// Events go to the old primary's pod when known, else they are only logged.
+    /// A reference to the cluster's pod `name`, for an Event.
+    pub(super) fn pod_ref(&self, pods: &Store<Pod>, name: &str) -> Option<ObjectReference> {
+        let key = reflector::ObjectRef::new(name).within(&self.namespace);
+        pods.get(&key).map(|p| p.object_ref(&()))
+    }
+
+    pub(super) fn event(
+        &self,
+        reference: Option<ObjectReference>,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        let (Some(recorder), Some(reference)) = (self.recorder.clone(), reference) else {
+            return;
+        };
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: "Coordinate".into(),
+            secondary: None,
+        };
+        tokio::spawn(async move {
+            if let Err(e) = recorder.publish(&event, &reference).await {
+                tracing::warn!(error = %e, "event not published");
+            }
+        });
+    }
+}

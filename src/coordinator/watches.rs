@@ -1,0 +1,156 @@
+//! The leader's watches: the cluster's pods and the nodes (reflector stores the rounds plan from)
+//! and, in replication mode, the shard records changing hands.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use valkey_sidecar_core::observation::Mode;
+use valkey_sidecar_core::replication::ShardRecord;
+
+use super::Coordinator;
+
+/// The watches of the cluster's pods and of the nodes. Only the leader runs them: a follower costs
+/// the apiserver nothing beyond its own pod's watch, and a new leader lists afresh (milliseconds).
+pub(super) struct Watches {
+    pub(super) pods: Store<Pod>,
+    pub(super) nodes: Store<Node>,
+    /// Set when the API refuses to list nodes (the chart's `sidecar.readNodes=false`): the
+    /// coordinator then plans without node facts — hand-overs of deleted pods still happen, those
+    /// for cordoned or NotReady nodes cannot.
+    nodes_forbidden: Arc<AtomicBool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Watches {
+    /// Both initial lists are in (or nodes are forbidden): before that an empty store would read
+    /// as "no pods".
+    pub(super) fn ready(&self) -> bool {
+        let ready = |r: Option<Result<(), _>>| matches!(r, Some(Ok(())));
+        let pods = ready(self.pods.wait_until_ready().now_or_never());
+        let nodes = ready(self.nodes.wait_until_ready().now_or_never())
+            || self.nodes_forbidden.load(Ordering::Relaxed);
+        pods && nodes
+    }
+}
+
+/// The shard whose record `lease` is, if its holder differs from the one last seen.
+fn holder_change(
+    cluster: &str,
+    lease: &Lease,
+    holders: &mut BTreeMap<String, Option<String>>,
+) -> Option<String> {
+    let name = lease.metadata.name.as_deref()?;
+    let shard = ShardRecord::shard_of(cluster, name)?;
+    let holder = lease.spec.as_ref().and_then(|s| s.holder_identity.clone());
+    let before = holders.insert(name.to_owned(), holder.clone());
+    (before != Some(holder)).then(|| shard.to_owned())
+}
+
+/// Whether a watch error is the API refusing access.
+fn forbidden(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s)) => s.code == 403,
+        _ => false,
+    }
+}
+
+impl Drop for Watches {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl Coordinator {
+    /// Starts the watches a leader plans from.
+    pub(super) fn watch(&self, records: &mpsc::Sender<String>) -> Watches {
+        let (pods, pods_task) = self.watch_pods();
+        let nodes_forbidden = Arc::new(AtomicBool::new(false));
+        let (nodes, nodes_task) = self.watch_nodes(nodes_forbidden.clone());
+        let mut tasks = vec![pods_task, nodes_task];
+        if self.mode == Mode::Replication {
+            tasks.push(self.watch_records(records.clone()));
+        }
+        Watches {
+            pods,
+            nodes,
+            nodes_forbidden,
+            tasks,
+        }
+    }
+
+    /// Replication mode: names the shard whenever its record changes hands (a release, a
+    /// takeover), so the next round — at once — reads it instead of at its usual pace. Only a
+    /// trigger: decisions still rest on the round's own quorum read.
+    pub(super) fn watch_records(&self, changed: mpsc::Sender<String>) -> JoinHandle<()> {
+        let api: Api<Lease> = Api::namespaced(self.client.clone(), &self.namespace);
+        let config = watcher::Config::default().labels(&ShardRecord::selector(&self.cluster));
+        let cluster = self.cluster.clone();
+        let mut holders: BTreeMap<String, Option<String>> = BTreeMap::new();
+        let stream = watcher(api, config).default_backoff().applied_objects();
+        let metrics = self.metrics.clone();
+        tokio::spawn(stream.for_each(move |lease| {
+            let lease = lease.map_err(|e| metrics.watch_error("shard_records", &e));
+            if let Some(shard) = lease
+                .ok()
+                .and_then(|l| holder_change(&cluster, &l, &mut holders))
+            {
+                // A full channel already has a wake-up queued: dropping this one loses nothing.
+                let _ = changed.try_send(shard);
+            }
+            async {}
+        }))
+    }
+
+    pub(super) fn watch_pods(&self) -> (Store<Pod>, JoinHandle<()>) {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        let (reader, writer) = reflector::store();
+        let stream = reflector::reflector(
+            writer,
+            watcher(api, watcher::Config::default().labels(&self.selector)),
+        );
+        let metrics = self.metrics.clone();
+        let task = stream.default_backoff().for_each(move |event| {
+            if let Err(e) = &event {
+                metrics.watch_error("pods", e);
+            }
+            async {}
+        });
+        (reader, tokio::spawn(task))
+    }
+
+    pub(super) fn watch_nodes(
+        &self,
+        forbidden_flag: Arc<AtomicBool>,
+    ) -> (Store<Node>, JoinHandle<()>) {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let (reader, writer) = reflector::store();
+        let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()));
+        let metrics = self.metrics.clone();
+        let task = stream.default_backoff().for_each(move |event| {
+            match &event {
+                // Said once: RBAC without nodes is a supported choice, not an error to repeat.
+                Err(e) if forbidden(e) => {
+                    if !forbidden_flag.swap(true, Ordering::Relaxed) {
+                        tracing::warn!("may not list nodes: planning without node facts (cordons and NotReady nodes go unseen)");
+                    }
+                }
+                Err(e) => metrics.watch_error("nodes", e),
+                Ok(_) => {}
+            }
+            async {}
+        });
+        (reader, tokio::spawn(task))
+    }
+}

@@ -1,0 +1,761 @@
+//! Replication mode, the agent's own part: the *keeper* holds its shard's primary record while its
+//! Valkey is the recorded primary, fences its Valkey (`CLIENT PAUSE … WRITE`) when it cannot
+//! renew in time, releases the record when its Valkey is gone, and points its Valkey at the
+//! recorded primary otherwise. Every decision is `core::replication::local`; this module reads the
+//! record, observes, and carries the decision out.
+//!
+//! Promotions are not here: only the coordinator (the cluster Lease holder) promotes.
+
+mod commands;
+mod foreign;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::ListParams;
+use tokio::sync::watch;
+use valkey_sidecar_core::health::{Bounds, HealthState};
+use valkey_sidecar_core::lease::LeaseTimings;
+use valkey_sidecar_core::observation::{Observation, Role};
+use valkey_sidecar_core::replication::{
+    Holding, LocalAction, LocalRole, LocalValkey, LocalView, RunTrust, SeenRecord, ShardRecord,
+    awaiting_promotion, keeper_read_due, local, may_advertise,
+};
+use valkey_sidecar_core::time::Millis;
+
+use crate::clock::Clock;
+use crate::kube::KubeError;
+use crate::kube::owner::LeaseOwner;
+use crate::kube::pods::{DEFAULT_SHARD, SHARD_INDEX_LABEL, node_index};
+use crate::kube::shard_lease::ShardLeaseClient;
+use crate::metrics::Metrics;
+use crate::valkey::{Connector, Session};
+
+/// Everything the keeper needs.
+#[derive(Clone)]
+pub struct Keeper {
+    pub client: kube::Client,
+    pub namespace: String,
+    pub pod: String,
+    pub cluster: String,
+    /// Selects the cluster's pods (to look for a master with data before bootstrapping).
+    pub selector: String,
+    pub timings: LeaseTimings,
+    pub clock: Clock,
+    pub bounds: Bounds,
+    pub state: watch::Receiver<HealthState>,
+    /// The local Valkey; its port is every pod's Valkey port.
+    pub connector: Connector,
+    pub poll: Duration,
+    pub metrics: Arc<Metrics>,
+    /// Whether this agent holds a valid renewal of a record naming it: the labeler and `/primary`
+    /// claim `primary` only then, so a fenced master is never advertised.
+    pub holding: watch::Sender<bool>,
+    /// Set while a promotion of the local Valkey is due (`core::replication::awaiting_promotion`):
+    /// the observer then polls fast, so the promoted node is advertised within milliseconds.
+    pub hurry: watch::Sender<bool>,
+    /// Set on the record when this agent writes it (`kube::owner`).
+    pub owner: Option<LeaseOwner>,
+    /// Events on this agent's pod (`SIDECAR_EVENTS`): a record naming a pod outside the shard.
+    pub recorder: Option<kube::runtime::events::Recorder>,
+    /// This pod's UID (`POD_UID`), for the Events' reference.
+    pub pod_uid: Option<String>,
+    /// This pod's shard and its record as the keeper last read it, for the coordinator of the
+    /// same agent (same monotonic clock): a new leader starts judging expiry from it instead of
+    /// from its own first read, so losing the primary and the coordinator together costs one
+    /// lease, not two.
+    pub seen: watch::Sender<RecordSeed>,
+}
+
+/// A shard and its record as seen by this agent's keeper.
+pub type RecordSeed = Option<(String, SeenRecord)>;
+
+/// How long a looked-up primary address is trusted.
+const ADDR_REFRESH_MS: u64 = 10_000;
+
+/// Where this pod sits, from its own labels.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Seat {
+    shard: String,
+    node_index: Option<u32>,
+    /// The pod carries the shard label (the chart's and the operator's pods do); without it,
+    /// membership is the cluster's selector alone.
+    shard_labelled: bool,
+}
+
+/// What the keeper remembers between steps.
+#[derive(Default)]
+struct KeeperMemory {
+    seen: Option<SeenRecord>,
+    holding: Option<Holding>,
+    fenced_until: Option<Millis>,
+    /// The local role and run as last observed, and since when.
+    role: Option<(LocalRole, String, Millis)>,
+    /// The current Valkey run and whether its data is trusted (`core::replication::RunTrust`). A
+    /// restart with persistence costs a failover; that is the safe side.
+    run: Option<RunTrust>,
+    /// Pod name → (`ip:port`, when looked up), for the recorded primary.
+    addrs: BTreeMap<String, (String, Millis)>,
+    /// The pod outside the shard a record last named (reported once, `foreign`).
+    foreign: Option<String>,
+    force_read: bool,
+    last_reason: String,
+}
+
+impl Keeper {
+    /// Runs until shutdown; on the way out a holder fences its Valkey and releases the record, so
+    /// the coordinator can promote at once instead of waiting for the record to expire.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        // A keeper started afresh (after a panic of the last one) holds nothing until it renews.
+        self.holding.send_replace(false);
+        let Some(seat) = self.seat(&mut shutdown).await else {
+            return;
+        };
+        let name = ShardRecord::lease_name(&self.cluster, &seat.shard);
+        let lease_timeout = self.api_limit();
+        let lease = Duration::from_millis(self.timings.lease_ms);
+        let records = ShardLeaseClient::new(
+            self.client.clone(),
+            &self.namespace,
+            (&self.cluster, &seat.shard),
+            lease_timeout,
+            lease,
+        )
+        .owned_by(self.owner.clone());
+        tracing::info!(shard = %seat.shard, lease = %name, "replication keeper started");
+        let mut session = Session::new(self.connector.clone());
+        let mut memory = KeeperMemory::default();
+        // Every new observation is a step: a holder whose Valkey just died releases within the
+        // tick that saw it, not at the keeper's own next poll. A record that changes hands is
+        // read at once (the watch only triggers the read: decisions rest on quorum reads).
+        let mut observed = self.state.clone();
+        let mut changes = records.watch();
+        loop {
+            let wake = self.next_wake(&memory);
+            tokio::select! {
+                _ = tokio::time::sleep(wake) => {}
+                Ok(()) = observed.changed() => {}
+                Some(change) = changes.next() => match change {
+                    Ok(rec) => memory.force_read |= moved(&memory, &rec),
+                    Err(e) => self.metrics.watch_error("shard_record", &e),
+                },
+                _ = shutdown.changed() => break,
+            }
+            self.step(&seat, &records, &mut session, &mut memory).await;
+        }
+        self.stop(&records, &mut session, &mut memory).await;
+    }
+
+    /// The pod's shard and node index; retried until the API answers (or shutdown).
+    async fn seat(&self, shutdown: &mut watch::Receiver<bool>) -> Option<Seat> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        let mut wait =
+            crate::retry::exponential(Duration::from_millis(200), Duration::from_secs(5));
+        loop {
+            match tokio::time::timeout(Duration::from_secs(5), pods.get(&self.pod)).await {
+                Ok(Ok(pod)) => return Some(seat_of(&pod)),
+                Ok(Err(e)) => tracing::warn!(error = %e, "cannot read my own pod; retrying"),
+                Err(_) => tracing::warn!("reading my own pod timed out; retrying"),
+            }
+            let delay = wait.next().unwrap_or(Duration::from_secs(5));
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = shutdown.changed() => return None,
+            }
+        }
+    }
+
+    /// The next poll, or the holding's deadline if that comes first: the fence must land on time.
+    fn next_wake(&self, memory: &KeeperMemory) -> Duration {
+        let poll = u64::try_from(self.poll.as_millis()).unwrap_or(u64::MAX);
+        Duration::from_millis(self.deadline_ahead(memory).map_or(poll, |ms| ms.min(poll)))
+    }
+
+    /// Milliseconds until the holding's deadline, while it lies ahead.
+    fn deadline_ahead(&self, memory: &KeeperMemory) -> Option<u64> {
+        let now = self.clock.now();
+        let deadline = memory.holding.as_ref()?.deadline(&self.timings);
+        (deadline > now).then(|| deadline.since(now))
+    }
+
+    /// Fence if due, then observe, read the record when due, decide and act (see [`Self::decide`]).
+    async fn step(
+        &self,
+        seat: &Seat,
+        records: &ShardLeaseClient,
+        session: &mut Session,
+        memory: &mut KeeperMemory,
+    ) {
+        // First, with what is known and no API call: a fence due now must not wait behind a
+        // request to an apiserver that may not answer.
+        self.fence_first(seat, session, memory).await;
+        // A holder's requests never outlive its deadline: a renewal hanging on a frozen
+        // apiserver would otherwise hold the fence back by up to the request timeout. Cut off at
+        // the deadline, the step fences at once (an unanswered renewal may still have landed;
+        // the next read shows it, and the fence is lifted then).
+        let budget = self.until_deadline(memory);
+        let decided = tokio::time::timeout(budget, self.decide(seat, records, session, memory));
+        if decided.await.is_err() {
+            tracing::warn!("the renew deadline passed while waiting for the apiserver");
+            self.fence_first(seat, session, memory).await;
+        }
+    }
+
+    /// How long the current step may wait on anything: until the holding's deadline while it
+    /// lies ahead; otherwise unbounded (an hour) — nothing is held, or the deadline passed and
+    /// `fence_first` fenced already, and a late renewal must be able to take its time.
+    fn until_deadline(&self, memory: &KeeperMemory) -> Duration {
+        self.deadline_ahead(memory)
+            .map_or(Duration::from_secs(3600), Duration::from_millis)
+    }
+
+    /// Read the record when due, decide, act — up to three times (a fence is followed by a late
+    /// renewal, which is followed by lifting the fence).
+    async fn decide(
+        &self,
+        seat: &Seat,
+        records: &ShardLeaseClient,
+        session: &mut Session,
+        memory: &mut KeeperMemory,
+    ) {
+        for _ in 0..3 {
+            let valkey = self.local_valkey(memory);
+            self.read_if_due(records, valkey.as_ref(), memory).await;
+            self.resolve_primary(seat, memory).await;
+            let other_master = self.other_master(seat, memory).await;
+            let view = self.view(seat, valkey, memory, other_master);
+            let action = local(&view);
+            self.log(&action, memory);
+            let acted = self.act(action, &view, records, session, memory).await;
+            self.publish(&seat.shard, &view, memory);
+            if !acted {
+                break;
+            }
+        }
+    }
+
+    /// Only for a holder (its deadline may have passed): any other fence can wait for a fresh
+    /// read, and deciding it from a stale record would fence a primary just promoted.
+    async fn fence_first(&self, seat: &Seat, session: &mut Session, memory: &mut KeeperMemory) {
+        if memory.holding.is_none() {
+            return;
+        }
+        let valkey = self.local_valkey(memory);
+        let view = self.view(seat, valkey, memory, false);
+        if let action @ LocalAction::Fence { until, .. } = local(&view) {
+            self.log(&action, memory);
+            commands::fence(session, until.since(view.now), memory, until).await;
+            self.publish(&seat.shard, &view, memory);
+        }
+    }
+
+    fn view(
+        &self,
+        seat: &Seat,
+        valkey: Option<LocalValkey>,
+        memory: &KeeperMemory,
+        other_master: bool,
+    ) -> LocalView {
+        let primary = memory
+            .seen
+            .as_ref()
+            .and_then(|s| s.record.as_ref())
+            .and_then(|r| r.recorded_primary().map(str::to_owned));
+        LocalView {
+            now: self.clock.now(),
+            me: self.pod.clone(),
+            node_index: seat.node_index,
+            timings: self.timings,
+            valkey,
+            record: memory.seen.clone(),
+            holding: memory.holding.clone(),
+            fenced_until: memory.fenced_until,
+            primary_addr: primary.and_then(|p| memory.addrs.get(&p).map(|(a, _)| a.clone())),
+            other_master,
+        }
+    }
+
+    /// The local Valkey from the latest fresh observation; `None` while it does not answer or
+    /// loads. Tracks since when its role (and primary) and run have been what they are.
+    fn local_valkey(&self, memory: &mut KeeperMemory) -> Option<LocalValkey> {
+        let now = self.clock.now();
+        let state = self.state.borrow();
+        // Gone (refused, or silent two ticks in a row) well before its last observation turns
+        // stale: a holder releases the record without waiting.
+        if state.gone() {
+            return None;
+        }
+        let obs = state.current(now, &self.bounds).cloned()?;
+        let observed_at = state.observation.as_ref().map_or(now, |(at, _)| *at);
+        drop(state);
+        if obs.loading {
+            return None;
+        }
+        let role = local_role(&obs)?;
+        let run_id = obs.run_id.clone().unwrap_or_default();
+        let since = match &memory.role {
+            Some((r, id, since)) if *r == role && *id == run_id => *since,
+            _ => now,
+        };
+        memory.role = Some((role.clone(), run_id.clone(), since));
+        let synced = obs.link.as_ref().is_some_and(|l| l.ever_up);
+        let trust = RunTrust::observe(memory.run.as_ref(), &run_id, &role, obs.fresh(), synced);
+        // Only a master is judged by how its run started; a replica that synced is not empty.
+        let fresh = obs.fresh() || (role == LocalRole::Primary && trust.untrusted);
+        memory.run = Some(trust);
+        Some(LocalValkey {
+            role,
+            fresh,
+            run_id,
+            since,
+            observed_at,
+        })
+    }
+
+    /// Reads the record every retry period, at once when the local role changed since the last
+    /// read, and after a refused write.
+    async fn read_if_due(
+        &self,
+        records: &ShardLeaseClient,
+        valkey: Option<&LocalValkey>,
+        memory: &mut KeeperMemory,
+    ) {
+        let now = self.clock.now();
+        let since = valkey.map(|v| v.since);
+        let seen = memory.seen.as_ref();
+        if !keeper_read_due(seen, memory.force_read, since, now, self.timings.retry_ms) {
+            return;
+        }
+        match records.read().await {
+            Ok(record) => {
+                memory.force_read = false;
+                self.note_read(memory, record, now);
+            }
+            Err(e) => self.api_error("read", &e),
+        }
+    }
+
+    /// The address of the recorded primary: looked up when unknown and again every
+    /// [`ADDR_REFRESH_MS`] (a recreated pod keeps its name but gets a new IP). Only a pod of this
+    /// cluster and shard has an address: a record naming any other pod (forged, or from another
+    /// deployment) never makes this Valkey replicate from it.
+    async fn resolve_primary(&self, seat: &Seat, memory: &mut KeeperMemory) {
+        let Some(primary) = memory
+            .seen
+            .as_ref()
+            .and_then(|s| s.record.as_ref())
+            .and_then(|r| r.recorded_primary().map(str::to_owned))
+        else {
+            return;
+        };
+        let now = self.clock.now();
+        let fresh = |(_, at): &(String, Millis)| now.since(*at) < ADDR_REFRESH_MS;
+        if memory.addrs.get(&primary).is_some_and(fresh) {
+            return;
+        }
+        match self.member_ip(seat, &primary).await {
+            Ok(Some(ip)) => {
+                let addr = format!("{ip}:{}", self.connector.port);
+                memory.addrs.insert(primary, (addr, now));
+            }
+            Ok(None) => {
+                memory.addrs.remove(&primary);
+                self.report_foreign(&primary, &mut memory.foreign).await;
+            }
+            Err(e) => self.api_error("read", &e),
+        }
+    }
+
+    /// The IP of `pod` if it is a member of this pod's shard: selected by the cluster's selector
+    /// and the shard label on the server, so a pod outside the shard reads as absent.
+    async fn member_ip(&self, seat: &Seat, pod: &str) -> Result<Option<String>, KubeError> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        let params = ListParams::default()
+            .labels(&self.members_of(seat))
+            .fields(&format!("metadata.name={pod}"));
+        let got = crate::kube::bounded(self.api_limit(), pods.list(&params)).await?;
+        let member = got.items.into_iter().next();
+        if member.is_none() {
+            // Also while the pod is being recreated: no warning for every step of that.
+            tracing::debug!(pod, shard = %seat.shard, "the record names no current member of my shard");
+        }
+        Ok(member.and_then(|p| p.status?.pod_ip))
+    }
+
+    /// The label selector of this pod's shard: the cluster's selector and the shard label, or
+    /// the cluster's selector alone for pods without that label.
+    fn members_of(&self, seat: &Seat) -> String {
+        match seat.shard_labelled {
+            true => format!("{},{SHARD_INDEX_LABEL}={}", self.selector, seat.shard),
+            false => self.selector.clone(),
+        }
+    }
+
+    /// Only when no record exists (bootstrap): whether another pod of the shard runs a master
+    /// holding data, in which case nobody may bootstrap over it.
+    async fn other_master(&self, seat: &Seat, memory: &KeeperMemory) -> bool {
+        let absent = memory.seen.as_ref().is_some_and(|s| s.record.is_none());
+        if !absent {
+            return false;
+        }
+        commands::other_master_with_data(self, &self.members_of(seat)).await
+    }
+
+    async fn act(
+        &self,
+        action: LocalAction,
+        view: &LocalView,
+        records: &ShardLeaseClient,
+        session: &mut Session,
+        memory: &mut KeeperMemory,
+    ) -> bool {
+        let kind = action.kind();
+        let acted = self.carry_out(action, view, records, session, memory).await;
+        if acted {
+            self.metrics.keeper_action(kind);
+        }
+        acted
+    }
+
+    async fn carry_out(
+        &self,
+        action: LocalAction,
+        view: &LocalView,
+        records: &ShardLeaseClient,
+        session: &mut Session,
+        memory: &mut KeeperMemory,
+    ) -> bool {
+        match action {
+            LocalAction::Renew { .. } => self.renew(view, records, memory).await,
+            LocalAction::Bootstrap { epoch, .. } => {
+                let rec = ShardRecord {
+                    epoch,
+                    ..ShardRecord::bootstrap(&self.pod)
+                };
+                self.write_holding(&rec, view, records, memory).await
+            }
+            LocalAction::Release { .. } => {
+                let answering = view.valkey.is_some();
+                self.release(records, session, memory, answering).await
+            }
+            LocalAction::Fence { until, .. } => {
+                commands::fence(session, until.since(view.now), memory, until).await
+            }
+            LocalAction::Unfence { .. } => commands::unfence(session, memory).await,
+            LocalAction::Demote { to, .. } | LocalAction::Rejoin { to, .. } => {
+                commands::replicate(session, &to, true, memory).await
+            }
+            LocalAction::Repoint { to, .. } => {
+                commands::replicate(session, &to, false, memory).await
+            }
+            LocalAction::Wait { .. } | LocalAction::Nothing { .. } => false,
+        }
+    }
+
+    async fn renew(
+        &self,
+        view: &LocalView,
+        records: &ShardLeaseClient,
+        memory: &mut KeeperMemory,
+    ) -> bool {
+        let Some(rec) = memory.seen.as_ref().and_then(|s| s.record.clone()) else {
+            return false;
+        };
+        self.write_holding(&rec, view, records, memory).await
+    }
+
+    /// Writes a record naming us; on success our holding counts from the write's *send* time.
+    async fn write_holding(
+        &self,
+        rec: &ShardRecord,
+        view: &LocalView,
+        records: &ShardLeaseClient,
+        memory: &mut KeeperMemory,
+    ) -> bool {
+        let sent = self.clock.now();
+        match records.write(rec).await {
+            Ok(written) => {
+                let run_id = view.valkey.as_ref().map(|v| v.run_id.clone());
+                let run_id = run_id.unwrap_or_default();
+                if let Some(t) = memory.run.as_mut().filter(|t| t.run_id == run_id) {
+                    *t = t.held();
+                }
+                memory.holding = Some(Holding {
+                    epoch: written.epoch,
+                    renewed_at: sent,
+                    run_id,
+                });
+                self.written(memory, written, sent)
+            }
+            Err(e) => self.refused(&e, memory),
+        }
+    }
+
+    async fn release(
+        &self,
+        records: &ShardLeaseClient,
+        session: &mut Session,
+        memory: &mut KeeperMemory,
+        answering: bool,
+    ) -> bool {
+        let Some(rec) = memory.seen.as_ref().and_then(|s| s.record.clone()) else {
+            return false;
+        };
+        if !rec.held_by(&self.pod) {
+            // Not ours (any more): a switchover moved it on. Our claim ends here, nothing else.
+            memory.holding = None;
+            return false;
+        }
+        // Writes stop before the record says anyone else may be primary (skipped when Valkey
+        // does not answer: nothing to fence, and the attempt would only delay the release).
+        if answering {
+            let until = self.clock.now().plus(self.timings.lease_ms);
+            commands::fence(session, self.timings.lease_ms, memory, until).await;
+        }
+        let sent = self.clock.now();
+        match records.write(&rec.released()).await {
+            Ok(written) => {
+                memory.holding = None;
+                self.written(memory, written, sent)
+            }
+            Err(e) => self.refused(&e, memory),
+        }
+    }
+
+    /// A read sent at `sent` and answered now (or our own write): the record's clock restarts
+    /// after a gap in the reads longer than the renew deadline ([`seen`]).
+    fn note_read(&self, memory: &mut KeeperMemory, record: Option<ShardRecord>, sent: Millis) {
+        let at = (sent, self.clock.now());
+        seen(memory, record, at, self.timings.renew_deadline_ms);
+    }
+
+    /// A Kubernetes call must finish well inside the renew deadline to be of any use.
+    fn api_limit(&self) -> Duration {
+        Duration::from_millis(self.timings.call_limit_ms())
+    }
+
+    /// Our own write is the freshest read there is.
+    fn written(&self, memory: &mut KeeperMemory, written: ShardRecord, sent: Millis) -> bool {
+        self.note_read(memory, Some(written), sent);
+        self.metrics.shard_record("ok");
+        true
+    }
+
+    /// A refused or failed write: read the record again before deciding anything else.
+    fn refused(&self, e: &KubeError, memory: &mut KeeperMemory) -> bool {
+        self.api_error("write", e);
+        memory.force_read = true;
+        false
+    }
+
+    /// Tells the labeler and the endpoints whether Valkey may be advertised as primary, the
+    /// observer whether a promotion is due, and the coordinator what the record looked like.
+    fn publish(&self, shard: &str, view: &LocalView, memory: &KeeperMemory) {
+        let seed = memory.seen.clone().map(|s| (shard.to_owned(), s));
+        self.seen
+            .send_if_modified(|s| std::mem::replace(s, seed.clone()) != seed);
+        let view = LocalView {
+            holding: memory.holding.clone(),
+            fenced_until: memory.fenced_until,
+            ..view.clone()
+        };
+        let valid = may_advertise(&view);
+        self.holding
+            .send_if_modified(|h| std::mem::replace(h, valid) != valid);
+        let due = awaiting_promotion(&view);
+        self.hurry
+            .send_if_modified(|h| std::mem::replace(h, due) != due);
+    }
+
+    fn log(&self, action: &LocalAction, memory: &mut KeeperMemory) {
+        let reason = action.reason();
+        if reason == memory.last_reason {
+            return;
+        }
+        // A primary alternates between renewing and resting every retry period: not news.
+        if matches!(
+            action,
+            LocalAction::Renew { .. } | LocalAction::Nothing { .. }
+        ) && memory.holding.is_some()
+        {
+            tracing::debug!(action = action.kind(), %reason, "replication");
+        } else {
+            tracing::info!(action = action.kind(), %reason, "replication");
+        }
+        memory.last_reason = reason.to_owned();
+    }
+
+    fn api_error(&self, op: &'static str, e: &KubeError) {
+        tracing::warn!(op, error = %e, "shard record");
+        self.metrics.shard_record(e.kind());
+    }
+
+    /// Graceful stop: a holder pauses writes and releases, so a successor can be promoted now.
+    /// The record is read first: the stop often follows a switchover that moved it on.
+    async fn stop(
+        &self,
+        records: &ShardLeaseClient,
+        session: &mut Session,
+        memory: &mut KeeperMemory,
+    ) {
+        if memory.holding.is_none() {
+            return;
+        }
+        let sent = self.clock.now();
+        match records.read().await {
+            Ok(record) => self.note_read(memory, record, sent),
+            Err(e) => self.api_error("read", &e),
+        }
+        if self.release(records, session, memory, true).await {
+            tracing::info!("released the shard record on shutdown");
+        }
+    }
+}
+
+/// Whether a watched record names another holder, primary or epoch than the one last read.
+fn moved(memory: &KeeperMemory, rec: &ShardRecord) -> bool {
+    let last = memory.seen.as_ref().and_then(|s| s.record.as_ref());
+    !last.is_some_and(|l| l.same_claim(rec))
+}
+
+/// Folds a read (or our own write) into the memory. The clock of an unchanged record restarts
+/// after a gap in the reads longer than `gap_ms`, as in the coordinator's own reads: this view
+/// seeds a new leader of the same agent, and after an apiserver outage it would otherwise judge
+/// the primary's record stale at once (a CI run failed over a primary 82 ms after a 60 s outage).
+fn seen(memory: &mut KeeperMemory, record: Option<ShardRecord>, at: (Millis, Millis), gap_ms: u64) {
+    let prev = memory.seen.take();
+    let (sent, received) = at;
+    let next = SeenRecord::after_continuous_read(prev.as_ref(), record, sent, received, gap_ms);
+    memory.seen = Some(next);
+}
+
+fn seat_of(pod: &Pod) -> Seat {
+    let labels = pod.metadata.labels.clone().unwrap_or_default();
+    Seat {
+        shard: labels
+            .get(SHARD_INDEX_LABEL)
+            .cloned()
+            .unwrap_or_else(|| DEFAULT_SHARD.into()),
+        node_index: node_index(&labels),
+        shard_labelled: labels.contains_key(SHARD_INDEX_LABEL),
+    }
+}
+
+fn local_role(obs: &Observation) -> Option<LocalRole> {
+    match obs.role {
+        Role::Primary => Some(LocalRole::Primary),
+        Role::Replica => {
+            let link = obs.link.as_ref()?;
+            Some(LocalRole::Replica {
+                of: format!("{}:{}", link.host, link.port),
+            })
+        }
+        Role::Unknown => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kube::pods::{NODE_INDEX_LABEL, POD_INDEX_LABEL};
+    use valkey_sidecar_core::observation::PrimaryLink;
+
+    #[test]
+    fn the_seat_comes_from_the_static_labels_with_shard_0_by_default() {
+        let mut pod = Pod::default();
+        assert_eq!(seat_of(&pod).shard, "0");
+        assert!(!seat_of(&pod).shard_labelled);
+        pod.metadata.labels = Some(BTreeMap::from([
+            (SHARD_INDEX_LABEL.to_owned(), "2".to_owned()),
+            (NODE_INDEX_LABEL.to_owned(), "0".to_owned()),
+        ]));
+        assert_eq!(
+            seat_of(&pod),
+            Seat {
+                shard: "2".into(),
+                node_index: Some(0),
+                shard_labelled: true,
+            }
+        );
+    }
+
+    #[test]
+    fn an_unchanged_record_read_after_an_outage_counts_from_that_read() {
+        let record = ShardRecord {
+            version: "7".into(),
+            ..ShardRecord::bootstrap("valkey-0-0")
+        };
+        let mut memory = KeeperMemory::default();
+        seen(
+            &mut memory,
+            Some(record.clone()),
+            (Millis(0), Millis(5)),
+            3_000,
+        );
+        seen(
+            &mut memory,
+            Some(record.clone()),
+            (Millis(1_000), Millis(1_005)),
+            3_000,
+        );
+        let calm = memory.seen.clone().unwrap();
+        assert_eq!(
+            calm.changed_at,
+            Millis(5),
+            "read every second: unchanged since the first"
+        );
+        // The apiserver was silent for a minute: the seed a new leader starts from must give the
+        // holder a full lease from now, not call it expired at once.
+        seen(
+            &mut memory,
+            Some(record),
+            (Millis(61_000), Millis(61_010)),
+            3_000,
+        );
+        assert_eq!(memory.seen.unwrap().changed_at, Millis(61_010));
+    }
+
+    #[test]
+    fn the_node_index_falls_back_to_the_statefulset_pod_index() {
+        let label = |k: &str, v: &str| BTreeMap::from([(k.to_owned(), v.to_owned())]);
+        assert_eq!(node_index(&label(POD_INDEX_LABEL, "0")), Some(0));
+        let mut both = label(POD_INDEX_LABEL, "2");
+        both.insert(NODE_INDEX_LABEL.to_owned(), "1".to_owned());
+        assert_eq!(node_index(&both), Some(1), "the operator's label wins");
+        assert_eq!(node_index(&BTreeMap::new()), None);
+    }
+
+    #[test]
+    fn a_replica_is_fresh_only_without_keys_and_offset() {
+        let mut obs = Observation {
+            role: Role::Replica,
+            link: Some(PrimaryLink {
+                host: "127.1.0.2".into(),
+                port: 6379,
+                ..PrimaryLink::default()
+            }),
+            ..Observation::default()
+        };
+        assert!(obs.fresh());
+        assert_eq!(
+            local_role(&obs),
+            Some(LocalRole::Replica {
+                of: "127.1.0.2:6379".into()
+            })
+        );
+        if let Some(l) = obs.link.as_mut() {
+            l.offset = 10;
+        }
+        assert!(!obs.fresh());
+        let primary = Observation {
+            role: Role::Primary,
+            keys: 1,
+            ..Observation::default()
+        };
+        assert!(!primary.fresh());
+    }
+}
