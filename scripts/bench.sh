@@ -88,6 +88,9 @@ chaos_out=$(mktemp)
   # Kept for whoever reads a failure above.
   cp "$chaos_out" target/bench-chaos.log
 } > "$body"
+# Kept, like the chaos log: the summary and the README's block can be rendered again from it
+# (`bench summary` / `bench summary-readme target/bench-summary.log`).
+cp "$BENCH_SUMMARY_LOG" target/bench-summary.log
 # The headline block, from the rows the sections logged: the same text goes into the README.
 target/release/bench summary "$BENCH_SUMMARY_LOG" > "$summary"
 # The README's shape of it: five rows, without the alternatives' configurations.

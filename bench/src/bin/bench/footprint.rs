@@ -124,7 +124,7 @@ fn summarize(agents: &[Usage], sentinel: &Usage, window: Duration) {
             lost: None,
         }),
         runs: format!("one {} s window", window.as_secs()),
-        why: "the agent is a multi-threaded program with an HTTP server for the probes and a Valkey client polling every 250 ms; a sentinel is one single-threaded C process pinging once a second. One agent runs beside every Valkey, 3 sentinels beside a whole deployment".into(),
+        why: "the agent is one program with a Kubernetes client, TLS, an HTTP server for the probes and a Valkey client polling every 250 ms (on a single-threaded runtime); a sentinel is one single-threaded C process pinging once a second. One agent runs beside every Valkey, 3 sentinels beside a whole deployment".into(),
     });
 }
 

@@ -42,8 +42,9 @@ mod sentinels;
 mod settings;
 mod summary;
 
-/// The sections `bench` knows (`faults`, `summary`, `readme` and `compare` take paths too).
-const SECTIONS: [&str; 14] = [
+/// The sections `bench` knows (`faults`, `summary`, `summary-readme`, `readme` and `compare` take
+/// paths too).
+const SECTIONS: [&str; 15] = [
     "probes",
     "footprint",
     "labels",
@@ -55,6 +56,7 @@ const SECTIONS: [&str; 14] = [
     "planner",
     "faults",
     "summary",
+    "summary-readme",
     "readme",
     "compare",
     "all",
@@ -382,4 +384,28 @@ async fn cordon(stage: &Stage, node: &str, on: bool) -> Result<()> {
         .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SECTIONS;
+
+    /// Every `target/release/bench <section>` that `scripts/bench.sh` runs is one `bench` knows:
+    /// a name missing here fails only at the end of a 100-minute run.
+    #[test]
+    fn the_benchmark_command_runs_only_known_sections() {
+        let script = include_str!("../../../../scripts/bench.sh");
+        let used: Vec<&str> = script
+            .split("target/release/bench ")
+            .skip(1)
+            .filter_map(|rest| rest.split_whitespace().next())
+            .collect();
+        assert!(used.len() >= 10, "{used:?}");
+        for section in used {
+            assert!(
+                SECTIONS.contains(&section),
+                "bench.sh runs unknown section {section:?}"
+            );
+        }
+    }
 }
