@@ -248,7 +248,8 @@ async fn a_promotion_writes_the_record_first_promotes_and_repoints_and_stops_on_
         shard.links(),
         &shard.record,
         5000,
-        (Clock::start(), || true),
+        Clock::start(),
+        || true,
     )
     .await;
     assert!(matches!(stale, MoveOutcome::Conflict(_)), "{stale:?}");
@@ -262,7 +263,8 @@ async fn a_promotion_writes_the_record_first_promotes_and_repoints_and_stops_on_
         shard.links(),
         &shard.record,
         5000,
-        (Clock::start(), || false),
+        Clock::start(),
+        || false,
     )
     .await;
     assert!(matches!(no_lease, MoveOutcome::NoLease), "{no_lease:?}");
@@ -274,7 +276,8 @@ async fn a_promotion_writes_the_record_first_promotes_and_repoints_and_stops_on_
         shard.links(),
         &shard.record,
         5000,
-        (Clock::start(), || true),
+        Clock::start(),
+        || true,
     )
     .await;
     println!("promotion: {done:?} ({:?})", t.elapsed());

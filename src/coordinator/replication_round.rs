@@ -495,7 +495,7 @@ impl Coordinator {
         let (lead, clock, fence_ms) = (self.leadership.clone(), self.clock, self.timings.lease_ms);
         let run = async move {
             let may_act = || lead.borrow().may_act(clock.now());
-            execute::promote(&p, links, &record, fence_ms, (clock, may_act)).await
+            execute::promote(&p, links, &record, fence_ms, clock, may_act).await
         };
         spawn_move(started, run, done);
     }

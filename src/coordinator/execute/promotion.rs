@@ -33,7 +33,8 @@ pub async fn promote(
     links: Links,
     record: &ShardLeaseClient,
     fence_ms: u64,
-    (clock, may_act): (Clock, impl Fn() -> bool),
+    clock: Clock,
+    may_act: impl Fn() -> bool,
 ) -> MoveOutcome {
     let shard = Shard {
         promotion: p,
