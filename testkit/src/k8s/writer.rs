@@ -31,6 +31,11 @@ const READ_BACK_CHUNK: usize = 500;
 /// fault, when a node may still be slow, and a spurious failure there costs a whole test run.
 const READ_BACK_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a read-back waits out a cluster that is down for a moment: a test reads right after a
+/// fault, and while Valkey elects a new primary for another shard (a node cut with the fault under
+/// test) `CLUSTERDOWN` answers every key, those of healthy shards too.
+const CLUSTER_DOWN_WAIT: Duration = Duration::from_secs(30);
+
 /// How a writer connects and what it writes.
 #[derive(Clone, Debug)]
 pub struct WriterOptions {
@@ -392,8 +397,7 @@ pub fn missing(
     for chunk in acked.chunks(READ_BACK_CHUNK) {
         let mut args = vec!["MGET".to_string()];
         args.extend(chunk.iter().map(|n| key(tag, *n)));
-        let got = c
-            .call(&args)?
+        let got = call_when_up(&mut c, &args)?
             .into_array()
             .filter(|got| got.len() == chunk.len())
             .with_context(|| format!("MGET on {addr} answered no array of {}", chunk.len()))?;
@@ -405,6 +409,19 @@ pub fn missing(
         );
     }
     Ok(out)
+}
+
+/// `c.call(args)`, retried while the cluster answers `CLUSTERDOWN` (up to [`CLUSTER_DOWN_WAIT`]).
+fn call_when_up(c: &mut Conn, args: &[String]) -> Result<Reply> {
+    let deadline = Instant::now() + CLUSTER_DOWN_WAIT;
+    loop {
+        match c.call(args) {
+            Err(e) if e.to_string().contains("CLUSTERDOWN") && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Acknowledgements by a deposed primary after the new one took its first write.
