@@ -16,15 +16,15 @@ scripts/install-deps.sh
 export VALKEY_SERVER="$(scripts/valkey-bin.sh)"
 export VALKEY_TESTKIT_K8S_BIN_DIR="$(scripts/k8s-bins.sh)"
 export HELM_BIN="$(scripts/helm-bin.sh)"
-cargo build --release --locked --bin valkey-sidecar -p valkey-sidecar
+# The agent measured is the image's binary (static, musl, release: the Dockerfile's build).
+export VALKEY_SIDECAR_BIN="$(scripts/static-build.sh)"
 cargo build --release --locked -p valkey-sidecar-bench --bin bench
 # The chaos tests, built before anything is timed.
 chaos=(k8s_node_faults k8s_split_brain k8s_disruption k8s_replication k8s_replication_coordinator k8s_coordinator k8s_chart k8s_labels k8s_full_restart)
 cargo test --locked -p valkey-sidecar --no-run "${chaos[@]/#/--test=}"
-export VALKEY_SIDECAR_BIN="$PWD/target/release/valkey-sidecar"
 export BENCH_PLOTS_DIR="$PWD/docs/plots"
 # The build the report names (the summary block repeats it).
-export BENCH_BUILD="commit \`$commit\`, \`$("$VALKEY_SIDECAR_BIN" --version)\`, release profile (\`cargo build --release\`)"
+export BENCH_BUILD="commit \`$commit\`, \`$("$VALKEY_SIDECAR_BIN" --version)\`, the image's static binary (\`scripts/static-build.sh\`: release profile, musl)"
 # Every benchmark configuration and chaos scenario appends its outcome here: the fault table.
 export VALKEY_TESTKIT_FAULT_LOG="$(mktemp)"
 # Every headline figure appends its row here: the summary.

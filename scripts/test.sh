@@ -7,10 +7,10 @@ scripts/install-deps.sh
 export VALKEY_SERVER="$(scripts/valkey-bin.sh)"
 export VALKEY_TESTKIT_K8S_BIN_DIR="$(scripts/k8s-bins.sh)"
 export HELM_BIN="$(scripts/helm-bin.sh)"
-# Every pod the Kubernetes-level tests run gets the release agent, as users do and as the
-# benchmark's figures do (the fault log records the build of each scenario).
-cargo build --release --locked --bin valkey-sidecar -p valkey-sidecar
-export VALKEY_SIDECAR_BIN="${CARGO_TARGET_DIR:-$PWD/target}/release/valkey-sidecar"
+# Every pod the Kubernetes-level tests run gets the image's binary (static, musl, release: the
+# Dockerfile's build), as users do and as the benchmark's figures do (the fault log records the
+# build of each scenario).
+export VALKEY_SIDECAR_BIN="$(scripts/static-build.sh)"
 # Licenses, bans and sources of every dependency (deny.toml), offline once the crates are fetched.
 cargo fetch --locked
 "$(scripts/cargo-deny-bin.sh)" --offline check licenses bans sources

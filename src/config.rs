@@ -195,7 +195,8 @@ pub struct RawConfig {
     /// (unset: cluster membership is left alone).
     #[arg(long, env = "SIDECAR_CLUSTER_SHARDS")]
     pub cluster_shards: Option<String>,
-    /// Log format: `auto` (JSON unless stderr is a terminal), `json` or `text`. Filter with RUST_LOG.
+    /// Log format: `auto` (JSON unless stderr is a terminal), `json` or `text`. Filter with RUST_LOG
+    /// (`level` or `target=level`, comma-separated).
     #[arg(long, env = "SIDECAR_LOG_FORMAT", default_value = "auto")]
     pub log_format: String,
 }
