@@ -36,9 +36,11 @@ pub fn init(format: LogFormat) {
     }
 }
 
-/// The filter `RUST_LOG` asks for, or `info` and the value that could not be read.
+/// The filter `RUST_LOG` asks for, or `info` and the value that could not be read. An empty value
+/// counts as unset (an empty `Targets` would silence every log).
 fn filter(rust_log: Option<&str>) -> (Targets, Option<String>) {
     let info = || Targets::new().with_default(tracing::Level::INFO);
+    let rust_log = rust_log.map(str::trim).filter(|v| !v.is_empty());
     match rust_log.map(str::parse::<Targets>) {
         None => (info(), None),
         Some(Ok(t)) => (t, None),
@@ -62,7 +64,9 @@ mod tests {
         assert_eq!(bad.as_deref(), Some("valkey_sidecar=[{x=1}]"));
         assert!(t.would_enable("kube_client", &Level::INFO));
         assert!(!t.would_enable("kube_client", &Level::DEBUG));
-        let (t, bad) = filter(None);
-        assert!(bad.is_none() && t.would_enable("x", &Level::INFO));
+        for unset in [None, Some(""), Some(" ")] {
+            let (t, bad) = filter(unset);
+            assert!(bad.is_none() && t.would_enable("x", &Level::INFO), "{unset:?}");
+        }
     }
 }
