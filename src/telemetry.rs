@@ -66,7 +66,10 @@ mod tests {
         assert!(!t.would_enable("kube_client", &Level::DEBUG));
         for unset in [None, Some(""), Some(" ")] {
             let (t, bad) = filter(unset);
-            assert!(bad.is_none() && t.would_enable("x", &Level::INFO), "{unset:?}");
+            assert!(
+                bad.is_none() && t.would_enable("x", &Level::INFO),
+                "{unset:?}"
+            );
         }
     }
 }
