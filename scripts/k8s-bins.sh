@@ -8,8 +8,12 @@
 #                                all five binaries (symlinks into the caches below)
 #   scripts/k8s-bins.sh k8s      ... print only the Kubernetes bin directory
 #   scripts/k8s-bins.sh etcd     ... print only the etcd bin directory
-#   scripts/k8s-bins.sh regen    regenerate tools/{k8s,etcd}/go.mod + go.sum from the
-#                                pinned versions below (after changing them); no build
+#   scripts/k8s-bins.sh regen    regenerate tools/k8s-<minor>/ and tools/etcd/ go.mod + go.sum
+#                                from the pinned versions below (after changing them); no build
+#
+# K8S_VERSION selects the Kubernetes release: unset for the default (the suite's), or one of the
+# pinned minors below as `1.30` / `v1.30` / `v1.30.14` (the smoke on the oldest supported
+# version, scripts/test-k8s-version.sh). etcd is the same for all of them.
 #
 # stdout carries only the directory path; all logs go to stderr.
 #
@@ -22,13 +26,17 @@
 #
 # Why wrapper modules: k8s.io/kubernetes and go.etcd.io/etcd/server/v3 replace
 # their sibling modules with relative paths (./staging/..., ../api), so
-# `go install pkg@version` refuses them. tools/k8s and tools/etcd are tiny
+# `go install pkg@version` refuses them. tools/k8s-<minor> and tools/etcd are tiny
 # modules that require the release and replace every such sibling with its
 # published version (k8s.io/<x> => k8s.io/<x> v0.<minor>.<patch>).
 set -euo pipefail
 
 # --- pinned versions ----------------------------------------------------------
-K8S_VERSION=v1.37.2     # k8s.io/kubernetes (supported range for this project: 1.33-1.37)
+# k8s.io/kubernetes per minor (supported range for this project: 1.30-1.37): the newest, which
+# the whole suite runs on; the oldest supported, which the test command's smoke runs on; one
+# between, for scripts/test-k8s-version.sh. Each has its wrapper module tools/k8s-<minor>/.
+K8S_DEFAULT=1.37
+declare -A K8S_PINS=([1.30]=v1.30.14 [1.33]=v1.33.13 [1.37]=v1.37.2)
 ETCD_VERSION=v3.6.16    # go.etcd.io/etcd/server/v3
 # ------------------------------------------------------------------------------
 
@@ -38,15 +46,24 @@ STAMP=.valkey-sidecar-complete
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE_ROOT=${VALKEY_SIDECAR_CACHE:-$HOME/.cache/valkey-sidecar}
-K8S_TOOLS=$REPO_ROOT/tools/k8s
+
+log() { printf '[k8s-bins] %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# K8S_VERSION: unset, `1.30`, `v1.30` or `v1.30.14` -> the pinned v1.30.14 (and its minor).
+K8S_WANTED=${K8S_VERSION:-$K8S_DEFAULT}
+K8S_WANTED=${K8S_WANTED#v}
+K8S_MINOR_KEY=$(echo "$K8S_WANTED" | cut -d. -f1,2)
+K8S_VERSION=${K8S_PINS[$K8S_MINOR_KEY]:-}
+[[ -n $K8S_VERSION ]] || die "K8S_VERSION=$K8S_WANTED is not pinned here (pinned: ${!K8S_PINS[*]})"
+[[ $K8S_WANTED == "$K8S_MINOR_KEY" || v$K8S_WANTED == "$K8S_VERSION" ]] ||
+    die "K8S_VERSION=$K8S_WANTED: the pinned $K8S_MINOR_KEY release is $K8S_VERSION"
+K8S_TOOLS=$REPO_ROOT/tools/k8s-$K8S_MINOR_KEY
 ETCD_TOOLS=$REPO_ROOT/tools/etcd
 
 # Reproducible, self-contained builds: static binaries (no C toolchain needed),
 # no go.work from an enclosing directory, no VCS stamping of this repository.
 export CGO_ENABLED=0 GOWORK=off GOFLAGS="${GOFLAGS:-} -buildvcs=false"
-
-log() { printf '[k8s-bins] %s\n' "$*" >&2; }
-die() { log "error: $*"; exit 1; }
 
 command -v go >/dev/null 2>&1 || die "go is not on PATH"
 
@@ -246,6 +263,9 @@ relative_replaces() { # upstream-go.mod
 regen_one() { # tooldir wrapper-module upstream-module version staging-version
     local dir=$1 name=$2 up=$3 ver=$4 sver=$5 gomod m goline dbg
     log "regenerating $dir from $up@$ver"
+    mkdir -p "$dir"
+    # A new minor's module imports the same commands as the default's.
+    [[ -f $dir/tools.go ]] || cp "$REPO_ROOT/tools/k8s-$K8S_DEFAULT/tools.go" "$dir/tools.go"
     local scratch
     scratch=$(mktemp -d)
     TMP_DIRS+=("$scratch")
@@ -280,9 +300,9 @@ regen_one() { # tooldir wrapper-module upstream-module version staging-version
 }
 
 regen() {
-    regen_one "$K8S_TOOLS" valkey-sidecar/tools/k8s k8s.io/kubernetes "$K8S_VERSION" "$(k8s_staging_version)"
+    regen_one "$K8S_TOOLS" "valkey-sidecar/tools/k8s-$K8S_MINOR_KEY" k8s.io/kubernetes "$K8S_VERSION" "$(k8s_staging_version)"
     regen_one "$ETCD_TOOLS" valkey-sidecar/tools/etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" "$ETCD_VERSION"
-    log "done; review and commit tools/k8s and tools/etcd"
+    log "done; review and commit ${K8S_TOOLS#"$REPO_ROOT"/} and tools/etcd"
 }
 
 case ${1:-all} in

@@ -3,9 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::kube::events::{Recorder, Reporter};
 use futures::FutureExt;
 use futures::future::{self, BoxFuture, LocalBoxFuture, join_all};
-use kube::runtime::events::{Recorder, Reporter};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use valkey_sidecar_core::health::HealthState;
@@ -18,6 +18,7 @@ use valkey_sidecar_core::restart::{self, Permit};
 use crate::clock::Clock;
 use crate::config::{Config, CoordinatorConfig, KubeConfig};
 use crate::coordinator::Coordinator;
+use crate::features::{self, Off};
 use crate::http::{self, App};
 use crate::keeper::{Keeper, RecordSeed};
 use crate::kube::labeler::Labeler;
@@ -73,6 +74,8 @@ struct Shared {
     seed: (watch::Sender<RecordSeed>, watch::Receiver<RecordSeed>),
     /// Cluster mode: whether a start of the local Valkey may go ahead (`start_guard`).
     start: Option<(watch::Sender<Permit>, watch::Receiver<Permit>)>,
+    /// Features that are off, for `/status`: the configuration's, and Nodes once found unreadable.
+    off: watch::Sender<Vec<Off>>,
 }
 
 type Task = LocalBoxFuture<'static, ()>;
@@ -100,7 +103,9 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         hurry: watch::channel(false),
         seed: watch::channel(None),
         start: (config.mode == Mode::Cluster).then(|| watch::channel(restart::permit(None, None))),
+        off: watch::Sender::new(config.off.clone()),
     };
+    features::announce(&config.off);
     let mut tasks = serve(&config, &shared).await?;
     let observer = Observer {
         connector: shared.connector.clone(),
@@ -153,6 +158,7 @@ async fn serve(config: &Config, shared: &Shared) -> Result<Vec<Task>, StartError
         metrics: shared.metrics.clone(),
         claim: shared.claim.as_ref().map(|(_, rx)| rx.clone()),
         start: shared.start.as_ref().map(|(_, rx)| rx.clone()),
+        off: shared.off.subscribe(),
     });
     Ok(vec![
         http::serve(probe, app.clone(), shared.shutdown.clone()).boxed_local(),
@@ -190,9 +196,10 @@ async fn kube_tasks(
         metrics: shared.metrics.clone(),
         claim: keeper.as_ref().map(|(_, claim)| claim.clone()),
     };
-    let mut tasks = vec![supervised_task("labeler", shared, move |stop| {
-        labeler.clone().run(stop)
-    })];
+    let mut tasks = vec![
+        supervised_task("labeler", shared, move |stop| labeler.clone().run(stop)),
+        check_nodes(client.clone(), shared.off.clone()).boxed_local(),
+    ];
     if let Some((keeper, _)) = keeper {
         let owner = owner.clone();
         tasks.push(supervised_task("keeper", shared, move |stop| {
@@ -207,6 +214,25 @@ async fn kube_tasks(
         tasks.extend(coordinator_tasks(config, kube, co, shared, client, owner));
     }
     Ok(tasks)
+}
+
+/// Asks the API once whether Nodes may be read (a few tries while it does not answer) and, if
+/// not, says what that turns off: the namespace profile's agents run without them.
+async fn check_nodes(client: kube::Client, off: watch::Sender<Vec<Off>>) {
+    let mut delays = crate::retry::few(Duration::from_secs(2), 5);
+    loop {
+        match crate::kube::nodes_forbidden(&client, Duration::from_secs(5)).await {
+            Some(true) => break,
+            Some(false) => return,
+            None => match delays.next() {
+                Some(d) => tokio::time::sleep(d).await,
+                None => return,
+            },
+        }
+    }
+    let nodes = features::nodes_unreadable();
+    features::announce(std::slice::from_ref(&nodes));
+    off.send_modify(|o| o.push(nodes));
 }
 
 /// Whether this agent keeps a shard record: replication mode with the coordinator on.

@@ -1,11 +1,14 @@
 //! The binary's command line as one [`Command`]: the agent (the default, or `run`) with its
-//! settings, or one of the tools — `inject`, `drain-check`, `await`, `install` — each with its own
+//! settings, or one of the tools — `inject`, `drain-check`, `await`, `install`, `credentials`,
+//! `check` — each with its own
 //! arguments and exit codes ([`crate::exit`]).
 
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches};
 
 use crate::await_start::{AwaitArgs, InstallArgs};
+use crate::check::CheckArgs;
 use crate::config::{Cli, RawConfig};
+use crate::credentials::CredentialsArgs;
 use crate::drain::DrainArgs;
 use crate::inject::InjectArgs;
 
@@ -25,6 +28,8 @@ pub enum Tool {
     DrainCheck,
     Await,
     Install,
+    Credentials,
+    Check,
 }
 
 impl Tool {
@@ -35,6 +40,8 @@ impl Tool {
             Tool::DrainCheck => crate::drain::main(args),
             Tool::Await => crate::await_start::main(args),
             Tool::Install => crate::await_start::install(args),
+            Tool::Credentials => crate::credentials::main(args),
+            Tool::Check => crate::check::main(args),
         }
     }
 }
@@ -51,6 +58,14 @@ pub fn command() -> clap::Command {
             InstallArgs::augment_args(clap::Command::new("install"))
                 .about("Copy this binary to PATH (for the Valkey container's await)"),
         )
+        .subcommand(
+            CredentialsArgs::augment_args(clap::Command::new("credentials"))
+                .about("Make or update the chart's auth Secret in the cluster (the chart's Job)"),
+        )
+        .subcommand(CheckArgs::augment_args(clap::Command::new("check")).about(
+            "Is this Valkey deployment healthy: one labelled primary per shard, every pod Ready, \
+             the coordinator Lease held (`helm test`)",
+        ))
 }
 
 /// Parses the process's arguments; an error is clap's (usage, `--help`, `--version`).
@@ -64,6 +79,8 @@ fn from(matches: ArgMatches) -> Result<Command, clap::Error> {
         Some(("drain-check", args)) => Some((Tool::DrainCheck, args)),
         Some(("await", args)) => Some((Tool::Await, args)),
         Some(("install", args)) => Some((Tool::Install, args)),
+        Some(("credentials", args)) => Some((Tool::Credentials, args)),
+        Some(("check", args)) => Some((Tool::Check, args)),
         _ => None,
     };
     if let Some((tool, args)) = tool {

@@ -9,6 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::features::Cause;
 use clap::{Args, Parser, Subcommand};
 use valkey_sidecar_core::health::Bounds;
 use valkey_sidecar_core::labels::{LabelPolicy, check_key, check_value};
@@ -142,7 +143,7 @@ pub struct RawConfig {
     /// Label key for the region.
     #[arg(long, env = "SIDECAR_REGION_LABEL", default_value = "valkey.io/region")]
     pub region_label: String,
-    /// Publish Events (events.k8s.io) on the pod for role changes.
+    /// Publish Events (core v1) on the pod for role changes.
     #[arg(long, env = "SIDECAR_EVENTS", default_value = "true")]
     pub events: String,
     /// Run the coordinator (Lease election, hand-overs, fail-back, balance; in replication mode
@@ -279,6 +280,8 @@ pub struct Config {
     /// Cluster mode's quorum fence; `None`: off.
     pub quorum_fence: Option<QuorumPolicy>,
     pub log_format: LogFormat,
+    /// Features this configuration leaves off, and why (said at start, in `/status`).
+    pub off: Vec<crate::features::Off>,
 }
 
 /// One bad variable.
@@ -371,7 +374,7 @@ impl RawConfig {
             parse_log_format(&self.log_format),
         );
         let kube = self.kube(c, &identity);
-        Some(Config {
+        let mut config = Config {
             identity,
             kube: kube?,
             valkey: valkey?,
@@ -382,7 +385,28 @@ impl RawConfig {
             bounds: bounds?,
             quorum_fence: quorum?,
             log_format: log?,
-        })
+            off: Vec::new(),
+        };
+        config.off = crate::features::off(&config, self.cause_of_off(&config));
+        Some(config)
+    }
+
+    /// Why labels or the coordinator are off in a validated `config`; `None` when both are on.
+    fn cause_of_off(&self, config: &Config) -> Option<Cause> {
+        let Some(kube) = &config.kube else {
+            return Some(if parse_auto_bool(&self.labels) == Ok(Some(false)) {
+                Cause::LabelsOff
+            } else if config.identity.pod_name.is_none() {
+                Cause::NoPodName
+            } else {
+                Cause::NoNamespace
+            });
+        };
+        match (&kube.coordinator, parse_auto_bool(&self.coordinator)) {
+            (Some(_), _) => None,
+            (None, Ok(Some(false))) => Some(Cause::CoordinatorOff),
+            (None, _) => Some(Cause::NoClusterName),
+        }
     }
 
     fn identity(&self, c: &mut Checker) -> Identity {

@@ -16,7 +16,9 @@
 //!   every exit code; [`inject`] is the `inject` subcommand (manifests in, manifests
 //!   with the agent out); [`drain`] is `drain-check` (can this node be drained now, and why not);
 //!   [`await_start`] is `await` and `install` (the Valkey container's entrypoint, which holds a
-//!   crashed primary's restart until [`start_guard`] allows it).
+//!   crashed primary's restart until [`start_guard`] allows it); [`credentials`] makes the chart's
+//!   auth Secret in the cluster and [`check`] is the chart's `helm test`; [`features`] says what a
+//!   deployment leaves off.
 //!
 //! The rules themselves (parsing, health verdicts, labels, Lease election, planning, replication
 //! mode's record, promotion and switchover) live in the dependency-free `valkey-sidecar-core`
@@ -27,12 +29,15 @@
 
 pub mod agent;
 pub mod await_start;
+pub mod check;
 pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod coordinator;
+pub mod credentials;
 pub mod drain;
 pub mod exit;
+pub mod features;
 pub mod http;
 pub mod inject;
 pub mod keeper;

@@ -26,11 +26,16 @@
 //! - [`restart`]: whether a stopped Valkey may start again (a primary waits for a replica to take
 //!   over its slots).
 //! - [`drain`]: whether a node can be drained now, and why not (`valkey-sidecar drain-check`).
+//! - [`check`]: whether a deployment is healthy, shard by shard (`valkey-sidecar check`, `helm test`).
+//! - [`credentials`]: which passwords the chart's Secret needs made or moved
+//!   (`valkey-sidecar credentials`), password rotation included.
 #![warn(clippy::too_many_lines, unreachable_pub)]
 // The length limit holds the shipped code's shape; a table test may run long.
 #![cfg_attr(test, allow(clippy::too_many_lines))]
 
+pub mod check;
 pub mod crash;
+pub mod credentials;
 pub mod drain;
 pub mod formation;
 pub mod health;

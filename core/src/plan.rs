@@ -29,6 +29,9 @@ pub struct PodInfo {
     pub terminating: bool,
     /// valkey-operator's `valkey.io/node-index` (0 = the intended primary).
     pub node_index: Option<u32>,
+    /// The pod's own `topology.kubernetes.io/zone` label (Kubernetes >= 1.35 copies it from the
+    /// Node), for when Nodes may not be read ([`unseen_nodes`]).
+    pub zone: Option<String>,
 }
 
 /// A Kubernetes node.
@@ -44,6 +47,25 @@ impl NodeInfo {
     pub fn usable(&self) -> bool {
         self.ready && !self.unschedulable
     }
+}
+
+/// Node facts where Nodes may not be read (RBAC without them: the chart's `namespace` profile):
+/// each node a pod runs on counts as ready and schedulable, in the zone its pod is labelled with.
+/// A node going away then shows only through its pods' eviction or deletion, which still starts a
+/// hand-over (the pod is terminating); a cordon or a NotReady node goes unseen. Without this no
+/// replica would ever be a candidate: every member's node would be unknown.
+pub fn unseen_nodes<'a>(pods: impl IntoIterator<Item = &'a PodInfo>) -> BTreeMap<String, NodeInfo> {
+    let mut nodes = BTreeMap::new();
+    for pod in pods {
+        let Some(node) = &pod.node else { continue };
+        let info: &mut NodeInfo = nodes.entry(node.clone()).or_insert_with(|| NodeInfo {
+            zone: None,
+            ready: true,
+            unschedulable: false,
+        });
+        info.zone = info.zone.take().or_else(|| pod.zone.clone());
+    }
+    nodes
 }
 
 /// One Valkey node, matched to its pod by address.

@@ -253,6 +253,7 @@ mod tests {
                 ready: true,
                 terminating: false,
                 node_index: Some(u32::from(role == Role::Replica)),
+                zone: None,
             }),
         }
     }

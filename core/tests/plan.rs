@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use valkey_sidecar_core::observation::Role;
-use valkey_sidecar_core::plan::{InFlight, Kind, Member, NodeInfo, PodInfo, Policy, World, decide};
+use valkey_sidecar_core::plan::{
+    InFlight, Kind, Member, NodeInfo, PodInfo, Policy, World, decide, unseen_nodes,
+};
 use valkey_sidecar_core::shards::NodeHealth;
 use valkey_sidecar_core::time::Millis;
 
@@ -23,6 +25,7 @@ fn member(id: &str, shard: &str, role: Role, offset: u64, node: &str, index: u32
             ready: true,
             terminating: false,
             node_index: Some(index),
+            zone: None,
         }),
     }
 }
@@ -397,6 +400,7 @@ fn arb_world() -> impl Strategy<Value = World> {
                             ready,
                             terminating,
                             node_index: Some(i as u32 % 3),
+                            zone: None,
                         }),
                     },
                 )
@@ -508,4 +512,47 @@ proptest! {
             }
         }
     }
+}
+
+// ------------------------------------------------------------------------------------------
+// Without Node facts (RBAC without Nodes: the chart's namespace profile).
+// ------------------------------------------------------------------------------------------
+
+/// The world as a coordinator that may not read Nodes builds it: node facts from the pods only.
+fn world_without_nodes() -> World {
+    let mut w = world();
+    for (i, m) in w.members.iter_mut().enumerate() {
+        if let Some(p) = m.pod.as_mut() {
+            p.zone = Some(["a", "b", "c"][i % 3].into());
+        }
+    }
+    w.nodes = unseen_nodes(w.members.iter().filter_map(|m| m.pod.as_ref()));
+    w
+}
+
+#[test]
+fn unseen_nodes_are_the_pods_nodes_usable_in_their_pods_zone() {
+    let w = world_without_nodes();
+    assert_eq!(w.nodes.len(), 6, "{:?}", w.nodes);
+    assert!(w.nodes.values().all(NodeInfo::usable));
+    assert_eq!(w.nodes["n0"].zone.as_deref(), Some("a"));
+    let none = unseen_nodes(&[PodInfo::default()]);
+    assert!(none.is_empty(), "a pod not yet scheduled names no node");
+}
+
+#[test]
+fn without_node_facts_a_terminating_primary_still_hands_over() {
+    let mut w = world_without_nodes();
+    find(&mut w, "p1").pod.as_mut().unwrap().terminating = true;
+    let plan = decide(&w, &Policy::default());
+    assert_eq!(plan.actions.len(), 1, "{plan:?}");
+    let a = &plan.actions[0];
+    assert_eq!((a.kind, a.from.as_str()), (Kind::Handover, "p1"));
+    assert!(a.to == "r1a" || a.to == "r1b", "{a:?}");
+}
+
+#[test]
+fn without_node_facts_nothing_moves_while_nothing_is_deleted() {
+    let plan = decide(&world_without_nodes(), &Policy::default());
+    assert!(plan.actions.is_empty(), "{plan:?}");
 }

@@ -11,10 +11,10 @@ use std::collections::BTreeMap;
 use std::io::ErrorKind;
 use std::time::Duration;
 
+use crate::kube::events::EventType;
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Resource;
-use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;

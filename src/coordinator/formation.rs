@@ -10,10 +10,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::kube::events::EventType;
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Resource;
-use kube::runtime::events::EventType;
 use valkey_sidecar_core::formation::{ClusterNode, FormationView, Seat, Step, plan};
 use valkey_sidecar_core::observation::{self, Mode};
 use valkey_sidecar_core::time::Millis;

@@ -28,8 +28,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::kube::events::Recorder;
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::runtime::events::Recorder;
 use tokio::sync::{mpsc, watch};
 use valkey_sidecar_core::health::{Bounds, HealthState};
 use valkey_sidecar_core::lease::LeaseTimings;
@@ -185,10 +185,11 @@ impl Coordinator {
             match self.mode {
                 Mode::Cluster => {
                     self.form_if_incomplete(&w.pods, &mut memory).await;
-                    self.round(&w.pods, &w.nodes, &mut memory, &done_tx).await
+                    self.round(&w.pods, w.node_facts(), &mut memory, &done_tx)
+                        .await
                 }
                 Mode::Replication => {
-                    self.replication_round(&w.pods, &w.nodes, &mut memory, &done_tx)
+                    self.replication_round(&w.pods, w.node_facts(), &mut memory, &done_tx)
                         .await
                 }
             }

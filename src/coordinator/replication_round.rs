@@ -26,16 +26,16 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::kube::events::EventType;
 use futures::future::join_all;
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::Resource;
-use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
 use tokio::sync::mpsc;
 use valkey_sidecar_core::labels::stale_primaries;
 use valkey_sidecar_core::moves::Started;
 use valkey_sidecar_core::observation::{self, Mode};
-use valkey_sidecar_core::plan::{Action, Member, Shards, World, decide, preferred_zone};
+use valkey_sidecar_core::plan::{Action, Member, NodeInfo, Shards, World, decide, preferred_zone};
 use valkey_sidecar_core::replication::{
     Hold, HoldKind, MemberValkey, Promotion, SeenRecord, ShardRecord, ShardView, SwitchoverPlan,
     calm, next_read, promote,
@@ -299,7 +299,7 @@ impl Coordinator {
     pub(super) async fn replication_round(
         &self,
         pods: &Store<Pod>,
-        nodes: &Store<Node>,
+        nodes: BTreeMap<String, NodeInfo>,
         memory: &mut LeaderMemory,
         done: &mpsc::Sender<Finished>,
     ) {

@@ -3,9 +3,9 @@
 
 use std::collections::BTreeSet;
 
+use crate::kube::events::{Event, EventType};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::Resource;
-use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{self, Store};
 use valkey_sidecar_core::plan::Plan;
 use valkey_sidecar_core::status::{self, Condition, Decision, Status};

@@ -2,16 +2,17 @@
 //! view misses a pod, the planner's world and decision, and each planned move started and booked
 //! (`core::moves`) until it lands.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use crate::kube::events::EventType;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::Resource;
-use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
 use tokio::sync::mpsc;
 use valkey_sidecar_core::formation;
 use valkey_sidecar_core::moves::Started;
-use valkey_sidecar_core::plan::{Action, Member, World, decide, track};
+use valkey_sidecar_core::plan::{Action, Member, NodeInfo, World, decide, track};
 use valkey_sidecar_core::shards::{NodeHealth, Shard, ShardNode};
 use valkey_sidecar_core::status::{self, Decision};
 use valkey_sidecar_core::time::Millis;
@@ -58,7 +59,7 @@ impl Coordinator {
     pub(super) async fn round(
         &self,
         pods: &Store<Pod>,
-        nodes: &Store<Node>,
+        nodes: BTreeMap<String, NodeInfo>,
         memory: &mut LeaderMemory,
         done: &mpsc::Sender<Finished>,
     ) {
@@ -92,7 +93,7 @@ impl Coordinator {
     pub(super) fn world(
         &self,
         members: Vec<Member>,
-        (pods, nodes): (&Store<Pod>, &Store<Node>),
+        (pods, nodes): (&Store<Pod>, BTreeMap<String, NodeInfo>),
         memory: &mut LeaderMemory,
         now: Millis,
         leader: bool,
@@ -103,7 +104,7 @@ impl Coordinator {
             now,
             leader,
             members,
-            nodes: world::nodes(&nodes.state()),
+            nodes,
             steady_since: memory
                 .shards
                 .iter()

@@ -14,9 +14,10 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use valkey_sidecar_core::observation::Mode;
+use valkey_sidecar_core::plan::NodeInfo;
 use valkey_sidecar_core::replication::ShardRecord;
 
-use super::Coordinator;
+use super::{Coordinator, world};
 
 /// The watches of the cluster's pods and of the nodes. Only the leader runs them: a follower costs
 /// the apiserver nothing beyond its own pod's watch, and a new leader lists afresh (milliseconds).
@@ -39,6 +40,15 @@ impl Watches {
         let nodes = ready(self.nodes.wait_until_ready().now_or_never())
             || self.nodes_forbidden.load(Ordering::Relaxed);
         pods && nodes
+    }
+
+    /// The node facts to plan with: the watched Nodes, or where the API refuses them, what the
+    /// pods say (`core::plan::unseen_nodes`).
+    pub(super) fn node_facts(&self) -> BTreeMap<String, NodeInfo> {
+        if self.nodes_forbidden.load(Ordering::Relaxed) {
+            return world::unseen_nodes(&self.pods.state());
+        }
+        world::nodes(&self.nodes.state())
     }
 }
 

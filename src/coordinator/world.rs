@@ -45,7 +45,15 @@ pub fn pod_info(p: &Pod) -> PodInfo {
         ready: is_ready(p),
         terminating: p.metadata.deletion_timestamp.is_some(),
         node_index: labels.and_then(node_index),
+        zone: labels.and_then(|l| l.get(ZONE_LABEL).cloned()),
     }
+}
+
+/// The node facts of the deployment's pods where Nodes may not be read
+/// (`core::plan::unseen_nodes`).
+pub fn unseen_nodes(pods: &[Arc<Pod>]) -> BTreeMap<String, NodeInfo> {
+    let infos: Vec<PodInfo> = pods.iter().map(|p| pod_info(p)).collect();
+    valkey_sidecar_core::plan::unseen_nodes(&infos)
 }
 
 /// Nodes by name with the facts the planner uses.

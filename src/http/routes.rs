@@ -32,6 +32,8 @@ pub struct App {
     /// Cluster mode: whether a start of the local Valkey may go ahead (`start_guard`), for
     /// `/valkey-start` and `/livez`.
     pub start: Option<watch::Receiver<Permit>>,
+    /// Features that are off, and why (`/status`).
+    pub off: watch::Receiver<Vec<crate::features::Off>>,
 }
 
 type Body = Full<Bytes>;

@@ -6,6 +6,7 @@ use valkey_sidecar_core::observation::{Mode, Observation};
 use valkey_sidecar_core::time::Millis;
 
 use super::routes::App;
+use crate::features::Off;
 
 #[derive(Serialize)]
 struct Status<'a> {
@@ -23,6 +24,8 @@ struct Status<'a> {
     observed_ms_ago: Option<u64>,
     last_error: Option<&'a str>,
     valkey: Option<ValkeyStatus<'a>>,
+    /// What this agent does not do here, and why (empty when everything is on).
+    off: Vec<Off>,
 }
 
 #[derive(Serialize)]
@@ -64,6 +67,7 @@ pub(super) fn render(state: &HealthState, app: &App, now: Millis) -> String {
         observed_ms_ago: state.observation.as_ref().map(|(at, _)| now.since(*at)),
         last_error: state.last_error.as_deref(),
         valkey: state.observation.as_ref().map(|(_, o)| valkey(o)),
+        off: app.off.borrow().clone(),
     };
     serde_json::to_string_pretty(&status).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
 }

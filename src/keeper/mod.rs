@@ -61,7 +61,7 @@ pub struct Keeper {
     /// Set on the record when this agent writes it (`kube::owner`).
     pub owner: Option<LeaseOwner>,
     /// Events on this agent's pod (`SIDECAR_EVENTS`): a record naming a pod outside the shard.
-    pub recorder: Option<kube::runtime::events::Recorder>,
+    pub recorder: Option<crate::kube::events::Recorder>,
     /// This pod's UID (`POD_UID`), for the Events' reference.
     pub pod_uid: Option<String>,
     /// This pod's shard and its record as the keeper last read it, for the coordinator of the

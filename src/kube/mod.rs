@@ -1,5 +1,6 @@
 //! The Kubernetes adapter: the agent's own pod (labels, Events) and the Node it runs on.
 
+pub mod events;
 pub mod labeler;
 pub mod lease;
 pub mod owner;
@@ -84,6 +85,21 @@ pub async fn node_labels(client: &kube::Client, node: &str) -> Option<BTreeMap<S
         Ok(n) => Some(labels_of(&n.metadata)),
         Err(e) => {
             tracing::info!(node, error = %e, "cannot read the Node object; zone only from configuration or pod labels");
+            None
+        }
+    }
+}
+
+/// Whether the API refuses this agent a list of Nodes (`Some(true)`), or lets it (`Some(false)`);
+/// `None` when it did not answer. One call, a page of one Node's metadata.
+pub async fn nodes_forbidden(client: &kube::Client, limit: std::time::Duration) -> Option<bool> {
+    let nodes = Api::<Node>::all(client.clone());
+    let page = kube::api::ListParams::default().limit(1);
+    match bounded(limit, nodes.list_metadata(&page)).await {
+        Ok(_) => Some(false),
+        Err(KubeError::Api(kube::Error::Api(s))) if s.code == 403 => Some(true),
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot tell whether Nodes may be read");
             None
         }
     }

@@ -78,11 +78,17 @@ fn run_valkey_bin_script() -> Result<PathBuf> {
 /// Runs `scripts/<name>` (which installs or builds something into the cache if needed) and returns
 /// the path it prints as its last stdout line; the scripts log to stderr.
 pub fn path_from_script(name: &str) -> Result<PathBuf> {
+    path_from_script_with(name, &[])
+}
+
+/// [`path_from_script`] with more environment variables for the script.
+pub fn path_from_script_with(name: &str, env: &[(&str, &str)]) -> Result<PathBuf> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../scripts")
         .join(name);
     let out = Command::new("bash")
         .arg(&script)
+        .envs(env.iter().copied())
         .output()
         .with_context(|| format!("running {}", script.display()))?;
     if !out.status.success() {

@@ -21,6 +21,59 @@ StatefulSets and PDBs `<cluster>-<shard>`, pods `<cluster>-<shard>-<ordinal>`, S
 {{- default (printf "%s-sidecar" (include "valkey-sidecar.cluster" .)) .Values.sidecar.serviceAccount.name -}}
 {{- end -}}
 
+{{- /* The install profile (values.yaml `profile`) and the choices it makes, each overridable by
+its own value (`null`: the profile's choice). Each helper renders "true" or nothing. */ -}}
+{{- define "valkey-sidecar.clusterScoped" -}}
+{{- if eq .Values.profile "cluster" }}true{{ end -}}
+{{- end -}}
+
+{{- define "valkey-sidecar.profileChoice" -}}
+{{- if kindIs "bool" .value }}{{ if .value }}true{{ end }}{{ else }}{{ include "valkey-sidecar.clusterScoped" .root }}{{ end -}}
+{{- end -}}
+
+{{- /* The ClusterRole that lets the agents read Nodes. */ -}}
+{{- define "valkey-sidecar.readNodes" -}}
+{{- include "valkey-sidecar.profileChoice" (dict "root" . "value" .Values.sidecar.readNodes) -}}
+{{- end -}}
+
+{{- /* The ValidatingAdmissionPolicies that narrow the agents' token (v1 on every supported
+version). */ -}}
+{{- define "valkey-sidecar.admissionPolicy" -}}
+{{- include "valkey-sidecar.profileChoice" (dict "root" . "value" .Values.sidecar.admissionPolicy) -}}
+{{- end -}}
+
+{{- /* MutatingAdmissionPolicy v1 (Kubernetes >= 1.36): what the API serves, as helm learns it
+from the cluster (`helm template`: from --api-versions). */ -}}
+{{- define "valkey-sidecar.mutatingPolicies" -}}
+{{- if .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy" }}true{{ end -}}
+{{- end -}}
+
+{{- /* The node-index policy: wanted (profile or value) and servable. */ -}}
+{{- define "valkey-sidecar.nodeIndexPolicy" -}}
+{{- $wanted := include "valkey-sidecar.profileChoice" (dict "root" . "value" .Values.nodeIndex.admissionPolicy) -}}
+{{- if and .Values.valkey.enabled $wanted (include "valkey-sidecar.mutatingPolicies" .) }}true{{ end -}}
+{{- end -}}
+
+{{- /* The zone-pinning policy (placement.zones): cluster-scoped, so only in the cluster profile. */ -}}
+{{- define "valkey-sidecar.zonePolicy" -}}
+{{- if and .Values.valkey.enabled .Values.placement.zones (include "valkey-sidecar.clusterScoped" .) (include "valkey-sidecar.mutatingPolicies" .) }}true{{ end -}}
+{{- end -}}
+
+{{- /* Fixed user, group and fsGroup in the security contexts: not in the restricted profile, and
+not on OpenShift, whose restricted-v2 assigns them from the namespace's range and refuses others. */ -}}
+{{- define "valkey-sidecar.fixedIds" -}}
+{{- if not (or (eq .Values.profile "restricted") (.Capabilities.APIVersions.Has "security.openshift.io/v1")) }}true{{ end -}}
+{{- end -}}
+
+{{- /* A security context (dict "root" $ "context" ...) without the ids the platform assigns. */ -}}
+{{- define "valkey-sidecar.securityContext" -}}
+{{- if include "valkey-sidecar.fixedIds" .root -}}
+{{- toYaml .context -}}
+{{- else -}}
+{{- toYaml (omit .context "runAsUser" "runAsGroup" "fsGroup") -}}
+{{- end -}}
+{{- end -}}
+
 {{- /* Labels of every object. */ -}}
 {{- define "valkey-sidecar.labels" -}}
 app.kubernetes.io/name: valkey
@@ -393,7 +446,7 @@ readinessProbe:
     {{- toYaml . | nindent 4 }}
   {{- end }}
   securityContext:
-    {{- toYaml $v.sidecar.securityContext | nindent 4 }}
+    {{- include "valkey-sidecar.securityContext" (dict "root" $root "context" $v.sidecar.securityContext) | nindent 4 }}
   volumeMounts:
     - name: kube-api-access
       mountPath: /var/run/secrets/kubernetes.io/serviceaccount
@@ -435,7 +488,9 @@ nodes without any pod of this Valkey deployment. */ -}}
 {{- $preferred = append $preferred (dict "weight" 50 "podAffinityTerm" $term) -}}
 {{- end -}}
 {{- if eq $root.Values.spread.primaries "Preferred" -}}
-{{- $intended := dict "valkey.io/cluster" (include "valkey-sidecar.cluster" $root) "valkey.io/node-index" "0" -}}
+{{- /* The StatefulSet's own pod index (every supported version sets it), not node-index, which
+only the admission policy adds where Kubernetes has it. */ -}}
+{{- $intended := dict "valkey.io/cluster" (include "valkey-sidecar.cluster" $root) "apps.kubernetes.io/pod-index" "0" -}}
 {{- $term := dict "topologyKey" $root.Values.spread.node.topologyKey "labelSelector" (dict "matchLabels" $intended) -}}
 {{- $preferred = append $preferred (dict "weight" 80 "podAffinityTerm" $term) -}}
 {{- end -}}
@@ -474,3 +529,80 @@ the emptiest domain as 0 and so turns maxSkew into a hard cap per domain. */ -}}
 {{- end -}}
 {{- end -}}
 
+
+{{- /* The credentials Job's pod template (dict "root" $ "name" ... "secret" ... "owner" ...). Not
+labelled valkey.io/cluster: the agents and `check` select the Valkey pods by it. */ -}}
+{{- define "valkey-sidecar.credentialsPod" -}}
+{{- $root := .root -}}
+{{- $v := $root.Values -}}
+{{- $a := $v.auth -}}
+metadata:
+  labels:
+    app.kubernetes.io/name: valkey-sidecar-credentials
+    app.kubernetes.io/instance: {{ $root.Release.Name }}
+    app.kubernetes.io/part-of: valkey-sidecar
+spec:
+  serviceAccountName: {{ .name }}
+  automountServiceAccountToken: true
+  restartPolicy: Never
+  enableServiceLinks: false
+  securityContext:
+    {{- include "valkey-sidecar.securityContext" (dict "root" $root "context" (omit $v.podSecurityContext "fsGroup" "fsGroupChangePolicy")) | nindent 4 }}
+  {{- with $v.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $v.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $v.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  containers:
+    - name: credentials
+      image: {{ include "valkey-sidecar.agentImage" $root }}
+      imagePullPolicy: {{ $v.sidecar.image.pullPolicy }}
+      args:
+        - credentials
+        - --secret
+        - {{ .secret }}
+        - --owner
+        - {{ .owner }}
+        - --rotation
+        - {{ $a.rotation | quote }}
+        - --label
+        - app.kubernetes.io/name=valkey
+        - --label
+        - app.kubernetes.io/instance={{ $root.Release.Name }}
+        - --label
+        - app.kubernetes.io/part-of=valkey-sidecar
+        - --default-key
+        - {{ $a.defaultPasswordKey }}
+        - --agent-key
+        - {{ $a.agentPasswordKey }}
+        - --agent-hash-key
+        - {{ $a.agentPasswordHashKey }}
+        - --next-default-key
+        - {{ $a.nextDefaultPasswordKey }}
+        - --next-agent-key
+        - {{ $a.nextAgentPasswordKey }}
+        - --next-agent-hash-key
+        - {{ $a.nextAgentPasswordHashKey }}
+      env:
+        - name: POD_NAMESPACE
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.namespace
+      # What the Job's pod printed last is its status message when it fails (`kubectl describe`).
+      terminationMessagePolicy: FallbackToLogsOnError
+      resources:
+        requests:
+          cpu: 10m
+          memory: 16Mi
+        limits:
+          memory: 64Mi
+      securityContext:
+        {{- include "valkey-sidecar.securityContext" (dict "root" $root "context" $v.sidecar.securityContext) | nindent 8 }}
+{{- end -}}

@@ -1,7 +1,8 @@
 //! Locating the Kubernetes binaries and the agent binary.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use anyhow::{Context, anyhow};
 
@@ -26,9 +27,39 @@ pub fn k8s_bin_dir() -> Result<PathBuf> {
         .map_err(|e| anyhow!(e))
 }
 
-/// The `kubectl` of the same release as the control plane.
+/// The `kubectl` of the default release (a plane's own: [`super::ControlPlane::kubectl`]).
 pub fn kubectl_bin() -> Result<PathBuf> {
     Ok(k8s_bin_dir()?.join("kubectl"))
+}
+
+/// The control-plane binaries of another pinned Kubernetes minor (`"1.30"`):
+/// `$VALKEY_TESTKIT_K8S_BIN_DIR_1_30`, else what `K8S_VERSION=1.30 scripts/k8s-bins.sh` prints
+/// (built on first use like the default's). `None`: the default release ([`k8s_bin_dir`]).
+///
+/// Blocking; looked up once per version and process.
+pub fn k8s_bin_dir_for(minor: Option<&str>) -> Result<PathBuf> {
+    static DIRS: OnceLock<Mutex<BTreeMap<String, Result<PathBuf, String>>>> = OnceLock::new();
+    let Some(minor) = minor else {
+        return k8s_bin_dir();
+    };
+    let dirs = DIRS.get_or_init(Default::default);
+    let mut dirs = dirs.lock().unwrap_or_else(|e| e.into_inner());
+    dirs.entry(minor.to_owned())
+        .or_insert_with(|| find_version_dir(minor).map_err(|e| format!("{e:#}")))
+        .clone()
+        .map_err(|e| anyhow!(e))
+}
+
+/// The variable that points at the binaries of `minor` (`1.30` → `..._BIN_DIR_1_30`).
+pub fn k8s_bin_dir_env(minor: &str) -> String {
+    format!("{K8S_BIN_DIR_ENV}_{}", minor.replace('.', "_"))
+}
+
+fn find_version_dir(minor: &str) -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os(k8s_bin_dir_env(minor)) {
+        return Ok(PathBuf::from(dir));
+    }
+    crate::binaries::path_from_script_with("k8s-bins.sh", &[("K8S_VERSION", minor)])
 }
 
 fn find_bin_dir() -> Result<PathBuf> {

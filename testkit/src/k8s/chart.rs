@@ -55,8 +55,9 @@ pub fn render(
     helm(&args)
 }
 
-/// What a stage's options render to.
-pub fn render_stage(opts: &StageOptions) -> Result<String> {
+/// What a stage's options render to, with `capabilities` as `helm template` takes them
+/// (`--kube-version`, `--api-versions`; see [`capabilities`]).
+pub fn render_stage(opts: &StageOptions, capabilities: &[String]) -> Result<String> {
     let mut args: Vec<String> = vec![
         "template".into(),
         opts.release.clone(),
@@ -64,8 +65,32 @@ pub fn render_stage(opts: &StageOptions) -> Result<String> {
         "--namespace".into(),
         opts.namespace.clone(),
     ];
+    args.extend(capabilities.iter().cloned());
     args.extend(value_args(&opts.values, &opts.sets, &opts.set_strings));
     helm(&args)
+}
+
+/// What the live apiserver serves, as `helm template` arguments: `--kube-version` and one
+/// `--api-versions` per group/version and group/version/Kind — what `helm install` learns by
+/// discovery, and what GitOps tools (Argo CD) pass to `helm template` for the target cluster.
+pub async fn capabilities(plane: &ControlPlane) -> Result<Vec<String>> {
+    let client = plane.client();
+    let version = client.apiserver_version().await?;
+    let discovery = kube::discovery::Discovery::new(client).run().await?;
+    let mut served = BTreeSet::new();
+    for group in discovery.groups() {
+        for version in group.versions() {
+            for (resource, _) in group.versioned_resources(version) {
+                served.insert(resource.api_version.clone());
+                served.insert(format!("{}/{}", resource.api_version, resource.kind));
+            }
+        }
+    }
+    let mut args = vec!["--kube-version".to_owned(), version.git_version];
+    for v in served {
+        args.extend(["--api-versions".to_owned(), v]);
+    }
+    Ok(args)
 }
 
 /// `--values`, `--set` and `--set-string` arguments, in that order.
@@ -93,7 +118,8 @@ pub fn lint(values: &[PathBuf]) -> Result<String> {
     helm(&args)
 }
 
-pub(crate) fn helm(args: &[String]) -> Result<String> {
+/// `helm` with `args`; its output, or an error with what it printed.
+pub fn helm(args: &[String]) -> Result<String> {
     let out = std::process::Command::new(helm_bin()?)
         .args(args)
         .output()
@@ -176,7 +202,7 @@ pub(crate) async fn install(
     opts: &StageOptions,
 ) -> Result<(String, PathBuf)> {
     match opts.helm_install {
-        true => helm_install(plane, opts),
+        true => helm_install(plane, opts).await,
         false => apply_rendered(plane, opts).await,
     }
 }
@@ -184,7 +210,10 @@ pub(crate) async fn install(
 /// Renders and applies the chart: admission policies first (and the node-index policy checked in
 /// force), then the rest. Returns the cluster name and the manifest file.
 async fn apply_rendered(plane: &ControlPlane, opts: &StageOptions) -> Result<(String, PathBuf)> {
-    let rendered = render_stage(opts)?;
+    // `helm test`'s pod is a hook, not an object of the release: applied, it would run at once.
+    let mut args = capabilities(plane).await?;
+    args.push("--skip-tests".into());
+    let rendered = render_stage(opts, &args)?;
     let docs = documents(&rendered);
     let is_policy = |d: &&str| {
         kind_of(d).is_some_and(|k| {
@@ -198,7 +227,7 @@ async fn apply_rendered(plane: &ControlPlane, opts: &StageOptions) -> Result<(St
     std::fs::write(&manifest, &rendered)?;
     if !policies.is_empty() {
         let file = dir.join(format!("chart-{}-policies.yaml", opts.namespace));
-        kubectl_apply(plane, &file, &policies).await?;
+        kubectl_apply(plane, &file, &policies, opts).await?;
     }
     let mutating = policies
         .iter()
@@ -208,13 +237,13 @@ async fn apply_rendered(plane: &ControlPlane, opts: &StageOptions) -> Result<(St
         wait_mutating_policies(plane, &opts.namespace, &cluster, zones).await?;
     }
     let file = dir.join(format!("chart-{}-objects.yaml", opts.namespace));
-    kubectl_apply(plane, &file, &rest).await?;
+    kubectl_apply(plane, &file, &rest, opts).await?;
     Ok((cluster, manifest))
 }
 
 /// `helm install` into the plane (no `--wait`: the pods come up on their own).
-fn helm_install(plane: &ControlPlane, opts: &StageOptions) -> Result<(String, PathBuf)> {
-    let rendered = render_stage(opts)?;
+async fn helm_install(plane: &ControlPlane, opts: &StageOptions) -> Result<(String, PathBuf)> {
+    let rendered = render_stage(opts, &capabilities(plane).await?)?;
     let cluster = cluster_of(&rendered)?;
     let manifest = plane.dir().join(format!("chart-{}.yaml", opts.namespace));
     std::fs::write(&manifest, &rendered)?;
@@ -227,6 +256,9 @@ fn helm_install(plane: &ControlPlane, opts: &StageOptions) -> Result<(String, Pa
         "--kubeconfig".into(),
         plane.kubeconfig_path().display().to_string(),
     ];
+    if let Some(user) = &opts.install_as {
+        args.extend(["--kube-as-user".into(), user.clone()]);
+    }
     args.extend(value_args(&opts.values, &opts.sets, &opts.set_strings));
     helm(&args)?;
     Ok((cluster, manifest))
@@ -240,11 +272,18 @@ fn cluster_of(rendered: &str) -> Result<String> {
         .context("the rendered chart names no valkey.io/cluster")
 }
 
-async fn kubectl_apply(plane: &ControlPlane, file: &Path, docs: &[&str]) -> Result<()> {
+async fn kubectl_apply(
+    plane: &ControlPlane,
+    file: &Path,
+    docs: &[&str],
+    opts: &StageOptions,
+) -> Result<()> {
     std::fs::write(file, docs.join("\n---\n"))?;
-    plane
-        .kubectl(&["apply", "--server-side", "-f", &file.display().to_string()])
-        .await?;
+    let file = file.display().to_string();
+    let mut args = vec!["apply", "--server-side", "-f", &file];
+    let user = opts.install_as.as_ref().map(|u| format!("--as={u}"));
+    args.extend(user.as_deref());
+    plane.kubectl(&args).await?;
     Ok(())
 }
 

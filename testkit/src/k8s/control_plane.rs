@@ -30,7 +30,7 @@ use kube::Api;
 use tempfile::TempDir;
 
 use super::audit::AuditLog;
-use super::bins::k8s_bin_dir;
+use super::bins::k8s_bin_dir_for;
 use super::kubeconfig::{self, Credential};
 use super::util::{http_get, random_hex};
 use crate::Result;
@@ -80,6 +80,8 @@ pub struct ControlPlaneOptions {
     pub start_timeout: Duration,
     /// Keep an audit log of every request (see [`ControlPlane::audit_log`]).
     pub audit: bool,
+    /// Another pinned Kubernetes minor than the default (`"1.30"`; see [`super::k8s_bin_dir_for`]).
+    pub kubernetes: Option<String>,
 }
 
 impl Default for ControlPlaneOptions {
@@ -94,6 +96,7 @@ impl Default for ControlPlaneOptions {
             controller_manager_args: Vec::new(),
             start_timeout: Duration::from_secs(60),
             audit: false,
+            kubernetes: None,
         }
     }
 }
@@ -153,6 +156,8 @@ pub struct ControlPlane {
     kubeconfig: PathBuf,
     audit_log: Option<PathBuf>,
     timings: StartTimings,
+    /// The directory of this plane's binaries (its `kubectl` is of the same release).
+    bins: PathBuf,
     dir: TempDir,
 }
 
@@ -180,7 +185,8 @@ impl ControlPlane {
     ///
     /// Looks up the binaries first ([`super::k8s_bin_dir`]), which builds them on a cold cache.
     pub async fn start(opts: ControlPlaneOptions) -> Result<Self> {
-        let bins = tokio::task::spawn_blocking(k8s_bin_dir).await??;
+        let minor = opts.kubernetes.clone();
+        let bins = tokio::task::spawn_blocking(move || k8s_bin_dir_for(minor.as_deref())).await??;
         let started = Instant::now();
         let dir = tempfile::Builder::new()
             .prefix("valkey-testkit-k8s-")
@@ -221,6 +227,7 @@ impl ControlPlane {
             kubeconfig,
             audit_log: audit.map(|a| a.log),
             timings,
+            bins: bins.clone(),
             dir,
         };
         plane
@@ -432,7 +439,7 @@ impl ControlPlane {
 
     /// Runs the bundled `kubectl` as admin with `args`; its stdout, or an error with its stderr.
     pub async fn kubectl(&self, args: &[&str]) -> Result<String> {
-        let kubectl = super::bins::kubectl_bin()?;
+        let kubectl = self.bins.join("kubectl");
         let out = tokio::process::Command::new(&kubectl)
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)

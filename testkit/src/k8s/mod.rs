@@ -33,7 +33,10 @@
 //! ```
 
 pub use audit::{AuditLog, Usage};
-pub use bins::{K8S_BIN_DIR_ENV, SIDECAR_BIN_ENV, k8s_bin_dir, kubectl_bin, sidecar_bin};
+pub use bins::{
+    K8S_BIN_DIR_ENV, SIDECAR_BIN_ENV, k8s_bin_dir, k8s_bin_dir_env, k8s_bin_dir_for, kubectl_bin,
+    sidecar_bin,
+};
 pub use chart::helm_bin;
 pub use control_plane::{
     ADMIN_USER, ControlPlane, ControlPlaneOptions, LIMITED_USER, SERVICE_CIDR, StartTimings,
@@ -48,6 +51,7 @@ pub mod chart;
 pub mod netfault;
 pub mod primaries;
 pub mod shard;
+pub mod smoke;
 pub mod stage;
 pub mod storage;
 pub mod valkey;

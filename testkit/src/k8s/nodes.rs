@@ -34,8 +34,6 @@ pub const REGION_LABEL: &str = "topology.kubernetes.io/region";
 pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 
 const LEASE_NAMESPACE: &str = "kube-node-lease";
-/// What the Node objects report as kubelet version (the control plane's release).
-const KUBELET_VERSION: &str = "v1.37.2";
 
 /// How to create [`FakeNodes`]. `Default`: 6 nodes over `zone-a|b|c` in `region-1`.
 #[derive(Clone, Debug)]
@@ -96,6 +94,8 @@ struct NodeState {
 
 pub(crate) struct NodesShared {
     client: Client,
+    /// What the Node objects report as kubelet version (the control plane's release).
+    kubelet_version: String,
     nodes: Vec<FakeNode>,
     state: Mutex<HashMap<String, NodeState>>,
     opts: FakeNodesOptions,
@@ -137,8 +137,12 @@ impl FakeNodes {
                 (n.name.clone(), s)
             })
             .collect();
+        // The kubelet version the nodes report: the control plane's own release, as after an
+        // upgrade of the whole cluster.
+        let kubelet_version = client.apiserver_version().await?.git_version;
         let shared = Arc::new(NodesShared {
             client,
+            kubelet_version,
             nodes,
             state: Mutex::new(state),
             opts,
@@ -287,7 +291,7 @@ impl NodesShared {
                 "machineID": node.name, "systemUUID": node.name, "bootID": node.name,
                 "kernelVersion": "valkey-testkit", "osImage": "valkey-testkit process pods",
                 "containerRuntimeVersion": "valkey-testkit://0.1",
-                "kubeletVersion": KUBELET_VERSION, "kubeProxyVersion": "",
+                "kubeletVersion": self.kubelet_version, "kubeProxyVersion": "",
                 "operatingSystem": "linux", "architecture": "amd64",
             },
         }})

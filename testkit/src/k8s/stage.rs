@@ -74,6 +74,11 @@ pub struct StageOptions {
     pub helm_install: bool,
     /// Local PersistentVolumes per node ([`super::storage`]); 0: none.
     pub local_volumes: usize,
+    /// Install as this user (impersonated: `helm --kube-as-user`, `kubectl --as`), who holds only
+    /// the built-in `admin` ClusterRole, bound in the namespace by the stage: a namespace admin.
+    pub install_as: Option<String>,
+    /// Labels of the namespace, e.g. `pod-security.kubernetes.io/enforce=restricted`.
+    pub namespace_labels: Vec<String>,
 }
 
 impl Default for StageOptions {
@@ -90,6 +95,8 @@ impl Default for StageOptions {
             helm_install: false,
             nodes: FakeNodesOptions::default(),
             local_volumes: 0,
+            install_as: None,
+            namespace_labels: Vec::new(),
         }
     }
 }
@@ -176,6 +183,25 @@ impl StageOptions {
             .env("SIDECAR_LEASE_RETRY_PERIOD", retry)
     }
 
+    /// Installed by a namespace admin (see [`StageOptions::install_as`]).
+    pub fn as_namespace_admin(mut self, user: &str) -> Self {
+        self.install_as = Some(user.into());
+        self
+    }
+
+    /// Pod Security Admission enforces `level` in the namespace.
+    pub fn pod_security(mut self, level: &str) -> Self {
+        self.namespace_labels
+            .push(format!("pod-security.kubernetes.io/enforce={level}"));
+        self
+    }
+
+    /// On another pinned Kubernetes minor (`"1.30"`).
+    pub fn kubernetes(mut self, minor: &str) -> Self {
+        self.plane.kubernetes = Some(minor.into());
+        self
+    }
+
     /// Other fake nodes.
     pub fn nodes(mut self, nodes: FakeNodesOptions) -> Self {
         self.nodes = nodes;
@@ -203,6 +229,8 @@ pub struct Stage {
     pub members: usize,
     /// The default user's password (auth on), read back from the chart's Secret.
     pub password: Option<String>,
+    /// Who installed it (impersonated), if not the admin.
+    pub installed_as: Option<String>,
 }
 
 impl Stage {
@@ -232,6 +260,25 @@ impl Stage {
         plane
             .kubectl(&["create", "namespace", &opts.namespace])
             .await?;
+        for label in &opts.namespace_labels {
+            plane
+                .kubectl(&["label", "namespace", &opts.namespace, label])
+                .await?;
+        }
+        if let Some(user) = &opts.install_as {
+            let binding = format!("{user}-admin");
+            let user = format!("--user={user}");
+            let args = [
+                "create",
+                "rolebinding",
+                &binding,
+                "--clusterrole=admin",
+                &user,
+            ];
+            plane
+                .kubectl(&[&args[..], &["-n", &opts.namespace]].concat())
+                .await?;
+        }
         for mut object in opts.objects.clone() {
             if object["metadata"]["namespace"].is_null() && object["kind"] != "Namespace" {
                 object["metadata"]["namespace"] = json!(opts.namespace);
@@ -250,6 +297,7 @@ impl Stage {
             pods: Vec::new(),
             members: 0,
             password: None,
+            installed_as: opts.install_as.clone(),
         };
         stage.learn_deployment().await?;
         Ok(stage)
@@ -294,6 +342,49 @@ impl Stage {
         let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         args.extend(["--wait".into(), "--kubeconfig".into(), kubeconfig]);
         chart::helm(&args)
+    }
+
+    /// `helm get notes` of a release made with [`StageOptions::helm_install`]: what the install
+    /// printed after its objects.
+    pub fn notes(&self) -> Result<String> {
+        let kubeconfig = self.plane.kubeconfig_path().display().to_string();
+        let args = ["get", "notes", &self.release, "-n", &self.namespace];
+        let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        args.extend(["--kubeconfig".into(), kubeconfig]);
+        chart::helm(&args)
+    }
+
+    /// `helm test` of a release made with [`StageOptions::helm_install`], as whoever installed it.
+    /// On failure the error carries what the test pod said (its termination message).
+    pub async fn helm_test(&self) -> Result<String> {
+        let mut args: Vec<String> = vec!["test".into(), self.release.clone()];
+        args.extend(["--namespace".into(), self.namespace.clone()]);
+        args.extend(["--timeout".into(), "120s".into(), "--kubeconfig".into()]);
+        args.push(self.plane.kubeconfig_path().display().to_string());
+        if let Some(user) = &self.installed_as {
+            args.extend(["--kube-as-user".into(), user.clone()]);
+        }
+        match chart::helm(&args) {
+            Ok(out) => Ok(out),
+            Err(e) => bail!("{e:#}\nthe test pod said: {}", self.check_message().await),
+        }
+    }
+
+    /// The termination message of the `helm test` pod's container.
+    async fn check_message(&self) -> String {
+        let pod = format!("{}-check", self.cluster);
+        let Ok(p) = self.api().get(&pod).await else {
+            return format!("(no pod {pod})");
+        };
+        let statuses = p
+            .status
+            .and_then(|s| s.container_statuses)
+            .unwrap_or_default();
+        statuses
+            .iter()
+            .filter_map(|c| c.state.as_ref()?.terminated.as_ref()?.message.clone())
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     /// `helm upgrade --reuse-values` of a release made with [`StageOptions::helm_install`], with
@@ -709,14 +800,20 @@ impl Stage {
     }
 
     /// A key of a Secret in the namespace, as text.
+    /// Waits up to a minute for it: the chart's credentials Job makes its Secret after install.
     pub async fn secret(&self, name: &str, key: &str) -> Result<String> {
         let api: Api<Secret> = Api::namespaced(self.plane.client(), &self.namespace);
-        let secret = api.get(name).await?;
-        let value = secret
-            .data
-            .and_then(|d| d.get(key).cloned())
-            .with_context(|| format!("secret {name} has no key {key}"))?;
-        Ok(String::from_utf8(value.0)?)
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let secret = api.get_opt(name).await?;
+            if let Some(value) = secret.and_then(|s| s.data?.get(key).cloned()) {
+                return Ok(String::from_utf8(value.0)?);
+            }
+            if Instant::now() > deadline {
+                bail!("secret {name} has no key {key} after 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// The pods a Service's selector picks, by name: what its EndpointSlices should hold.

@@ -34,6 +34,7 @@ fn member(shard: usize, index: usize, nodes: usize) -> Member {
             ready: true,
             terminating: false,
             node_index: Some(u32::try_from(index).unwrap_or(0)),
+            zone: None,
         }),
     }
 }

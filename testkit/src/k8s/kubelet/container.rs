@@ -325,7 +325,13 @@ impl ContainerRuntime {
         let mut state = lock(&self.state);
         state.running_since?;
         let status = process.exit_status()?;
-        let terminated = terminated(status, state.running_since.take());
+        let mut terminated = terminated(status, state.running_since.take());
+        // As the kubelet does: a failed container's last output is its message when it asks.
+        let fallback =
+            self.spec.termination_message_policy.as_deref() == Some("FallbackToLogsOnError");
+        if fallback && terminated.exit_code != 0 {
+            terminated.message = Some(log_message(&process.log_tail(80)));
+        }
         state.terminated = Some(terminated.clone());
         state.exited_at = Some(Instant::now());
         Some(terminated)
@@ -466,6 +472,15 @@ fn env_args(
     out.push(program.as_os_str().to_owned());
     out.extend(args);
     out
+}
+
+/// The kubelet's cap on a log-based termination message: its last 2048 bytes.
+fn log_message(tail: &str) -> String {
+    let mut start = tail.len().saturating_sub(2048);
+    while !tail.is_char_boundary(start) {
+        start += 1;
+    }
+    tail[start..].to_owned()
 }
 
 fn terminated(status: ExitStatus, started_at: Option<Timestamp>) -> Terminated {

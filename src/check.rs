@@ -1,0 +1,196 @@
+//! `valkey-sidecar check`: the chart's `helm test`. Reads the deployment's pods and watches the
+//! coordinator Lease for up to one lease duration (a renewal seen on this process's monotonic
+//! clock, never a comparison of `renewTime` with a wall clock), then judges with
+//! `core::check::assess`. Read-only.
+//!
+//! Exit codes: 0 healthy, 1 not (each problem printed, naming its shard), 69 the API could not be
+//! asked, 64 bad usage.
+
+use std::time::Duration;
+
+use clap::{ArgMatches, Args, FromArgMatches};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::ListParams;
+use valkey_sidecar_core::check::{CheckView, LeaseFacts, PodFacts, assess};
+use valkey_sidecar_core::labels::LabelPolicy;
+
+use crate::exit;
+use crate::kube::KubeError;
+use crate::kube::pods::{SHARD_INDEX_LABEL, is_ready};
+
+/// Check a Valkey deployment: one labelled primary per shard, every pod Ready, the coordinator
+/// Lease held and renewed (uses KUBECONFIG or the in-cluster account).
+#[derive(Debug, Clone, Args)]
+pub struct CheckArgs {
+    /// The deployment's name (`valkey.io/cluster`).
+    #[arg(long)]
+    pub cluster: String,
+    /// Its namespace.
+    #[arg(long, short = 'n', env = "POD_NAMESPACE")]
+    pub namespace: String,
+    /// Shards it should have.
+    #[arg(long)]
+    pub shards: u32,
+    /// Pods each shard should have (1 + replicas).
+    #[arg(long)]
+    pub pods_per_shard: u32,
+    /// The coordinator Lease (default `<cluster>-coordinator`).
+    #[arg(long)]
+    pub lease: Option<String>,
+    /// The live role label the agents keep.
+    #[arg(long, default_value = "valkey.io/role")]
+    pub role_label: String,
+    /// Its values, `<primary>,<replica>`.
+    #[arg(long, default_value = "primary,replica", value_parser = role_values)]
+    pub role_values: (String, String),
+    /// The longest the Lease is watched for a renewal (its duration is used when shorter).
+    #[arg(long, default_value = "30", value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub lease_wait_seconds: u64,
+}
+
+fn role_values(v: &str) -> Result<(String, String), String> {
+    crate::config::parse_role_values(v)
+}
+
+impl CheckArgs {
+    fn lease_name(&self) -> String {
+        self.lease
+            .clone()
+            .unwrap_or_else(|| format!("{}-coordinator", self.cluster))
+    }
+
+    fn policy(&self) -> LabelPolicy {
+        LabelPolicy {
+            role_key: self.role_label.clone(),
+            primary_value: self.role_values.0.clone(),
+            replica_value: self.role_values.1.clone(),
+            ..LabelPolicy::default()
+        }
+    }
+}
+
+/// `valkey-sidecar check`; returns the exit code.
+pub fn main(matches: &ArgMatches) -> i32 {
+    let args = match CheckArgs::from_arg_matches(matches) {
+        Ok(args) => args,
+        Err(e) => {
+            let _ = e.print();
+            return exit::CONFIG;
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    match runtime.map(|rt| rt.block_on(view(&args))) {
+        Ok(Ok(view)) => report(&args, &view),
+        Ok(Err(e)) => unavailable(&e.to_string()),
+        Err(e) => unavailable(&e.to_string()),
+    }
+}
+
+fn unavailable(e: &str) -> i32 {
+    eprintln!("valkey-sidecar check: {e}");
+    exit::UNAVAILABLE
+}
+
+fn report(args: &CheckArgs, view: &CheckView) -> i32 {
+    let problems = assess(view);
+    if problems.is_empty() {
+        let holder = view.lease.as_ref().and_then(|l| l.holder.as_deref());
+        println!(
+            "{} is healthy: {} shard(s), {} pod(s) Ready, one labelled primary each, the coordinator {}",
+            args.cluster,
+            args.shards,
+            view.pods.len(),
+            holder.unwrap_or("?")
+        );
+        return exit::OK;
+    }
+    for p in &problems {
+        println!("{}: {p}", args.cluster);
+    }
+    exit::NO
+}
+
+/// Asks the API.
+async fn view(args: &CheckArgs) -> Result<CheckView, KubeError> {
+    let client = crate::kube::client().await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &args.namespace);
+    let selector = format!("valkey.io/cluster={}", args.cluster);
+    let params = ListParams::default().labels(&selector);
+    let list = crate::kube::bounded(Duration::from_secs(10), pods.list(&params)).await?;
+    let policy = args.policy();
+    let leases: Api<Lease> = Api::namespaced(client, &args.namespace);
+    Ok(CheckView {
+        shards: args.shards,
+        pods_per_shard: args.pods_per_shard,
+        pods: list
+            .items
+            .iter()
+            .filter_map(|p| facts(p, &policy))
+            .collect(),
+        lease: watch_lease(&leases, &args.lease_name(), args.lease_wait_seconds).await?,
+        lease_name: args.lease_name(),
+    })
+}
+
+fn facts(p: &Pod, policy: &LabelPolicy) -> Option<PodFacts> {
+    let labels = crate::kube::labels_of(&p.metadata);
+    Some(PodFacts {
+        name: p.metadata.name.clone()?,
+        shard: labels.get(SHARD_INDEX_LABEL).cloned(),
+        role: policy.role_in(&labels),
+        ready: is_ready(p) && p.metadata.deletion_timestamp.is_none(),
+    })
+}
+
+/// The Lease's holder, and whether it was renewed while watched: read every 500 ms until its
+/// `resourceVersion` changes (a renewal, or a new holder's first write), for at most its duration
+/// (capped at `cap`).
+async fn watch_lease(
+    leases: &Api<Lease>,
+    name: &str,
+    cap: u64,
+) -> Result<Option<LeaseFacts>, KubeError> {
+    let read = || crate::kube::bounded(Duration::from_secs(10), leases.get_opt(name));
+    let Some(first) = read().await? else {
+        return Ok(None);
+    };
+    let until = tokio::time::Instant::now() + Duration::from_secs(duration_of(&first, cap));
+    let mut latest = first.clone();
+    while holder_of(&latest).is_some() && tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let Some(now) = read().await? else {
+            return Ok(None);
+        };
+        latest = now;
+        if latest.metadata.resource_version != first.metadata.resource_version {
+            break;
+        }
+    }
+    let renewed = latest.metadata.resource_version != first.metadata.resource_version;
+    Ok(Some(LeaseFacts {
+        name: name.to_owned(),
+        holder: holder_of(&latest),
+        renewed: renewed && holder_of(&latest).is_some(),
+    }))
+}
+
+fn duration_of(l: &Lease, cap: u64) -> u64 {
+    l.spec
+        .as_ref()
+        .and_then(|s| s.lease_duration_seconds)
+        .and_then(|d| u64::try_from(d).ok())
+        .unwrap_or(cap)
+        .min(cap)
+}
+
+fn holder_of(l: &Lease) -> Option<String> {
+    l.spec
+        .as_ref()?
+        .holder_identity
+        .clone()
+        .filter(|h| !h.is_empty())
+}
