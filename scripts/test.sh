@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 export VALKEY_SERVER="$(scripts/valkey-bin.sh)"
 export VALKEY_TESTKIT_K8S_BIN_DIR="$(scripts/k8s-bins.sh)"
+# The oldest supported Kubernetes, for the install smoke (tests/k8s_install.rs).
+export VALKEY_TESTKIT_K8S_BIN_DIR_1_30="$(K8S_VERSION=1.30 scripts/k8s-bins.sh)"
 export HELM_BIN="$(scripts/helm-bin.sh)"
 # Every pod the Kubernetes-level tests run gets the image's binary (static, musl, release: the
 # Dockerfile's build), as users do and as the benchmark's figures do (the fault log records the
