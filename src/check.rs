@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use clap::{ArgMatches, Args, FromArgMatches};
+use clap::{ArgMatches, Args};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -16,6 +16,7 @@ use kube::api::ListParams;
 use valkey_sidecar_core::check::{CheckView, LeaseFacts, PodFacts, assess};
 use valkey_sidecar_core::labels::LabelPolicy;
 
+use crate::cli::RoleLabelArgs;
 use crate::exit;
 use crate::kube::KubeError;
 use crate::kube::pods::{SHARD_INDEX_LABEL, is_ready};
@@ -39,19 +40,11 @@ pub struct CheckArgs {
     /// The coordinator Lease (default `<cluster>-coordinator`).
     #[arg(long)]
     pub lease: Option<String>,
-    /// The live role label the agents keep.
-    #[arg(long, default_value = "valkey.io/role")]
-    pub role_label: String,
-    /// Its values, `<primary>,<replica>`.
-    #[arg(long, default_value = "primary,replica", value_parser = role_values)]
-    pub role_values: (String, String),
+    #[command(flatten)]
+    pub role: RoleLabelArgs,
     /// The longest the Lease is watched for a renewal (its duration is used when shorter).
     #[arg(long, default_value = "30", value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub lease_wait_seconds: u64,
-}
-
-fn role_values(v: &str) -> Result<(String, String), String> {
-    crate::config::parse_role_values(v)
 }
 
 impl CheckArgs {
@@ -60,39 +53,14 @@ impl CheckArgs {
             .clone()
             .unwrap_or_else(|| format!("{}-coordinator", self.cluster))
     }
-
-    fn policy(&self) -> LabelPolicy {
-        LabelPolicy {
-            role_key: self.role_label.clone(),
-            primary_value: self.role_values.0.clone(),
-            replica_value: self.role_values.1.clone(),
-            ..LabelPolicy::default()
-        }
-    }
 }
 
 /// `valkey-sidecar check`; returns the exit code.
 pub fn main(matches: &ArgMatches) -> i32 {
-    let args = match CheckArgs::from_arg_matches(matches) {
-        Ok(args) => args,
-        Err(e) => {
-            let _ = e.print();
-            return exit::CONFIG;
-        }
-    };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build();
-    match runtime.map(|rt| rt.block_on(view(&args))) {
-        Ok(Ok(view)) => report(&args, &view),
-        Ok(Err(e)) => unavailable(&e.to_string()),
-        Err(e) => unavailable(&e.to_string()),
-    }
-}
-
-fn unavailable(e: &str) -> i32 {
-    eprintln!("valkey-sidecar check: {e}");
-    exit::UNAVAILABLE
+    crate::cli::api_tool("check", matches, |args: CheckArgs| async move {
+        let view = view(&args).await.map_err(|e| e.to_string())?;
+        Ok(report(&args, &view))
+    })
 }
 
 fn report(args: &CheckArgs, view: &CheckView) -> i32 {
@@ -121,7 +89,7 @@ async fn view(args: &CheckArgs) -> Result<CheckView, KubeError> {
     let selector = format!("valkey.io/cluster={}", args.cluster);
     let params = ListParams::default().labels(&selector);
     let list = crate::kube::bounded(Duration::from_secs(10), pods.list(&params)).await?;
-    let policy = args.policy();
+    let policy = args.role.policy();
     let leases: Api<Lease> = Api::namespaced(client, &args.namespace);
     Ok(CheckView {
         shards: args.shards,

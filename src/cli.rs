@@ -46,6 +46,58 @@ impl Tool {
     }
 }
 
+/// The live role label the agents keep, as the read-only tools (`drain-check`, `check`) take it.
+#[derive(Debug, Clone, Args)]
+pub struct RoleLabelArgs {
+    /// The live role label the agents keep.
+    #[arg(long, default_value = "valkey.io/role")]
+    pub role_label: String,
+    /// Its values, `<primary>,<replica>` (the agents' `SIDECAR_ROLE_VALUES`).
+    #[arg(long, default_value = "primary,replica", value_parser = crate::config::parse_role_values)]
+    pub role_values: (String, String),
+}
+
+impl RoleLabelArgs {
+    /// The agents' label policy, as far as the role goes.
+    pub fn policy(&self) -> valkey_sidecar_core::labels::LabelPolicy {
+        valkey_sidecar_core::labels::LabelPolicy {
+            role_key: self.role_label.clone(),
+            primary_value: self.role_values.0.clone(),
+            replica_value: self.role_values.1.clone(),
+            ..Default::default()
+        }
+    }
+}
+
+/// The frame of the tools that ask the API (`drain-check`, `credentials`, `check`): their
+/// arguments (64 when bad), a one-thread runtime, and 69 with the error when the API or the
+/// runtime cannot be had. `body` returns the exit code, or the error to print.
+pub fn api_tool<A, F, Fut>(name: &str, matches: &ArgMatches, body: F) -> i32
+where
+    A: FromArgMatches,
+    F: FnOnce(A) -> Fut,
+    Fut: std::future::Future<Output = Result<i32, String>>,
+{
+    let args = match A::from_arg_matches(matches) {
+        Ok(args) => args,
+        Err(e) => {
+            let _ = e.print();
+            return crate::exit::CONFIG;
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    let outcome = match runtime {
+        Ok(rt) => rt.block_on(body(args)),
+        Err(e) => Err(e.to_string()),
+    };
+    outcome.unwrap_or_else(|e| {
+        eprintln!("valkey-sidecar {name}: {e}");
+        crate::exit::UNAVAILABLE
+    })
+}
+
 /// The whole command line: the agent's, with the tools as subcommands.
 pub fn command() -> clap::Command {
     Cli::command()

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use clap::{ArgMatches, Args, FromArgMatches};
+use clap::{ArgMatches, Args};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -100,36 +100,19 @@ const SLOTS: [Slot; 4] = [
 
 /// `valkey-sidecar credentials`; returns the exit code.
 pub fn main(matches: &ArgMatches) -> i32 {
-    let args = match CredentialsArgs::from_arg_matches(matches) {
-        Ok(args) => args,
-        Err(e) => {
-            let _ = e.print();
-            return exit::CONFIG;
+    crate::cli::api_tool("credentials", matches, |args: CredentialsArgs| async move {
+        match ensure_with_retries(&args).await {
+            Ok(said) => {
+                println!("valkey-sidecar credentials: {said}");
+                Ok(exit::OK)
+            }
+            Err(CredentialsError::Refused(r)) => {
+                eprintln!("valkey-sidecar credentials: {r}");
+                Ok(exit::NO)
+            }
+            Err(e) => Err(e.to_string()),
         }
-    };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build();
-    let result = match runtime {
-        Ok(rt) => rt.block_on(ensure_with_retries(&args)),
-        Err(e) => return unavailable(&e.to_string()),
-    };
-    match result {
-        Ok(said) => {
-            println!("valkey-sidecar credentials: {said}");
-            exit::OK
-        }
-        Err(CredentialsError::Refused(r)) => {
-            eprintln!("valkey-sidecar credentials: {r}");
-            exit::NO
-        }
-        Err(e) => unavailable(&e.to_string()),
-    }
-}
-
-fn unavailable(e: &str) -> i32 {
-    eprintln!("valkey-sidecar credentials: {e}");
-    exit::UNAVAILABLE
+    })
 }
 
 /// Retries API failures (a conflict with a concurrent run included) for about two minutes.

@@ -8,12 +8,14 @@
 
 use std::collections::BTreeMap;
 
-use clap::{ArgMatches, Args, FromArgMatches};
+use clap::{ArgMatches, Args};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{EvictParams, ListParams, PostParams};
 use valkey_sidecar_core::drain::{DrainView, Eviction, NodeVerdict, ShardCopy, assess};
 use valkey_sidecar_core::labels::LabelPolicy;
+
+use crate::cli::RoleLabelArgs;
 
 use crate::exit;
 use crate::kube::KubeError;
@@ -31,52 +33,16 @@ pub struct DrainArgs {
     /// Selects the Valkey pods.
     #[arg(long, short = 'l', default_value = "valkey.io/cluster")]
     pub selector: String,
-    /// The live role label the agents keep.
-    #[arg(long, default_value = "valkey.io/role")]
-    pub role_label: String,
-    /// Its values, `<primary>,<replica>` (the agents' `SIDECAR_ROLE_VALUES`).
-    #[arg(long, default_value = "primary,replica", value_parser = role_values)]
-    pub role_values: (String, String),
-}
-
-fn role_values(v: &str) -> Result<(String, String), String> {
-    crate::config::parse_role_values(v)
-}
-
-impl DrainArgs {
-    /// The agents' label policy, as far as the role goes.
-    fn policy(&self) -> LabelPolicy {
-        LabelPolicy {
-            role_key: self.role_label.clone(),
-            primary_value: self.role_values.0.clone(),
-            replica_value: self.role_values.1.clone(),
-            ..LabelPolicy::default()
-        }
-    }
+    #[command(flatten)]
+    pub role: RoleLabelArgs,
 }
 
 /// `valkey-sidecar drain-check`; returns the exit code.
 pub fn main(matches: &ArgMatches) -> i32 {
-    let args = match DrainArgs::from_arg_matches(matches) {
-        Ok(args) => args,
-        Err(e) => {
-            let _ = e.print();
-            return exit::CONFIG;
-        }
-    };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build();
-    match runtime.map(|rt| rt.block_on(check(&args))) {
-        Ok(Ok(verdict)) => report(&args.node, &verdict),
-        Ok(Err(e)) => unavailable(&e.to_string()),
-        Err(e) => unavailable(&e.to_string()),
-    }
-}
-
-fn unavailable(e: &str) -> i32 {
-    eprintln!("valkey-sidecar drain-check: {e}");
-    exit::UNAVAILABLE
+    crate::cli::api_tool("drain-check", matches, |args: DrainArgs| async move {
+        let verdict = check(&args).await.map_err(|e| e.to_string())?;
+        Ok(report(&args.node, &verdict))
+    })
 }
 
 /// Asks the API and judges.
@@ -90,7 +56,7 @@ pub async fn check(args: &DrainArgs) -> Result<NodeVerdict, KubeError> {
     let copies: Vec<ShardCopy> = list
         .items
         .iter()
-        .filter_map(|p| copy_of(p, &args.policy(), &usable))
+        .filter_map(|p| copy_of(p, &args.role.policy(), &usable))
         .collect();
     let mut evictions = BTreeMap::new();
     for c in copies.iter().filter(|c| c.node == args.node) {

@@ -94,3 +94,69 @@ pub fn announce(off: &[Off]) {
         tracing::warn!(feature = o.feature, why = %o.why, "off");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use crate::config::Cli;
+
+    /// What a configuration from these flags leaves off: (feature, why) pairs.
+    fn off(args: &[&str]) -> Vec<(String, String)> {
+        let mut argv = vec!["valkey-sidecar"];
+        argv.extend(args);
+        let cli = Cli::try_parse_from(argv).unwrap();
+        let config = cli.agent.validate().unwrap();
+        config
+            .off
+            .into_iter()
+            .map(|o| (o.feature.to_owned(), o.why))
+            .collect()
+    }
+
+    const POD: [&str; 4] = ["--pod-name", "v-0-0", "--pod-namespace", "ns"];
+
+    #[test]
+    fn everything_on_says_nothing() {
+        let args = [&POD[..], &["--cluster-name", "v"]].concat();
+        assert!(off(&args).is_empty());
+    }
+
+    #[test]
+    fn without_the_pods_name_labels_and_everything_coordinated_are_off() {
+        let found = off(&["--pod-namespace", "ns", "--mode", "replication"]);
+        let features: Vec<&str> = found.iter().map(|(f, _)| f.as_str()).collect();
+        assert_eq!(
+            features,
+            [super::LABELS, super::COORDINATOR, super::RECORDS]
+        );
+        assert!(
+            found
+                .iter()
+                .all(|(_, why)| why.starts_with("POD_NAME is not set"))
+        );
+        let found = off(&["--pod-name", "v-0-0"]);
+        assert!(
+            found[0].1.starts_with("POD_NAMESPACE is not set"),
+            "{found:?}"
+        );
+        assert_eq!(found.len(), 2, "cluster mode keeps no record: {found:?}");
+    }
+
+    #[test]
+    fn what_was_turned_off_says_which_setting() {
+        let found = off(&[&POD[..], &["--labels", "false"]].concat());
+        assert_eq!(
+            found[0],
+            (super::LABELS.to_owned(), "SIDECAR_LABELS=false".to_owned())
+        );
+        let found = off(&[&POD[..], &["--coordinator", "false", "--cluster-name", "v"]].concat());
+        let want = (
+            super::COORDINATOR.to_owned(),
+            "SIDECAR_COORDINATOR=false".to_owned(),
+        );
+        assert_eq!(found, [want]);
+        let found = off(&POD);
+        assert_eq!(found[0].1, "SIDECAR_CLUSTER_NAME is not set");
+    }
+}

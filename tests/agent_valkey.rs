@@ -525,3 +525,33 @@ fn prestop_waits_until_the_primary_is_handed_over() {
     );
     assert!(started.elapsed() < 5 * SECOND);
 }
+
+/// A pod template without the downward API: the agent still serves its probes, and says once at
+/// start, and in `/status`, what it leaves off and why.
+#[test]
+fn without_its_pods_name_the_agent_says_what_is_off() {
+    let server = ValkeyServer::start(ServerOptions::default()).unwrap();
+    let agent = Sidecar::start(sidecar(server.addr(), "replication")).unwrap();
+    agent.wait_code("/readyz", 200, 5 * SECOND).unwrap();
+    let status = agent.status().unwrap();
+    let off = status["off"].as_array().unwrap().clone();
+    let features: Vec<&str> = off.iter().map(|o| o["feature"].as_str().unwrap()).collect();
+    assert_eq!(features.len(), 3, "{off:?}");
+    assert!(features[0].contains("labels"), "{features:?}");
+    assert!(features[1].contains("hand-overs"), "{features:?}");
+    assert!(features[2].contains("primary record"), "{features:?}");
+    assert!(
+        off.iter().all(|o| o["why"]
+            .as_str()
+            .unwrap()
+            .starts_with("POD_NAME is not set")),
+        "{off:?}"
+    );
+    std::thread::sleep(SECOND);
+    let log = agent.log();
+    let said = log
+        .lines()
+        .filter(|l| l.contains("POD_NAME is not set"))
+        .count();
+    assert_eq!(said, 3, "once per feature:\n{log}");
+}

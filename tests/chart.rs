@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
-use valkey_sidecar_testkit::k8s::chart::{chart_dir, documents, kind_of, lint, render};
+use valkey_sidecar_testkit::k8s::chart::{
+    CLUSTER_SCOPED_KINDS, chart_dir, documents, kind_of, lint, render,
+};
 use valkey_sidecar_testkit::k8s::{ControlPlane, ControlPlaneOptions, helm_bin};
 
 const RELEASE: &str = "valkey";
@@ -179,41 +181,146 @@ fn valkey_reloads_rotated_certificates_where_its_version_can() {
     assert!(!off.unwrap().contains("--tls-auto-reload-interval"));
 }
 
+/// `helm template` with `--api-versions` for each of `apis` (as GitOps tools pass the target
+/// cluster's) and `--set`s.
+fn render_for(apis: &[&str], sets: &[&str]) -> String {
+    let mut args: Vec<String> = ["template", RELEASE, chart_dir().to_str().unwrap(), "-n", NS]
+        .map(String::from)
+        .to_vec();
+    for api in apis {
+        args.extend(["--api-versions".into(), api.to_string()]);
+    }
+    for set in sets {
+        args.extend(["--set".into(), set.to_string()]);
+    }
+    valkey_sidecar_testkit::k8s::chart::helm(&args).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+fn kinds(rendered: &str) -> Vec<String> {
+    documents(rendered)
+        .iter()
+        .filter_map(|d| kind_of(d).map(str::to_owned))
+        .collect()
+}
+
+const MAP: &str = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy";
+const OPENSHIFT: &str = "security.openshift.io/v1";
+
+/// GitOps tools render with `helm template` at every sync: two renders of the same values must be
+/// the same manifests, and no render may hold a password (a generated one would differ each time
+/// and replace the one in use). The chart's credentials Job makes them in the cluster instead.
 #[test]
-fn generated_passwords_are_long_and_distinct() {
-    let out = render_sets(&["mode=cluster"]).unwrap();
-    let secret = documents(&out)
-        .into_iter()
-        .find(|d| kind_of(d) == Some("Secret"))
-        .expect("a generated Secret");
-    let values: Vec<&str> = secret
-        .lines()
-        .filter_map(|l| {
-            l.trim()
-                .strip_prefix("default-password:")
-                .or_else(|| l.trim().strip_prefix("agent-password:"))
-        })
-        .map(str::trim)
+fn renders_are_reproducible_and_hold_no_password() {
+    let mut cases: Vec<(String, Vec<String>)> = VARIANTS
+        .iter()
+        .map(|(n, sets)| (n.to_string(), sets.iter().map(|s| s.to_string()).collect()))
         .collect();
-    assert_eq!(values.len(), 2, "{secret}");
-    assert_ne!(values[0], values[1]);
-    assert!(values.iter().all(|v| v.len() >= 40), "{values:?}"); // base64 of 32 characters
-    // Valkey gets the agent password's SHA-256 only: it must be the hash of that very password.
-    let hash = secret
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("agent-password-sha256:"))
-        .expect("the agent password's hash")
-        .trim();
-    let sh = |script: &str| {
-        let out = std::process::Command::new("sh")
-            .args(["-c", script])
-            .output()
-            .unwrap();
-        String::from_utf8(out.stdout).unwrap()
+    for rotation in ["accept", "promote"] {
+        cases.push((rotation.into(), vec![format!("auth.rotation={rotation}")]));
+    }
+    for (name, sets) in &cases {
+        let first = render(RELEASE, NS, &[], sets).unwrap();
+        let second = render(RELEASE, NS, &[], sets).unwrap();
+        assert!(first == second, "{name}: two renders differ");
+        assert!(
+            !kinds(&first).iter().any(|k| k == "Secret"),
+            "{name}: a Secret in the render"
+        );
+    }
+    for (name, path) in examples() {
+        assert_eq!(render_example(&path), render_example(&path), "{name}");
+    }
+    // The Job: one per rotation step (its template, so its name, changes), none without it.
+    let job = |sets: &[&str]| {
+        let out = render_sets(sets).unwrap();
+        let doc = documents(&out)
+            .into_iter()
+            .find(|d| kind_of(d) == Some("Job"));
+        doc.map(|d| {
+            d.lines()
+                .find(|l| l.starts_with("  name:"))
+                .unwrap()
+                .to_owned()
+        })
     };
-    let expected = sh(&format!("printf %s {} | base64 -d | sha256sum", values[1]));
-    let got = sh(&format!("printf %s {hash} | base64 -d"));
-    assert_eq!(Some(got.as_str()), expected.split_whitespace().next());
+    let plain = job(&[]).expect("the credentials Job");
+    assert!(plain.contains("valkey-credentials-"), "{plain}");
+    assert_ne!(job(&["auth.rotation=accept"]), Some(plain.clone()));
+    assert_eq!(job(&["auth.existingSecret=mine"]), None);
+    assert_eq!(job(&["auth.enabled=false"]), None);
+}
+
+/// MutatingAdmissionPolicy v1 exists from Kubernetes 1.36: the chart renders its policies only
+/// where the API serves it (`helm install`: discovery; `helm template`: `--api-versions`), and
+/// only in the cluster profile.
+#[test]
+fn mutating_policies_render_only_where_the_api_serves_them() {
+    let zones = "placement.zones={zone-a,zone-b}";
+    let map_kinds = |k: Vec<String>| k.iter().filter(|k| k.starts_with("Mutating")).count();
+    assert_eq!(
+        map_kinds(kinds(&render_for(&[], &[zones]))),
+        0,
+        "no API, no policy"
+    );
+    assert_eq!(map_kinds(kinds(&render_for(&[MAP], &[]))), 2, "node-index");
+    assert_eq!(
+        map_kinds(kinds(&render_for(&[MAP], &[zones]))),
+        4,
+        "node-index and zones"
+    );
+    let off = ["nodeIndex.admissionPolicy=false", zones];
+    assert_eq!(map_kinds(kinds(&render_for(&[MAP], &off))), 2, "zones only");
+    let namespace = ["profile=namespace", zones];
+    assert_eq!(
+        map_kinds(kinds(&render_for(&[MAP], &namespace))),
+        0,
+        "namespace profile"
+    );
+}
+
+/// The install profiles: `namespace` renders nothing cluster-scoped (unless a value asks for it),
+/// `restricted` and OpenShift fix no user, group or fsGroup; DNS egress includes OpenShift's port.
+#[test]
+fn install_profiles() {
+    let cluster_scoped = |out: &str| -> Vec<String> {
+        kinds(out)
+            .into_iter()
+            .filter(|k| CLUSTER_SCOPED_KINDS.contains(&k.as_str()))
+            .collect()
+    };
+    let zones = "placement.zones={zone-a,zone-b}";
+    assert_eq!(cluster_scoped(&render_for(&[MAP], &[])).len(), 8);
+    for profile in ["namespace", "restricted"] {
+        let set = format!("profile={profile}");
+        let out = render_for(&[MAP, OPENSHIFT], &[&set, zones]);
+        assert_eq!(cluster_scoped(&out), Vec::<String>::new(), "{profile}");
+    }
+    let nodes = render_for(&[], &["profile=namespace", "sidecar.readNodes=true"]);
+    assert_eq!(
+        cluster_scoped(&nodes),
+        ["ClusterRole", "ClusterRoleBinding"]
+    );
+    let fixed = |out: &str| ["runAsUser", "runAsGroup", "fsGroup:"].map(|k| out.contains(k));
+    assert_eq!(
+        fixed(&render_for(&[], &[])),
+        [true; 3],
+        "the cluster profile: the image's ids"
+    );
+    assert_eq!(fixed(&render_for(&[], &["profile=restricted"])), [false; 3]);
+    assert_eq!(
+        fixed(&render_for(&[OPENSHIFT], &[])),
+        [false; 3],
+        "OpenShift assigns them"
+    );
+    let policy = render_for(&[], &[]);
+    let policy = documents(&policy)
+        .into_iter()
+        .find(|d| kind_of(d) == Some("NetworkPolicy"))
+        .unwrap();
+    assert!(
+        policy.contains("port: 53\n") && policy.contains("port: 5353\n"),
+        "{policy}"
+    );
 }
 
 /// Variants beyond the examples: the defaults and the switches the examples leave alone.
@@ -307,6 +414,13 @@ async fn rendered_objects_pass_a_server_side_dry_run() {
         .await
         .unwrap();
     kubectl(&plane, &["create", "namespace", NS]).await;
+    // `helm test`'s pod names the agents' ServiceAccount, which pod admission wants to exist even
+    // in a dry run (in a real `helm test` the release made it).
+    kubectl(
+        &plane,
+        &["create", "serviceaccount", "valkey-sidecar", "-n", NS],
+    )
+    .await;
     let dir = tempfile::tempdir().unwrap();
     let mut rendered: Vec<(String, String)> = examples()
         .into_iter()
@@ -326,6 +440,13 @@ async fn rendered_objects_pass_a_server_side_dry_run() {
         println!("{name}: {} objects accepted", objects.len());
         all.insert(name.clone(), objects);
     }
+
+    // Not a release's: `helm install --dry-run` below would refuse to adopt it.
+    kubectl(
+        &plane,
+        &["delete", "serviceaccount", "valkey-sidecar", "-n", NS],
+    )
+    .await;
 
     // Shapes the examples promise.
     let sts = |name: &str| -> Vec<Value> { of_kind(&all[name], "StatefulSet") };
@@ -407,10 +528,16 @@ async fn rendered_objects_pass_a_server_side_dry_run() {
         ],
     );
     assert!(
-        notes.contains("WARNING: sidecar.readNodes=false"),
+        notes.contains("Nodes are not read (profile or sidecar.readNodes)"),
         "{notes}"
     );
     assert!(!notes.contains("addslotsrange"), "{notes}");
+    // This apiserver serves MutatingAdmissionPolicy v1 (1.37): helm learns it by discovery.
+    assert!(notes.contains("kind: MutatingAdmissionPolicy\n"), "{notes}");
+    assert!(
+        !notes.contains("Pods carry no valkey.io/node-index"),
+        "{notes}"
+    );
 
     matches_inject(&plane, dir.path(), &sts("cluster-3x1")[0]).await;
     matches_inject(&plane, dir.path(), &sts("classic-sidecar")[0]).await;

@@ -157,16 +157,7 @@ async fn draining_every_node_in_turn_loses_nothing_and_two_at_once_is_refused_un
         let (code, text) = drain_check(&stage, node);
         println!("drain-check {node}: exit {code}\n{text}");
         let t = Instant::now();
-        let out = stage
-            .plane
-            .kubectl(&[
-                "drain",
-                node,
-                "--ignore-daemonsets",
-                "--delete-emptydir-data",
-                "--timeout=300s",
-            ])
-            .await;
+        let out = stage.drain(node, 300 * SECOND).await;
         assert!(
             out.is_ok(),
             "kubectl drain {node}: {out:?}\n{}",
@@ -417,17 +408,7 @@ async fn a_one_pod_deployment_on_one_node_drains_without_hanging() {
     assert_eq!(code, 0, "{text}");
     assert!(text.contains("only pod"), "{text}");
     let t = Instant::now();
-    stage
-        .plane
-        .kubectl(&[
-            "drain",
-            &node,
-            "--ignore-daemonsets",
-            "--delete-emptydir-data",
-            "--timeout=120s",
-        ])
-        .await
-        .unwrap();
+    stage.drain(&node, 120 * SECOND).await.unwrap();
     let took = t.elapsed();
     println!(
         "one pod, one node, no replica: drained in {took:?} (no budget; the preStop wait ends at once, nothing can take over)"

@@ -17,22 +17,12 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
 use serde_json::json;
-use valkey_sidecar_testkit::k8s::chart::{self, documents, kind_of};
+use valkey_sidecar_testkit::k8s::chart::{self, CLUSTER_SCOPED_KINDS, documents, kind_of};
 use valkey_sidecar_testkit::k8s::smoke::{self, SmokeReport};
 use valkey_sidecar_testkit::k8s::{Stage, StageOptions, holder_pod, http_get, poll_until};
 
 const SECOND: Duration = Duration::from_secs(1);
 const ADMIN: &str = "ns-admin";
-
-/// Kinds a namespace admin cannot create.
-const CLUSTER_SCOPED: &[&str] = &[
-    "ClusterRole",
-    "ClusterRoleBinding",
-    "ValidatingAdmissionPolicy",
-    "ValidatingAdmissionPolicyBinding",
-    "MutatingAdmissionPolicy",
-    "MutatingAdmissionPolicyBinding",
-];
 
 fn helm_installed(mut opts: StageOptions) -> StageOptions {
     opts.helm_install = true;
@@ -48,7 +38,11 @@ fn check(what: &str, report: &SmokeReport) {
     }
     // The evicted primary's preStop returned because the hand-over was done, not on timeout.
     let prestop = report.drain.prestop.clone();
-    assert_eq!(prestop, Some(Ok("HTTP 200".into())), "{what}: the drain's hand-over");
+    assert_eq!(
+        prestop,
+        Some(Ok("HTTP 200".into())),
+        "{what}: the drain's hand-over"
+    );
     assert!(
         report.helm_test.contains("Succeeded"),
         "{}",
@@ -135,7 +129,9 @@ async fn the_namespace_profile_installs_as_a_namespace_admin_and_hands_over_on_d
     let stage = Stage::start(helm_installed(opts)).await.unwrap();
     let kinds = release_kinds(&stage);
     assert!(
-        !kinds.iter().any(|k| CLUSTER_SCOPED.contains(&k.as_str())),
+        !kinds
+            .iter()
+            .any(|k| CLUSTER_SCOPED_KINDS.contains(&k.as_str())),
         "cluster-scoped objects in the namespace profile: {kinds:?}"
     );
     // Every agent said, and shows, that it runs without Nodes.

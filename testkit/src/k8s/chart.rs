@@ -36,6 +36,17 @@ pub fn example(name: &str) -> PathBuf {
     chart_dir().join(format!("../../examples/{name}.yaml"))
 }
 
+/// The kinds the chart may render that are cluster-scoped: what a namespace admin cannot create
+/// (the `namespace` and `restricted` profiles render none of them).
+pub const CLUSTER_SCOPED_KINDS: &[&str] = &[
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+    "MutatingAdmissionPolicy",
+    "MutatingAdmissionPolicyBinding",
+];
+
 /// `helm template <release> <chart> --namespace <namespace> -f <values>... --set <sets>...`: the
 /// rendered manifests.
 pub fn render(

@@ -70,18 +70,43 @@ fn writer(stage: &Stage) -> Result<(Writer, String)> {
     Ok((stage.writer(addrs, "smoke"), "smoke".into()))
 }
 
+/// Shard 0's primary before a move, its node, and a writer on the shard that has been writing for
+/// half a second.
+struct Before {
+    primary: String,
+    node: String,
+    writer: Writer,
+    tag: String,
+}
+
+async fn before(stage: &Stage) -> Result<Before> {
+    let (primary, _) = stage.primary_and_replicas(0)?;
+    let node = stage.node_of(&primary).await?;
+    let (writer, tag) = writer(stage)?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    Ok(Before {
+        primary,
+        node,
+        writer,
+        tag,
+    })
+}
+
+/// Waits for the move that began at `started` and reads the writes back.
+async fn after(stage: &Stage, b: Before, started: Instant) -> Result<Moved> {
+    let to = wait_moved(stage, &b.primary, Duration::from_secs(30)).await?;
+    let took = started.elapsed();
+    stop(stage, b.writer, &b.tag, b.primary, to, took).await
+}
+
 /// Cordons the node of shard 0's primary and waits until another pod is primary by Valkey's word
 /// and by its label.
 async fn cordon_hands_over(stage: &Stage) -> Result<Moved> {
-    let (primary, _) = stage.primary_and_replicas(0)?;
-    let node = stage.node_of(&primary).await?;
-    let (w, tag) = writer(stage)?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let b = before(stage).await?;
+    let node = b.node.clone();
     let started = Instant::now();
     stage.plane.kubectl(&["cordon", &node]).await?;
-    let to = wait_moved(stage, &primary, Duration::from_secs(30)).await?;
-    let took = started.elapsed();
-    let moved = stop(stage, w, &tag, primary, to, took).await?;
+    let moved = after(stage, b, started).await?;
     stage.plane.kubectl(&["uncordon", &node]).await?;
     Ok(moved)
 }
@@ -89,27 +114,13 @@ async fn cordon_hands_over(stage: &Stage) -> Result<Moved> {
 /// Drains the node of shard 0's primary (the pods evicted through the budgets, the primary
 /// handing over in its preStop) and waits until the deployment settles again.
 async fn drain_hands_over(stage: &Stage) -> Result<Moved> {
-    let (primary, _) = stage.primary_and_replicas(0)?;
-    let node = stage.node_of(&primary).await?;
-    let (w, tag) = writer(stage)?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let b = before(stage).await?;
+    let node = b.node.clone();
     let started = Instant::now();
-    let drained = stage
-        .plane
-        .kubectl(&[
-            "drain",
-            &node,
-            "--ignore-daemonsets",
-            "--delete-emptydir-data",
-            "--timeout=300s",
-        ])
-        .await;
-    if let Err(e) = drained {
+    if let Err(e) = stage.drain(&node, Duration::from_secs(300)).await {
         bail!("kubectl drain {node}: {e:#}\n{}", stage.describe().await);
     }
-    let to = wait_moved(stage, &primary, Duration::from_secs(30)).await?;
-    let took = started.elapsed();
-    let mut moved = stop(stage, w, &tag, primary, to, took).await?;
+    let mut moved = after(stage, b, started).await?;
     moved.prestop = stage
         .kubelet
         .hook_runs()

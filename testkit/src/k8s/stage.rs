@@ -344,6 +344,20 @@ impl Stage {
         chart::helm(&args)
     }
 
+    /// `kubectl drain` of `node` as a platform team runs it (DaemonSets ignored, emptyDir data
+    /// deleted), giving up after `timeout`.
+    pub async fn drain(&self, node: &str, timeout: Duration) -> Result<String> {
+        let timeout = format!("--timeout={}s", timeout.as_secs());
+        let args = [
+            "drain",
+            node,
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            &timeout,
+        ];
+        self.plane.kubectl(&args).await
+    }
+
     /// `helm get notes` of a release made with [`StageOptions::helm_install`]: what the install
     /// printed after its objects.
     pub fn notes(&self) -> Result<String> {
