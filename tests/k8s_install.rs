@@ -149,6 +149,24 @@ async fn the_namespace_profile_installs_as_a_namespace_admin_and_hands_over_on_d
     )
     .await
     .unwrap();
+    // Zones without Nodes: Kubernetes >= 1.35 copies the node's topology labels onto the pod at
+    // binding, and the agents label their pods from them (scripts/test-k8s-version.sh runs this
+    // on older releases too, which do not).
+    let version = stage.plane.client().apiserver_version().await.unwrap();
+    if version.minor.parse::<u32>().unwrap() >= 35 {
+        let labelled = |pods: &[Pod]| {
+            pods.iter()
+                .all(|p| chart::label(p, "valkey.io/zone").is_some())
+        };
+        poll_until(
+            "every pod's zone labelled",
+            30 * SECOND,
+            SECOND / 5,
+            || async { Ok(labelled(&stage.pod_objects().await?)) },
+        )
+        .await
+        .unwrap();
+    }
     // The same user could not have installed the cluster profile: RBAC is real here.
     let refused = dry_run_as_admin(&stage, &[]).await;
     assert!(refused.contains("forbidden"), "{refused}");
