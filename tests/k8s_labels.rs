@@ -441,18 +441,45 @@ async fn single_pod_zone(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zone_from_the_pods_topology_labels_without_node_access() {
-    // kube-apiserver 1.37 copies the node's topology labels onto the pod (PodTopologyLabelsAdmission,
-    // beta, on by default); the agent needs no permission on Nodes then.
-    let (labels, node_zone, valkey_zone, has_topology) = single_pod_zone(vec![], false).await;
+    // kube-apiserver copies the node's topology labels onto the pod (PodTopologyLabelsAdmission:
+    // beta and on by default from 1.35, alpha in 1.33 and 1.34, absent before); the agent needs
+    // no permission on Nodes then.
+    let minor = kubernetes_minor();
+    let gates = match minor {
+        35.. => vec![],
+        33..=34 => vec!["--feature-gates=PodTopologyLabelsAdmission=true".to_string()],
+        _ => {
+            println!("skipped: Kubernetes 1.{minor} has no PodTopologyLabelsAdmission");
+            return;
+        }
+    };
+    let (labels, node_zone, valkey_zone, has_topology) = single_pod_zone(gates, false).await;
     assert!(has_topology);
     assert_eq!(labels.get(ZONE), Some(&node_zone));
     assert_eq!(labels.get(SHARD).map(String::as_str), Some("valkey-0"));
     assert_eq!(valkey_zone, node_zone);
 }
 
+/// The minor of the Kubernetes the tests run (`kube-apiserver --version`: `Kubernetes v1.37.2`).
+fn kubernetes_minor() -> u32 {
+    let bin = valkey_sidecar_testkit::k8s::k8s_bin_dir()
+        .unwrap()
+        .join("kube-apiserver");
+    let out = std::process::Command::new(bin)
+        .arg("--version")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split('.').nth(1).unwrap().parse().unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zone_from_the_node_object() {
-    let gates = vec!["--feature-gates=PodTopologyLabelsAdmission=false".to_string()];
+    // The gate exists from 1.33: off there by default.
+    let gates = match kubernetes_minor() {
+        33.. => vec!["--feature-gates=PodTopologyLabelsAdmission=false".to_string()],
+        _ => vec![],
+    };
     let (labels, node_zone, valkey_zone, has_topology) = single_pod_zone(gates, true).await;
     assert!(
         !has_topology,

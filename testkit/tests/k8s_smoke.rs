@@ -230,10 +230,25 @@ async fn apiserver_reports_the_pinned_release() {
         .await
         .unwrap();
     println!("etcd + apiserver up: {:?}", plane.timings());
+    // The release scripts/k8s-bins.sh pinned (v1.37.2 unless K8S_VERSION chose another), as the
+    // binary itself says: `Kubernetes v1.37.2`.
+    let bin = valkey_sidecar_testkit::k8s::k8s_bin_dir()
+        .unwrap()
+        .join("kube-apiserver");
+    let out = std::process::Command::new(bin)
+        .arg("--version")
+        .output()
+        .unwrap();
+    let pinned = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .replace("Kubernetes ", "");
+    if std::env::var_os("K8S_VERSION").is_none() {
+        assert_eq!(pinned, "v1.37.2", "the default release");
+    }
     let version = plane.client().apiserver_version().await.unwrap();
-    assert_eq!(version.git_version, "v1.37.2");
+    assert_eq!(version.git_version, pinned);
     let kubectl = plane.kubectl(&["version", "-o", "json"]).await.unwrap();
     let kubectl: serde_json::Value = serde_json::from_str(&kubectl).unwrap();
-    assert_eq!(kubectl["serverVersion"]["gitVersion"], "v1.37.2");
-    assert_eq!(kubectl["clientVersion"]["gitVersion"], "v1.37.2");
+    assert_eq!(kubectl["serverVersion"]["gitVersion"], pinned.as_str());
+    assert_eq!(kubectl["clientVersion"]["gitVersion"], pinned.as_str());
 }

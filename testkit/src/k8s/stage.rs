@@ -709,12 +709,31 @@ impl Stage {
             .filter(|l| !l.is_empty() && !expected.contains(l))
             .map(str::to_owned)
             .collect();
-        let cluster_wide = "clusterroles,clusterrolebindings,validatingadmissionpolicies,validatingadmissionpolicybindings,mutatingadmissionpolicies,mutatingadmissionpolicybindings";
-        let selector = format!("app.kubernetes.io/instance={}", self.release);
-        let global = self
+        // The chart's cluster-scoped kinds that this apiserver serves (MutatingAdmissionPolicy
+        // only from 1.36).
+        let served = self
             .plane
-            .kubectl(&["get", cluster_wide, "-l", &selector, "-o", "name"])
+            .kubectl(&["api-resources", "--namespaced=false", "-o", "name"])
             .await?;
+        let wanted = [
+            "clusterroles.rbac.authorization.k8s.io",
+            "clusterrolebindings.rbac.authorization.k8s.io",
+            "validatingadmissionpolicies.admissionregistration.k8s.io",
+            "validatingadmissionpolicybindings.admissionregistration.k8s.io",
+            "mutatingadmissionpolicies.admissionregistration.k8s.io",
+            "mutatingadmissionpolicybindings.admissionregistration.k8s.io",
+        ];
+        let cluster_wide: Vec<&str> = served.lines().filter(|k| wanted.contains(k)).collect();
+        let selector = format!("app.kubernetes.io/instance={}", self.release);
+        let args = [
+            "get",
+            &cluster_wide.join(","),
+            "-l",
+            &selector,
+            "-o",
+            "name",
+        ];
+        let global = self.plane.kubectl(&args).await?;
         left.extend(global.lines().filter(|l| !l.is_empty()).map(str::to_owned));
         Ok(left)
     }
