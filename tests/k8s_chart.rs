@@ -36,6 +36,13 @@ fn options(example_name: &str) -> StageOptions {
     StageOptions::example("valkey", example_name)
 }
 
+/// Whether the apiserver serves MutatingAdmissionPolicy v1 (Kubernetes >= 1.36), which the
+/// chart's node-index policy needs.
+async fn serves_mutating_policies(stage: &Stage) -> bool {
+    let version = stage.plane.client().apiserver_version().await.unwrap();
+    version.minor.parse::<u32>().unwrap() >= 36
+}
+
 fn name(pod: &Pod) -> String {
     pod.metadata.name.clone().unwrap()
 }
@@ -271,8 +278,7 @@ async fn replication_1x2_installs_with_one_labelled_primary_behind_the_client_se
         .iter()
         .map(|p| label(p, "valkey.io/node-index"))
         .collect();
-    let version = stage.plane.client().apiserver_version().await.unwrap();
-    if version.minor.parse::<u32>().unwrap() >= 36 {
+    if serves_mutating_policies(&stage).await {
         assert_eq!(indexes, [Some("0"), Some("1"), Some("2")]);
     } else {
         assert_eq!(indexes, [None, None, None]);
@@ -362,9 +368,14 @@ async fn replication_1x2_installs_with_one_labelled_primary_behind_the_client_se
         .collect();
     assert_eq!(client, [name(new_primary)]);
     wait_endpoints(&stage, "valkey", &BTreeSet::from([ip(new_primary)])).await;
-    // The recreated pod keeps its node index.
+    // The recreated pod keeps its index (and node index, where the policy is served).
     let back = pods.iter().find(|p| name(p) == "valkey-0-0").unwrap();
-    assert_eq!(label(back, "valkey.io/node-index"), Some("0"));
+    assert_eq!(label(back, "apps.kubernetes.io/pod-index"), Some("0"));
+    let node_index = label(back, "valkey.io/node-index");
+    assert_eq!(
+        node_index,
+        serves_mutating_policies(&stage).await.then_some("0")
+    );
 
     // Unplanned: the primary's Valkey is killed (its agent lives, the kubelet restarts Valkey
     // empty). A replica is promoted, labelled and selected by the client Service.
