@@ -3,7 +3,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::kube::events::{Recorder, Reporter};
 use futures::FutureExt;
 use futures::future::{self, BoxFuture, LocalBoxFuture, join_all};
 use tokio::net::TcpListener;
@@ -21,6 +20,7 @@ use crate::coordinator::Coordinator;
 use crate::features::{self, Off};
 use crate::http::{self, App};
 use crate::keeper::{Keeper, RecordSeed};
+use crate::kube::events::{Recorder, Reporter};
 use crate::kube::labeler::Labeler;
 use crate::kube::lease::{self, FormedMarker, Leadership, LeaseClient, StatusAnnotations};
 use crate::kube::owner::{Anchor, LeaseOwner};

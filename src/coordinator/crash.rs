@@ -11,7 +11,6 @@ use std::collections::BTreeMap;
 use std::io::ErrorKind;
 use std::time::Duration;
 
-use crate::kube::events::EventType;
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Resource;
@@ -29,6 +28,7 @@ use valkey_sidecar_core::shards::{Shard, ShardNode};
 
 use super::execute::{MoveOutcome, fail_over_to};
 use super::{Coordinator, Finished, LeaderMemory, Move, spawn_move};
+use crate::kube::events::EventType;
 use crate::valkey::{Connector, observe};
 
 /// A primary that died is failed over once; it is watched again (and, still refusing while it

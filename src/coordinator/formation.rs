@@ -10,7 +10,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::kube::events::EventType;
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Resource;
@@ -19,6 +18,7 @@ use valkey_sidecar_core::observation::{self, Mode};
 use valkey_sidecar_core::time::Millis;
 
 use super::Coordinator;
+use crate::kube::events::EventType;
 use crate::kube::pods::{SHARD_INDEX_LABEL, node_index, pod_ip};
 use crate::valkey::{Connector, Session, observe};
 

@@ -28,7 +28,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::kube::events::Recorder;
 use k8s_openapi::api::core::v1::ObjectReference;
 use tokio::sync::{mpsc, watch};
 use valkey_sidecar_core::health::{Bounds, HealthState};
@@ -41,6 +40,7 @@ use valkey_sidecar_core::status::{Decision, Status};
 use valkey_sidecar_core::time::Millis;
 
 use crate::clock::Clock;
+use crate::kube::events::Recorder;
 use crate::kube::lease::{FormedMarker, Leadership, StatusAnnotations};
 use crate::kube::owner::LeaseOwner;
 use crate::metrics::Metrics;

@@ -26,7 +26,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::kube::events::EventType;
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::Resource;
@@ -47,6 +46,7 @@ use super::execute::{self, Links};
 use super::{Coordinator, Finished, LeaderMemory, Move, spawn_move, world};
 use crate::clock::Clock;
 use crate::keeper::RecordSeed;
+use crate::kube::events::EventType;
 use crate::kube::pods::pod_ip;
 use crate::kube::shard_lease::ShardLeaseClient;
 use crate::metrics::Metrics;

@@ -3,7 +3,6 @@
 
 use std::collections::BTreeSet;
 
-use crate::kube::events::{Event, EventType};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::Resource;
 use kube::runtime::reflector::{self, Store};
@@ -12,6 +11,7 @@ use valkey_sidecar_core::status::{self, Condition, Decision, Status};
 
 use super::execute::MoveOutcome;
 use super::{Coordinator, LeaderMemory, Move, replication_round};
+use crate::kube::events::{Event, EventType};
 use crate::kube::lease::StatusAnnotations;
 
 /// Wall-clock time for the status: humans read it, no decision does.

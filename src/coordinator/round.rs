@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::kube::events::EventType;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::Resource;
 use kube::runtime::reflector::Store;
@@ -20,6 +19,7 @@ use valkey_sidecar_core::time::Millis;
 use super::execute::MoveOutcome;
 use super::report::{completion, ended, wall_clock};
 use super::{Coordinator, Finished, LeaderMemory, Move, execute, spawn_move, world};
+use crate::kube::events::EventType;
 use crate::kube::pods::pod_ip;
 use crate::valkey::Connector;
 

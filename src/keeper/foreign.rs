@@ -3,11 +3,11 @@
 //! keeper never follows it (no `REPLICAOF` to that pod, see `Keeper::member_ip`); this says so,
 //! once per pod named, in the log, a counter and a Warning Event on the agent's own pod.
 
-use crate::kube::events::{Event, EventType};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::Api;
 
 use super::Keeper;
+use crate::kube::events::{Event, EventType};
 
 /// The Event's reason.
 pub(super) const REASON: &str = "ForeignShardRecord";

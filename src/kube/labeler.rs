@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::kube::events::{Event, EventType, Recorder, Reporter};
 use backon::ExponentialBackoff;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -27,6 +26,7 @@ use valkey_sidecar_core::ratelimit::TokenBucket;
 use super::{FIELD_MANAGER, KubeError, labels_of, node_labels};
 use crate::clock::Clock;
 use crate::config::{Identity, KubeConfig};
+use crate::kube::events::{Event, EventType, Recorder, Reporter};
 use crate::metrics::Metrics;
 
 /// How long one API call may take before it counts as failed.
