@@ -807,6 +807,34 @@ fn check_network_policy(name: &str, objects: &[Value]) {
             );
         }
     }
+    // The one-shot pods (credentials Job, `helm test`): one policy, out to DNS and the apiserver
+    // only, nothing in.
+    let jobs = of_kind(objects, "Job")
+        .into_iter()
+        .map(|j| j["spec"]["template"].clone());
+    let tests = of_kind(objects, "Pod").into_iter();
+    for pod in jobs.chain(tests) {
+        let labels: BTreeMap<String, String> =
+            serde_json::from_value(pod["metadata"]["labels"].clone()).unwrap();
+        let mine: Vec<&Value> = policies
+            .iter()
+            .filter(|p| selects(&p["spec"]["podSelector"], &labels))
+            .collect();
+        assert_eq!(
+            mine.len(),
+            1,
+            "{name}: NetworkPolicies selecting {labels:?}"
+        );
+        assert!(allows(mine[0], "egress", 443, None) && allows(mine[0], "egress", 53, None));
+        assert!(
+            !allows(mine[0], "egress", 6379, None),
+            "{name}: tools reach Valkey"
+        );
+        assert!(
+            !allows(mine[0], "ingress", 9736, None),
+            "{name}: tools take connections"
+        );
+    }
 }
 
 /// Every named container port of the pod template (Valkey's and the agent's).
