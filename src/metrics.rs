@@ -2,8 +2,11 @@
 
 use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
 use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -46,6 +49,35 @@ struct DriftLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShardLabel {
+    shard: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabel {
+    version: &'static str,
+    revision: &'static str,
+}
+
+/// The one series of a metric that is sometimes absent: a [`Family`] keyed by this holds at most
+/// one entry, removed while the value is unknown, so no sentinel such as -1 reaches `max()`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct Unlabelled;
+
+impl EncodeLabelSet for Unlabelled {
+    fn encode(&self, _: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        Ok(())
+    }
+}
+
+/// The commit the binary was built from: `scripts/static-build.sh` sets it, a plain `cargo build`
+/// does not.
+const REVISION: &str = match option_env!("VALKEY_SIDECAR_REVISION") {
+    Some(r) => r,
+    None => "unknown",
+};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HttpLabel {
     path: &'static str,
     code: u16,
@@ -63,7 +95,7 @@ pub struct Metrics {
     registry: Registry,
     role: Family<RoleLabel, Gauge>,
     repl_offset: Gauge,
-    lag_bytes: Gauge,
+    lag_bytes: Family<Unlabelled, Gauge>,
     valkey_up: Gauge,
     ready: Gauge,
     observation_errors: Family<KindLabel, Counter>,
@@ -87,6 +119,11 @@ pub struct Metrics {
     watch_errors: Family<KindLabel, Counter>,
     task_panics: Family<KindLabel, Counter>,
     move_seconds: Histogram,
+    build_info: Family<BuildLabel, Gauge>,
+    fenced: Gauge,
+    shard_primaries: Family<ShardLabel, Gauge>,
+    /// The shards `shard_primaries` holds a series for, so a shard that is gone loses its series.
+    shards_reported: Mutex<Vec<String>>,
 }
 
 impl Default for Metrics {
@@ -101,7 +138,7 @@ impl Metrics {
             registry: Registry::with_prefix("valkey_sidecar"),
             role: Family::default(),
             repl_offset: Gauge::default(),
-            lag_bytes: Gauge::default(),
+            lag_bytes: Family::default(),
             valkey_up: Gauge::default(),
             ready: Gauge::default(),
             observation_errors: Family::default(),
@@ -125,8 +162,18 @@ impl Metrics {
             watch_errors: Family::default(),
             task_panics: Family::default(),
             move_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+            build_info: Family::default(),
+            fenced: Gauge::default(),
+            shard_primaries: Family::default(),
+            shards_reported: Mutex::new(Vec::new()),
         };
         m.register();
+        m.build_info
+            .get_or_create(&BuildLabel {
+                version: env!("CARGO_PKG_VERSION"),
+                revision: REVISION,
+            })
+            .set(1);
         m
     }
 
@@ -140,7 +187,7 @@ impl Metrics {
             shard_record_calls => "shard_record_calls": "Replication mode: reads and writes of the shard's primary record, by result";
             role => "role": "1 for the role Valkey has now (primary, replica, unknown)";
             repl_offset => "repl_offset_bytes": "Valkey's master_repl_offset";
-            lag_bytes => "replica_lag_bytes": "Bytes this replica is behind its primary (-1 unknown)";
+            lag_bytes => "replica_lag_bytes": "Bytes this replica is behind its primary; absent on a primary and while unknown";
             valkey_up => "valkey_up": "1 while the latest observation is fresh";
             ready => "ready": "1 while /readyz passes";
             observation_errors => "observation_errors": "Ticks that got no usable answer, by kind";
@@ -159,6 +206,9 @@ impl Metrics {
             coordinator_record_reads => "coordinator_record_reads": "Replication mode: the coordinator's reads of the shard records, by result";
             move_seconds => "coordinator_move_duration_seconds": "Time a successful coordinator move took, start to new primary";
             drift => "placement_drift": "Placement facts the coordinator reports, by reason";
+            build_info => "build_info": "1, labelled with the agent's version and the commit it was built from";
+            fenced => "fenced": "1 while the agent holds the local Valkey's writes paused (cluster mode: the quorum fence; replication mode: the keeper's fence)";
+            shard_primaries => "shard_labelled_primaries": "The coordinator (only while it holds the Lease): pods labelled primary, by shard (valkey.io/shard-index)";
         });
     }
 
@@ -187,9 +237,46 @@ impl Metrics {
         let offset = current.map_or(0, |o| o.repl_offset);
         self.repl_offset
             .set(i64::try_from(offset).unwrap_or(i64::MAX));
-        let lag = current.and_then(|o| o.lag_bytes(None));
-        self.lag_bytes
-            .set(lag.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX)));
+        self.lag(current.and_then(|o| o.lag_bytes(None)));
+    }
+
+    /// The replica's lag; `None` (a primary, or unknown) removes the series.
+    pub fn lag(&self, bytes: Option<u64>) {
+        match bytes {
+            Some(l) => {
+                let l = i64::try_from(l).unwrap_or(i64::MAX);
+                self.lag_bytes.get_or_create(&Unlabelled).set(l);
+            }
+            None => {
+                self.lag_bytes.remove(&Unlabelled);
+            }
+        }
+    }
+
+    /// Whether the agent's own pause of the local Valkey's writes is in force now.
+    pub fn fenced(&self, fenced: bool) {
+        self.fenced.set(i64::from(fenced));
+    }
+
+    /// The coordinator's count of pods labelled primary per shard; empty when it stops leading,
+    /// so only the Lease holder exports the gauge.
+    pub fn shard_primaries(&self, counts: &BTreeMap<String, i64>) {
+        let mut reported = self
+            .shards_reported
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Set before removing: a scrape in between sees every current shard.
+        for (shard, n) in counts {
+            let shard = shard.clone();
+            self.shard_primaries
+                .get_or_create(&ShardLabel { shard })
+                .set(*n);
+        }
+        for gone in reported.iter().filter(|s| !counts.contains_key(*s)) {
+            let shard = gone.clone();
+            self.shard_primaries.remove(&ShardLabel { shard });
+        }
+        *reported = counts.keys().cloned().collect();
     }
 
     /// Counts one label write; `error` is the error kind when it failed.
@@ -234,6 +321,14 @@ impl Metrics {
     pub fn watch_error(&self, kind: &'static str, error: &dyn std::fmt::Display) {
         tracing::warn!(watch = kind, %error, "watch failed; re-establishing with backoff");
         self.watch_errors.get_or_create(&KindLabel { kind }).inc();
+    }
+
+    /// Exports the task's panic counter at 0 from its start: a counter that appears only with its
+    /// first panic, at 1, shows no `increase()`, and an alert on panics would miss that one.
+    pub fn task_supervised(&self, kind: &'static str) {
+        self.task_panics
+            .get_or_create(&KindLabel { kind })
+            .inc_by(0);
     }
 
     /// Counts one panic of the task `kind` (`supervise`).
@@ -358,5 +453,62 @@ mod tests {
         ] {
             assert!(text.contains(name), "{name} missing from\n{text}");
         }
+    }
+
+    #[test]
+    fn build_info_names_the_version_and_a_revision() {
+        let text = Metrics::new().encode();
+        let want = format!(
+            "valkey_sidecar_build_info{{version=\"{}\",revision=\"{REVISION}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(text.contains(&want), "{want} missing from\n{text}");
+        assert!(!REVISION.is_empty());
+    }
+
+    #[test]
+    fn an_unknown_lag_is_absent_not_a_sentinel() {
+        let m = Metrics::new();
+        let lines = |m: &Metrics| -> Vec<String> {
+            m.encode()
+                .lines()
+                .filter(|l| l.starts_with("valkey_sidecar_replica_lag_bytes"))
+                .map(str::to_owned)
+                .collect()
+        };
+        assert!(lines(&m).is_empty(), "no lag before any observation");
+        m.lag(Some(42));
+        assert_eq!(lines(&m), ["valkey_sidecar_replica_lag_bytes 42"]);
+        m.lag(None);
+        assert!(lines(&m).is_empty(), "an unknown lag must disappear");
+    }
+
+    #[test]
+    fn the_shard_gauge_follows_the_shards_and_empties_on_losing_the_lease() {
+        let m = Metrics::new();
+        let counts = |pairs: &[(&str, i64)]| -> BTreeMap<String, i64> {
+            pairs.iter().map(|(s, n)| ((*s).to_owned(), *n)).collect()
+        };
+        m.shard_primaries(&counts(&[("0", 1), ("1", 0)]));
+        let text = m.encode();
+        assert!(text.contains("valkey_sidecar_shard_labelled_primaries{shard=\"0\"} 1"));
+        assert!(text.contains("valkey_sidecar_shard_labelled_primaries{shard=\"1\"} 0"));
+        m.shard_primaries(&counts(&[("1", 2)]));
+        let text = m.encode();
+        assert!(!text.contains("shard=\"0\""), "shard 0 is gone:\n{text}");
+        assert!(text.contains("valkey_sidecar_shard_labelled_primaries{shard=\"1\"} 2"));
+        m.shard_primaries(&BTreeMap::new());
+        assert!(
+            !m.encode()
+                .contains("valkey_sidecar_shard_labelled_primaries{")
+        );
+    }
+
+    #[test]
+    fn fenced_is_exported_from_the_start() {
+        let m = Metrics::new();
+        assert!(m.encode().contains("valkey_sidecar_fenced 0"));
+        m.fenced(true);
+        assert!(m.encode().contains("valkey_sidecar_fenced 1"));
     }
 }

@@ -49,6 +49,8 @@ impl QuorumFence {
             Guard::Lift { reason } => self.lift(session, &reason).await,
             Guard::Hold => {}
         }
+        self.metrics
+            .fenced(self.until.is_some_and(|t| Instant::now() < t));
     }
 
     fn log_blindness(&mut self, obs: &Observation) {

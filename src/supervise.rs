@@ -44,6 +44,7 @@ pub async fn supervised<F>(
 ) where
     F: Fn() -> LocalBoxFuture<'static, ()>,
 {
+    metrics.task_supervised(name);
     let schedule = || crate::retry::exponential(restarts.first, restarts.max);
     let mut delays = schedule();
     loop {
@@ -109,6 +110,21 @@ mod tests {
         let text = metrics.encode();
         assert!(
             text.contains("valkey_sidecar_task_panics_total{kind=\"test\"} 2"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_task_that_never_panicked_exports_zero_panics() {
+        let metrics = Arc::new(Metrics::new());
+        let (_stop, shutdown) = watch::channel(false);
+        supervised("calm", metrics.clone(), shutdown, RESTARTS, || {
+            async {}.boxed_local()
+        })
+        .await;
+        let text = metrics.encode();
+        assert!(
+            text.contains("valkey_sidecar_task_panics_total{kind=\"calm\"} 0"),
             "{text}"
         );
     }

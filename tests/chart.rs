@@ -1118,3 +1118,690 @@ fn values_table(yaml: &str) -> String {
     }
     out
 }
+
+/// The rendered objects as JSON, read by the crate's own YAML reader (every scalar a string): for
+/// checks that need no apiserver.
+fn rendered_objects(rendered: &str) -> Vec<Value> {
+    use valkey_sidecar::inject::yaml::{Node, Value as Yaml};
+    fn json_of(node: &Node) -> Value {
+        match &node.value {
+            Yaml::Scalar(s) => Value::String(s.value.clone()),
+            Yaml::Seq(items) => Value::Array(items.iter().map(json_of).collect()),
+            Yaml::Map(entries) => Value::Object(
+                entries
+                    .iter()
+                    .map(|(k, v)| {
+                        (
+                            json_of(k).as_str().unwrap_or_default().to_owned(),
+                            json_of(v),
+                        )
+                    })
+                    .collect(),
+            ),
+        }
+    }
+    let docs = valkey_sidecar::inject::yaml::parse(rendered, 1).unwrap();
+    docs.iter()
+        .map(json_of)
+        .filter(|o| o.get("kind").is_some())
+        .collect()
+}
+
+/// Every pod spec of the objects (StatefulSets' and Jobs' templates, Pods), by `<kind>/<name>`.
+fn pod_specs(objects: &[Value]) -> Vec<(String, Value)> {
+    objects
+        .iter()
+        .filter_map(|o| {
+            let spec = match o["kind"].as_str()? {
+                "Pod" => &o["spec"],
+                "StatefulSet" | "Job" => &o["spec"]["template"]["spec"],
+                _ => return None,
+            };
+            Some((
+                format!("{}/{}", o["kind"], o["metadata"]["name"]),
+                spec.clone(),
+            ))
+        })
+        .collect()
+}
+
+/// Every `image:` anywhere in `value`, by the kind of the object it is in.
+fn images(kind: &str, value: &Value, out: &mut Vec<(String, String)>) {
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map {
+                match (k.as_str(), v) {
+                    ("image", Value::String(image)) => out.push((kind.to_owned(), image.clone())),
+                    _ => images(kind, v, out),
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| images(kind, v, out)),
+        _ => {}
+    }
+}
+
+/// `global.imageRegistry` is in front of every image of a full render (the Valkey pods' three
+/// containers, the credentials Job, the `helm test` pod), replacing the registry a repository
+/// names; nothing changes without it.
+#[test]
+fn global_image_registry_prefixes_every_image_the_chart_renders() {
+    let registry = "mirror.example.com:5000/team";
+    for sets in [
+        &[][..],
+        &[
+            "sidecar.mode=classic",
+            "mode=replication",
+            "auth.rotation=accept",
+        ][..],
+    ] {
+        let mut with: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        with.push(format!("global.imageRegistry={registry}"));
+        let with: Vec<&str> = with.iter().map(String::as_str).collect();
+        let mut found = Vec::new();
+        for o in rendered_objects(&render_sets(&with).unwrap()) {
+            images(o["kind"].as_str().unwrap(), &o, &mut found);
+        }
+        let kinds: std::collections::BTreeSet<&str> =
+            found.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            kinds.into_iter().collect::<Vec<_>>(),
+            ["Job", "Pod", "StatefulSet"],
+            "{found:?}"
+        );
+        for (kind, image) in &found {
+            let path = image
+                .strip_prefix(&format!("{registry}/"))
+                .unwrap_or_else(|| panic!("{sets:?}: {kind} runs {image}"));
+            assert!(
+                path.starts_with("valkey/valkey:")
+                    || path.starts_with("valkey-sidecar/valkey-sidecar:"),
+                "{sets:?}: {kind} runs {image}"
+            );
+        }
+        let mut plain = Vec::new();
+        for o in rendered_objects(&render_sets(sets).unwrap()) {
+            images("", &o, &mut plain);
+        }
+        assert_eq!(plain.len(), found.len());
+        assert!(plain.iter().all(|(_, i)| !i.contains("mirror.example.com")));
+    }
+    // A registry host (a dot, a port, `localhost`) is replaced; a digest stays.
+    let out = render_sets(&[
+        "global.imageRegistry=mirror.example.com/",
+        "sidecar.image.repository=localhost:5000/agents/valkey-sidecar",
+        "valkey.image.repository=docker.io/library/valkey",
+        "valkey.image.digest=sha256:0123456789abcdef0123456789abcdef",
+    ])
+    .unwrap();
+    assert!(
+        out.contains("image: mirror.example.com/agents/valkey-sidecar:"),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "image: mirror.example.com/library/valkey@sha256:0123456789abcdef0123456789abcdef"
+        ),
+        "{out}"
+    );
+}
+
+/// `imagePullSecrets` (names or `{name}`) after `global.imagePullSecrets`, without repeats, on
+/// every pod spec and every ServiceAccount the chart makes; `priorityClassName` on every pod spec;
+/// neither by default.
+#[test]
+fn pull_secrets_and_priority_class_reach_every_pod() {
+    let sets = [
+        "global.imagePullSecrets[0]=shared",
+        "imagePullSecrets[0]=mine",
+        "imagePullSecrets[1].name=theirs",
+        "imagePullSecrets[2].name=shared",
+        "priorityClassName=valkey-critical",
+        "sidecar.mode=classic",
+    ];
+    let objects = rendered_objects(&render_sets(&sets).unwrap());
+    let want = json!([{"name": "shared"}, {"name": "mine"}, {"name": "theirs"}]);
+    let specs = pod_specs(&objects);
+    assert_eq!(specs.len(), 3 + 2, "{specs:?}");
+    for (name, spec) in &specs {
+        assert_eq!(spec["imagePullSecrets"], want, "{name}");
+        assert_eq!(spec["priorityClassName"], "valkey-critical", "{name}");
+    }
+    let accounts = of_kind(&objects, "ServiceAccount");
+    assert_eq!(accounts.len(), 2);
+    for sa in &accounts {
+        assert_eq!(sa["imagePullSecrets"], want, "{sa}");
+    }
+    let defaults = rendered_objects(&render_sets(&[]).unwrap());
+    for (name, spec) in pod_specs(&defaults) {
+        assert!(spec.get("imagePullSecrets").is_none(), "{name}");
+        assert!(spec.get("priorityClassName").is_none(), "{name}");
+    }
+    assert!(
+        of_kind(&defaults, "ServiceAccount")
+            .iter()
+            .all(|sa| sa.get("imagePullSecrets").is_none())
+    );
+}
+
+/// A values file of every pod extension value: one of each, tpl-rendered where it can be.
+const EXTENSIONS: &str = r#"
+podAnnotations:
+  example.com/backup: "true"
+valkey:
+  extraEnv:
+    - name: MAXMEMORY
+      valueFrom:
+        resourceFieldRef:
+          containerName: valkey
+          resource: limits.memory
+  extraVolumeMounts:
+    - name: backup
+      mountPath: /backup
+extraVolumes:
+  - name: backup
+    emptyDir: {}
+extraInitContainers:
+  - name: restore
+    image: example.com/restore:1
+    volumeMounts:
+      - name: backup
+        mountPath: /backup
+extraContainers:
+  - name: shipper
+    image: example.com/shipper:1
+    args: ["--secret", '{{ include "valkey-sidecar.authSecret" . }}']
+    volumeMounts:
+      - name: backup
+        mountPath: /backup
+"#;
+
+fn render_extensions(dir: &Path, sets: &[&str]) -> String {
+    let file = dir.join("extensions.yaml");
+    std::fs::write(&file, EXTENSIONS).unwrap();
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    render(RELEASE, NS, &[file], &sets).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// The extension values land in every Valkey pod after the chart's own, which stay as they were:
+/// the extra container (templated), init container and volume, Valkey's extra env and mount, the
+/// pod annotation. The defaults render none of them (the rendered examples above hold that).
+#[test]
+fn extra_containers_volumes_and_env_join_the_chart_own() {
+    let dir = tempfile::tempdir().unwrap();
+    for mode in ["native", "classic"] {
+        let set = format!("sidecar.mode={mode}");
+        let theirs = rendered_objects(&render_extensions(dir.path(), &[set.as_str()]));
+        let ours = rendered_objects(&render_sets(&[set.as_str()]).unwrap());
+        let (theirs, ours) = (
+            of_kind(&theirs, "StatefulSet"),
+            of_kind(&ours, "StatefulSet"),
+        );
+        assert_eq!(theirs.len(), 3);
+        for (t, o) in theirs.iter().zip(&ours) {
+            let (ts, os) = (pod_spec(t), pod_spec(o));
+            let name = t["metadata"]["name"].as_str().unwrap();
+            assert_eq!(
+                t["spec"]["template"]["metadata"]["annotations"]["example.com/backup"],
+                "true"
+            );
+            // Each list: the chart's own entries unchanged (Valkey's container: below), then
+            // the extra one.
+            let extended = |key: &str, extra: &str| {
+                let (t, o) = (ts[key].as_array().unwrap(), os[key].as_array().unwrap());
+                for (t, o) in t.iter().zip(o).filter(|(_, o)| o["name"] != "valkey") {
+                    assert_eq!(t, o, "{name}: {key}");
+                }
+                assert_eq!(
+                    t[..o.len()].iter().map(|c| &c["name"]).collect::<Vec<_>>(),
+                    o.iter().map(|c| &c["name"]).collect::<Vec<_>>(),
+                    "{name}: {key}"
+                );
+                assert_eq!(t.len(), o.len() + 1, "{name}: {key}");
+                assert_eq!(t[o.len()]["name"], extra, "{name}: {key}");
+                t[o.len()].clone()
+            };
+            let shipper = extended("containers", "shipper");
+            assert_eq!(
+                shipper["args"],
+                json!(["--secret", "valkey-auth"]),
+                "{name}"
+            );
+            extended("initContainers", "restore");
+            extended("volumes", "backup");
+            let valkey = |spec: &Value| -> Value {
+                spec["containers"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|c| c["name"] == "valkey")
+                    .unwrap()
+                    .clone()
+            };
+            let (tv, ov) = (valkey(ts), valkey(os));
+            for (key, extra) in [("env", "MAXMEMORY"), ("volumeMounts", "backup")] {
+                let (t, o) = (tv[key].as_array().unwrap(), ov[key].as_array().unwrap());
+                assert_eq!(&t[..o.len()], &o[..], "{name}: valkey's {key}");
+                assert_eq!(t[o.len()..].len(), 1, "{name}: valkey's {key}");
+                assert_eq!(t[o.len()]["name"], extra, "{name}: valkey's {key}");
+            }
+            let mut rest = tv.clone();
+            let mut rest_ours = ov.clone();
+            for key in ["env", "volumeMounts"] {
+                rest.as_object_mut().unwrap().remove(key);
+                rest_ours.as_object_mut().unwrap().remove(key);
+            }
+            assert_eq!(rest, rest_ours, "{name}: valkey");
+        }
+    }
+    // Valkey's env alone, without auth or await (the chart sets none then).
+    let bare = render_extensions(
+        dir.path(),
+        &["auth.enabled=false", "valkey.awaitStart=false"],
+    );
+    let sts = of_kind(&rendered_objects(&bare), "StatefulSet");
+    assert_eq!(container(&sts[0], "valkey")["env"][0]["name"], "MAXMEMORY");
+}
+
+/// What the apiserver makes of a render with every extension value: accepted (server-side dry
+/// run), the extra pieces where the chart put them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extension_values_pass_a_server_side_dry_run() {
+    let plane = ControlPlane::start(ControlPlaneOptions::apiserver_only())
+        .await
+        .unwrap();
+    kubectl(&plane, &["create", "namespace", NS]).await;
+    // Pod admission wants the priority class and `helm test`'s ServiceAccount to exist.
+    kubectl(
+        &plane,
+        &["create", "priorityclass", "valkey-critical", "--value=1000"],
+    )
+    .await;
+    kubectl(
+        &plane,
+        &["create", "serviceaccount", "valkey-sidecar", "-n", NS],
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let rendered = render_extensions(
+        dir.path(),
+        &[
+            "global.imageRegistry=mirror.example.com",
+            "imagePullSecrets[0]=pull",
+            "priorityClassName=valkey-critical",
+        ],
+    );
+    let objects = dry_run(&plane, dir.path(), "extensions", &rendered).await;
+    assert_eq!(objects.len(), documents(&rendered).len());
+    let sts = of_kind(&objects, "StatefulSet");
+    let spec = pod_spec(&sts[0]);
+    assert_eq!(spec["priorityClassName"], "valkey-critical");
+    assert_eq!(spec["imagePullSecrets"], json!([{"name": "pull"}]));
+    assert_eq!(
+        container(&sts[0], "shipper")["image"],
+        "example.com/shipper:1"
+    );
+    assert_eq!(
+        container(&sts[0], "restore")["image"],
+        "example.com/restore:1"
+    );
+    let valkey = container(&sts[0], "valkey")["image"].as_str().unwrap();
+    assert!(
+        valkey.starts_with("mirror.example.com/valkey/valkey:"),
+        "{valkey}"
+    );
+    let pod = &of_kind(&objects, "Pod")[0];
+    assert_eq!(pod["spec"]["priorityClassName"], "valkey-critical");
+}
+
+/// Wrong shapes of the extension values: the schema refuses them, the template the env names it
+/// sets itself.
+#[test]
+fn extension_values_the_chart_refuses() {
+    let cases: &[(&str, &str)] = &[
+        ("extraContainers[0].image=x", "missing property 'name'"),
+        ("imagePullSecrets[0].nam=x", "/imagePullSecrets/0"),
+        (
+            "valkey.extraVolumeMounts[0].name=x",
+            "missing property 'mountPath'",
+        ),
+        ("global.imageRegistry=5000", "/global/imageRegistry"),
+        (
+            "valkey.extraEnv[0].name=VALKEY_PASSWORD",
+            "sets it from its own values",
+        ),
+    ];
+    for (set, why) in cases {
+        let err = render_sets(&[set]).expect_err(set);
+        assert!(err.contains(why), "{set}: {err}");
+    }
+}
+
+// Monitoring (values `metrics`): the monitors, the rules, the dashboard and the exporter.
+
+#[path = "support/monitoring.rs"]
+mod monitoring;
+
+/// The objects rendered with `sets`, as JSON.
+fn monitoring_render(sets: &[&str]) -> Vec<Value> {
+    let rendered = render_sets(sets).unwrap_or_else(|e| panic!("{e}"));
+    monitoring::yaml_documents(&rendered)
+        .into_iter()
+        .filter(|o| o.get("kind").is_some())
+        .collect()
+}
+
+const MONITORING_KINDS: [&str; 3] = ["PodMonitor", "ServiceMonitor", "PrometheusRule"];
+
+fn dashboard_maps(objects: &[Value]) -> Vec<Value> {
+    of_kind(objects, "ConfigMap")
+        .into_iter()
+        .filter(|c| c["data"].get("valkey-sidecar.json").is_some())
+        .collect()
+}
+
+fn exporters(objects: &[Value]) -> Vec<Value> {
+    of_kind(objects, "StatefulSet")
+        .iter()
+        .flat_map(|s| pod_spec(s)["containers"].as_array().unwrap().clone())
+        .filter(|c| c["name"] == "exporter")
+        .collect()
+}
+
+#[test]
+fn monitoring_objects_render_only_when_asked() {
+    let off = monitoring_render(&[]);
+    for kind in MONITORING_KINDS {
+        assert!(of_kind(&off, kind).is_empty(), "{kind} without asking");
+    }
+    assert!(dashboard_maps(&off).is_empty());
+    assert!(exporters(&off).is_empty());
+    let policy = &of_kind(&off, "NetworkPolicy")[0];
+    assert!(!policy.to_string().contains("monitoring"), "{policy}");
+    for (set, kind) in [
+        ("metrics.podMonitor.enabled=true", "PodMonitor"),
+        ("metrics.serviceMonitor.enabled=true", "ServiceMonitor"),
+        ("metrics.prometheusRule.enabled=true", "PrometheusRule"),
+    ] {
+        let on = monitoring_render(&[set]);
+        for k in MONITORING_KINDS {
+            let want = usize::from(k == kind);
+            assert_eq!(of_kind(&on, k).len(), want, "{set}: {k}");
+        }
+    }
+    let on = monitoring_render(&["metrics.dashboard.enabled=true"]);
+    assert_eq!(dashboard_maps(&on).len(), 1);
+    let on = monitoring_render(&["metrics.exporter.enabled=true"]);
+    assert_eq!(exporters(&on).len(), 3, "one per shard's pods");
+}
+
+/// The labels of every Valkey pod template, by StatefulSet.
+fn pod_labels(objects: &[Value]) -> Vec<BTreeMap<String, String>> {
+    of_kind(objects, "StatefulSet")
+        .iter()
+        .map(|s| {
+            serde_json::from_value(s["spec"]["template"]["metadata"]["labels"].clone()).unwrap()
+        })
+        .collect()
+}
+
+/// The names of the ports of a pod template's containers (the agent's, native or classic, and the
+/// exporter's).
+fn port_names(sts: &Value) -> std::collections::BTreeSet<String> {
+    ["containers", "initContainers"]
+        .iter()
+        .filter_map(|k| pod_spec(sts)[k].as_array())
+        .flatten()
+        .flat_map(|c| c["ports"].as_array().cloned().unwrap_or_default())
+        .map(|p| p["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The label a monitor's `podTargetLabels` entry becomes on the series (the Prometheus
+/// Operator's `sanitizeLabelName`: every character outside `[a-zA-Z0-9_]` becomes `_`).
+fn sanitized(label: &str) -> String {
+    label
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
+}
+
+#[test]
+fn the_monitors_select_the_agents_and_copy_the_labels_the_rules_need() {
+    for sidecar in ["classic", "native"] {
+        let mode = format!("sidecar.mode={sidecar}");
+        let objects = monitoring_render(&[
+            "metrics.podMonitor.enabled=true",
+            "metrics.serviceMonitor.enabled=true",
+            "metrics.exporter.enabled=true",
+            &mode,
+        ]);
+        let statefulsets = of_kind(&objects, "StatefulSet");
+        let rules = monitoring::read("prometheus-rules.yaml");
+        let dashboard = monitoring::read("dashboard.json");
+        // The PodMonitor: every Valkey pod, through ports its containers name.
+        let pm = &of_kind(&objects, "PodMonitor")[0];
+        for labels in pod_labels(&objects) {
+            assert!(selects(&pm["spec"]["selector"], &labels), "{labels:?}");
+        }
+        assert_eq!(pm["spec"]["namespaceSelector"]["matchNames"], json!([NS]));
+        let ports: Vec<&str> = pm["spec"]["podMetricsEndpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["port"].as_str().unwrap())
+            .collect();
+        assert_eq!(ports, ["probe", "exporter"]);
+        for sts in &statefulsets {
+            let names = port_names(sts);
+            assert!(
+                ports.iter().all(|p| names.contains(*p)),
+                "{sidecar}: {names:?}"
+            );
+        }
+        // Both monitors copy the pod labels the rules and the dashboard group by.
+        let sm = &of_kind(&objects, "ServiceMonitor")[0];
+        for monitor in [pm, sm] {
+            let copied: Vec<&str> = monitor["spec"]["podTargetLabels"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|l| l.as_str().unwrap())
+                .collect();
+            assert_eq!(copied, ["valkey.io/cluster", "valkey.io/shard-index"]);
+            for label in copied {
+                let series_label = sanitized(label);
+                assert!(
+                    rules.contains(&series_label),
+                    "the rules use {series_label}"
+                );
+                for labels in pod_labels(&objects) {
+                    assert!(labels.contains_key(label), "pods carry {label}");
+                }
+            }
+        }
+        assert!(dashboard.contains("valkey_io_cluster"));
+        // The ServiceMonitor: only the headless Service (every pod, Ready or not), whose ports it
+        // names.
+        let services = of_kind(&objects, "Service");
+        let selected: Vec<&Value> = services
+            .iter()
+            .filter(|s| {
+                let labels: BTreeMap<String, String> =
+                    serde_json::from_value(s["metadata"]["labels"].clone()).unwrap();
+                selects(&sm["spec"]["selector"], &labels)
+            })
+            .collect();
+        assert_eq!(selected.len(), 1, "{selected:?}");
+        let headless = selected[0];
+        assert_eq!(headless["metadata"]["name"], "valkey-headless");
+        assert_eq!(headless["spec"]["publishNotReadyAddresses"], "true");
+        let service_ports: std::collections::BTreeSet<&str> = headless["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["name"].as_str().unwrap())
+            .collect();
+        for e in sm["spec"]["endpoints"].as_array().unwrap() {
+            assert!(service_ports.contains(e["port"].as_str().unwrap()), "{e}");
+        }
+    }
+}
+
+/// Whether an ingress rule lets a peer `peer` accepts reach `port` (the rendered YAML read as is:
+/// every scalar a string).
+fn ingress_from(policy: &Value, port: u64, peer: impl Fn(&Value) -> bool) -> bool {
+    policy["spec"]["ingress"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|rule| {
+            let port_ok = rule["ports"]
+                .as_array()
+                .is_some_and(|ps| ps.iter().any(|p| p["port"] == port.to_string().as_str()));
+            let peer_ok = rule["from"]
+                .as_array()
+                .is_some_and(|ps| ps.iter().any(&peer));
+            port_ok && peer_ok
+        })
+}
+
+/// A pod of the namespace `monitoring` (where the default `metrics.scrapers` are).
+fn from_monitoring(policy: &Value, port: u64) -> bool {
+    ingress_from(policy, port, |p| {
+        p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] == "monitoring"
+    })
+}
+
+#[test]
+fn the_network_policy_opens_the_metrics_ports_to_the_scrapers_when_a_monitor_is_on() {
+    let policy = |sets: &[&str]| of_kind(&monitoring_render(sets), "NetworkPolicy")[0].clone();
+    let off = policy(&["metrics.exporter.enabled=true"]);
+    assert!(!from_monitoring(&off, 9736) && !from_monitoring(&off, 9121));
+    for monitor in ["podMonitor", "serviceMonitor"] {
+        let on = format!("metrics.{monitor}.enabled=true");
+        let agent_only = policy(&[&on]);
+        assert!(from_monitoring(&agent_only, 9736), "{monitor}");
+        assert!(
+            !from_monitoring(&agent_only, 9121),
+            "{monitor}: no exporter"
+        );
+        let both = policy(&[&on, "metrics.exporter.enabled=true"]);
+        assert!(from_monitoring(&both, 9736) && from_monitoring(&both, 9121));
+    }
+    // Scrapers of your own, e.g. Prometheus' pods in their namespace.
+    let own = policy(&[
+        "metrics.podMonitor.enabled=true",
+        "metrics.scrapers[0].podSelector.matchLabels.app=prometheus",
+    ]);
+    assert!(!from_monitoring(&own, 9736));
+    let prometheus = |p: &Value| p["podSelector"]["matchLabels"]["app"] == "prometheus";
+    assert!(ingress_from(&own, 9736, prometheus));
+}
+
+#[test]
+fn the_prometheus_rule_holds_exactly_the_rule_files_groups() {
+    let objects = monitoring_render(&[
+        "metrics.prometheusRule.enabled=true",
+        "metrics.prometheusRule.labels.release=kube-prometheus-stack",
+    ]);
+    let rule = &of_kind(&objects, "PrometheusRule")[0];
+    let file = monitoring::yaml(&monitoring::read("prometheus-rules.yaml"));
+    assert_eq!(
+        rule["spec"], file,
+        "the PrometheusRule's spec is the rule file"
+    );
+    assert_eq!(
+        rule["metadata"]["labels"]["release"],
+        "kube-prometheus-stack"
+    );
+    assert_eq!(rule["metadata"]["namespace"], NS);
+    // The alerts' own templates reach Prometheus untouched by helm.
+    assert!(rule["spec"].to_string().contains("{{ $labels.namespace }}"));
+}
+
+#[test]
+fn the_dashboard_config_map_holds_the_dashboard_for_grafanas_sidecar() {
+    let objects = monitoring_render(&["metrics.dashboard.enabled=true"]);
+    let map = &dashboard_maps(&objects)[0];
+    assert_eq!(map["metadata"]["labels"]["grafana_dashboard"], "1");
+    assert_eq!(map["metadata"]["namespace"], NS);
+    let shipped: Value =
+        serde_json::from_str(map["data"]["valkey-sidecar.json"].as_str().unwrap()).unwrap();
+    assert_eq!(shipped, monitoring::dashboard());
+    let elsewhere = monitoring_render(&[
+        "metrics.dashboard.enabled=true",
+        "metrics.dashboard.namespace=grafana",
+        "metrics.dashboard.labels.grafana_dashboard=null",
+        "metrics.dashboard.labels.dashboards=valkey",
+        "metrics.dashboard.annotations.grafana_folder=Valkey",
+    ]);
+    let map = &dashboard_maps(&elsewhere)[0];
+    assert_eq!(map["metadata"]["namespace"], "grafana");
+    assert!(map["metadata"]["labels"].get("grafana_dashboard").is_none());
+    assert_eq!(map["metadata"]["labels"]["dashboards"], "valkey");
+    assert_eq!(map["metadata"]["annotations"]["grafana_folder"], "Valkey");
+}
+
+fn env_of(container: &Value, name: &str) -> Value {
+    container["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["name"] == name)
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+#[test]
+fn the_exporter_logs_in_with_the_auth_secret_and_runs_locked_down() {
+    let objects = monitoring_render(&["metrics.exporter.enabled=true"]);
+    let exporter = &exporters(&objects)[0];
+    assert!(
+        exporter["image"]
+            .as_str()
+            .unwrap()
+            .starts_with("oliver006/redis_exporter:v1."),
+        "{exporter}"
+    );
+    assert_eq!(
+        env_of(exporter, "REDIS_ADDR")["value"],
+        "redis://localhost:6379"
+    );
+    let password = &env_of(exporter, "REDIS_PASSWORD")["valueFrom"]["secretKeyRef"];
+    assert_eq!(password["name"], "valkey-auth");
+    assert_eq!(password["key"], "default-password");
+    assert_eq!(
+        exporter["ports"],
+        json!([{"name": "exporter", "containerPort": "9121"}])
+    );
+    let security = &exporter["securityContext"];
+    assert_eq!(security["runAsNonRoot"], "true");
+    assert_eq!(security["readOnlyRootFilesystem"], "true");
+    assert_eq!(security["allowPrivilegeEscalation"], "false");
+    assert_eq!(security["capabilities"]["drop"], json!(["ALL"]));
+    assert!(!exporter["resources"]["requests"].is_null());
+    // No password without auth; no fixed user in the restricted profile.
+    let bare = monitoring_render(&["metrics.exporter.enabled=true", "auth.enabled=false"]);
+    assert!(env_of(&exporters(&bare)[0], "REDIS_PASSWORD").is_null());
+    let restricted = monitoring_render(&["metrics.exporter.enabled=true", "profile=restricted"]);
+    assert!(exporters(&restricted)[0]["securityContext"]["runAsUser"].is_null());
+    // TLS: rediss to the pod's loopback, with the agent's client certificate.
+    let tls = monitoring_render(&[
+        "metrics.exporter.enabled=true",
+        "tls.enabled=true",
+        "tls.existingSecret=valkey-tls",
+        "tls.authClients=yes",
+        "tls.agentExistingSecret=valkey-agent-tls",
+    ]);
+    let exporter = &exporters(&tls)[0];
+    assert_eq!(
+        env_of(exporter, "REDIS_ADDR")["value"],
+        "rediss://localhost:6379"
+    );
+    assert_eq!(
+        env_of(exporter, "REDIS_EXPORTER_TLS_CLIENT_CERT_FILE")["value"],
+        "/etc/redis_exporter/tls/tls.crt"
+    );
+    assert_eq!(exporter["volumeMounts"][0]["name"], "agent-tls");
+}

@@ -549,6 +549,7 @@ async fn cluster_3x1_installs_forms_and_labels_three_shards_spread_over_nodes() 
     println!("old node id forgotten after {:?}", readded.elapsed());
     println!("moves:\n{}", moves(&stage).await);
     check_acl_log(&stage, &password).await;
+    monitored_names_are_exported(&pods).await;
     println!("done after {:?}", t0.elapsed());
 }
 
@@ -856,4 +857,53 @@ async fn passwords_rotate_in_three_upgrades_without_a_restart_or_a_failover() {
     assert!(!events.contains("FailoverStarted"), "{events}");
     let moves = events.lines().filter(|l| l.starts_with("Handover"));
     println!("{}", moves.collect::<Vec<_>>().join("\n"));
+}
+
+#[path = "support/monitoring.rs"]
+mod monitoring;
+
+/// Counters that exist only from their first event, which this install may never see: errors
+/// (`observation_errors`, `watch_errors`), replication mode's record calls, and the moves, counted
+/// by the leader that made them (gone with its pod when that was the pod deleted).
+/// `tests/monitoring.rs` checks that the agent exports each once it happens.
+const ON_FIRST_EVENT: &[&str] = &[
+    "valkey_sidecar_observation_errors_total",
+    "valkey_sidecar_watch_errors_total",
+    "valkey_sidecar_shard_record_calls_total",
+    "valkey_sidecar_coordinator_record_reads_total",
+    "valkey_sidecar_coordinator_actions_total",
+];
+
+/// Every metric name the chart's alert rules and dashboard query is in the `/metrics` of the
+/// chart's running agents (their union: the lag only on replicas, the per-shard gauge only on the
+/// Lease holder), but for the counters of [`ON_FIRST_EVENT`].
+async fn monitored_names_are_exported(pods: &[Pod]) {
+    let mut exported = BTreeSet::new();
+    for p in pods {
+        let agent = SocketAddr::new(valkey_addr(p).unwrap().ip(), 9736);
+        let (status, body) = http_get(agent, "/metrics", SECOND).await.unwrap();
+        assert_eq!(status, 200, "{}: {body}", name(p));
+        exported.extend(monitoring::exported_names(&body));
+    }
+    let missing = monitoring::missing_names(&exported);
+    let unexpected: Vec<&(String, String)> = missing
+        .iter()
+        .filter(|(_, n)| !ON_FIRST_EVENT.contains(&n.as_str()))
+        .collect();
+    assert!(
+        unexpected.is_empty(),
+        "queried but not in any agent's /metrics: {unexpected:?}"
+    );
+    let used: BTreeSet<String> = monitoring::alert_queries()
+        .into_iter()
+        .chain(monitoring::dashboard_queries())
+        .flat_map(|(_, q)| monitoring::metric_names(&q))
+        .collect();
+    let waiting: BTreeSet<&str> = missing.iter().map(|(_, n)| n.as_str()).collect();
+    println!(
+        "{} metric names queried by the rules and the dashboard: {} in the agents' /metrics, {} not yet counted ({waiting:?})",
+        used.len(),
+        used.len() - waiting.len(),
+        waiting.len()
+    );
 }

@@ -1,7 +1,8 @@
 //! What the leader tells: its status for the Lease writer (`core::status`), drift and blocked
 //! moves, Events on the pods they are about, and a follower's report that it does not lead.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::Resource;
@@ -51,12 +52,32 @@ pub(super) fn completion(shard: &str, outcome: &MoveOutcome) -> (EventType, Stri
     }
 }
 
+/// Pods labelled primary, by shard (`world::group`: `valkey.io/shard-index`): what the rule "a
+/// shard without a labelled primary" reads, exported by the leader because it alone sees every pod
+/// (a pod's own agent cannot report that its shard lacks a primary when that pod is gone).
+fn labelled_primaries(pods: &[Arc<Pod>], key: &str, primary: &str) -> BTreeMap<String, i64> {
+    super::world::group(pods)
+        .into_iter()
+        .map(|(shard, members)| {
+            let labelled = members
+                .iter()
+                .filter(|p| {
+                    let labels = p.metadata.labels.as_ref();
+                    labels.and_then(|l| l.get(key)).map(String::as_str) == Some(primary)
+                })
+                .count();
+            (shard, i64::try_from(labelled).unwrap_or(i64::MAX))
+        })
+        .collect()
+}
+
 impl Coordinator {
     /// A follower's round: it reports that it does not lead and forgets what it tracked, so that
     /// when it leads again the quiet periods start afresh instead of from a history it did not see.
     pub(super) fn follow(&self, memory: &mut LeaderMemory) {
         self.metrics.coordinator_leader(false);
         self.metrics.drift(std::iter::empty());
+        self.metrics.shard_primaries(&BTreeMap::new());
         self.publish(None, memory);
         memory.shards.clear();
         memory.drift.clear();
@@ -72,6 +93,8 @@ impl Coordinator {
     /// blocked moves logged when they first appear.
     pub(super) fn report(&self, plan: &Plan, pods: &Store<Pod>, memory: &mut LeaderMemory) {
         self.metrics.drift(plan.drift.iter().map(|d| d.reason));
+        let primaries = labelled_primaries(&pods.state(), &self.role_label, &self.primary_value);
+        self.metrics.shard_primaries(&primaries);
         let now_drift: BTreeSet<(String, String)> = plan
             .drift
             .iter()
@@ -140,5 +163,61 @@ impl Coordinator {
                 tracing::warn!(error = %e, "event not published");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, labels: &[(&str, &str)]) -> Arc<Pod> {
+        let mut p = Pod::default();
+        p.metadata.name = Some(name.into());
+        p.metadata.labels = Some(
+            labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        );
+        Arc::new(p)
+    }
+
+    #[test]
+    fn a_shard_whose_primary_label_is_gone_counts_zero() {
+        let pods = [
+            pod(
+                "v-0-0",
+                &[
+                    ("valkey.io/shard-index", "0"),
+                    ("valkey.io/role", "primary"),
+                ],
+            ),
+            pod(
+                "v-0-1",
+                &[
+                    ("valkey.io/shard-index", "0"),
+                    ("valkey.io/role", "replica"),
+                ],
+            ),
+            pod(
+                "v-1-0",
+                &[
+                    ("valkey.io/shard-index", "1"),
+                    ("valkey.io/role", "replica"),
+                ],
+            ),
+            pod("v-1-1", &[("valkey.io/shard-index", "1")]),
+            // Another policy's value is not this deployment's primary.
+            pod(
+                "v-2-0",
+                &[("valkey.io/shard-index", "2"), ("valkey.io/role", "master")],
+            ),
+        ];
+        let counts = labelled_primaries(&pods, "valkey.io/role", "primary");
+        let want: BTreeMap<String, i64> = [("0", 1), ("1", 0), ("2", 0)]
+            .into_iter()
+            .map(|(s, n)| (s.to_owned(), n))
+            .collect();
+        assert_eq!(counts, want);
     }
 }

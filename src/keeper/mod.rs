@@ -564,6 +564,8 @@ impl Keeper {
             ..view.clone()
         };
         let valid = may_advertise(&view);
+        let fenced = memory.fenced_until.is_some_and(|until| until > view.now);
+        self.metrics.fenced(fenced);
         self.holding
             .send_if_modified(|h| std::mem::replace(h, valid) != valid);
         let due = awaiting_promotion(&view);

@@ -134,18 +134,53 @@ preStop:
     port: 9736
 {{- end -}}
 
+{{- /* Every image the chart renders (dict "root" $ "image" <repository, tag, digest>): the
+digest wins over the tag. `global.imageRegistry` replaces the repository's registry (a first
+path part with a dot or port, or `localhost`, as Docker reads it) or goes before a repository
+without one (Docker Hub's `valkey/valkey`): a mirror that keeps the images' paths. The root is
+required so that no image can skip the registry by accident. */ -}}
 {{- define "valkey-sidecar.image" -}}
-{{- if .digest -}}
-{{- printf "%s@%s" .repository .digest -}}
+{{- if not .root -}}
+{{- fail "valkey-sidecar.image takes (dict \"root\" $ \"image\" <repository, tag, digest>)" -}}
+{{- end -}}
+{{- $repository := .image.repository -}}
+{{- with (.root.Values.global).imageRegistry -}}
+{{- $parts := splitList "/" $repository -}}
+{{- $first := first $parts -}}
+{{- if and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
+{{- $repository = join "/" (rest $parts) -}}
+{{- end -}}
+{{- $repository = printf "%s/%s" (trimSuffix "/" .) $repository -}}
+{{- end -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" $repository .image.digest -}}
 {{- else -}}
-{{- printf "%s:%s" .repository (toString .tag) -}}
+{{- printf "%s:%s" $repository (toString .image.tag) -}}
 {{- end -}}
 {{- end -}}
 
 {{- define "valkey-sidecar.agentImage" -}}
 {{- $image := deepCopy .Values.sidecar.image -}}
 {{- $_ := set $image "tag" (default .Chart.AppVersion .Values.sidecar.image.tag) -}}
-{{- include "valkey-sidecar.image" $image -}}
+{{- include "valkey-sidecar.image" (dict "root" . "image" $image) -}}
+{{- end -}}
+
+{{- /* imagePullSecrets of every pod and ServiceAccount: `global.imagePullSecrets` then
+`imagePullSecrets`, each a name or {name: ...}, without repeats; nothing when both are empty. */ -}}
+{{- define "valkey-sidecar.imagePullSecrets" -}}
+{{- $names := list -}}
+{{- range concat (default (list) (.Values.global).imagePullSecrets) .Values.imagePullSecrets -}}
+{{- if kindIs "string" . -}}
+{{- $names = append $names . -}}
+{{- else -}}
+{{- $names = append $names .name -}}
+{{- end -}}
+{{- end -}}
+{{- $secrets := list -}}
+{{- range uniq $names -}}
+{{- $secrets = append $secrets (dict "name" .) -}}
+{{- end -}}
+{{- with $secrets }}{{ toYaml . }}{{ end -}}
 {{- end -}}
 
 {{- /* The TLS server name the agent verifies in Valkey's certificate. */ -}}
@@ -548,9 +583,13 @@ spec:
   enableServiceLinks: false
   securityContext:
     {{- include "valkey-sidecar.securityContext" (dict "root" $root "context" (omit $v.podSecurityContext "fsGroup" "fsGroupChangePolicy")) | nindent 4 }}
-  {{- with $v.imagePullSecrets }}
+  {{- with include "valkey-sidecar.imagePullSecrets" $root }}
   imagePullSecrets:
-    {{- toYaml . | nindent 4 }}
+    {{- . | nindent 4 }}
+  {{- end }}
+  {{- with $v.priorityClassName }}
+  # The Valkey pods wait for this Job's Secret: it must not stay Pending behind them.
+  priorityClassName: {{ . }}
   {{- end }}
   {{- with $v.nodeSelector }}
   nodeSelector:
