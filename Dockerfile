@@ -16,6 +16,10 @@ RUN apt-get update \
  && rustup target add x86_64-unknown-linux-musl
 WORKDIR /src
 COPY . .
+# The commit the binary reports (`valkey_sidecar_build_info`): docker build --build-arg
+# VALKEY_SIDECAR_REVISION=$(git rev-parse HEAD) . (.git is not copied in). scripts/release.sh builds
+# the published multi-arch image without Docker.
+ARG VALKEY_SIDECAR_REVISION=unknown
 RUN cargo build --release --locked --target x86_64-unknown-linux-musl -p valkey-sidecar --bin valkey-sidecar
 
 FROM scratch

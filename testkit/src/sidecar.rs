@@ -26,6 +26,8 @@ pub struct SidecarOptions {
     pub ip: IpAddr,
     /// Further flags, e.g. `("--poll-interval", "100ms")`.
     pub args: Vec<(String, String)>,
+    /// A program that runs the binary, e.g. `qemu-aarch64-static` for another architecture's.
+    pub runner: Option<PathBuf>,
 }
 
 impl SidecarOptions {
@@ -36,7 +38,14 @@ impl SidecarOptions {
             mode: mode.to_owned(),
             ip: IpAddr::from([127, 0, 0, 1]),
             args: Vec::new(),
+            runner: None,
         }
+    }
+
+    /// Runs the binary through `runner` (its first argument is the binary).
+    pub fn under(mut self, runner: impl Into<PathBuf>) -> Self {
+        self.runner = Some(runner.into());
+        self
     }
 
     /// Adds a flag with its value.
@@ -65,9 +74,13 @@ impl Sidecar {
             .prefix("valkey-sidecar-agent-")
             .tempdir()?;
         let log = dir.path().join("output.log");
+        let mut argv = args(&opts, probe, admin);
+        if opts.runner.is_some() {
+            argv.insert(0, opts.bin.clone().into_os_string());
+        }
         let spec = ProcessSpec {
-            program: opts.bin.clone(),
-            args: args(&opts, probe, admin),
+            program: opts.runner.clone().unwrap_or_else(|| opts.bin.clone()),
+            args: argv,
             label: format!("sidecar {probe}"),
         };
         let process = ServerProcess::spawn(spec, dir, log)?;

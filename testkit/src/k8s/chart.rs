@@ -31,6 +31,14 @@ pub fn chart_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../charts/valkey-sidecar")
 }
 
+/// The chart as helm arguments: [`StageOptions::chart`], else this repository's chart directory.
+pub fn chart_source(opts: &StageOptions) -> Vec<String> {
+    match opts.chart.is_empty() {
+        true => vec![chart_dir().display().to_string()],
+        false => opts.chart.clone(),
+    }
+}
+
 /// `examples/<name>.yaml` of this repository.
 pub fn example(name: &str) -> PathBuf {
     chart_dir().join(format!("../../examples/{name}.yaml"))
@@ -69,13 +77,9 @@ pub fn render(
 /// What a stage's options render to, with `capabilities` as `helm template` takes them
 /// (`--kube-version`, `--api-versions`; see [`capabilities`]).
 pub fn render_stage(opts: &StageOptions, capabilities: &[String]) -> Result<String> {
-    let mut args: Vec<String> = vec![
-        "template".into(),
-        opts.release.clone(),
-        chart_dir().display().to_string(),
-        "--namespace".into(),
-        opts.namespace.clone(),
-    ];
+    let mut args: Vec<String> = vec!["template".into(), opts.release.clone()];
+    args.extend(chart_source(opts));
+    args.extend(["--namespace".into(), opts.namespace.clone()]);
     args.extend(capabilities.iter().cloned());
     args.extend(value_args(&opts.values, &opts.sets, &opts.set_strings));
     helm(&args)
@@ -258,15 +262,14 @@ async fn helm_install(plane: &ControlPlane, opts: &StageOptions) -> Result<(Stri
     let cluster = cluster_of(&rendered)?;
     let manifest = plane.dir().join(format!("chart-{}.yaml", opts.namespace));
     std::fs::write(&manifest, &rendered)?;
-    let mut args: Vec<String> = vec![
-        "install".into(),
-        opts.release.clone(),
-        chart_dir().display().to_string(),
+    let mut args: Vec<String> = vec!["install".into(), opts.release.clone()];
+    args.extend(chart_source(opts));
+    args.extend([
         "--namespace".into(),
         opts.namespace.clone(),
         "--kubeconfig".into(),
         plane.kubeconfig_path().display().to_string(),
-    ];
+    ]);
     if let Some(user) = &opts.install_as {
         args.extend(["--kube-as-user".into(), user.clone()]);
     }

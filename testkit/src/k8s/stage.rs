@@ -79,6 +79,9 @@ pub struct StageOptions {
     pub install_as: Option<String>,
     /// Labels of the namespace, e.g. `pod-security.kubernetes.io/enforce=restricted`.
     pub namespace_labels: Vec<String>,
+    /// Where the chart comes from, as helm arguments (e.g. `oci://…/valkey-sidecar --version 0.1.0
+    /// --plain-http`); empty: this repository's `charts/valkey-sidecar`.
+    pub chart: Vec<String>,
 }
 
 impl Default for StageOptions {
@@ -97,6 +100,7 @@ impl Default for StageOptions {
             local_volumes: 0,
             install_as: None,
             namespace_labels: Vec::new(),
+            chart: Vec::new(),
         }
     }
 }
@@ -231,6 +235,8 @@ pub struct Stage {
     pub password: Option<String>,
     /// Who installed it (impersonated), if not the admin.
     pub installed_as: Option<String>,
+    /// Where the chart came from, as helm arguments ([`StageOptions::chart`]).
+    chart: Vec<String>,
 }
 
 impl Stage {
@@ -286,6 +292,7 @@ impl Stage {
             apply(&plane.client(), object).await?;
         }
         let (cluster, manifest) = chart::install(&plane, &opts).await?;
+        let chart = chart::chart_source(&opts);
         let mut stage = Stage {
             kubelet,
             nodes,
@@ -298,6 +305,7 @@ impl Stage {
             members: 0,
             password: None,
             installed_as: opts.install_as.clone(),
+            chart,
         };
         stage.learn_deployment().await?;
         Ok(stage)
@@ -405,7 +413,7 @@ impl Stage {
     /// more `--set`s.
     pub fn upgrade(&self, sets: &[&str]) -> Result<String> {
         let mut args: Vec<String> = vec!["upgrade".into(), self.release.clone()];
-        args.push(chart::chart_dir().display().to_string());
+        args.extend(self.chart.clone());
         args.extend(["--reuse-values".into(), "--namespace".into()]);
         args.push(self.namespace.clone());
         args.push("--kubeconfig".into());
