@@ -408,19 +408,24 @@ async fn dry_run(plane: &ControlPlane, dir: &Path, name: &str, rendered: &str) -
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rendered_objects_pass_a_server_side_dry_run() {
+/// An apiserver with the namespace and the agents' ServiceAccount, which `helm test`'s pod names
+/// and pod admission wants to exist even in a dry run (in a real `helm test` the release made it).
+async fn dry_run_plane() -> ControlPlane {
     let plane = ControlPlane::start(ControlPlaneOptions::apiserver_only())
         .await
         .unwrap();
     kubectl(&plane, &["create", "namespace", NS]).await;
-    // `helm test`'s pod names the agents' ServiceAccount, which pod admission wants to exist even
-    // in a dry run (in a real `helm test` the release made it).
     kubectl(
         &plane,
         &["create", "serviceaccount", "valkey-sidecar", "-n", NS],
     )
     .await;
+    plane
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rendered_objects_pass_a_server_side_dry_run() {
+    let plane = dry_run_plane().await;
     let dir = tempfile::tempdir().unwrap();
     let mut rendered: Vec<(String, String)> = examples()
         .into_iter()
@@ -1122,27 +1127,8 @@ fn values_table(yaml: &str) -> String {
 /// The rendered objects as JSON, read by the crate's own YAML reader (every scalar a string): for
 /// checks that need no apiserver.
 fn rendered_objects(rendered: &str) -> Vec<Value> {
-    use valkey_sidecar::inject::yaml::{Node, Value as Yaml};
-    fn json_of(node: &Node) -> Value {
-        match &node.value {
-            Yaml::Scalar(s) => Value::String(s.value.clone()),
-            Yaml::Seq(items) => Value::Array(items.iter().map(json_of).collect()),
-            Yaml::Map(entries) => Value::Object(
-                entries
-                    .iter()
-                    .map(|(k, v)| {
-                        (
-                            json_of(k).as_str().unwrap_or_default().to_owned(),
-                            json_of(v),
-                        )
-                    })
-                    .collect(),
-            ),
-        }
-    }
-    let docs = valkey_sidecar::inject::yaml::parse(rendered, 1).unwrap();
-    docs.iter()
-        .map(json_of)
+    monitoring::yaml_documents(rendered)
+        .into_iter()
         .filter(|o| o.get("kind").is_some())
         .collect()
 }
@@ -1407,19 +1393,11 @@ fn extra_containers_volumes_and_env_join_the_chart_own() {
 /// run), the extra pieces where the chart put them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extension_values_pass_a_server_side_dry_run() {
-    let plane = ControlPlane::start(ControlPlaneOptions::apiserver_only())
-        .await
-        .unwrap();
-    kubectl(&plane, &["create", "namespace", NS]).await;
-    // Pod admission wants the priority class and `helm test`'s ServiceAccount to exist.
+    let plane = dry_run_plane().await;
+    // Pod admission wants the priority class to exist.
     kubectl(
         &plane,
         &["create", "priorityclass", "valkey-critical", "--value=1000"],
-    )
-    .await;
-    kubectl(
-        &plane,
-        &["create", "serviceaccount", "valkey-sidecar", "-n", NS],
     )
     .await;
     let dir = tempfile::tempdir().unwrap();
