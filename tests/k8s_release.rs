@@ -245,7 +245,15 @@ fn platform_binary(image: &str, platform: &str) -> Vec<u8> {
     // The one file, to stdout.
     let bytes = tar(&["-xOf"]);
     assert_eq!(format!("/{path}"), entry, "the entrypoint is the file");
-    println!("{platform}: /{path}, {} bytes", bytes.len());
+    let manifest = crane_json(&["manifest", "--platform", platform, image]);
+    let layers = manifest["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 1, "{manifest}");
+    let pulled = layers[0]["size"].as_u64().unwrap();
+    assert!(pulled <= BUDGET, "{platform}: a {pulled} B layer");
+    println!(
+        "{platform}: /{path}, {} bytes; the image pulls {pulled} bytes (one gzip layer)",
+        bytes.len()
+    );
     bytes
 }
 
