@@ -1,5 +1,7 @@
 //! Wiring: builds the pieces from the configuration and runs them until shutdown.
 
+use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,9 +10,11 @@ use futures::future::{self, BoxFuture, LocalBoxFuture, join_all};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use valkey_sidecar_core::health::HealthState;
+use valkey_sidecar_core::heartbeat::{PeerSight, Promise};
 use valkey_sidecar_core::lease::election_identity;
 use valkey_sidecar_core::observation::Mode;
 use valkey_sidecar_core::placement::Placement;
+use valkey_sidecar_core::quorum::QuorumPolicy;
 use valkey_sidecar_core::replication::FailoverPolicy;
 use valkey_sidecar_core::restart::{self, Permit};
 
@@ -18,8 +22,9 @@ use crate::clock::Clock;
 use crate::config::{Config, CoordinatorConfig, KubeConfig};
 use crate::coordinator::Coordinator;
 use crate::features::{self, Off};
+use crate::heartbeat::{Heartbeat, ShardLinks};
 use crate::http::{self, App};
-use crate::keeper::{Keeper, RecordSeed};
+use crate::keeper::{Keeper, KeeperBeats, RecordSeed};
 use crate::kube::events::{Recorder, Reporter};
 use crate::kube::labeler::Labeler;
 use crate::kube::lease::{self, FormedMarker, Leadership, LeaseClient, StatusAnnotations};
@@ -76,6 +81,38 @@ struct Shared {
     start: Option<(watch::Sender<Permit>, watch::Receiver<Permit>)>,
     /// Features that are off, for `/status`: the configuration's, and Nodes once found unreadable.
     off: watch::Sender<Vec<Off>>,
+    /// The peer heartbeats' channels; `None` when they are off.
+    beats: Option<Beats>,
+}
+
+/// What the heartbeat task shares with the fences (`crate::heartbeat`).
+#[derive(Clone)]
+struct Beats {
+    sight: watch::Sender<Option<PeerSight>>,
+    promise: watch::Sender<Option<Promise>>,
+    members: watch::Sender<BTreeMap<String, IpAddr>>,
+    claim: watch::Sender<Option<(u64, bool)>>,
+}
+
+impl Beats {
+    fn new() -> Beats {
+        Beats {
+            sight: watch::Sender::new(None),
+            promise: watch::Sender::new(None),
+            members: watch::Sender::new(BTreeMap::new()),
+            claim: watch::Sender::new(None),
+        }
+    }
+
+    /// The keeper's side.
+    fn keeper(&self) -> KeeperBeats {
+        KeeperBeats {
+            members: self.members.clone(),
+            claim: self.claim.clone(),
+            sight: self.sight.subscribe(),
+            promise: self.promise.subscribe(),
+        }
+    }
 }
 
 type Task = LocalBoxFuture<'static, ()>;
@@ -104,38 +141,15 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         seed: watch::channel(None),
         start: (config.mode == Mode::Cluster).then(|| watch::channel(restart::permit(None, None))),
         off: watch::Sender::new(config.off.clone()),
+        beats: heartbeats_run(&config).then(Beats::new),
     };
     features::announce(&config.off);
     let mut tasks = serve(&config, &shared).await?;
-    let observer = Observer {
-        connector: shared.connector.clone(),
-        mode: config.mode,
-        interval: config.poll_interval,
-        bounds: config.bounds,
-        clock,
-        state: state_tx,
-        metrics: shared.metrics.clone(),
-        placement: placement_rx,
-        hurry: shared.hurry.1.clone(),
-        quorum: (config.mode == Mode::Cluster)
-            .then_some(config.quorum_fence)
-            .flatten()
-            .map(|p| QuorumFence::new(p, shared.metrics.clone())),
-    };
+    let observer = observer(&config, &shared, state_tx, placement_rx);
     tasks.push(supervised_task("observer", &shared, move |stop| {
         observer.clone().run(stop)
     }));
-    if let Some((permit, _)) = &shared.start {
-        let guard = StartGuard {
-            state: shared.state.clone(),
-            connector: shared.connector.clone(),
-            permit: permit.clone(),
-            metrics: shared.metrics.clone(),
-        };
-        tasks.push(supervised_task("start_guard", &shared, move |stop| {
-            guard.clone().run(stop)
-        }));
-    }
+    tasks.extend(local_tasks(&config, &shared));
     if let Some(kube) = &config.kube {
         tasks.extend(kube_tasks(&config, kube, &shared, placement_tx).await?);
     }
@@ -143,6 +157,52 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     join_all(tasks).await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The observation loop (with cluster mode's quorum fence).
+fn observer(
+    config: &Config,
+    shared: &Shared,
+    state: watch::Sender<HealthState>,
+    placement: watch::Receiver<Placement>,
+) -> Observer {
+    Observer {
+        connector: shared.connector.clone(),
+        mode: config.mode,
+        interval: config.poll_interval,
+        bounds: config.bounds,
+        clock: shared.clock,
+        state,
+        metrics: shared.metrics.clone(),
+        placement,
+        hurry: shared.hurry.1.clone(),
+        quorum: (config.mode == Mode::Cluster)
+            .then_some(config.quorum_fence)
+            .flatten()
+            .map(|p| quorum_fence(p, shared)),
+    }
+}
+
+/// The tasks that need no Kubernetes: the heartbeats and cluster mode's start guard.
+fn local_tasks(config: &Config, shared: &Shared) -> Vec<Task> {
+    let mut tasks = Vec::new();
+    if let Some(beat) = heartbeat(config, shared) {
+        tasks.push(supervised_task("heartbeat", shared, move |stop| {
+            beat.clone().run(stop)
+        }));
+    }
+    if let Some((permit, _)) = &shared.start {
+        let guard = StartGuard {
+            state: shared.state.clone(),
+            connector: shared.connector.clone(),
+            permit: permit.clone(),
+            metrics: shared.metrics.clone(),
+        };
+        tasks.push(supervised_task("start_guard", shared, move |stop| {
+            guard.clone().run(stop)
+        }));
+    }
+    tasks
 }
 
 /// The probe and admin listeners.
@@ -235,6 +295,48 @@ async fn check_nodes(client: kube::Client, off: watch::Sender<Vec<Off>>) {
     off.send_modify(|o| o.push(nodes));
 }
 
+/// Cluster mode's quorum fence, with the heartbeats' evidence when they run.
+fn quorum_fence(policy: QuorumPolicy, shared: &Shared) -> QuorumFence {
+    let fence = QuorumFence::new(policy, shared.metrics.clone());
+    match &shared.beats {
+        Some(b) => fence.with_heartbeats(b.sight.subscribe(), shared.clock),
+        None => fence,
+    }
+}
+
+/// Heartbeats run where a fence acts on them: cluster mode, and replication mode's keepers.
+fn heartbeats_run(config: &Config) -> bool {
+    let fenced = config.mode == Mode::Cluster || keeps_record(config);
+    config.isolation.is_some() && fenced
+}
+
+/// The heartbeat task, when heartbeats run.
+fn heartbeat(config: &Config, shared: &Shared) -> Option<Heartbeat> {
+    let beats = shared.beats.as_ref()?;
+    let policy = config.isolation?;
+    let shard = (config.mode == Mode::Replication).then(|| ShardLinks {
+        members: beats.members.subscribe(),
+        claim: beats.claim.subscribe(),
+        record: shared.seed.1.clone(),
+    });
+    let co = config.kube.as_ref().and_then(|k| k.coordinator.as_ref());
+    Some(Heartbeat {
+        bind: config.probe_addr,
+        cluster: co.map_or_else(|| "valkey".to_owned(), |c| c.cluster.clone()),
+        pod: config.identity.pod_name.clone().unwrap_or_default(),
+        mode: config.mode,
+        policy,
+        password_file: config.valkey.password_file.clone(),
+        clock: shared.clock,
+        bounds: config.bounds,
+        state: shared.state.clone(),
+        shard,
+        sight: beats.sight.clone(),
+        promise: beats.promise.clone(),
+        metrics: shared.metrics.clone(),
+    })
+}
+
 /// Whether this agent keeps a shard record: replication mode with the coordinator on.
 fn keeps_record(config: &Config) -> bool {
     let coordinated = config
@@ -275,6 +377,7 @@ fn keeper(
             .then(|| Recorder::new(client.clone(), reporter(kube))),
         pod_uid: config.identity.pod_uid.clone(),
         seen: shared.seed.0.clone(),
+        beats: shared.beats.as_ref().map(Beats::keeper),
     };
     Some((keeper, claim_rx))
 }

@@ -12,6 +12,7 @@ use std::time::Duration;
 use crate::features::Cause;
 use clap::{Args, Parser, Subcommand};
 use valkey_sidecar_core::health::Bounds;
+use valkey_sidecar_core::heartbeat::IsolationPolicy;
 use valkey_sidecar_core::labels::{LabelPolicy, check_key, check_value};
 use valkey_sidecar_core::lease::LeaseTimings;
 use valkey_sidecar_core::observation::Mode;
@@ -106,6 +107,13 @@ pub struct RawConfig {
     /// (the chart sets a fifth). `off` disables the fence.
     #[arg(long, env = "SIDECAR_QUORUM_FENCE_AFTER", default_value = "1s")]
     pub quorum_fence_after: String,
+    /// How often a primary's agent pings its peers' agents (UDP, on the probe port).
+    #[arg(long, env = "SIDECAR_HEARTBEAT_INTERVAL", default_value = "100ms")]
+    pub heartbeat_interval: String,
+    /// A primary that no peer's agent has vouched for this long pauses its writes (cluster
+    /// mode: most primaries' agents); at least two heartbeat intervals. `off` turns heartbeats off.
+    #[arg(long, env = "SIDECAR_ISOLATION_FENCE_AFTER", default_value = "300ms")]
+    pub isolation_fence_after: String,
     /// How long one observation may wait for Valkey.
     #[arg(long, env = "SIDECAR_VALKEY_TIMEOUT", default_value = "1s")]
     pub valkey_timeout: String,
@@ -279,6 +287,8 @@ pub struct Config {
     pub bounds: Bounds,
     /// Cluster mode's quorum fence; `None`: off.
     pub quorum_fence: Option<QuorumPolicy>,
+    /// Peer heartbeats and the isolation fence; `None`: off.
+    pub isolation: Option<IsolationPolicy>,
     pub log_format: LogFormat,
     /// Features this configuration leaves off, and why (said at start, in `/status`).
     pub off: Vec<crate::features::Off>,
@@ -368,6 +378,7 @@ impl RawConfig {
             &self.quorum_fence_after,
             parse_quorum_fence(&self.quorum_fence_after, poll),
         );
+        let isolation = self.isolation(c);
         let log = c.check(
             "SIDECAR_LOG_FORMAT",
             &self.log_format,
@@ -384,6 +395,7 @@ impl RawConfig {
             poll_interval: poll?,
             bounds: bounds?,
             quorum_fence: quorum?,
+            isolation: isolation?,
             log_format: log?,
             off: Vec::new(),
         };
@@ -686,6 +698,26 @@ impl RawConfig {
         }))
     }
 
+    /// Both heartbeat variables; the window must hold two intervals (one lost datagram is not
+    /// a cut).
+    fn isolation(&self, c: &mut Checker) -> Option<Option<IsolationPolicy>> {
+        let interval = c.check(
+            "SIDECAR_HEARTBEAT_INTERVAL",
+            &self.heartbeat_interval,
+            parse_duration_in(&self.heartbeat_interval, 10, 5_000),
+        );
+        let after = c.check(
+            "SIDECAR_ISOLATION_FENCE_AFTER",
+            &self.isolation_fence_after,
+            parse_isolation_after(&self.isolation_fence_after, interval),
+        );
+        let interval_ms = interval?.as_millis() as u64;
+        Some(after?.map(|fence_after_ms| IsolationPolicy {
+            interval_ms,
+            fence_after_ms,
+        }))
+    }
+
     fn probe_addr(&self, c: &mut Checker, pod_ip: Option<IpAddr>) -> Option<SocketAddr> {
         let default_ip = pod_ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
         match &self.probe_addr {
@@ -806,6 +838,17 @@ fn parse_quorum_fence(v: &str, poll: Option<Duration>) -> Result<Option<QuorumPo
         silent_after_ms: after.as_millis() as u64,
         pause_ms: (4 * poll_ms).max(1000),
     }))
+}
+
+/// `off`, or a window of at least two heartbeat intervals (and 20 ms) up to a minute.
+fn parse_isolation_after(v: &str, interval: Option<Duration>) -> Result<Option<u64>, String> {
+    if v == "off" {
+        return Ok(None);
+    }
+    let floor = interval.map_or(20, |i| (2 * i.as_millis() as u64).max(20));
+    let after = parse_duration_in(v, floor, 60_000)
+        .map_err(|e| format!("{e} (at least two SIDECAR_HEARTBEAT_INTERVAL), or off"))?;
+    Ok(Some(after.as_millis() as u64))
 }
 
 fn parse_millis(v: &str) -> Result<u64, String> {

@@ -5,6 +5,8 @@
 //! - [`valkey`]: the self-healing connection and the per-tick observation pipeline.
 //! - [`observer`]: the loop that records each tick into the shared health state.
 //! - [`quorum`]: cluster mode's fence of a primary cut off from most primaries.
+//! - [`heartbeat`]: peer heartbeats over UDP, the vouches that tell a primary it is not cut
+//!   off, and the failsafe's promises.
 //! - [`http`]: probes, role endpoints, `/status` and `/metrics`, answered from that state.
 //! - [`kube`]: the own pod's labels and Events, zone from the Node, the Lease election.
 //! - [`coordinator`]: the Lease holder's rounds: hand-overs, fail-back, balance, crash failover,
@@ -38,6 +40,7 @@ pub mod credentials;
 pub mod drain;
 pub mod exit;
 pub mod features;
+pub mod heartbeat;
 pub mod http;
 pub mod inject;
 pub mod keeper;

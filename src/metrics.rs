@@ -122,6 +122,8 @@ pub struct Metrics {
     build_info: Family<BuildLabel, Gauge>,
     fenced: Gauge,
     shard_primaries: Family<ShardLabel, Gauge>,
+    heartbeats: Family<KindLabel, Counter>,
+    peers_vouching: Gauge,
     /// The shards `shard_primaries` holds a series for, so a shard that is gone loses its series.
     shards_reported: Mutex<Vec<String>>,
 }
@@ -165,6 +167,8 @@ impl Metrics {
             build_info: Family::default(),
             fenced: Gauge::default(),
             shard_primaries: Family::default(),
+            heartbeats: Family::default(),
+            peers_vouching: Gauge::default(),
             shards_reported: Mutex::new(Vec::new()),
         };
         m.register();
@@ -208,6 +212,8 @@ impl Metrics {
             drift => "placement_drift": "Placement facts the coordinator reports, by reason";
             build_info => "build_info": "1, labelled with the agent's version and the commit it was built from";
             fenced => "fenced": "1 while the agent holds the local Valkey's writes paused (cluster mode: the quorum fence; replication mode: the keeper's fence)";
+            heartbeats => "heartbeats": "Peer heartbeat datagrams, by kind: ping_sent (one per round), ping_answered, pong_counted, dropped_rate, dropped_mac, dropped_format, dropped_foreign";
+            peers_vouching => "peers_vouching": "Peers whose latest heartbeat vouches for this primary (0 while it pings nobody)";
             shard_primaries => "shard_labelled_primaries": "The coordinator (only while it holds the Lease): pods labelled primary, by shard (valkey.io/shard-index)";
         });
     }
@@ -302,6 +308,17 @@ impl Metrics {
         self.zone_pushes
             .get_or_create(&ResultLabel { result })
             .inc();
+    }
+
+    /// Counts one heartbeat datagram sent, answered, counted or dropped.
+    pub fn heartbeat(&self, kind: &'static str) {
+        self.heartbeats.get_or_create(&KindLabel { kind }).inc();
+    }
+
+    /// How many peers vouch for this primary now.
+    pub fn peers_vouching(&self, n: usize) {
+        self.peers_vouching
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// Counts one keeper action that changed something.

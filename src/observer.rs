@@ -56,6 +56,7 @@ impl Observer {
                 _ = tokio::time::sleep(HURRIED), if hurried => {}
                 Ok(()) = self.hurry.changed() => {}
                 _ = session.closed() => {}
+                () = quorum_news(&mut self.quorum) => {}
                 _ = shutdown.changed() => return,
             }
             let started = Instant::now();
@@ -111,6 +112,14 @@ impl Observer {
         let state = self.state.borrow();
         let ready = state.readiness(now, &self.bounds, self.mode).ok;
         self.metrics.update(&state, now, &self.bounds, ready);
+    }
+}
+
+/// Resolves when the heartbeats behind the quorum fence change their answer; never without.
+async fn quorum_news(quorum: &mut Option<QuorumFence>) {
+    match quorum {
+        Some(q) => q.news().await,
+        None => std::future::pending::<()>().await,
     }
 }
 

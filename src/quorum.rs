@@ -4,9 +4,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tokio::time::Instant;
+use valkey_sidecar_core::heartbeat::{PeerSight, cluster_sight};
 use valkey_sidecar_core::observation::Observation;
-use valkey_sidecar_core::quorum::{Guard, QuorumPolicy, guard_after_gap};
+use valkey_sidecar_core::quorum::{Guard, QuorumPolicy, Sight, guard_after_gap};
+
+use crate::clock::Clock;
 
 use crate::metrics::Metrics;
 use crate::valkey::Session;
@@ -21,6 +25,8 @@ pub struct QuorumFence {
     last: Option<Instant>,
     /// Logged once: Valkey would not show `CLUSTER NODES` (an ACL without `cluster|nodes`).
     blind_logged: bool,
+    /// What the peer heartbeats say (`crate::heartbeat`), with the clock they are timed by.
+    beats: Option<(watch::Receiver<Option<PeerSight>>, Clock)>,
 }
 
 impl QuorumFence {
@@ -31,7 +37,38 @@ impl QuorumFence {
             until: None,
             last: None,
             blind_logged: false,
+            beats: None,
         }
+    }
+
+    /// Adds the heartbeats' evidence: a cut is then seen within a fraction of a second.
+    pub fn with_heartbeats(
+        mut self,
+        sight: watch::Receiver<Option<PeerSight>>,
+        clock: Clock,
+    ) -> Self {
+        self.beats = Some((sight, clock));
+        self
+    }
+
+    /// Resolves when the heartbeats' answer changes (never without heartbeats), so that the
+    /// observer looks at once instead of at its next tick.
+    pub async fn news(&mut self) {
+        let open = match self.beats.as_mut() {
+            Some((rx, _)) => rx.changed().await.is_ok(),
+            None => false,
+        };
+        if !open {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// The voting primaries whose agents vouch for this one, from the latest heartbeats.
+    fn heard(&self, obs: &Observation) -> Option<Sight> {
+        let (rx, clock) = self.beats.as_ref()?;
+        let sight = rx.borrow();
+        let peers = obs.cluster.as_ref()?.peers.as_deref()?;
+        cluster_sight(peers, sight.as_ref()?, clock.now())
     }
 
     /// Applies the rule to one observation.
@@ -44,7 +81,8 @@ impl QuorumFence {
         let now = Instant::now();
         let gap = self.last.replace(now).map_or(Duration::ZERO, |t| now - t);
         let gap_ms = u64::try_from(gap.as_millis()).unwrap_or(u64::MAX);
-        match guard_after_gap(obs, obs.server_time_ms, gap_ms, fenced, &self.policy) {
+        let heard = self.heard(obs);
+        match guard_after_gap(obs, obs.server_time_ms, gap_ms, fenced, &self.policy, heard) {
             Guard::Fence { ms, reason } => self.fence(session, ms, &reason, fenced).await,
             Guard::Lift { reason } => self.lift(session, &reason).await,
             Guard::Hold => {}

@@ -794,10 +794,10 @@ fn check_network_policy(name: &str, objects: &[Value]) {
         for (port_name, port) in container_ports(&sts) {
             let from_members = allows(np, "ingress", port, Some(&labels));
             let from_client = allows(np, "ingress", port, Some(&client));
-            let what = format!("{name}: port {port_name} ({port})");
+            let what = format!("{name}: port {port_name} ({port:?})");
             match port_name.as_str() {
                 "valkey" => assert!(from_members && from_client, "{what}"),
-                "bus" => assert!(from_members && !from_client, "{what}"),
+                "bus" | "heartbeat" => assert!(from_members && !from_client, "{what}"),
                 "probe" => assert!(!from_client && !from_members, "{what}"),
                 other => panic!("{what}: the test knows no rule for port {other}"),
             }
@@ -805,10 +805,10 @@ fn check_network_policy(name: &str, objects: &[Value]) {
                 assert!(allows(np, "egress", port, Some(&labels)), "{what}: egress");
             }
         }
-        for port in [53, 443, 6443] {
+        for port in [(53, "UDP"), (53, "TCP"), (443, "TCP"), (6443, "TCP")] {
             assert!(
                 allows(np, "egress", port, None),
-                "{name}: egress to port {port}"
+                "{name}: egress to port {port:?}"
             );
         }
     }
@@ -830,20 +830,21 @@ fn check_network_policy(name: &str, objects: &[Value]) {
             1,
             "{name}: NetworkPolicies selecting {labels:?}"
         );
-        assert!(allows(mine[0], "egress", 443, None) && allows(mine[0], "egress", 53, None));
+        assert!(allows(mine[0], "egress", (443, "TCP"), None) && allows(mine[0], "egress", (53, "UDP"), None));
         assert!(
-            !allows(mine[0], "egress", 6379, None),
+            !allows(mine[0], "egress", (6379, "TCP"), None),
             "{name}: tools reach Valkey"
         );
         assert!(
-            !allows(mine[0], "ingress", 9736, None),
+            !allows(mine[0], "ingress", (9736, "TCP"), None),
             "{name}: tools take connections"
         );
     }
 }
 
 /// Every named container port of the pod template (Valkey's and the agent's).
-fn container_ports(sts: &Value) -> Vec<(String, u64)> {
+/// Each container port: name, (number, protocol).
+fn container_ports(sts: &Value) -> Vec<(String, (u64, &str))> {
     let spec = pod_spec(sts);
     ["containers", "initContainers"]
         .iter()
@@ -852,10 +853,9 @@ fn container_ports(sts: &Value) -> Vec<(String, u64)> {
         .filter_map(|c| c["ports"].as_array())
         .flatten()
         .map(|p| {
-            (
-                p["name"].as_str().unwrap().to_owned(),
-                p["containerPort"].as_u64().unwrap(),
-            )
+            let protocol = p["protocol"].as_str().unwrap_or("TCP");
+            let port = (p["containerPort"].as_u64().unwrap(), protocol);
+            (p["name"].as_str().unwrap().to_owned(), port)
         })
         .collect()
 }
@@ -865,7 +865,7 @@ fn container_ports(sts: &Value) -> Vec<(String, u64)> {
 fn allows(
     policy: &Value,
     direction: &str,
-    port: u64,
+    (port, protocol): (u64, &str),
     peer: Option<&BTreeMap<String, String>>,
 ) -> bool {
     let peers_key = if direction == "ingress" { "from" } else { "to" };
@@ -876,7 +876,12 @@ fn allows(
         .any(|rule| {
             let port_ok = rule["ports"]
                 .as_array()
-                .is_none_or(|ps| ps.iter().any(|p| p["port"].as_u64() == Some(port)));
+                .is_none_or(|ps| {
+                    ps.iter().any(|p| {
+                        let proto = p["protocol"].as_str().unwrap_or("TCP");
+                        p["port"].as_u64() == Some(port) && proto == protocol
+                    })
+                });
             let peer_ok = rule[peers_key]
                 .as_array()
                 .is_none_or(|ps| ps.iter().any(|p| peer_matches(p, peer)));

@@ -18,6 +18,8 @@
 //! - [`plan`]: the coordinator's `decide(&World, &Policy) -> Plan` (hand-over, fail-back, balance).
 //! - [`moves`]: the coordinator's ledger of running and settling moves and the cooldown.
 //! - [`quorum`]: cluster mode's fence of a primary cut off from most primaries.
+//! - [`heartbeat`]: peer heartbeats, the vouches that keep a primary writing, the failsafe's
+//!   promises.
 //! - [`lease`]: Lease election with client-go semantics (monotonic expiry, renew deadline).
 //! - [`status`]: the coordinator's conditions for humans, rendered as Lease annotations.
 //! - [`replication`]: replication mode's shard record, fencing, promotion and switchover.
@@ -39,6 +41,7 @@ pub mod credentials;
 pub mod drain;
 pub mod formation;
 pub mod health;
+pub mod heartbeat;
 pub mod info;
 pub mod labels;
 pub mod lease;

@@ -25,6 +25,8 @@ use crate::observation::{Observation, Role};
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Peer {
     pub id: String,
+    /// The node's IP as Valkey announces it (`ip:port@cport[,hostname]`); empty when absent.
+    pub ip: String,
     pub myself: bool,
     pub primary: bool,
     /// Serves at least one slot: only such primaries vote in elections.
@@ -44,7 +46,7 @@ fn parse_line(line: &str) -> Option<Peer> {
     let fields: Vec<&str> = line.split_whitespace().collect();
     let [
         id,
-        _addr,
+        addr,
         flags,
         _primary,
         ping,
@@ -59,6 +61,7 @@ fn parse_line(line: &str) -> Option<Peer> {
     let flag = |f: &str| flags.split(',').any(|x| x == f);
     Some(Peer {
         id: (*id).to_owned(),
+        ip: ip_of(addr),
         myself: flag("myself"),
         primary: flag("master"),
         // `[slot->-id]` entries are migrations in progress, not slots served.
@@ -66,6 +69,13 @@ fn parse_line(line: &str) -> Option<Peer> {
         failing: flag("fail?") || flag("fail"),
         ping_sent_ms: ping.parse().ok()?,
     })
+}
+
+/// The IP of `ip:port@cport[,hostname]` (IPv6 as Valkey prints it, bare or bracketed).
+fn ip_of(addr: &str) -> String {
+    let ip_port = addr.split(['@', ',']).next().unwrap_or_default();
+    let ip = ip_port.rsplit_once(':').map_or("", |(ip, _)| ip);
+    ip.trim_start_matches('[').trim_end_matches(']').to_owned()
 }
 
 /// How many slot-serving primaries this node hears, itself included.
@@ -133,6 +143,7 @@ pub fn guard_after_gap(
     gap_ms: u64,
     fenced: bool,
     policy: &QuorumPolicy,
+    heard: Option<Sight>,
 ) -> Guard {
     let serving = obs
         .cluster
@@ -148,11 +159,24 @@ pub fn guard_after_gap(
             ),
         };
     }
-    guard(obs, now_ms, fenced, policy)
+    guard(obs, now_ms, fenced, policy, heard)
 }
 
-/// The rule for one observation; `fenced`: this guard's own fence may still be in force.
-pub fn guard(obs: &Observation, now_ms: Option<u64>, fenced: bool, policy: &QuorumPolicy) -> Guard {
+/// The rule for one observation; `fenced`: this guard's own fence may still be in force;
+/// `heard`: the voting primaries whose agents vouch for this one (`crate::heartbeat`), `None`
+/// when heartbeats are off or have not been running a window yet.
+///
+/// Either kind of silence fences: a minority by Valkey's pings, or by the agents' heartbeats
+/// (which learn of a cut within a fraction of a second, where Valkey's pings take seconds). A
+/// fence is lifted early only when both say majority: the vouching agents see this node as a
+/// slot-serving primary not flagged failing, so nobody has taken its slots.
+pub fn guard(
+    obs: &Observation,
+    now_ms: Option<u64>,
+    fenced: bool,
+    policy: &QuorumPolicy,
+    heard: Option<Sight>,
+) -> Guard {
     if obs.role != Role::Primary {
         return lift_if(
             fenced,
@@ -168,14 +192,27 @@ pub fn guard(obs: &Observation, now_ms: Option<u64>, fenced: bool, policy: &Quor
         return Guard::Hold;
     };
     let seen = sight(peers, now, policy.silent_after_ms);
-    if !serves_slots(peers) || !seen.minority() {
+    if !serves_slots(peers) {
         return Guard::Hold;
     }
+    if seen.minority() {
+        return minority_fence(policy, "hears", seen);
+    }
+    match heard {
+        Some(h) if h.minority() => minority_fence(policy, "has vouches from", h),
+        Some(_) if fenced => Guard::Lift {
+            reason: "most primaries vouch for me again and nobody took my slots".into(),
+        },
+        _ => Guard::Hold,
+    }
+}
+
+fn minority_fence(policy: &QuorumPolicy, how: &str, s: Sight) -> Guard {
     Guard::Fence {
         ms: policy.pause_ms,
         reason: format!(
-            "hears {} of {} primaries: the majority may elect my replica",
-            seen.reachable, seen.primaries
+            "{how} {} of {} primaries: the majority may elect my replica",
+            s.reachable, s.primaries
         ),
     }
 }
@@ -247,7 +284,7 @@ mod tests {
                 role,
                 ..heard.clone()
             };
-            let got = guard_after_gap(&o, Some(NOW), gap, false, &POLICY);
+            let got = guard_after_gap(&o, Some(NOW), gap, false, &POLICY, None);
             assert_eq!(
                 matches!(got, Guard::Fence { .. }),
                 fences,
@@ -266,6 +303,7 @@ mod tests {
             60_000,
             false,
             &POLICY,
+            None,
         );
         assert_eq!(got, Guard::Hold);
         let blind = Observation {
@@ -273,9 +311,64 @@ mod tests {
             ..Observation::default()
         };
         assert_eq!(
-            guard_after_gap(&blind, Some(NOW), 60_000, false, &POLICY),
+            guard_after_gap(&blind, Some(NOW), 60_000, false, &POLICY, None),
             Guard::Hold
         );
+    }
+
+    #[test]
+    fn heartbeats_fence_sooner_and_lift_only_when_both_say_majority() {
+        let sight = |reachable| {
+            Some(Sight {
+                reachable,
+                primaries: 3,
+            })
+        };
+        let all = obs(Role::Primary, &three([0, 0, 0]));
+        let pending = obs(Role::Primary, &three([0, NOW - 1000, NOW - 1000]));
+        let cases = [
+            (
+                "pings fine, vouches from 1 of 3",
+                &all,
+                false,
+                sight(1),
+                "fence",
+            ),
+            (
+                "pings fine, vouches from 2 of 3",
+                &all,
+                false,
+                sight(2),
+                "hold",
+            ),
+            ("fenced, both majority again", &all, true, sight(2), "lift"),
+            (
+                "fenced, vouched but pings pending",
+                &pending,
+                true,
+                sight(3),
+                "fence",
+            ),
+            ("fenced, no heartbeats", &all, true, None, "hold"),
+            (
+                "a replica",
+                &obs(Role::Replica, &three([0, 0, 0])),
+                false,
+                sight(1),
+                "hold",
+            ),
+        ];
+        for (name, o, fenced, heard, want) in cases {
+            let got = match guard(o, Some(NOW), fenced, &POLICY, heard) {
+                Guard::Fence { .. } => "fence",
+                Guard::Lift { .. } => "lift",
+                Guard::Hold => "hold",
+            };
+            assert_eq!(got, want, "{name}");
+        }
+        // A stall fences whatever the heartbeats say.
+        let got = guard_after_gap(&all, Some(NOW), 5_000, true, &POLICY, sight(3));
+        assert!(matches!(got, Guard::Fence { .. }), "{got:?}");
     }
 
     #[test]
@@ -290,6 +383,10 @@ mod tests {
         assert!(peers[0].myself && peers[0].primary && peers[0].serves_slots);
         assert!(peers[1].failing && !peers[1].serves_slots);
         assert_eq!(peers[1].ping_sent_ms, 42);
+        assert_eq!(peers[0].ip, "10.0.0.1");
+        assert_eq!(ip_of("[fd00::5]:6379@16379,valkey-0"), "fd00::5");
+        assert_eq!(ip_of("fd00::5:6379@16379"), "fd00::5");
+        assert_eq!(ip_of(":0@0"), "");
     }
 
     #[test]
@@ -346,7 +443,13 @@ mod tests {
             ),
         ];
         for (name, role, pings, fenced, want) in cases {
-            let got = guard(&obs(*role, &three(*pings)), Some(NOW), *fenced, &POLICY);
+            let got = guard(
+                &obs(*role, &three(*pings)),
+                Some(NOW),
+                *fenced,
+                &POLICY,
+                None,
+            );
             assert_eq!(&got, want, "{name}");
         }
     }
@@ -358,6 +461,7 @@ mod tests {
             Some(NOW),
             true,
             &POLICY,
+            None,
         );
         assert!(matches!(got, Guard::Lift { .. }), "{got:?}");
     }
@@ -370,19 +474,25 @@ mod tests {
             line("c", "master,fail", 0, "10923-16383"),
         ]
         .join("\n");
-        let got = guard(&obs(Role::Primary, &nodes), Some(NOW), false, &POLICY);
+        let got = guard(&obs(Role::Primary, &nodes), Some(NOW), false, &POLICY, None);
         assert!(matches!(got, Guard::Fence { ms: 1500, .. }), "{got:?}");
     }
 
     #[test]
     fn without_evidence_or_slots_nothing_is_fenced() {
         let nodes = three([0, NOW - 5000, NOW - 5000]);
-        let unknown_time = guard(&obs(Role::Primary, &nodes), None, false, &POLICY);
+        let unknown_time = guard(&obs(Role::Primary, &nodes), None, false, &POLICY, None);
         let no_slots = nodes.replace("0-5460", "");
-        let slotless = guard(&obs(Role::Primary, &no_slots), Some(NOW), false, &POLICY);
+        let slotless = guard(
+            &obs(Role::Primary, &no_slots),
+            Some(NOW),
+            false,
+            &POLICY,
+            None,
+        );
         let mut blind = obs(Role::Primary, &nodes);
         blind.cluster = Some(ClusterView::default());
-        let unread = guard(&blind, Some(NOW), false, &POLICY);
+        let unread = guard(&blind, Some(NOW), false, &POLICY, None);
         assert_eq!(
             [unknown_time, slotless, unread],
             [Guard::Hold, Guard::Hold, Guard::Hold]

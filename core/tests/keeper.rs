@@ -5,9 +5,10 @@
 mod support;
 
 use support::*;
+use valkey_sidecar_core::heartbeat::{PeerSight, Promise, VouchedUntil};
 use valkey_sidecar_core::replication::{
     LocalAction, LocalRole, LocalValkey, LocalView, RunTrust, SeenRecord, ShardRecord,
-    awaiting_promotion, local, may_advertise,
+    awaiting_promotion, claim, local, may_advertise,
 };
 use valkey_sidecar_core::time::Millis;
 
@@ -505,4 +506,155 @@ fn fence_pauses_for_a_lease_and_demotion_targets_the_recorded_address() {
         panic!("expected a demotion")
     };
     assert_eq!(to, "10.0.0.11:6379");
+}
+
+// ------------------------------------------------------------------------------------------
+// Peer heartbeats: the isolation fence and the failsafe (`heartbeat`).
+// ------------------------------------------------------------------------------------------
+
+/// pod-1 and pod-2 expected; each `(peer, until, promised)` a vouch; silence judged from 0.
+fn peers(vouches: &[(&str, u64, bool)]) -> Option<PeerSight> {
+    let vouch = |(id, until, promised): &(&str, u64, bool)| {
+        let v = VouchedUntil {
+            until: Millis(*until),
+            promised: *promised,
+        };
+        ((*id).to_owned(), v)
+    };
+    Some(PeerSight {
+        expected: ["pod-1", "pod-2"].map(str::to_owned).into(),
+        vouches: vouches.iter().map(vouch).collect(),
+        judged_from: Millis(0),
+    })
+}
+
+fn with_peers(mut v: LocalView, p: Option<PeerSight>) -> LocalView {
+    v.peers = p;
+    v
+}
+
+#[test]
+fn heartbeat_table() {
+    let fenced = |mut v: LocalView| {
+        v.fenced_until = Some(Millis(20_000));
+        v
+    };
+    let both = |until| peers(&[("pod-1", until, true), ("pod-2", until, true)]);
+    let rows: Vec<(&str, LocalView, &str)> = vec![
+        // A valid holder: one vouch is enough, none fences.
+        (
+            "vouched",
+            with_peers(holder_view(1_000, 0), peers(&[("pod-1", 1_200, false)])),
+            "nothing",
+        ),
+        (
+            "nobody vouches",
+            with_peers(holder_view(1_000, 0), peers(&[])),
+            "fence",
+        ),
+        (
+            "the last vouch ran out",
+            with_peers(holder_view(1_000, 0), peers(&[("pod-1", 1_000, false)])),
+            "fence",
+        ),
+        (
+            "alone in the shard",
+            with_peers(holder_view(1_000, 0), Some(PeerSight::default())),
+            "nothing",
+        ),
+        (
+            "in the grace after pinging began",
+            with_peers(
+                holder_view(1_000, 0),
+                peers(&[]).map(|mut p| {
+                    p.judged_from = Millis(1_001);
+                    p
+                }),
+            ),
+            "nothing",
+        ),
+        (
+            "fenced, vouched again",
+            fenced(with_peers(
+                holder_view(1_000, 0),
+                peers(&[("pod-2", 1_100, false)]),
+            )),
+            "unfence",
+        ),
+        (
+            "fenced, still silent, renewal due",
+            fenced(with_peers(holder_view(2_000, 0), peers(&[]))),
+            "renew",
+        ),
+        (
+            "fenced, still silent",
+            fenced(with_peers(holder_view(1_000, 0), peers(&[]))),
+            "wait",
+        ),
+        // Past the renew deadline (the apiserver out of reach): the failsafe.
+        (
+            "every member promised",
+            with_peers(holder_view(10_000, 0), both(10_200)),
+            "renew",
+        ),
+        (
+            "fenced, every member promised",
+            fenced(with_peers(holder_view(10_500, 0), both(10_700))),
+            "unfence",
+        ),
+        (
+            "one member without a promise",
+            with_peers(
+                holder_view(10_000, 0),
+                peers(&[("pod-1", 10_200, true), ("pod-2", 10_200, false)]),
+            ),
+            "fence",
+        ),
+        (
+            "one member silent",
+            with_peers(holder_view(10_000, 0), peers(&[("pod-1", 10_200, true)])),
+            "fence",
+        ),
+        (
+            "promises ran out",
+            with_peers(holder_view(10_000, 0), both(10_000)),
+            "fence",
+        ),
+    ];
+    for (name, v, want) in rows {
+        assert_eq!(local(&v).kind(), want, "{name}: {:?}", local(&v));
+    }
+}
+
+#[test]
+fn a_member_named_primary_waits_out_its_promise() {
+    let named = |now: u64, promise: Option<(&str, u64)>| LocalView {
+        valkey: Some(replica_of("10.0.0.10:6379", 0)),
+        record: Some(seen(Some(record(Some("pod-0"), Some("pod-0"), 5)), 900)),
+        promise: promise.map(|(to, until)| Promise {
+            to: to.into(),
+            until: Millis(until),
+        }),
+        ..view(now)
+    };
+    let promised = local(&named(1_000, Some(("pod-1", 1_900))));
+    assert_eq!(promised.kind(), "wait", "{promised:?}");
+    assert!(promised.reason().contains("promised pod-1"), "{promised:?}");
+    assert_eq!(local(&named(1_900, Some(("pod-1", 1_900)))).kind(), "renew");
+    assert_eq!(local(&named(1_000, None)).kind(), "renew");
+}
+
+#[test]
+fn promises_are_asked_for_once_a_renewal_is_overdue() {
+    let retry = T.retry_ms;
+    assert_eq!(claim(&holder_view(retry, 0)), Some((3, false)));
+    assert_eq!(claim(&holder_view(2 * retry, 0)), Some((3, true)));
+    assert_eq!(claim(&follower_view(replica_of("x", 0))), None);
+    // Only the holder advertises past its deadline, and only on every member's promise.
+    let lapsed = holder_view(10_000, 0);
+    assert!(!may_advertise(&lapsed));
+    let both = peers(&[("pod-1", 10_100, true), ("pod-2", 10_100, true)]);
+    assert!(may_advertise(&with_peers(lapsed.clone(), both)));
+    let one = peers(&[("pod-1", 10_100, true)]);
+    assert!(!may_advertise(&with_peers(lapsed, one)));
 }

@@ -7,6 +7,7 @@ mod support;
 use proptest::prelude::*;
 
 use support::*;
+use valkey_sidecar_core::heartbeat::{PeerSight, Promise, VouchedUntil};
 use valkey_sidecar_core::lease::LeaseTimings;
 use valkey_sidecar_core::observation::Role;
 use valkey_sidecar_core::replication::{
@@ -185,6 +186,10 @@ fn any_local_view() -> impl Strategy<Value = LocalView> {
             prop::sample::select(vec!["10.0.0.10:6379", "10.0.0.11:6379", "10.0.0.12:6379"]),
         ),
         any::<bool>(),
+        (
+            prop::option::weighted(0.6, peer_sight()),
+            prop::option::weighted(0.3, promise()),
+        ),
     )
         .prop_map(
             |(
@@ -195,6 +200,7 @@ fn any_local_view() -> impl Strategy<Value = LocalView> {
                 fenced_until,
                 addr,
                 other,
+                (peers, promise),
             )| LocalView {
                 now: Millis(now),
                 me,
@@ -206,8 +212,57 @@ fn any_local_view() -> impl Strategy<Value = LocalView> {
                 fenced_until,
                 primary_addr: addr.map(str::to_owned),
                 other_master: other,
+                peers,
+                promise,
             },
         )
+}
+
+/// Heartbeats around the times the views use: some of pod-0/1/2 expected, some vouching.
+fn peer_sight() -> impl Strategy<Value = PeerSight> {
+    let vouch = (0u64..40_000, any::<bool>()).prop_map(|(until, promised)| VouchedUntil {
+        until: Millis(until),
+        promised,
+    });
+    let ids = || prop::sample::subsequence(vec!["pod-0", "pod-1", "pod-2"], 0..=3);
+    (
+        ids(),
+        prop::collection::btree_map(pod(), vouch, 0..3),
+        0u64..40_000,
+    )
+        .prop_map(move |(expected, vouches, judged)| PeerSight {
+            expected: expected.into_iter().map(str::to_owned).collect(),
+            vouches,
+            judged_from: Millis(judged),
+        })
+}
+
+fn promise() -> impl Strategy<Value = Promise> {
+    (pod(), 0u64..60_000).prop_map(|(to, until)| Promise {
+        to,
+        until: Millis(until),
+    })
+}
+
+/// The failsafe's condition: the holding is current (if lapsed) and every member promised.
+fn failsafe_holds(v: &LocalView) -> bool {
+    let (Some(valkey), Some(rec), Some(h)) = (
+        v.valkey.as_ref(),
+        v.record.as_ref().and_then(|s| s.record.as_ref()),
+        v.holding.as_ref(),
+    ) else {
+        return false;
+    };
+    let current =
+        rec.holder() == Some(v.me.as_str()) && h.epoch == rec.epoch && h.run_id == valkey.run_id;
+    current && v.peers.as_ref().is_some_and(|p| p.all_promised(v.now))
+}
+
+/// Writable by the rules: a valid renewal that some member vouches for (or nobody is expected
+/// to), or the failsafe.
+fn may_write(v: &LocalView) -> bool {
+    let vouched = v.peers.as_ref().is_none_or(|p| !p.silent(v.now));
+    (holds_validly(v) && vouched) || failsafe_holds(v)
 }
 
 /// Whether the view shows a renewal of the record, by this agent, valid now for this Valkey run.
@@ -411,10 +466,25 @@ proptest! {
     #[test]
     fn an_advertised_primary_always_holds_a_valid_renewal_of_the_current_epoch(v in any_local_view()) {
         if may_advertise(&v) {
-            prop_assert!(holds_validly(&v), "advertised without a valid renewal: {v:?}");
+            prop_assert!(
+                holds_validly(&v) || failsafe_holds(&v),
+                "advertised without a valid renewal or every member's promise: {v:?}"
+            );
             prop_assert!(v.fenced_until.is_none());
             let epoch = v.record.as_ref().and_then(|s| s.record.as_ref()).map(|r| r.epoch);
             prop_assert_eq!(v.holding.as_ref().map(|h| h.epoch), epoch);
+        }
+    }
+
+    /// A member that promised a holder to take part in no promotion never claims the record
+    /// (the coordinator promotes only a named member that renewed) while the promise binds.
+    #[test]
+    fn a_promise_is_never_broken(v in local_view()) {
+        let binds = v.promise.as_ref().is_some_and(|p| p.binds(v.now));
+        let replica = v.valkey.as_ref().is_some_and(|k| k.role != LocalRole::Primary);
+        if binds && replica {
+            let a = local(&v);
+            prop_assert!(!matches!(a, LocalAction::Renew { .. } | LocalAction::Bootstrap { .. }), "{:?}", a);
         }
     }
 
@@ -427,10 +497,10 @@ proptest! {
         let a = local(&v);
         match a {
             LocalAction::Nothing { .. } | LocalAction::Unfence { .. } => {
-                prop_assert!(holds_validly(&v), "{:?}", a)
+                prop_assert!(may_write(&v), "{:?}", a)
             }
             LocalAction::Renew { .. } => {
-                prop_assert!(holds_validly(&v) || fence_lasts(&v), "{:?}", a)
+                prop_assert!(may_write(&v) || fence_lasts(&v), "{:?}", a)
             }
             LocalAction::Wait { .. } => prop_assert!(fence_lasts(&v), "{:?}", a),
             LocalAction::Bootstrap { epoch, .. } => {

@@ -53,7 +53,13 @@ impl<'a> Agent<'a> {
             ("name", Node::str("probe")),
             ("containerPort", Node::plain(DEFAULT_PROBE_PORT)),
         ]);
-        fields.push(("ports", Node::seq(vec![port])));
+        // The peer heartbeats (`crate::heartbeat`) share the port number over UDP.
+        let heartbeat = Node::map(vec![
+            ("name", Node::str("heartbeat")),
+            ("containerPort", Node::plain(DEFAULT_PROBE_PORT)),
+            ("protocol", Node::str("UDP")),
+        ]);
+        fields.push(("ports", Node::seq(vec![port, heartbeat])));
         fields.push(("env", self.env()));
         fields.push(("resources", resources()));
         fields.push(("securityContext", security_context()));

@@ -19,11 +19,12 @@ use kube::Api;
 use kube::api::ListParams;
 use tokio::sync::watch;
 use valkey_sidecar_core::health::{Bounds, HealthState};
+use valkey_sidecar_core::heartbeat::{PeerSight, Promise};
 use valkey_sidecar_core::lease::LeaseTimings;
 use valkey_sidecar_core::observation::{Observation, Role};
 use valkey_sidecar_core::replication::{
     Holding, LocalAction, LocalRole, LocalValkey, LocalView, RunTrust, SeenRecord, ShardRecord,
-    awaiting_promotion, keeper_read_due, local, may_advertise,
+    awaiting_promotion, claim, keeper_read_due, local, may_advertise,
 };
 use valkey_sidecar_core::time::Millis;
 
@@ -69,6 +70,19 @@ pub struct Keeper {
     /// from its own first read, so losing the primary and the coordinator together costs one
     /// lease, not two.
     pub seen: watch::Sender<RecordSeed>,
+    /// The keeper's side of the peer heartbeats; `None`: they are off.
+    pub beats: Option<KeeperBeats>,
+}
+
+/// What the keeper and the heartbeat task (`crate::heartbeat`) tell each other.
+#[derive(Clone)]
+pub struct KeeperBeats {
+    /// The shard's members (filled by a watch the keeper starts once it knows its shard).
+    pub members: watch::Sender<BTreeMap<String, std::net::IpAddr>>,
+    /// The epoch this agent holds and whether it asks for promises (`replication::claim`).
+    pub claim: watch::Sender<Option<(u64, bool)>>,
+    pub sight: watch::Receiver<Option<PeerSight>>,
+    pub promise: watch::Receiver<Option<Promise>>,
 }
 
 /// A shard and its record as seen by this agent's keeper.
@@ -134,10 +148,13 @@ impl Keeper {
         // read at once (the watch only triggers the read: decisions rest on quorum reads).
         let mut observed = self.state.clone();
         let mut changes = records.watch();
+        let _members = self.follow_members(&seat);
+        let mut beats = self.beats.as_ref().map(|b| b.sight.clone());
         loop {
             let wake = self.next_wake(&memory);
             tokio::select! {
                 _ = tokio::time::sleep(wake) => {}
+                () = sight_changed(&mut beats) => {}
                 Ok(()) = observed.changed() => {}
                 Some(change) = changes.next() => match change {
                     Ok(rec) => memory.force_read |= moved(&memory, &rec),
@@ -169,10 +186,44 @@ impl Keeper {
         }
     }
 
-    /// The next poll, or the holding's deadline if that comes first: the fence must land on time.
+    /// The next poll, or the holding's deadline or a change of the vouches or of a promise if
+    /// that comes first: the fence must land on time, a promise kept no longer than made.
     fn next_wake(&self, memory: &KeeperMemory) -> Duration {
         let poll = u64::try_from(self.poll.as_millis()).unwrap_or(u64::MAX);
-        Duration::from_millis(self.deadline_ahead(memory).map_or(poll, |ms| ms.min(poll)))
+        let ahead = [self.deadline_ahead(memory), self.beats_ahead()];
+        let soonest = ahead.into_iter().flatten().min();
+        Duration::from_millis(soonest.map_or(poll, |ms| ms.min(poll)))
+    }
+
+    /// Milliseconds until the vouches or this member's promise may change by the clock alone.
+    fn beats_ahead(&self) -> Option<u64> {
+        let beats = self.beats.as_ref()?;
+        let now = self.clock.now();
+        let sight = beats
+            .sight
+            .borrow()
+            .as_ref()
+            .and_then(|s| s.next_change(now));
+        let promise = beats.promise.borrow().as_ref().map(|p| p.until);
+        let soonest = [sight, promise]
+            .into_iter()
+            .flatten()
+            .filter(|t| *t > now)
+            .min()?;
+        Some(soonest.since(now))
+    }
+
+    /// Starts the watch of the shard's members for the heartbeats; it ends with the returned guard.
+    fn follow_members(&self, seat: &Seat) -> Option<AbortOnDrop> {
+        let beats = self.beats.as_ref()?;
+        let task = crate::kube::members::follow(
+            self.client.clone(),
+            self.namespace.clone(),
+            self.members_of(seat),
+            beats.members.clone(),
+            self.metrics.clone(),
+        );
+        Some(AbortOnDrop(tokio::spawn(task)))
     }
 
     /// Milliseconds until the holding's deadline, while it lies ahead.
@@ -196,12 +247,73 @@ impl Keeper {
         // A holder's requests never outlive its deadline: a renewal hanging on a frozen
         // apiserver would otherwise hold the fence back by up to the request timeout. Cut off at
         // the deadline, the step fences at once (an unanswered renewal may still have landed;
-        // the next read shows it, and the fence is lifted then).
+        // the next read shows it, and the fence is lifted then). Nor do they outlive the
+        // vouches the holder writes on: the peers falling silent mid-request fences as well.
         let budget = self.until_deadline(memory);
-        let decided = tokio::time::timeout(budget, self.decide(seat, records, session, memory));
-        if decided.await.is_err() {
-            tracing::warn!("the renew deadline passed while waiting for the apiserver");
+        let watch = self.isolation_watch(memory);
+        let cut = {
+            let decided = self.decide(seat, records, session, memory);
+            self.until_cut(decided, budget, watch).await
+        };
+        if let Some(why) = cut {
+            tracing::warn!("{why}");
             self.fence_first(seat, session, memory).await;
+        }
+    }
+
+    /// Runs `decided` to its end, or until the deadline (`budget`) or until the vouches the
+    /// holder relies on (`watch`) are gone: then it is dropped and the reason returned.
+    async fn until_cut(
+        &self,
+        decided: impl Future<Output = ()>,
+        budget: Duration,
+        watch: Option<Reliance>,
+    ) -> Option<&'static str> {
+        let deadline = tokio::time::Instant::now() + budget;
+        tokio::pin!(decided);
+        loop {
+            let check = watch
+                .and_then(|_| self.beats_ahead())
+                .map(Duration::from_millis);
+            let until = check.map_or(deadline, |d| deadline.min(tokio::time::Instant::now() + d));
+            match tokio::time::timeout_at(until, &mut decided).await {
+                Ok(()) => return None,
+                Err(_) if tokio::time::Instant::now() >= deadline => {
+                    return Some("the renew deadline passed while waiting for the apiserver");
+                }
+                Err(_) if watch.is_some_and(|r| self.reliance_gone(r)) => {
+                    return Some(
+                        "the vouches this primary writes on ran out while waiting for the apiserver",
+                    );
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// What the holder's writes rest on besides its renewal, as the step begins.
+    fn isolation_watch(&self, memory: &KeeperMemory) -> Option<Reliance> {
+        let beats = self.beats.as_ref()?;
+        let sight = beats.sight.borrow();
+        let sight = sight.as_ref()?;
+        let h = memory.holding.as_ref()?;
+        let now = self.clock.now();
+        match now < h.deadline(&self.timings) {
+            true => (!sight.silent(now)).then_some(Reliance::Vouched),
+            false => sight.all_promised(now).then_some(Reliance::Promised),
+        }
+    }
+
+    fn reliance_gone(&self, r: Reliance) -> bool {
+        let Some(beats) = self.beats.as_ref() else {
+            return false;
+        };
+        let now = self.clock.now();
+        let sight = beats.sight.borrow();
+        match (r, sight.as_ref()) {
+            (_, None) => true,
+            (Reliance::Vouched, Some(s)) => s.silent(now),
+            (Reliance::Promised, Some(s)) => !s.all_promised(now),
         }
     }
 
@@ -276,6 +388,8 @@ impl Keeper {
             fenced_until: memory.fenced_until,
             primary_addr: primary.and_then(|p| memory.addrs.get(&p).map(|(a, _)| a.clone())),
             other_master,
+            peers: self.beats.as_ref().and_then(|b| b.sight.borrow().clone()),
+            promise: self.beats.as_ref().and_then(|b| b.promise.borrow().clone()),
         }
     }
 
@@ -571,6 +685,11 @@ impl Keeper {
         let due = awaiting_promotion(&view);
         self.hurry
             .send_if_modified(|h| std::mem::replace(h, due) != due);
+        if let Some(b) = &self.beats {
+            let c = claim(&view);
+            b.claim
+                .send_if_modified(|old| std::mem::replace(old, c) != c);
+        }
     }
 
     fn log(&self, action: &LocalAction, memory: &mut KeeperMemory) {
@@ -615,6 +734,35 @@ impl Keeper {
         if self.release(records, session, memory, true).await {
             tracing::info!("released the shard record on shutdown");
         }
+    }
+}
+
+/// What a holder's writes rest on besides a valid renewal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reliance {
+    /// A valid renewal and some member's vouch.
+    Vouched,
+    /// Past the renew deadline: every member's promise (the failsafe).
+    Promised,
+}
+
+/// Aborts the task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Resolves when the heartbeats' sight changes; never without heartbeats.
+async fn sight_changed(rx: &mut Option<watch::Receiver<Option<PeerSight>>>) {
+    let open = match rx {
+        Some(rx) => rx.changed().await.is_ok(),
+        None => false,
+    };
+    if !open {
+        std::future::pending::<()>().await;
     }
 }
 

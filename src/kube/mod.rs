@@ -3,6 +3,7 @@
 pub mod events;
 pub mod labeler;
 pub mod lease;
+pub mod members;
 pub mod owner;
 pub mod pods;
 pub mod shard_lease;

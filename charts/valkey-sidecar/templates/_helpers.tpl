@@ -379,6 +379,10 @@ config file, so the pod needs no init step; secrets come in through `$(VAR)` fro
 - name: SIDECAR_QUORUM_FENCE_AFTER
   value: "{{ max 100 (div (int $v.valkey.clusterNodeTimeout) 5) }}ms"
 {{- end }}
+- name: SIDECAR_HEARTBEAT_INTERVAL
+  value: {{ $v.sidecar.heartbeat.interval | quote }}
+- name: SIDECAR_ISOLATION_FENCE_AFTER
+  value: {{ $v.sidecar.heartbeat.fenceAfter | quote }}
 - name: SIDECAR_ROLE_LABEL
   value: {{ $v.sidecar.labels.role | quote }}
 - name: SIDECAR_ROLE_VALUES
@@ -409,7 +413,7 @@ config file, so the pod needs no init step; secrets come in through `$(VAR)` fro
   value: /etc/valkey-sidecar/tls/tls.key
 {{- end }}
 {{- end }}
-{{- $reserved := list "POD_NAME" "POD_UID" "POD_NAMESPACE" "NODE_NAME" "POD_IP" "VALKEY_ADDR" "VALKEY_USERNAME" "VALKEY_PASSWORD_FILE" "SIDECAR_MODE" "SIDECAR_CLUSTER_NAME" "SIDECAR_LEASE_OWNER" "SIDECAR_SHARD_NAME" "SIDECAR_CLUSTER_SHARDS" "SIDECAR_ROLE_LABEL" "SIDECAR_ROLE_VALUES" "SIDECAR_SHARD_LABEL" "SIDECAR_ZONE_LABEL" "SIDECAR_REGION_LABEL" }}
+{{- $reserved := list "POD_NAME" "POD_UID" "POD_NAMESPACE" "NODE_NAME" "POD_IP" "VALKEY_ADDR" "VALKEY_USERNAME" "VALKEY_PASSWORD_FILE" "SIDECAR_MODE" "SIDECAR_CLUSTER_NAME" "SIDECAR_LEASE_OWNER" "SIDECAR_SHARD_NAME" "SIDECAR_CLUSTER_SHARDS" "SIDECAR_HEARTBEAT_INTERVAL" "SIDECAR_ISOLATION_FENCE_AFTER" "SIDECAR_ROLE_LABEL" "SIDECAR_ROLE_VALUES" "SIDECAR_SHARD_LABEL" "SIDECAR_ZONE_LABEL" "SIDECAR_REGION_LABEL" }}
 {{- range $name, $value := $v.sidecar.env }}
 {{- if or (has $name $reserved) (hasPrefix "VALKEY_TLS" $name) }}
 {{- fail (printf "sidecar.env.%s: the chart sets it from its own values" $name) }}
@@ -460,6 +464,9 @@ readinessProbe:
   ports:
     - name: probe
       containerPort: 9736
+    - name: heartbeat
+      containerPort: 9736
+      protocol: UDP
   env:
     {{- include "valkey-sidecar.agentEnv" . | trim | nindent 4 }}
   {{- if eq $v.sidecar.mode "native" }}

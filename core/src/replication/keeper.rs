@@ -2,6 +2,7 @@
 //! bootstrap ([`local`]).
 
 use super::record::{SeenRecord, ShardRecord};
+use crate::heartbeat::{PeerSight, Promise};
 use crate::lease::LeaseTimings;
 use crate::time::Millis;
 
@@ -126,6 +127,10 @@ pub struct LocalView {
     pub primary_addr: Option<String>,
     /// Another pod of this shard is known to run a master that holds data.
     pub other_master: bool,
+    /// What the peer heartbeats say (`crate::heartbeat`); `None`: heartbeats are off.
+    pub peers: Option<PeerSight>,
+    /// This member's promise to a holder not to take part in a promotion before it runs out.
+    pub promise: Option<Promise>,
 }
 
 /// What an agent should do about its own Valkey; each carries the reason for logs and Events.
@@ -216,8 +221,38 @@ pub fn local(view: &LocalView) -> LocalAction {
 /// superseded or unrecorded master — is advertised as unknown, so a Service never routes writes
 /// to it. (The consumers check the role itself: a replica is never advertised as primary.)
 pub fn may_advertise(view: &LocalView) -> bool {
-    let held = view.valkey.as_ref().is_some_and(|v| holds(view, v));
+    let held = view
+        .valkey
+        .as_ref()
+        .is_some_and(|v| holds(view, v) || failsafe(view, v));
     held && view.fenced_until.is_none()
+}
+
+/// Whether this agent's claim asks its shard's members for promises (a renewal is overdue by a
+/// retry period), so that they are in place when the renew deadline passes: the epoch it holds,
+/// and whether to ask. `None`: it holds nothing, and pings nobody.
+pub fn claim(view: &LocalView) -> Option<(u64, bool)> {
+    let v = view.valkey.as_ref()?;
+    let h = current_holding(view, v)?;
+    let overdue = view.now >= h.renewed_at.plus(view.timings.retry_ms.saturating_mul(2));
+    (v.role == LocalRole::Primary).then_some((h.epoch, overdue))
+}
+
+/// A holder past its renew deadline (the apiserver out of reach) whose every shard member
+/// vouches for it with a promise not to take part in a promotion: it may go on taking writes
+/// (`crate::heartbeat`, failsafe).
+fn failsafe(view: &LocalView, v: &LocalValkey) -> bool {
+    let promised = view
+        .peers
+        .as_ref()
+        .is_some_and(|p| p.all_promised(view.now));
+    promised && current_holding(view, v).is_some()
+}
+
+/// A holder that no member of its shard vouches for within the window: it may be cut off, and
+/// the other side may promote once the record expires; every write it takes now may be lost.
+fn unvouched(view: &LocalView) -> bool {
+    view.peers.as_ref().is_some_and(|p| p.silent(view.now))
 }
 
 /// Whether the record names this agent while its Valkey is still a replica: the coordinator's
@@ -318,6 +353,10 @@ fn as_primary(view: &LocalView, v: &LocalValkey) -> LocalAction {
 
 /// We hold a valid renewal: lift our fence if one is left, else renew when due.
 fn steady_primary(view: &LocalView, v: &LocalValkey) -> LocalAction {
+    if unvouched(view) {
+        let reason = "no member of my shard vouches for me: I may be cut off";
+        return fence_or(view, reason, renew_or_wait(view, v, reason));
+    }
     if view.fenced_until.is_some() {
         return LocalAction::Unfence {
             reason: "renewed the record: writes may resume".into(),
@@ -338,6 +377,18 @@ fn steady_primary(view: &LocalView, v: &LocalValkey) -> LocalAction {
 
 /// No record exists: its last holder re-creates it above its epoch; otherwise only the intended
 /// primary creates it, and only if no one else has data.
+/// While fenced for want of a vouch: renew when due (the record must not lapse meanwhile).
+fn renew_or_wait(view: &LocalView, v: &LocalValkey, reason: &str) -> LocalAction {
+    let due = current_holding(view, v)
+        .is_some_and(|h| view.now >= h.renewed_at.plus(view.timings.retry_ms));
+    match due {
+        true => LocalAction::Renew {
+            reason: format!("fenced ({reason}): renewing"),
+        },
+        false => wait(format!("fenced: {reason}")),
+    }
+}
+
 fn unrecorded_primary(view: &LocalView, v: &LocalValkey) -> LocalAction {
     if let Some(epoch) = recreate_epoch(view, v) {
         let reason = format!(
@@ -385,6 +436,9 @@ fn lapsed_primary(view: &LocalView, v: &LocalValkey) -> LocalAction {
             reason: "my Valkey came back empty: its data is gone, a replica has the shard's".into(),
         };
     }
+    if failsafe(view, v) {
+        return failsafe_primary(view);
+    }
     let renew = LocalAction::Renew {
         reason: "fenced: renewing late; writes resume if nobody took over".into(),
     };
@@ -396,6 +450,18 @@ fn lapsed_primary(view: &LocalView, v: &LocalValkey) -> LocalAction {
 }
 
 /// My Valkey is master, but the record names another pod.
+fn failsafe_primary(view: &LocalView) -> LocalAction {
+    const WHY: &str = "every member of my shard vouches for me with a promise";
+    match view.fenced_until {
+        Some(_) => LocalAction::Unfence {
+            reason: format!("past my renew deadline, but {WHY}: writes resume (failsafe)"),
+        },
+        None => LocalAction::Renew {
+            reason: format!("past my renew deadline, {WHY}: writing on, renewing (failsafe)"),
+        },
+    }
+}
+
 fn superseded_primary(view: &LocalView, v: &LocalValkey, successor: &str) -> LocalAction {
     if !read_since_role_change(view, v) {
         return fence_or_wait(
@@ -439,6 +505,13 @@ fn as_replica(view: &LocalView, v: &LocalValkey, of: &str) -> LocalAction {
 /// new primary is writable at once. Only one: if the promotion does not come by that deadline
 /// the coordinator stalled, and we release so it can choose again.
 fn named_replica(view: &LocalView, v: &LocalValkey) -> LocalAction {
+    if let Some(p) = view.promise.as_ref().filter(|p| p.binds(view.now)) {
+        return wait(format!(
+            "named primary, but I promised {} to take part in no promotion for {} ms more",
+            p.to,
+            p.until.since(view.now)
+        ));
+    }
     if v.fresh {
         // An observation older than the read that named us may predate a sync that completed
         // since (the coordinator, which observed it later, saw the data): look again first, or

@@ -73,6 +73,8 @@ pub fn view(now: u64) -> LocalView {
         fenced_until: None,
         primary_addr: None,
         other_master: false,
+        peers: None,
+        promise: None,
     }
 }
 

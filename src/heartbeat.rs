@@ -1,0 +1,520 @@
+//! Peer heartbeats over UDP on the agent port (`core::heartbeat` has the rules and the format).
+//!
+//! One task per agent: every interval it pings its peers when its Valkey is a primary that could
+//! be replaced (cluster mode: the other slot-serving primaries from `CLUSTER NODES`; replication
+//! mode: the other members of its shard, while its keeper holds the record), answers every ping it
+//! receives, and publishes what the pongs say ([`PeerSight`]) for the fence, and the promise it
+//! made ([`Promise`]) for its keeper. It never waits on Valkey or the apiserver: what it answers
+//! comes from the latest observation and record the other tasks published.
+//!
+//! Every datagram carries an HMAC-SHA256 over its text, keyed from the agents' Valkey password
+//! (which only the agents hold); unauthenticated, malformed or excess datagrams are dropped and
+//! counted. Each source address may send [`PER_SOURCE_PER_S`] datagrams per second, all sources
+//! together [`ALL_PER_S`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ring::hmac;
+use tokio::net::UdpSocket;
+use tokio::sync::watch;
+use tokio::time::MissedTickBehavior;
+use valkey_sidecar_core::health::{Bounds, HealthState};
+use valkey_sidecar_core::heartbeat::{
+    Beat, IsolationPolicy, PeerSight, Pinger, Promise, ResponderView, answer, cluster_targets,
+};
+use valkey_sidecar_core::observation::{Mode, Observation, Role};
+use valkey_sidecar_core::ratelimit::TokenBucket;
+use valkey_sidecar_core::time::Millis;
+
+use crate::clock::Clock;
+use crate::keeper::RecordSeed;
+use crate::metrics::Metrics;
+
+/// Datagrams one source address may send per second (a primary pings 10 a second).
+const PER_SOURCE_PER_S: u32 = 50;
+/// Datagrams all sources together may send per second.
+const ALL_PER_S: u32 = 2_000;
+/// Sources tracked for the per-source limit; past it the table starts afresh.
+const SOURCES: usize = 1_024;
+/// The password file is read again this often (a rotation needs no restart).
+const KEY_REFRESH: Duration = Duration::from_secs(30);
+/// A datagram's text ends here; the 32-byte MAC follows.
+const SEPARATOR: u8 = b'\n';
+
+/// Replication mode's inputs from the keeper.
+#[derive(Clone)]
+pub struct ShardLinks {
+    /// The shard's members, name → pod IP (`kube::members`), this pod included.
+    pub members: watch::Receiver<BTreeMap<String, IpAddr>>,
+    /// The epoch this agent holds and whether it asks for promises (`replication::claim`).
+    pub claim: watch::Receiver<Option<(u64, bool)>>,
+    /// The shard record as the keeper last read it (what a vouch is about).
+    pub record: watch::Receiver<RecordSeed>,
+}
+
+/// Everything the heartbeat task needs.
+#[derive(Clone)]
+pub struct Heartbeat {
+    /// Bound to the agent's own address and port, so a pong goes back to where pings come from.
+    pub bind: SocketAddr,
+    pub cluster: String,
+    pub pod: String,
+    pub mode: Mode,
+    pub policy: IsolationPolicy,
+    pub password_file: Option<PathBuf>,
+    pub clock: Clock,
+    pub bounds: Bounds,
+    pub state: watch::Receiver<HealthState>,
+    pub shard: Option<ShardLinks>,
+    pub sight: watch::Sender<Option<PeerSight>>,
+    pub promise: watch::Sender<Option<Promise>>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Why a datagram was dropped, for the counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Drop {
+    Rate,
+    Mac,
+    Format,
+    Foreign,
+}
+
+impl Drop {
+    fn kind(self) -> &'static str {
+        match self {
+            Drop::Rate => "dropped_rate",
+            Drop::Mac => "dropped_mac",
+            Drop::Format => "dropped_format",
+            Drop::Foreign => "dropped_foreign",
+        }
+    }
+}
+
+/// The running state of the task.
+struct Beating {
+    pinger: Pinger,
+    keys: Keys,
+    limits: Limits,
+    /// Who was pinged last round, by identity, and where.
+    targets: BTreeMap<String, IpAddr>,
+    /// When this run of pinging began (silence is judged a window later).
+    pinging_since: Option<Millis>,
+    buf: Vec<u8>,
+}
+
+impl Heartbeat {
+    /// Runs until shutdown. Without a socket (the port taken) it says so and fences nothing.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        let socket = match UdpSocket::bind(self.bind).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(addr = %self.bind, error = %e, "cannot bind the heartbeat socket: no peer isolation fence");
+                return;
+            }
+        };
+        tracing::info!(addr = %self.bind, interval_ms = self.policy.interval_ms, fence_after_ms = self.policy.fence_after_ms, "peer heartbeats started");
+        let mut beating = Beating {
+            pinger: Pinger::starting_at(random_u64()),
+            keys: Keys::load(self.password_file.as_ref(), &self.cluster),
+            limits: Limits::new(self.clock.now()),
+            targets: BTreeMap::new(),
+            pinging_since: None,
+            buf: vec![0; 2_048],
+        };
+        let mut ticker = tokio::time::interval(Duration::from_millis(self.policy.interval_ms));
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut refresh = tokio::time::interval(KEY_REFRESH);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => self.round(&socket, &mut beating).await,
+                r = socket.recv_from(&mut beating.buf) => match r {
+                    Ok((n, from)) => self.received(&socket, &mut beating, n, from).await,
+                    Err(e) => tracing::debug!(error = %e, "heartbeat receive failed"),
+                },
+                _ = refresh.tick() => beating.keys.refresh(self.password_file.as_ref(), &self.cluster),
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+
+    /// One interval: ping the peers of a primary that could be replaced, publish what is known.
+    async fn round(&self, socket: &UdpSocket, b: &mut Beating) {
+        let now = self.clock.now();
+        let (me, targets, epoch, wants_promise) = self.targets();
+        b.pinging_since = match (&targets.is_empty(), b.pinging_since) {
+            (true, _) => None,
+            (false, None) => Some(now),
+            (false, since) => since,
+        };
+        b.targets = targets;
+        if !b.targets.is_empty() {
+            let seq = b.pinger.ping(now, wants_promise);
+            let ping = Beat::Ping {
+                cluster: self.cluster.clone(),
+                from: me,
+                seq,
+                epoch,
+                wants_promise,
+            };
+            let wire = b.keys.seal(&ping.encode());
+            for ip in b.targets.values() {
+                let _ = socket
+                    .send_to(&wire, SocketAddr::new(*ip, self.bind.port()))
+                    .await;
+            }
+            self.metrics.heartbeat("ping_sent");
+        }
+        self.publish(b, now);
+    }
+
+    /// My identity, the peers to ping (identity → IP), the epoch claimed and whether promises
+    /// are asked for. Nobody, while this agent's Valkey is not a primary that could be replaced.
+    fn targets(&self) -> (String, BTreeMap<String, IpAddr>, u64, bool) {
+        match (&self.mode, &self.shard) {
+            (Mode::Replication, Some(links)) => self.shard_targets(links),
+            _ => self.cluster_peers(),
+        }
+    }
+
+    fn shard_targets(&self, links: &ShardLinks) -> (String, BTreeMap<String, IpAddr>, u64, bool) {
+        let Some((epoch, wants)) = *links.claim.borrow() else {
+            return (self.pod.clone(), BTreeMap::new(), 0, false);
+        };
+        let mut members = links.members.borrow().clone();
+        members.remove(&self.pod);
+        (self.pod.clone(), members, epoch, wants)
+    }
+
+    fn cluster_peers(&self) -> (String, BTreeMap<String, IpAddr>, u64, bool) {
+        let none = || (String::new(), BTreeMap::new(), 0, false);
+        let Some(obs) = self.observation() else {
+            return none();
+        };
+        let (Some(me), Some(peers)) = cluster_me_and_peers(&obs) else {
+            return none();
+        };
+        if obs.role != Role::Primary {
+            return (me, BTreeMap::new(), 0, false);
+        }
+        let targets = cluster_targets(&peers)
+            .into_iter()
+            .filter_map(|(id, ip)| Some((id, ip.parse().ok()?)))
+            .collect();
+        (me, targets, 0, false)
+    }
+
+    fn observation(&self) -> Option<Observation> {
+        let now = self.clock.now();
+        self.state.borrow().current(now, &self.bounds).cloned()
+    }
+
+    /// What the fence reads: the expected peers (those pinged that ever answered in this run: a
+    /// peer that never did may run an agent without heartbeats, mid-upgrade) and the vouches.
+    fn publish(&self, b: &mut Beating, now: Millis) {
+        let Some(since) = b.pinging_since else {
+            self.sight.send_if_modified(|s| s.take().is_some());
+            self.metrics.peers_vouching(0);
+            return;
+        };
+        let pinged: BTreeSet<String> = b.targets.keys().cloned().collect();
+        b.pinger.retain(&pinged);
+        let sight = PeerSight {
+            expected: b.pinger.answered().intersection(&pinged).cloned().collect(),
+            vouches: b.pinger.valid(now, &self.policy),
+            judged_from: since.plus(self.policy.fence_after_ms),
+        };
+        self.metrics.peers_vouching(sight.vouches.len());
+        self.sight.send_if_modified(|old| {
+            let flipped = old.as_ref().is_none_or(|o| changed(o, &sight, now));
+            *old = Some(sight);
+            flipped
+        });
+    }
+
+    async fn received(&self, socket: &UdpSocket, b: &mut Beating, n: usize, from: SocketAddr) {
+        let now = self.clock.now();
+        let beat = match b
+            .limits
+            .admit(from.ip(), now)
+            .and_then(|()| b.keys.open(&b.buf[..n]))
+        {
+            Ok(beat) => beat,
+            Err(why) => return self.metrics.heartbeat(why.kind()),
+        };
+        match beat {
+            ping @ Beat::Ping { .. } => self.answer(socket, b, &ping, from).await,
+            Beat::Pong {
+                cluster,
+                from: peer,
+                to,
+                seq,
+                vouch,
+                promise_ms,
+            } => {
+                let me = self.targets().0;
+                if cluster != self.cluster || to != me {
+                    return self.metrics.heartbeat(Drop::Foreign.kind());
+                }
+                if b.pinger.pong(&peer, seq, vouch, promise_ms) {
+                    self.metrics.heartbeat("pong_counted");
+                    self.publish(b, now);
+                }
+            }
+        }
+    }
+
+    async fn answer(&self, socket: &UdpSocket, b: &mut Beating, ping: &Beat, to: SocketAddr) {
+        let Beat::Ping { cluster, .. } = ping else {
+            return;
+        };
+        if *cluster != self.cluster {
+            return self.metrics.heartbeat(Drop::Foreign.kind());
+        }
+        let now = self.clock.now();
+        let obs = self.observation();
+        let (me, view) = self.responder(obs.as_ref());
+        let Some((pong, promise)) = answer(ping, &me, &view.as_view(), now, &self.policy) else {
+            return;
+        };
+        if let Some(p) = promise {
+            self.promise
+                .send_modify(|old| *old = Some(Promise::merge(old.take(), p)));
+        }
+        let _ = socket.send_to(&b.keys.seal(&pong.encode()), to).await;
+        self.metrics.heartbeat("ping_answered");
+    }
+
+    /// This agent's identity and what it knows, as a responder.
+    fn responder(&self, obs: Option<&Observation>) -> (String, OwnedView) {
+        match (&self.mode, &self.shard, obs) {
+            (Mode::Replication, Some(links), Some(obs)) => {
+                let holder = links.record.borrow().as_ref().and_then(|(_, seen)| {
+                    let r = seen.record.as_ref()?;
+                    Some((r.holder()?.to_owned(), r.epoch))
+                });
+                let replica = obs.role == Role::Replica;
+                (self.pod.clone(), OwnedView::Replication { holder, replica })
+            }
+            (Mode::Cluster, _, Some(obs)) => match cluster_me_and_peers(obs) {
+                (Some(me), Some(peers)) => (me, OwnedView::Cluster(peers)),
+                _ => (self.pod.clone(), OwnedView::Unknown),
+            },
+            _ => (self.pod.clone(), OwnedView::Unknown),
+        }
+    }
+}
+
+/// Whether the fence must hear about the new sight now: who is expected or vouches changed, or
+/// the failsafe's condition flipped. Untils alone change every pong and are read, not announced.
+fn changed(old: &PeerSight, new: &PeerSight, now: Millis) -> bool {
+    let keys = |s: &PeerSight| s.vouches.keys().cloned().collect::<Vec<_>>();
+    old.expected != new.expected
+        || keys(old) != keys(new)
+        || old.all_promised(now) != new.all_promised(now)
+        || old.judged_from != new.judged_from
+}
+
+fn cluster_me_and_peers(
+    obs: &Observation,
+) -> (
+    Option<String>,
+    Option<Vec<valkey_sidecar_core::quorum::Peer>>,
+) {
+    let c = obs.cluster.as_ref();
+    (
+        c.and_then(|c| c.my_id.clone()),
+        c.and_then(|c| c.peers.clone()),
+    )
+}
+
+/// [`ResponderView`] with owned data (the borrowed watch values are released first).
+enum OwnedView {
+    Cluster(Vec<valkey_sidecar_core::quorum::Peer>),
+    Replication {
+        holder: Option<(String, u64)>,
+        replica: bool,
+    },
+    Unknown,
+}
+
+impl OwnedView {
+    fn as_view(&self) -> ResponderView<'_> {
+        match self {
+            OwnedView::Cluster(peers) => ResponderView::Cluster { peers },
+            OwnedView::Replication { holder, replica } => ResponderView::Replication {
+                holder: holder.as_ref().map(|(h, e)| (h.as_str(), *e)),
+                replica: *replica,
+            },
+            OwnedView::Unknown => ResponderView::Unknown,
+        }
+    }
+}
+
+/// The MAC keys: the current one, and the one before a rotation (still accepted).
+struct Keys {
+    current: hmac::Key,
+    previous: Option<hmac::Key>,
+    secret: Vec<u8>,
+}
+
+impl Keys {
+    fn load(file: Option<&PathBuf>, cluster: &str) -> Keys {
+        let secret = secret(file, cluster);
+        Keys {
+            current: key_of(&secret),
+            previous: None,
+            secret,
+        }
+    }
+
+    fn refresh(&mut self, file: Option<&PathBuf>, cluster: &str) {
+        let secret = secret(file, cluster);
+        if secret != self.secret {
+            tracing::info!("the agent password changed: heartbeats use the new key");
+            let old = std::mem::replace(&mut self.current, key_of(&secret));
+            self.previous = Some(old);
+            self.secret = secret;
+        }
+    }
+
+    fn seal(&self, text: &str) -> Vec<u8> {
+        let tag = hmac::sign(&self.current, text.as_bytes());
+        let mut wire = Vec::with_capacity(text.len() + 33);
+        wire.extend_from_slice(text.as_bytes());
+        wire.push(SEPARATOR);
+        wire.extend_from_slice(tag.as_ref());
+        wire
+    }
+
+    fn open(&self, wire: &[u8]) -> Result<Beat, Drop> {
+        let split = wire.len().checked_sub(33).ok_or(Drop::Format)?;
+        let (text, rest) = wire.split_at(split);
+        let (sep, tag) = rest.split_first().ok_or(Drop::Format)?;
+        if *sep != SEPARATOR {
+            return Err(Drop::Format);
+        }
+        let verified = [Some(&self.current), self.previous.as_ref()]
+            .into_iter()
+            .flatten()
+            .any(|k| hmac::verify(k, text, tag).is_ok());
+        if !verified {
+            return Err(Drop::Mac);
+        }
+        let text = std::str::from_utf8(text).map_err(|_| Drop::Format)?;
+        Beat::decode(text).ok_or(Drop::Format)
+    }
+}
+
+/// The password the agents share, or (auth off: nothing to protect) the cluster's name.
+fn secret(file: Option<&PathBuf>, cluster: &str) -> Vec<u8> {
+    let password = file.and_then(|f| std::fs::read(f).ok());
+    let mut s = b"valkey-sidecar heartbeat v1\0".to_vec();
+    s.extend_from_slice(password.as_deref().map_or(cluster.as_bytes(), trim_newline));
+    s
+}
+
+fn trim_newline(b: &[u8]) -> &[u8] {
+    b.strip_suffix(b"\n").unwrap_or(b)
+}
+
+fn key_of(secret: &[u8]) -> hmac::Key {
+    let digest = ring::digest::digest(&ring::digest::SHA256, secret);
+    hmac::Key::new(hmac::HMAC_SHA256, digest.as_ref())
+}
+
+/// Per-source and global token buckets.
+struct Limits {
+    all: TokenBucket,
+    per_source: BTreeMap<IpAddr, TokenBucket>,
+}
+
+impl Limits {
+    fn new(now: Millis) -> Limits {
+        Limits {
+            all: TokenBucket::new(ALL_PER_S, 1_000 / u64::from(ALL_PER_S).max(1), now),
+            per_source: BTreeMap::new(),
+        }
+    }
+
+    fn admit(&mut self, ip: IpAddr, now: Millis) -> Result<(), Drop> {
+        if self.per_source.len() >= SOURCES && !self.per_source.contains_key(&ip) {
+            self.per_source.clear();
+        }
+        let refill = 1_000 / u64::from(PER_SOURCE_PER_S);
+        let source = self
+            .per_source
+            .entry(ip)
+            .or_insert_with(|| TokenBucket::new(PER_SOURCE_PER_S, refill, now));
+        match source.try_take(now) && self.all.try_take(now) {
+            true => Ok(()),
+            false => Err(Drop::Rate),
+        }
+    }
+}
+
+/// A random start for the sequence numbers (a pong to an earlier run's ping never counts).
+fn random_u64() -> u64 {
+    use ring::rand::SecureRandom;
+    let mut b = [0u8; 8];
+    let _ = ring::rand::SystemRandom::new().fill(&mut b);
+    // Half the range: the sequence never wraps in practice.
+    u64::from_le_bytes(b) >> 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sealed_beats_open_and_tampering_is_refused() {
+        let keys = Keys::load(None, "valkey");
+        let beat = Beat::Ping {
+            cluster: "valkey".into(),
+            from: "a".into(),
+            seq: 1,
+            epoch: 2,
+            wants_promise: false,
+        };
+        let wire = keys.seal(&beat.encode());
+        assert_eq!(keys.open(&wire), Ok(beat));
+        let mut bad = wire.clone();
+        bad[10] ^= 1;
+        assert_eq!(keys.open(&bad), Err(Drop::Mac));
+        assert_eq!(keys.open(b"short"), Err(Drop::Format));
+        let other = Keys::load(None, "other");
+        assert_eq!(other.open(&wire), Err(Drop::Mac), "another key");
+    }
+
+    #[test]
+    fn a_rotated_key_still_opens_the_old_ones_beats() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("password");
+        std::fs::write(&file, "old\n").unwrap();
+        let mut keys = Keys::load(Some(&file), "valkey");
+        let old = keys.seal("VSHB1 ping valkey a 1 0 0");
+        std::fs::write(&file, "new").unwrap();
+        keys.refresh(Some(&file), "valkey");
+        assert!(keys.open(&old).is_ok());
+        assert!(Keys::load(Some(&file), "valkey").open(&old).is_err());
+    }
+
+    #[test]
+    fn one_source_is_held_to_its_rate() {
+        let mut limits = Limits::new(Millis(0));
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let admitted = (0..200)
+            .filter(|_| limits.admit(ip, Millis(0)).is_ok())
+            .count();
+        assert_eq!(admitted, PER_SOURCE_PER_S as usize);
+        assert!(limits.admit("10.0.0.2".parse().unwrap(), Millis(0)).is_ok());
+        assert!(
+            limits.admit(ip, Millis(1_000)).is_ok(),
+            "refilled a second later"
+        );
+    }
+}
