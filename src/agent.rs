@@ -11,10 +11,11 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use valkey_sidecar_core::health::HealthState;
 use valkey_sidecar_core::heartbeat::{PeerSight, Promise};
-use valkey_sidecar_core::lease::election_identity;
+use valkey_sidecar_core::lease::{LeaseTimings, election_identity};
 use valkey_sidecar_core::observation::Mode;
 use valkey_sidecar_core::placement::Placement;
 use valkey_sidecar_core::quorum::QuorumPolicy;
+use valkey_sidecar_core::replication::Claim;
 use valkey_sidecar_core::replication::FailoverPolicy;
 use valkey_sidecar_core::restart::{self, Permit};
 
@@ -91,7 +92,7 @@ struct Beats {
     sight: watch::Sender<Option<PeerSight>>,
     promise: watch::Sender<Option<Promise>>,
     members: watch::Sender<BTreeMap<String, IpAddr>>,
-    claim: watch::Sender<Option<(u64, bool)>>,
+    claim: watch::Sender<Option<Claim>>,
 }
 
 impl Beats {
@@ -337,6 +338,13 @@ fn heartbeat(config: &Config, shared: &Shared) -> Option<Heartbeat> {
     })
 }
 
+/// How long a promotion waits for its target's agent: its heartbeat promise (when heartbeats
+/// run) plus a renew deadline for the agent to see the record and renew it.
+fn consent_ms(config: &Config, timings: LeaseTimings) -> u64 {
+    let promise = config.isolation.map_or(0, |p| p.promise_ms());
+    promise.saturating_add(timings.renew_deadline_ms)
+}
+
 /// Whether this agent keeps a shard record: replication mode with the coordinator on.
 fn keeps_record(config: &Config) -> bool {
     let coordinated = config
@@ -474,6 +482,7 @@ fn coordinator(
         cluster: co.cluster.clone(),
         timings: co.timings,
         failover: FailoverPolicy::default(),
+        consent_ms: consent_ms(config, co.timings),
         bounds: config.bounds,
         state: shared.state.clone(),
         leadership,

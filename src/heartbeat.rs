@@ -28,6 +28,7 @@ use valkey_sidecar_core::heartbeat::{
 };
 use valkey_sidecar_core::observation::{Mode, Observation, Role};
 use valkey_sidecar_core::ratelimit::TokenBucket;
+use valkey_sidecar_core::replication::Claim;
 use valkey_sidecar_core::time::Millis;
 
 use crate::clock::Clock;
@@ -50,8 +51,8 @@ const SEPARATOR: u8 = b'\n';
 pub struct ShardLinks {
     /// The shard's members, name → pod IP (`kube::members`), this pod included.
     pub members: watch::Receiver<BTreeMap<String, IpAddr>>,
-    /// The epoch this agent holds and whether it asks for promises (`replication::claim`).
-    pub claim: watch::Receiver<Option<(u64, bool)>>,
+    /// The epoch this agent holds and from when it asks for promises (`replication::claim`).
+    pub claim: watch::Receiver<Option<Claim>>,
     /// The shard record as the keeper last read it (what a vouch is about).
     pub record: watch::Receiver<RecordSeed>,
 }
@@ -182,12 +183,13 @@ impl Heartbeat {
     }
 
     fn shard_targets(&self, links: &ShardLinks) -> (String, BTreeMap<String, IpAddr>, u64, bool) {
-        let Some((epoch, wants)) = *links.claim.borrow() else {
+        let Some(claim) = *links.claim.borrow() else {
             return (self.pod.clone(), BTreeMap::new(), 0, false);
         };
         let mut members = links.members.borrow().clone();
         members.remove(&self.pod);
-        (self.pod.clone(), members, epoch, wants)
+        let wants = self.clock.now() >= claim.promises_from;
+        (self.pod.clone(), members, claim.epoch, wants)
     }
 
     fn cluster_peers(&self) -> (String, BTreeMap<String, IpAddr>, u64, bool) {
@@ -213,8 +215,8 @@ impl Heartbeat {
         self.state.borrow().current(now, &self.bounds).cloned()
     }
 
-    /// What the fence reads: the expected peers (those pinged that ever answered in this run: a
-    /// peer that never did may run an agent without heartbeats, mid-upgrade) and the vouches.
+    /// What the fence reads: the expected peers (those pinged that vouched before in this run,
+    /// `Pinger::vouchers`) and the vouches.
     fn publish(&self, b: &mut Beating, now: Millis) {
         let Some(since) = b.pinging_since else {
             self.sight.send_if_modified(|s| s.take().is_some());
@@ -224,7 +226,7 @@ impl Heartbeat {
         let pinged: BTreeSet<String> = b.targets.keys().cloned().collect();
         b.pinger.retain(&pinged);
         let sight = PeerSight {
-            expected: b.pinger.answered().intersection(&pinged).cloned().collect(),
+            expected: b.pinger.vouchers().intersection(&pinged).cloned().collect(),
             vouches: b.pinger.valid(now, &self.policy),
             judged_from: since.plus(self.policy.fence_after_ms),
         };

@@ -212,7 +212,7 @@ impl Metrics {
             drift => "placement_drift": "Placement facts the coordinator reports, by reason";
             build_info => "build_info": "1, labelled with the agent's version and the commit it was built from";
             fenced => "fenced": "1 while the agent holds the local Valkey's writes paused (cluster mode: the quorum fence; replication mode: the keeper's fence)";
-            heartbeats => "heartbeats": "Peer heartbeat datagrams, by kind: ping_sent (one per round), ping_answered, pong_counted, dropped_rate, dropped_mac, dropped_format, dropped_foreign";
+            heartbeats => "heartbeats": "Peer heartbeat datagrams, by kind: ping_sent (one per round), ping_answered, pong_counted, dropped_rate, dropped_mac, dropped_format, dropped_foreign; isolation_fence counts fences raised because no peer vouched";
             peers_vouching => "peers_vouching": "Peers whose latest heartbeat vouches for this primary (0 while it pings nobody)";
             shard_primaries => "shard_labelled_primaries": "The coordinator (only while it holds the Lease): pods labelled primary, by shard (valkey.io/shard-index)";
         });

@@ -83,7 +83,12 @@ impl QuorumFence {
         let gap_ms = u64::try_from(gap.as_millis()).unwrap_or(u64::MAX);
         let heard = self.heard(obs);
         match guard_after_gap(obs, obs.server_time_ms, gap_ms, fenced, &self.policy, heard) {
-            Guard::Fence { ms, reason } => self.fence(session, ms, &reason, fenced).await,
+            Guard::Fence { ms, reason } => {
+                if !fenced && heard.is_some_and(|h| h.minority()) {
+                    self.metrics.heartbeat("isolation_fence");
+                }
+                self.fence(session, ms, &reason, fenced).await
+            }
             Guard::Lift { reason } => self.lift(session, &reason).await,
             Guard::Hold => {}
         }

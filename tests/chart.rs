@@ -830,7 +830,10 @@ fn check_network_policy(name: &str, objects: &[Value]) {
             1,
             "{name}: NetworkPolicies selecting {labels:?}"
         );
-        assert!(allows(mine[0], "egress", (443, "TCP"), None) && allows(mine[0], "egress", (53, "UDP"), None));
+        assert!(
+            allows(mine[0], "egress", (443, "TCP"), None)
+                && allows(mine[0], "egress", (53, "UDP"), None)
+        );
         assert!(
             !allows(mine[0], "egress", (6379, "TCP"), None),
             "{name}: tools reach Valkey"
@@ -874,14 +877,12 @@ fn allows(
         .into_iter()
         .flatten()
         .any(|rule| {
-            let port_ok = rule["ports"]
-                .as_array()
-                .is_none_or(|ps| {
-                    ps.iter().any(|p| {
-                        let proto = p["protocol"].as_str().unwrap_or("TCP");
-                        p["port"].as_u64() == Some(port) && proto == protocol
-                    })
-                });
+            let port_ok = rule["ports"].as_array().is_none_or(|ps| {
+                ps.iter().any(|p| {
+                    let proto = p["protocol"].as_str().unwrap_or("TCP");
+                    p["port"].as_u64() == Some(port) && proto == protocol
+                })
+            });
             let peer_ok = rule[peers_key]
                 .as_array()
                 .is_none_or(|ps| ps.iter().any(|p| peer_matches(p, peer)));

@@ -18,6 +18,22 @@ use valkey_sidecar_testkit::{ReplicationSet, ServerOptions, ValkeyServer, wait_f
 
 const POD: [&str; 3] = ["v-0-0", "v-0-1", "v-0-2"];
 
+/// Renews the record once it names `pod`, as that pod's keeper does before its Valkey may be
+/// promoted (`PromotionCommand::AwaitConsent`).
+fn consent_when_named(record: ShardLeaseClient, pod: &'static str) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            if let Ok(Some(r)) = record.read().await
+                && r.holder.as_deref() == Some(pod)
+            {
+                record.write(&r).await.unwrap();
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+}
+
 /// A primary and two replicas named like the pods of one shard, and the record naming the first.
 struct Shard {
     set: ReplicationSet,
@@ -247,7 +263,10 @@ async fn a_promotion_writes_the_record_first_promotes_and_repoints_and_stops_on_
         &promotion(&version),
         shard.links(),
         &shard.record,
-        5000,
+        execute::Waits {
+            fence_ms: 5000,
+            consent_ms: 5000,
+        },
         Clock::start(),
         || true,
     )
@@ -262,7 +281,10 @@ async fn a_promotion_writes_the_record_first_promotes_and_repoints_and_stops_on_
         &promotion(&current),
         shard.links(),
         &shard.record,
-        5000,
+        execute::Waits {
+            fence_ms: 5000,
+            consent_ms: 5000,
+        },
         Clock::start(),
         || false,
     )
@@ -270,17 +292,23 @@ async fn a_promotion_writes_the_record_first_promotes_and_repoints_and_stops_on_
     assert!(matches!(no_lease, MoveOutcome::NoLease), "{no_lease:?}");
     assert_eq!(shard.holder().await, (Some(POD[0].into()), 1));
 
+    // The target's agent takes the record once it names it (its consent), as a keeper does.
+    let agent = consent_when_named(shard.record.clone(), POD[1]);
     let t = Instant::now();
     let done = execute::promote(
         &promotion(&current),
         shard.links(),
         &shard.record,
-        5000,
+        execute::Waits {
+            fence_ms: 5000,
+            consent_ms: 5000,
+        },
         Clock::start(),
         || true,
     )
     .await;
     println!("promotion: {done:?} ({:?})", t.elapsed());
+    agent.await.unwrap();
     assert!(matches!(done, MoveOutcome::Done { .. }), "{done:?}");
     assert_eq!(shard.holder().await, (Some(POD[1].into()), 2));
     assert!(shard.node(POD[1]).is_primary().unwrap());

@@ -154,8 +154,9 @@ pub struct Pinger {
     sent: VecDeque<(u64, Millis, bool)>,
     /// Peer identity → the vouch it gave for the latest ping it answered.
     vouches: BTreeMap<String, Vouch>,
-    /// Peers that answered any ping in this run: they speak heartbeats.
-    answered: BTreeSet<String>,
+    /// Peers that vouched at least once in this run: they speak heartbeats and see this agent's
+    /// Valkey as the primary.
+    vouchers: BTreeSet<String>,
 }
 
 /// One peer's latest vouch, timed by the ping it answered.
@@ -200,11 +201,11 @@ impl Pinger {
         if self.vouches.get(from).is_some_and(|v| v.sent > sent) {
             return false;
         }
-        if !self.answered.contains(from) {
-            self.answered.insert(from.to_owned());
-        }
         if !vouch {
             return self.vouches.remove(from).is_some();
+        }
+        if !self.vouchers.contains(from) {
+            self.vouchers.insert(from.to_owned());
         }
         let promised = wanted && promise_ms > 0;
         self.vouches
@@ -215,13 +216,15 @@ impl Pinger {
     /// Forgets peers that are no longer pinged (scaled away, no longer a primary).
     pub fn retain(&mut self, pinged: &BTreeSet<String>) {
         self.vouches.retain(|id, _| pinged.contains(id));
-        self.answered.retain(|id| pinged.contains(id));
+        self.vouchers.retain(|id| pinged.contains(id));
     }
 
-    /// The peers that answered in this run. Only they are expected to vouch: a peer that never
-    /// answered may run an agent without heartbeats (mid-upgrade), and must not fence anyone.
-    pub fn answered(&self) -> &BTreeSet<String> {
-        &self.answered
+    /// The peers that vouched at least once in this run. Only they are expected to vouch: a peer
+    /// that never did may run an agent without heartbeats (mid-upgrade), or may not have caught
+    /// up yet (a replica still starting, members after a promotion), and must not fence anyone.
+    /// One that did and stops (cut off, or it saw the record move) does.
+    pub fn vouchers(&self) -> &BTreeSet<String> {
+        &self.vouchers
     }
 
     /// Every peer's vouch that is still good at `now`, with until when.
@@ -301,9 +304,9 @@ impl PeerSight {
 }
 
 /// Cluster mode: the voting primaries whose agents vouch, myself included, out of all voting
-/// primaries; `None` during the grace after pinging began. A primary whose agent never answered
+/// primaries; `None` during the grace after pinging began. A primary whose agent never vouched
 /// in this run (one without heartbeats, mid-upgrade) counts as heard: its silence proves nothing,
-/// and Valkey's own pings still judge it ([`crate::quorum`]). One that answered before and has
+/// and Valkey's own pings still judge it ([`crate::quorum`]). One that vouched before and has
 /// no valid vouch now counts as unreachable.
 pub fn cluster_sight(peers: &[Peer], sight: &PeerSight, now: Millis) -> Option<Sight> {
     if now < sight.judged_from {
@@ -471,9 +474,9 @@ mod tests {
             "an older pong never replaces a newer"
         );
         assert!(!p.pong("b", 99, true, 0), "a pong of no ping of ours");
-        assert!(p.answered().contains("b"));
+        assert!(p.vouchers().contains("b"));
         p.retain(&BTreeSet::new());
-        assert!(p.answered().is_empty());
+        assert!(p.vouchers().is_empty());
         assert!(p.pong("b", second, true, 0));
         let valid = p.valid(Millis(1_399), &POLICY);
         assert_eq!(valid["b"].until, Millis(1_400));
@@ -491,6 +494,13 @@ mod tests {
         let t = p.ping(Millis(100), false);
         assert!(p.pong("b", t, false, 0));
         assert!(p.valid(Millis(150), &POLICY).is_empty());
+        assert!(
+            p.vouchers().contains("b"),
+            "it vouched once: it stays expected"
+        );
+        let u = p.ping(Millis(200), false);
+        assert!(!p.pong("c", u, false, 0));
+        assert!(!p.vouchers().contains("c"), "never vouched: not expected");
     }
 
     #[test]
@@ -624,7 +634,7 @@ d 10.0.0.4:6379@16379 slave a 0 0 1 connected";
             (1, 3, true),
             "ran out"
         );
-        // c never answered: its agent may not speak heartbeats; it cannot fence anyone.
+        // c never vouched: its agent may not speak heartbeats; it cannot fence anyone.
         assert_eq!(count(&sight(&["b"], &[])), (2, 3, false));
         let mut early = sight(&["b", "c"], &[]);
         early.judged_from = Millis(1_001);

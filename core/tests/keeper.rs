@@ -647,8 +647,12 @@ fn a_member_named_primary_waits_out_its_promise() {
 #[test]
 fn promises_are_asked_for_once_a_renewal_is_overdue() {
     let retry = T.retry_ms;
-    assert_eq!(claim(&holder_view(retry, 0)), Some((3, false)));
-    assert_eq!(claim(&holder_view(2 * retry, 0)), Some((3, true)));
+    let from = |renewed: u64| {
+        let got = claim(&holder_view(renewed + 10, renewed)).unwrap();
+        (got.epoch, got.promises_from)
+    };
+    assert_eq!(from(0), (3, Millis(2 * retry)));
+    assert_eq!(from(5_000), (3, Millis(5_000 + 2 * retry)));
     assert_eq!(claim(&follower_view(replica_of("x", 0))), None);
     // Only the holder advertises past its deadline, and only on every member's promise.
     let lapsed = holder_view(10_000, 0);

@@ -27,11 +27,17 @@ fn unknown() -> A {
 
 /// Feeds `answers` (each at its time) and returns every step.
 fn steps(answers: Vec<(A, u64)>) -> Vec<S> {
-    let mut run = PromotionRun::new(promotion(), 15_000);
+    let mut run = PromotionRun::new(promotion(), 15_000, CONSENT_MS);
     answers
         .into_iter()
         .map(|(a, at)| run.next(a, Millis(at)))
         .collect()
+}
+
+const CONSENT_MS: u64 = 3_000;
+
+fn given() -> A {
+    A::Consent { given: true }
 }
 
 fn send(c: C) -> S {
@@ -43,9 +49,16 @@ fn pod(name: &str) -> String {
 }
 
 #[test]
-fn the_record_first_then_fence_promote_repoint_and_unpause_the_fenced() {
-    let all_ok = (0..8)
-        .map(|i| (if i == 0 { A::Start } else { A::Ok }, i))
+fn the_record_first_then_fence_consent_promote_repoint_and_unpause_the_fenced() {
+    let all_ok = (0..9)
+        .map(|i| {
+            let a = match i {
+                0 => A::Start,
+                3 => given(),
+                _ => A::Ok,
+            };
+            (a, i)
+        })
         .collect();
     assert_eq!(
         steps(all_ok),
@@ -55,6 +68,7 @@ fn the_record_first_then_fence_promote_repoint_and_unpause_the_fenced() {
                 pod: pod("a"),
                 ms: 15_000
             }),
+            send(C::AwaitConsent { pod: pod("b") }),
             send(C::PromoteTarget { pod: pod("b") }),
             send(C::Repoint { pod: pod("a") }),
             send(C::Unpause { pod: pod("a") }),
@@ -76,6 +90,7 @@ fn every_command_of_a_run_says_why_naming_its_pod() {
         match &command {
             C::WriteRecord | C::ReadRecord => assert!(reason.contains("record"), "{reason}"),
             C::Fence { pod, .. }
+            | C::AwaitConsent { pod }
             | C::PromoteTarget { pod }
             | C::Repoint { pod }
             | C::Unpause { pod } => assert!(reason.starts_with(pod.as_str()), "{reason}"),
@@ -158,19 +173,19 @@ fn a_record_that_cannot_be_read_back_is_read_again_then_given_up() {
 
 #[test]
 fn replicaof_no_one_is_tried_again_within_a_second_of_its_first_try() {
-    let to_promote = vec![(A::Start, 0), (A::Ok, 1), (A::Ok, 2)];
+    let to_promote = vec![(A::Start, 0), (A::Ok, 1), (A::Ok, 2), (given(), 2)];
     let mut answers = to_promote.clone();
     answers.extend([(unknown(), 300), (unknown(), 600), (A::Ok, 800)]);
     let out = steps(answers);
-    assert_eq!(out[2], send(C::PromoteTarget { pod: pod("b") }));
-    assert!(matches!(out[3], S::Retry { .. }) && matches!(out[4], S::Retry { .. }));
-    assert_eq!(out[5], send(C::Repoint { pod: pod("a") }));
+    assert_eq!(out[3], send(C::PromoteTarget { pod: pod("b") }));
+    assert!(matches!(out[4], S::Retry { .. }) && matches!(out[5], S::Retry { .. }));
+    assert_eq!(out[6], send(C::Repoint { pod: pod("a") }));
     // Past the second since the first try: no more tries.
     let mut late = to_promote;
     late.push((unknown(), 1_002));
     let out = steps(late);
     assert!(
-        matches!(&out[3], S::Stopped(PromotionStop::Failed(_))),
+        matches!(&out[4], S::Stopped(PromotionStop::Failed(_))),
         "{out:?}"
     );
 }
@@ -181,14 +196,50 @@ fn failed_fences_and_repoints_are_best_effort() {
         (A::Start, 0),
         (A::Ok, 1),
         (unknown(), 2),
+        (given(), 2),
         (A::Ok, 3),
         (unknown(), 4),
         (A::Ok, 5),
     ]);
-    assert_eq!(out[2], send(C::PromoteTarget { pod: pod("b") }));
+    assert_eq!(out[2], send(C::AwaitConsent { pod: pod("b") }));
+    assert_eq!(out[3], send(C::PromoteTarget { pod: pod("b") }));
     // A fenced master that did not follow keeps its pause.
-    assert_eq!(out[4], send(C::Repoint { pod: pod("c") }));
-    assert_eq!(out[5], S::Done);
+    assert_eq!(out[5], send(C::Repoint { pod: pod("c") }));
+    assert_eq!(out[6], S::Done);
+}
+
+#[test]
+fn the_target_is_promoted_only_once_its_agent_took_the_record() {
+    let poll = S::Retry {
+        after_ms: 10,
+        command: C::AwaitConsent { pod: pod("b") },
+    };
+    let waiting = vec![(A::Start, 0), (A::Ok, 1), (A::Ok, 2)];
+    let mut answers = waiting.clone();
+    answers.extend([
+        (A::Consent { given: false }, 3),
+        (unknown(), 500),
+        (A::Consent { given: false }, 2_900),
+        (given(), 2_950),
+    ]);
+    let out = steps(answers);
+    assert_eq!(out[3..6], [poll.clone(), poll.clone(), poll]);
+    assert_eq!(out[6], send(C::PromoteTarget { pod: pod("b") }));
+    // Never given: the promotion fails after the consent window; a moved record stops it.
+    let mut never = waiting.clone();
+    never.push((A::Consent { given: false }, 2 + CONSENT_MS));
+    let out = steps(never);
+    assert!(
+        matches!(&out[3], S::Stopped(PromotionStop::Failed(_))),
+        "{out:?}"
+    );
+    let mut moved = waiting;
+    moved.push((A::Read { ours: false }, 5));
+    let out = steps(moved);
+    assert!(
+        matches!(&out[3], S::Stopped(PromotionStop::Conflict(_))),
+        "{out:?}"
+    );
 }
 
 #[test]
@@ -208,6 +259,10 @@ fn without_the_lease_nothing_that_changes_a_primary_is_sent() {
         WithoutLease::Finish
     );
     assert_eq!(C::ReadRecord.without_lease(), WithoutLease::Send);
+    assert_eq!(
+        C::AwaitConsent { pod: pod("b") }.without_lease(),
+        WithoutLease::Send
+    );
     assert_eq!(
         C::Unpause { pod: pod("a") }.without_lease(),
         WithoutLease::Send

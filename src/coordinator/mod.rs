@@ -65,6 +65,9 @@ pub struct Coordinator {
     pub timings: LeaseTimings,
     /// Replication mode: whether a lost primary is replaced (`core::replication::promote`).
     pub failover: FailoverPolicy,
+    /// Replication mode: how long a promotion waits for its target's agent to take the record
+    /// (a member's heartbeat promise, plus a margin; `core::replication::PromotionRun`).
+    pub consent_ms: u64,
     pub bounds: Bounds,
     pub state: watch::Receiver<HealthState>,
     pub leadership: watch::Receiver<Leadership>,

@@ -492,10 +492,14 @@ impl Coordinator {
             .or_else(|| s.reference(&p.target));
         let started = self.begin_failover(&s.name, &p, reference, memory);
         let links = self.links(s);
-        let (lead, clock, fence_ms) = (self.leadership.clone(), self.clock, self.timings.lease_ms);
+        let waits = execute::Waits {
+            fence_ms: self.timings.lease_ms,
+            consent_ms: self.consent_ms,
+        };
+        let (lead, clock) = (self.leadership.clone(), self.clock);
         let run = async move {
             let may_act = || lead.borrow().may_act(clock.now());
-            execute::promote(&p, links, &record, fence_ms, clock, may_act).await
+            execute::promote(&p, links, &record, waits, clock, may_act).await
         };
         spawn_move(started, run, done);
     }

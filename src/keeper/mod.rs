@@ -23,8 +23,8 @@ use valkey_sidecar_core::heartbeat::{PeerSight, Promise};
 use valkey_sidecar_core::lease::LeaseTimings;
 use valkey_sidecar_core::observation::{Observation, Role};
 use valkey_sidecar_core::replication::{
-    Holding, LocalAction, LocalRole, LocalValkey, LocalView, RunTrust, SeenRecord, ShardRecord,
-    awaiting_promotion, claim, keeper_read_due, local, may_advertise,
+    Claim, Holding, LocalAction, LocalRole, LocalValkey, LocalView, RunTrust, SeenRecord,
+    ShardRecord, awaiting_promotion, claim, keeper_read_due, local, may_advertise, unvouched,
 };
 use valkey_sidecar_core::time::Millis;
 
@@ -79,8 +79,8 @@ pub struct Keeper {
 pub struct KeeperBeats {
     /// The shard's members (filled by a watch the keeper starts once it knows its shard).
     pub members: watch::Sender<BTreeMap<String, std::net::IpAddr>>,
-    /// The epoch this agent holds and whether it asks for promises (`replication::claim`).
-    pub claim: watch::Sender<Option<(u64, bool)>>,
+    /// The epoch this agent holds and from when it asks for promises (`replication::claim`).
+    pub claim: watch::Sender<Option<Claim>>,
     pub sight: watch::Receiver<Option<PeerSight>>,
     pub promise: watch::Receiver<Option<Promise>>,
 }
@@ -360,6 +360,7 @@ impl Keeper {
         let view = self.view(seat, valkey, memory, false);
         if let action @ LocalAction::Fence { until, .. } = local(&view) {
             self.log(&action, memory);
+            self.count_isolation(&view);
             commands::fence(session, until.since(view.now), memory, until).await;
             self.publish(&seat.shard, &view, memory);
         }
@@ -557,6 +558,7 @@ impl Keeper {
                 self.release(records, session, memory, answering).await
             }
             LocalAction::Fence { until, .. } => {
+                self.count_isolation(view);
                 commands::fence(session, until.since(view.now), memory, until).await
             }
             LocalAction::Unfence { .. } => commands::unfence(session, memory).await,
@@ -567,6 +569,14 @@ impl Keeper {
                 commands::replicate(session, &to, false, memory).await
             }
             LocalAction::Wait { .. } | LocalAction::Nothing { .. } => false,
+        }
+    }
+
+    /// Counts a fence raised because no member vouched (not a renewal of one already up): the
+    /// figure that shows the heartbeats' false positives.
+    fn count_isolation(&self, view: &LocalView) {
+        if view.fenced_until.is_none() && unvouched(view) {
+            self.metrics.heartbeat("isolation_fence");
         }
     }
 

@@ -228,14 +228,25 @@ pub fn may_advertise(view: &LocalView) -> bool {
     held && view.fenced_until.is_none()
 }
 
-/// Whether this agent's claim asks its shard's members for promises (a renewal is overdue by a
-/// retry period), so that they are in place when the renew deadline passes: the epoch it holds,
-/// and whether to ask. `None`: it holds nothing, and pings nobody.
-pub fn claim(view: &LocalView) -> Option<(u64, bool)> {
+/// What this agent's heartbeats claim (`crate::heartbeat`): the epoch it holds, and from when
+/// its pings ask the shard's members for promises — once a renewal is overdue by a retry
+/// period, so that the promises are in place when the renew deadline passes. Timed, not
+/// flagged, because a renewal overdue is one that hangs, and the keeper with it. `None`: it
+/// holds nothing, and pings nobody.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    pub epoch: u64,
+    pub promises_from: Millis,
+}
+
+pub fn claim(view: &LocalView) -> Option<Claim> {
     let v = view.valkey.as_ref()?;
     let h = current_holding(view, v)?;
-    let overdue = view.now >= h.renewed_at.plus(view.timings.retry_ms.saturating_mul(2));
-    (v.role == LocalRole::Primary).then_some((h.epoch, overdue))
+    let promises_from = h.renewed_at.plus(view.timings.retry_ms.saturating_mul(2));
+    (v.role == LocalRole::Primary).then_some(Claim {
+        epoch: h.epoch,
+        promises_from,
+    })
 }
 
 /// A holder past its renew deadline (the apiserver out of reach) whose every shard member
@@ -251,7 +262,7 @@ fn failsafe(view: &LocalView, v: &LocalValkey) -> bool {
 
 /// A holder that no member of its shard vouches for within the window: it may be cut off, and
 /// the other side may promote once the record expires; every write it takes now may be lost.
-fn unvouched(view: &LocalView) -> bool {
+pub fn unvouched(view: &LocalView) -> bool {
     view.peers.as_ref().is_some_and(|p| p.silent(view.now))
 }
 

@@ -3,8 +3,14 @@
 //! only sends each [`PromotionCommand`] and reports what it saw ([`PromotionAnswer`]).
 //!
 //! The order ([`Promotion`] documents why): the record, then `CLIENT PAUSE` on every other
-//! master, `REPLICAOF NO ONE` on the target, `REPLICAOF` on the others (a fenced master unpaused
-//! once it follows). Two steps are tried again when their answer does not come, for at most
+//! master, the target's consent (its agent renews the record that names it), `REPLICAOF NO ONE`
+//! on the target, `REPLICAOF` on the others (a fenced master unpaused once it follows).
+//!
+//! The consent is what makes a member's heartbeat promise binding (`crate::heartbeat`): an old
+//! primary that the coordinator cannot reach may still be taking writes on its members'
+//! promises (an apiserver outage on its side only); the target's agent renews only once its
+//! promise has run out, by when the old primary, which lost the target's vouch as soon as the
+//! target saw the new record, has fenced itself. Its agent renews within milliseconds otherwise. Two steps are tried again when their answer does not come, for at most
 //! [`RETRY_FOR_MS`] after their first try — inside the shortest renew deadline the timings allow
 //! (more than 1.2 retry periods of at least a second), so the target still holds the record when
 //! its promotion lands:
@@ -22,6 +28,8 @@ use crate::time::Millis;
 
 /// Pause between tries of a step whose answer did not come.
 pub const RETRY_MS: u64 = 200;
+/// Pause between reads while the target's consent is awaited.
+pub const CONSENT_POLL_MS: u64 = 10;
 /// Tries of a step after its first.
 pub const RETRIES: u32 = 4;
 /// How long after a step's first try another may start.
@@ -36,6 +44,8 @@ pub enum PromotionCommand {
     ReadRecord,
     /// `CLIENT PAUSE <ms> WRITE` on an old master.
     Fence { pod: String, ms: u64 },
+    /// Read the record: has the target's agent renewed it since this promotion wrote it?
+    AwaitConsent { pod: String },
     /// `REPLICAOF NO ONE` on the target.
     PromoteTarget { pod: String },
     /// `REPLICAOF <target>` on another member, best effort: its own agent is the backstop.
@@ -58,6 +68,9 @@ impl PromotionCommand {
             PromotionCommand::Fence { pod, .. } => {
                 format!("{pod} is an old master: writes it would still take could be lost")
             }
+            PromotionCommand::AwaitConsent { pod } => format!(
+                "{pod}'s agent takes the record first: it may have promised the old primary to take part in no promotion for a while"
+            ),
             PromotionCommand::PromoteTarget { pod } => {
                 format!("{pod} holds the record: it takes the shard's writes")
             }
@@ -88,7 +101,9 @@ impl PromotionCommand {
             | PromotionCommand::Fence { .. }
             | PromotionCommand::PromoteTarget { .. } => WithoutLease::Stop,
             PromotionCommand::Repoint { .. } => WithoutLease::Finish,
-            PromotionCommand::ReadRecord | PromotionCommand::Unpause { .. } => WithoutLease::Send,
+            PromotionCommand::ReadRecord
+            | PromotionCommand::AwaitConsent { .. }
+            | PromotionCommand::Unpause { .. } => WithoutLease::Send,
         }
     }
 }
@@ -111,6 +126,11 @@ pub enum PromotionAnswer {
     /// [`PromotionCommand::ReadRecord`]: whether the record holds this promotion's claim.
     Read {
         ours: bool,
+    },
+    /// [`PromotionCommand::AwaitConsent`]: the record holds this promotion's claim, renewed by
+    /// the target since (`given`) or not yet.
+    Consent {
+        given: bool,
     },
 }
 
@@ -143,6 +163,8 @@ pub enum PromotionStop {
 pub struct PromotionRun {
     promotion: Promotion,
     fence_ms: u64,
+    /// How long the target's consent is awaited (its promise, plus a margin for its agent).
+    consent_ms: u64,
     /// The command last sent, and when its first try went out and how many more followed.
     sent: Option<(PromotionCommand, Millis, u32)>,
     /// After the record: fences, the promotion, repoints.
@@ -152,11 +174,13 @@ pub struct PromotionRun {
 }
 
 impl PromotionRun {
-    /// `fence_ms`: how long the pause on an old master holds.
-    pub fn new(promotion: Promotion, fence_ms: u64) -> PromotionRun {
+    /// `fence_ms`: how long the pause on an old master holds; `consent_ms`: how long the target's
+    /// consent is awaited.
+    pub fn new(promotion: Promotion, fence_ms: u64, consent_ms: u64) -> PromotionRun {
         PromotionRun {
             promotion,
             fence_ms,
+            consent_ms,
             sent: None,
             queue: VecDeque::new(),
             write_error: String::new(),
@@ -171,6 +195,7 @@ impl PromotionRun {
         match last {
             PromotionCommand::WriteRecord => self.written(answer, now),
             PromotionCommand::ReadRecord => self.read_back(answer, now),
+            PromotionCommand::AwaitConsent { .. } => self.consented(answer, now),
             PromotionCommand::PromoteTarget { .. } => self.promoted(answer, now),
             PromotionCommand::Repoint { pod } => self.repointed(&pod, &answer, now),
             // Best effort: a fence or an unpause that failed is logged by the executor.
@@ -212,6 +237,31 @@ impl PromotionRun {
         }
     }
 
+    /// Polled every [`CONSENT_POLL_MS`] until the target renews, for at most `consent_ms`.
+    fn consented(&mut self, answer: PromotionAnswer, now: Millis) -> PromotionStep {
+        let target = self.promotion.target.clone();
+        match answer {
+            PromotionAnswer::Consent { given: true } => self.go_on(now),
+            PromotionAnswer::Read { ours: false } => conflict(format!(
+                "the record moved on while waiting for {target}'s agent"
+            )),
+            _ => self.poll_again(now).unwrap_or_else(|| {
+                failed(format!(
+                    "{target}'s agent did not take the record within {} ms",
+                    self.consent_ms
+                ))
+            }),
+        }
+    }
+
+    fn poll_again(&mut self, now: Millis) -> Option<PromotionStep> {
+        let (command, first, _) = self.sent.as_ref()?;
+        (now.since(*first) < self.consent_ms).then(|| PromotionStep::Retry {
+            after_ms: CONSENT_POLL_MS,
+            command: command.clone(),
+        })
+    }
+
     fn promoted(&mut self, answer: PromotionAnswer, now: Millis) -> PromotionStep {
         match answer {
             PromotionAnswer::Ok => self.go_on(now),
@@ -243,6 +293,9 @@ impl PromotionRun {
             pod: pod.clone(),
             ms,
         });
+        let consent = PromotionCommand::AwaitConsent {
+            pod: p.target.clone(),
+        };
         let target = PromotionCommand::PromoteTarget {
             pod: p.target.clone(),
         };
@@ -250,7 +303,7 @@ impl PromotionRun {
             .repoint
             .iter()
             .map(|pod| PromotionCommand::Repoint { pod: pod.clone() });
-        self.queue = fences.chain([target]).chain(repoints).collect();
+        self.queue = fences.chain([consent, target]).chain(repoints).collect();
         self.go_on(now)
     }
 

@@ -33,7 +33,7 @@ use crate::kube::KubeError;
 use crate::valkey::{Connector, Session};
 
 pub use failover::{fail_over_to, failover};
-pub use promotion::promote;
+pub use promotion::{Waits, promote};
 pub use switchover::switchover;
 
 /// How one move ended.

@@ -24,15 +24,24 @@ struct Shard<'a> {
     promotion: &'a Promotion,
     links: Links,
     record: &'a ShardLeaseClient,
+    /// The record's `resourceVersion` as this promotion wrote it: a later one with the same
+    /// claim is the target's agent renewing it, its consent.
+    written: Option<String>,
 }
 
-/// Makes `p.target` the primary (`core::replication::PromotionRun`). `fence_ms` is how long the
-/// pause on an old master holds.
+/// How long the pause on an old master holds, and how long the target's consent is awaited.
+#[derive(Debug, Clone, Copy)]
+pub struct Waits {
+    pub fence_ms: u64,
+    pub consent_ms: u64,
+}
+
+/// Makes `p.target` the primary (`core::replication::PromotionRun`).
 pub async fn promote(
     p: &Promotion,
     links: Links,
     record: &ShardLeaseClient,
-    fence_ms: u64,
+    waits: Waits,
     clock: Clock,
     may_act: impl Fn() -> bool,
 ) -> MoveOutcome {
@@ -40,9 +49,10 @@ pub async fn promote(
         promotion: p,
         links,
         record,
+        written: None,
     };
     run(
-        PromotionRun::new(p.clone(), fence_ms),
+        PromotionRun::new(p.clone(), waits.fence_ms, waits.consent_ms),
         shard,
         clock,
         may_act,
@@ -99,6 +109,7 @@ impl Target for Shard<'_> {
         match command {
             PromotionCommand::WriteRecord => self.write().await,
             PromotionCommand::ReadRecord => self.read().await,
+            PromotionCommand::AwaitConsent { .. } => self.consent().await,
             PromotionCommand::Fence { pod, ms } => fence(&mut self.links, pod, *ms).await,
             PromotionCommand::PromoteTarget { pod } => promote_target(&mut self.links, pod).await,
             PromotionCommand::Repoint { pod } => self.repoint(pod).await,
@@ -111,9 +122,12 @@ impl Target for Shard<'_> {
 }
 
 impl Shard<'_> {
-    async fn write(&self) -> PromotionAnswer {
+    async fn write(&mut self) -> PromotionAnswer {
         match self.record.write(&self.promotion.record()).await {
-            Ok(_) => PromotionAnswer::Ok,
+            Ok(written) => {
+                self.written = Some(written.version);
+                PromotionAnswer::Ok
+            }
             Err(e) if e.kind() == "conflict" || not_applied(&e) => PromotionAnswer::Refused {
                 conflict: e.kind() == "conflict",
                 error: e.to_string(),
@@ -127,14 +141,31 @@ impl Shard<'_> {
         }
     }
 
-    async fn read(&self) -> PromotionAnswer {
+    async fn read(&mut self) -> PromotionAnswer {
         match self.record.read().await {
-            Ok(record) => PromotionAnswer::Read {
-                ours: record.is_some_and(|r| r.same_claim(&self.promotion.record())),
-            },
+            Ok(record) => {
+                let ours = record.filter(|r| r.same_claim(&self.promotion.record()));
+                let answer = PromotionAnswer::Read {
+                    ours: ours.is_some(),
+                };
+                self.written = ours.map(|r| r.version);
+                answer
+            }
             Err(e) => PromotionAnswer::Unknown {
                 error: e.to_string(),
             },
+        }
+    }
+
+    /// The record still holds this promotion's claim, written again since (by the target's
+    /// agent: only the holder renews it).
+    async fn consent(&self) -> PromotionAnswer {
+        match self.record.read().await {
+            Ok(Some(r)) if r.same_claim(&self.promotion.record()) => PromotionAnswer::Consent {
+                given: self.written.as_deref() != Some(r.version.as_str()),
+            },
+            Ok(_) => PromotionAnswer::Read { ours: false },
+            Err(e) => unknown(e.to_string()),
         }
     }
 
@@ -218,6 +249,7 @@ mod tests {
         async fn send(&mut self, command: &PromotionCommand) -> PromotionAnswer {
             match command {
                 PromotionCommand::PromoteTarget { pod } => promote_target(&mut self.0, pod).await,
+                PromotionCommand::AwaitConsent { .. } => PromotionAnswer::Consent { given: true },
                 _ => PromotionAnswer::Ok,
             }
         }
@@ -238,7 +270,7 @@ mod tests {
                 replica.resume().unwrap();
             });
             tokio::task::block_in_place(|| {
-                let promoting = PromotionRun::new(promotion("b"), 1000);
+                let promoting = PromotionRun::new(promotion("b"), 1000, 1000);
                 let run = run(promoting, members, Clock::start(), || true);
                 tokio::runtime::Handle::current().block_on(run)
             })
@@ -252,7 +284,7 @@ mod tests {
         let replica = ValkeyServer::start(ServerOptions::default()).unwrap();
         replica.cmd(&["REPLICAOF", "127.0.0.1", "1"]).unwrap();
         let members = Members(links_to("b", replica.addr()));
-        let promoting = PromotionRun::new(promotion("b"), 1000);
+        let promoting = PromotionRun::new(promotion("b"), 1000, 1000);
         let out = run(promoting, members, Clock::start(), || false).await;
         assert!(matches!(out, MoveOutcome::NoLease), "{out:?}");
         assert!(!replica.is_primary().unwrap());
