@@ -347,7 +347,7 @@ fn the_quorum_fence_on_real_cluster_nodes() {
         .expect("CLUSTER NODES");
     let seen = sight(&peers, now, policy.silent_after_ms);
     assert_eq!((seen.reachable, seen.primaries), (2, 3));
-    assert_eq!(guard(&o, Some(now), false, &policy), Guard::Hold);
+    assert_eq!(guard(&o, Some(now), false, &policy, None), Guard::Hold);
     let mut cut = o.clone();
     let other = cut
         .cluster
@@ -360,7 +360,7 @@ fn the_quorum_fence_on_real_cluster_nodes() {
         .expect("a live primary");
     live.ping_sent_ms = now - 1000;
     assert!(matches!(
-        guard(&cut, Some(now), false, &policy),
+        guard(&cut, Some(now), false, &policy, None),
         Guard::Fence { .. }
     ));
     let healthy = obs("cluster-primary", Mode::Cluster);

@@ -642,6 +642,19 @@ fn a_member_named_primary_waits_out_its_promise() {
     assert!(promised.reason().contains("promised pod-1"), "{promised:?}");
     assert_eq!(local(&named(1_900, Some(("pod-1", 1_900)))).kind(), "renew");
     assert_eq!(local(&named(1_000, None)).kind(), "renew");
+    // Promoted without its consent (a coordinator of an older version): fenced, no renewal,
+    // until the promise ran out.
+    let promoted = |now: u64, promise| LocalView {
+        valkey: Some(master("run", 0)),
+        ..named(now, promise)
+    };
+    let early = local(&promoted(1_000, Some(("pod-1", 1_900))));
+    assert_eq!(early.kind(), "fence", "{early:?}");
+    assert!(early.reason().contains("promised pod-1"), "{early:?}");
+    assert_eq!(
+        local(&promoted(1_900, Some(("pod-1", 1_900)))).kind(),
+        "fence"
+    );
 }
 
 #[test]

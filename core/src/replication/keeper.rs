@@ -349,11 +349,18 @@ fn as_primary(view: &LocalView, v: &LocalValkey) -> LocalAction {
             "the record has not been read: cannot confirm I may be primary",
         );
     };
+    let promised = promised_elsewhere(view);
     let Some(record) = &seen.record else {
-        return unrecorded_primary(view, v);
+        return match promised {
+            Some(why) => fence_or_wait(view, &why),
+            None => unrecorded_primary(view, v),
+        };
     };
     if named(view) {
-        return lapsed_primary(view, v);
+        return match promised {
+            Some(why) => fence_or_wait(view, &why),
+            None => lapsed_primary(view, v),
+        };
     }
     match record.recorded_primary() {
         Some(p) if p != view.me => superseded_primary(view, v, p),
@@ -515,13 +522,24 @@ fn as_replica(view: &LocalView, v: &LocalValkey, of: &str) -> LocalAction {
 /// One renewal anchors our deadline before the coordinator's `REPLICAOF NO ONE` arrives, so the
 /// new primary is writable at once. Only one: if the promotion does not come by that deadline
 /// the coordinator stalled, and we release so it can choose again.
+/// A binding promise to another pod, as the reason to wait it out: no claim on the record (a
+/// renewal, a bootstrap) while it binds.
+fn promised_elsewhere(view: &LocalView) -> Option<String> {
+    let p = view
+        .promise
+        .as_ref()
+        .filter(|p| p.binds(view.now) && p.to != view.me)?;
+    Some(format!(
+        "named primary, but I promised {} to take part in no promotion for {} ms more",
+        p.to,
+        p.until.since(view.now)
+    ))
+}
+
 fn named_replica(view: &LocalView, v: &LocalValkey) -> LocalAction {
-    if let Some(p) = view.promise.as_ref().filter(|p| p.binds(view.now)) {
-        return wait(format!(
-            "named primary, but I promised {} to take part in no promotion for {} ms more",
-            p.to,
-            p.until.since(view.now)
-        ));
+    // Its renewal is the consent a promotion waits for (`PromotionCommand::AwaitConsent`).
+    if let Some(why) = promised_elsewhere(view) {
+        return wait(why);
     }
     if v.fresh {
         // An observation older than the read that named us may predate a sync that completed
