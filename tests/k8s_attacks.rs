@@ -496,10 +496,11 @@ async fn the_leases_go_with_their_configmap_and_with_nothing_else() {
     .await
     .unwrap();
     tokio::time::sleep(10 * SECOND).await;
+    let after = leases_of(&s).await;
     assert_eq!(
-        uids(&leases_of(&s).await),
+        uids(&after),
         uids(&later),
-        "gone with the ServiceAccount"
+        "gone with the ServiceAccount: {after:?}, before {later:?}"
     );
     // The control: the collector is at work, and the ConfigMap takes them along.
     maps.delete("valkey-leases", &DeleteParams::default())
