@@ -662,51 +662,80 @@ d 10.0.0.4:6379@16379 slave a 0 0 1 connected";
                 other => panic!("{other:?}"),
             };
         let cluster = ResponderView::Cluster { peers: &peers };
-        assert_eq!(vouch(&ping("b", 0, false), &cluster), (true, 0, false));
-        assert_eq!(
-            vouch(&ping("c", 0, false), &cluster),
-            (false, 0, false),
-            "flagged failing"
-        );
-        assert_eq!(
-            vouch(&ping("d", 0, false), &cluster),
-            (false, 0, false),
-            "a replica"
-        );
-        assert_eq!(
-            vouch(&ping("b", 0, true), &cluster),
-            (true, 0, false),
-            "no promises in cluster mode"
-        );
         let replica = ResponderView::Replication {
             holder: Some(("p", 4)),
             replica: true,
         };
-        assert_eq!(vouch(&ping("p", 4, false), &replica), (true, 0, false));
-        assert_eq!(vouch(&ping("p", 4, true), &replica), (true, 900, true));
-        assert_eq!(
-            vouch(&ping("p", 3, true), &replica),
-            (false, 0, false),
-            "an older epoch"
-        );
-        assert_eq!(
-            vouch(&ping("q", 4, true), &replica),
-            (false, 0, false),
-            "not the holder"
-        );
         let primary = ResponderView::Replication {
             holder: Some(("p", 4)),
             replica: false,
         };
-        assert_eq!(
-            vouch(&ping("p", 4, true), &primary),
-            (false, 0, false),
-            "a master never vouches"
-        );
-        assert_eq!(
-            vouch(&ping("p", 4, true), &ResponderView::Unknown),
-            (false, 0, false)
-        );
+        let unknown = ResponderView::Unknown;
+        let cases = [
+            (
+                "a slot-serving primary",
+                ping("b", 0, false),
+                &cluster,
+                (true, 0, false),
+            ),
+            (
+                "flagged failing",
+                ping("c", 0, false),
+                &cluster,
+                (false, 0, false),
+            ),
+            (
+                "a replica",
+                ping("d", 0, false),
+                &cluster,
+                (false, 0, false),
+            ),
+            (
+                "no promises in cluster mode",
+                ping("b", 0, true),
+                &cluster,
+                (true, 0, false),
+            ),
+            (
+                "the holder",
+                ping("p", 4, false),
+                &replica,
+                (true, 0, false),
+            ),
+            (
+                "the holder, asking",
+                ping("p", 4, true),
+                &replica,
+                (true, 900, true),
+            ),
+            (
+                "an older epoch",
+                ping("p", 3, true),
+                &replica,
+                (false, 0, false),
+            ),
+            (
+                "not the holder",
+                ping("q", 4, true),
+                &replica,
+                (false, 0, false),
+            ),
+            (
+                "a master never vouches",
+                ping("p", 4, true),
+                &primary,
+                (false, 0, false),
+            ),
+            (
+                "nothing known",
+                ping("p", 4, true),
+                &unknown,
+                (false, 0, false),
+            ),
+        ];
+        for (name, p, view, want) in cases {
+            assert_eq!(vouch(&p, view), want, "{name}");
+        }
         let pong = Beat::Pong {
             cluster: "v".into(),
             from: "x".into(),

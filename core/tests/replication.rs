@@ -244,8 +244,9 @@ fn promise() -> impl Strategy<Value = Promise> {
     })
 }
 
-/// The failsafe's condition: the holding is current (if lapsed) and every member promised.
-fn failsafe_holds(v: &LocalView) -> bool {
+/// Whether the view shows a renewal of the record by this agent for this Valkey run at the
+/// record's epoch, valid or not.
+fn holds_current(v: &LocalView) -> bool {
     let (Some(valkey), Some(rec), Some(h)) = (
         v.valkey.as_ref(),
         v.record.as_ref().and_then(|s| s.record.as_ref()),
@@ -253,9 +254,12 @@ fn failsafe_holds(v: &LocalView) -> bool {
     ) else {
         return false;
     };
-    let current =
-        rec.holder() == Some(v.me.as_str()) && h.epoch == rec.epoch && h.run_id == valkey.run_id;
-    current && v.peers.as_ref().is_some_and(|p| p.all_promised(v.now))
+    rec.holder() == Some(v.me.as_str()) && h.epoch == rec.epoch && h.run_id == valkey.run_id
+}
+
+/// The failsafe's condition: the holding is current (if lapsed) and every member promised.
+fn failsafe_holds(v: &LocalView) -> bool {
+    holds_current(v) && v.peers.as_ref().is_some_and(|p| p.all_promised(v.now))
 }
 
 /// Writable by the rules: a valid renewal that some member vouches for (or nobody is expected
@@ -267,17 +271,11 @@ fn may_write(v: &LocalView) -> bool {
 
 /// Whether the view shows a renewal of the record, by this agent, valid now for this Valkey run.
 fn holds_validly(v: &LocalView) -> bool {
-    let (Some(valkey), Some(rec), Some(h)) = (
-        v.valkey.as_ref(),
-        v.record.as_ref().and_then(|s| s.record.as_ref()),
-        v.holding.as_ref(),
-    ) else {
-        return false;
-    };
-    rec.holder() == Some(v.me.as_str())
-        && h.epoch == rec.epoch
-        && h.run_id == valkey.run_id
-        && v.now < h.deadline(&v.timings)
+    let valid = v
+        .holding
+        .as_ref()
+        .is_some_and(|h| v.now < h.deadline(&v.timings));
+    holds_current(v) && valid
 }
 
 fn fence_lasts(v: &LocalView) -> bool {
@@ -482,8 +480,9 @@ proptest! {
     #[test]
     fn a_promise_is_never_broken(v in local_view()) {
         // A member never promises itself (it vouches only for another pod, the holder).
+        // Renewing a valid holding takes nothing from anyone; taking the record does.
         let binds = v.promise.as_ref().is_some_and(|p| p.binds(v.now) && p.to != v.me);
-        if binds {
+        if binds && !holds_validly(&v) {
             let a = local(&v);
             prop_assert!(!matches!(a, LocalAction::Renew { .. } | LocalAction::Bootstrap { .. }), "{:?}", a);
         }
