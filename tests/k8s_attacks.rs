@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
@@ -388,6 +388,24 @@ async fn a_forged_record_naming_a_pod_outside_the_shard_is_never_followed() {
     assert!(events.contains("ForeignShardRecord"), "{events}");
 }
 
+/// Every deletion of a Lease, ConfigMap or ServiceAccount the audit log holds: who and when.
+fn print_deletions(s: &Stage) {
+    let log = s.plane.audit_log().unwrap();
+    let requests = log
+        .requests(SystemTime::UNIX_EPOCH, SystemTime::now())
+        .unwrap();
+    let kinds = ["leases", "configmaps", "serviceaccounts"];
+    let deletions = requests
+        .iter()
+        .filter(|r| r.verb == "delete" && kinds.iter().any(|k| r.resource.starts_with(k)));
+    for r in deletions {
+        println!(
+            "deleted {} {:?} by {} ({:?}) at {} µs",
+            r.resource, r.name, r.who, r.code, r.received_us
+        );
+    }
+}
+
 /// The deployment's Leases (coordinator and records): name → (uid, owners' kind and uid).
 type Leases = BTreeMap<String, (String, Vec<(String, String)>)>;
 
@@ -416,9 +434,11 @@ async fn the_leases_go_with_their_configmap_and_with_nothing_else() {
     let _one = ONE_AT_A_TIME.lock().await;
     // The records must not go with a ServiceAccount someone renames or deletes, and an owner
     // created anew must not leave the agents re-creating records the garbage collector deletes.
-    let s = Stage::start(StageOptions::replication("attack-owner", 1).lease("4s", "3s", "1s"))
-        .await
-        .unwrap();
+    let mut o = StageOptions::replication("attack-owner", 1).lease("4s", "3s", "1s");
+    // Who deleted what, printed if the Leases vanish after the ServiceAccount's deletion (2 of 7
+    // runs on 2026-12-04, not understood yet: no code of the agent deletes a Lease).
+    o.plane.audit = true;
+    let s = Stage::start(o).await.unwrap();
     let maps: Api<ConfigMap> = Api::namespaced(s.plane.client(), &s.namespace);
     let names = ["valkey-0-primary", "valkey-coordinator"];
     let owned_by = |uid: String| {
@@ -497,6 +517,9 @@ async fn the_leases_go_with_their_configmap_and_with_nothing_else() {
     .unwrap();
     tokio::time::sleep(10 * SECOND).await;
     let after = leases_of(&s).await;
+    if uids(&after) != uids(&later) {
+        print_deletions(&s);
+    }
     assert_eq!(
         uids(&after),
         uids(&later),
