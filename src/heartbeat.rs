@@ -37,8 +37,9 @@ use crate::metrics::Metrics;
 
 /// Datagrams one source address may send per second (a primary pings 10 a second).
 const PER_SOURCE_PER_S: u32 = 50;
-/// Datagrams all sources together may send per second.
-const ALL_PER_S: u32 = 2_000;
+/// Datagrams all sources together may send per second (a token bucket refills by the
+/// millisecond, so 1,000 is its finest rate).
+const ALL_PER_S: u32 = 1_000;
 /// Sources tracked for the per-source limit; past it the table starts afresh.
 const SOURCES: usize = 1_024;
 /// The password file is read again this often (a rotation needs no restart).
@@ -438,7 +439,7 @@ struct Limits {
 impl Limits {
     fn new(now: Millis) -> Limits {
         Limits {
-            all: TokenBucket::new(ALL_PER_S, 1_000 / u64::from(ALL_PER_S).max(1), now),
+            all: TokenBucket::new(ALL_PER_S, 1_000 / u64::from(ALL_PER_S.max(1)), now),
             per_source: BTreeMap::new(),
         }
     }
@@ -447,7 +448,7 @@ impl Limits {
         if self.per_source.len() >= SOURCES && !self.per_source.contains_key(&ip) {
             self.per_source.clear();
         }
-        let refill = 1_000 / u64::from(PER_SOURCE_PER_S);
+        let refill = 1_000 / u64::from(PER_SOURCE_PER_S.max(1));
         let source = self
             .per_source
             .entry(ip)
@@ -517,6 +518,20 @@ mod tests {
         assert!(
             limits.admit(ip, Millis(1_000)).is_ok(),
             "refilled a second later"
+        );
+    }
+
+    #[test]
+    fn all_sources_together_are_held_to_the_total() {
+        let mut limits = Limits::new(Millis(0));
+        let ips = (0..1_100u32).map(|n| IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + n)));
+        let admitted = ips
+            .filter(|ip| limits.admit(*ip, Millis(0)).is_ok())
+            .count();
+        assert_eq!(admitted, ALL_PER_S as usize);
+        assert!(
+            limits.admit("10.9.9.9".parse().unwrap(), Millis(1)).is_ok(),
+            "one more a millisecond later"
         );
     }
 }
