@@ -98,7 +98,11 @@ fn summarize(moves: &[Handover], crashes: &[Crash], alone: &crate::alone::Baseli
                 Some(crashes.iter().map(|c| c.acked).sum()),
             ),
             theirs: Some(
-                Side::timing("Valkey alone", &config(Stop::Sigkill), &theirs)
+                Side::timing(
+                    "Valkey alone (restarts empty, no failover: not like for like)",
+                    &config(Stop::Sigkill),
+                    &theirs,
+                )
                     .lost(lost(&alone.crash), acked(&alone.crash)),
             ),
             runs: format!("{} + {}", crashes.len(), alone.crash.len()),
