@@ -2,7 +2,7 @@
 # The benchmark command: builds the release agent, runs every benchmark and the chaos tests on
 # the local control plane, and regenerates docs/benchmarks.md (headline summary first, the
 # figures that got worse since the previous report last), its plots (docs/plots/*.svg) and the
-# README's five rows of the summary. About 100 minutes on 2 cores; BENCH_* variables shorten it (see
+# README's seven rows of the summary. About 150 minutes on 2 cores; BENCH_* variables shorten it (see
 # each section's command).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -63,6 +63,13 @@ chaos_out=$(mktemp)
     BENCH_SENTINEL_RUNS="${BENCH_SENTINEL_RUNS:-20}" BENCH_SENTINEL_DEFAULT_RUNS="${BENCH_SENTINEL_DEFAULT_RUNS:-10}" \
     target/release/bench failover
   BENCH_SWITCHOVERS="${BENCH_SWITCHOVERS:-20}" target/release/bench switchover
+  echo "## Partitions and apiserver outages"
+  echo
+  # 20 partitions per configuration (the agent in both modes ~30 s each at the chart's 15 s
+  # lease; Valkey Cluster alone and Sentinel at two lags, ~15 s each), 20 healthy windows of
+  # 10 s per mode, the apiserver stopped for 5 minutes. About 50 minutes.
+  BENCH_PARTITIONS="${BENCH_PARTITIONS:-20}" BENCH_HEALTHY_WINDOWS="${BENCH_HEALTHY_WINDOWS:-20}" \
+    BENCH_OUTAGE_SECONDS="${BENCH_OUTAGE_SECONDS:-300}" target/release/bench partition
   echo "## Planner cost"
   echo
   target/release/bench planner
@@ -93,7 +100,7 @@ chaos_out=$(mktemp)
 cp "$BENCH_SUMMARY_LOG" target/bench-summary.log
 # The headline block, from the rows the sections logged: the same text goes into the README.
 target/release/bench summary "$BENCH_SUMMARY_LOG" > "$summary"
-# The README's shape of it: five rows, without the alternatives' configurations.
+# The README's shape of it: seven rows, without the alternatives' configurations.
 readme_summary=$(mktemp)
 target/release/bench summary-readme "$BENCH_SUMMARY_LOG" > "$readme_summary"
 {

@@ -51,7 +51,10 @@ use anyhow::{Context, anyhow, bail, ensure};
 use redis::{FromRedisValue, IntoConnectionInfo};
 
 use valkey_sidecar_testkit::Result;
-use valkey_sidecar_testkit::k8s::writer::{Writer, Written, deposed_acks, lost};
+use valkey_sidecar_testkit::k8s::netfault::AddrPartition;
+use valkey_sidecar_testkit::k8s::writer::{
+    Ack, Writer, WriterOptions, Written, deposed_acks, lost, targets,
+};
 use valkey_sidecar_testkit::process::{ProcessSpec, ServerProcess};
 use valkey_sidecar_testkit::{
     POLL, ReplicationSet, ValkeyServer, cached_query, free_port, valkey_server_bin, wait_for,
@@ -104,8 +107,11 @@ pub struct SentinelOptions {
     /// `primary-reboot-down-after-period`: a primary that restarted within this long counts as
     /// down, so a primary restarted empty is failed over. Sentinel's default is 0 (off).
     pub primary_reboot_down_after: Duration,
-    /// Address every sentinel binds (and announces to the others).
+    /// Address every sentinel binds (and announces to the others)...
     pub bind: IpAddr,
+    /// ... unless this names one per sentinel (a sentinel beside each Valkey, on its node's
+    /// address, as Sentinel deployments on Kubernetes run them).
+    pub binds: Vec<IpAddr>,
     /// How long each sentinel may take to answer `PING` after its start.
     pub startup_timeout: Duration,
     /// How long [`Sentinels::monitor`] waits for every sentinel to know the set.
@@ -122,6 +128,7 @@ impl Default for SentinelOptions {
             parallel_syncs: 1,
             primary_reboot_down_after: Duration::ZERO,
             bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            binds: Vec::new(),
             startup_timeout: Duration::from_secs(10),
             ready_timeout: Duration::from_secs(30),
         }
@@ -154,6 +161,19 @@ impl SentinelOptions {
         self
     }
 
+    /// Sentinel `i` binds `binds[i]`.
+    pub fn binds(mut self, binds: Vec<IpAddr>) -> Self {
+        self.binds = binds;
+        self
+    }
+
+    /// Sentinel `i`'s options: its own address when [`Self::binds`] names one.
+    fn nth(&self, i: usize) -> SentinelOptions {
+        let mut o = self.clone();
+        o.bind = self.binds.get(i).copied().unwrap_or(self.bind);
+        o
+    }
+
     /// `primary-reboot-down-after-period`.
     pub fn primary_reboot_down_after(mut self, d: Duration) -> Self {
         self.primary_reboot_down_after = d;
@@ -176,6 +196,8 @@ impl SentinelOptions {
             // Hello messages would otherwise carry the source address the kernel picked for the
             // link to the primary, which is not the bound one when `bind` is not 127.0.0.1.
             format!("sentinel announce-ip {}", self.bind),
+            // Its links to the Valkeys and the other sentinels leave from its own address too.
+            format!("bind-source-addr {}", self.bind),
             "daemonize no".into(),
             format!("dir \"{}\"", dir.display()),
             format!("logfile \"{}\"", log.display()),
@@ -304,7 +326,7 @@ impl Sentinels {
         let bin = valkey_server_bin()?;
         let primary = current_primary(set)?;
         let nodes = (0..opts.count)
-            .map(|_| Sentinel::start(&bin, &opts, primary))
+            .map(|i| Sentinel::start(&bin, &opts.nth(i), primary))
             .collect::<Result<Vec<_>>>()?;
         let sentinels = Self { nodes, opts };
         sentinels.wait_steady(set, sentinels.opts.ready_timeout)?;
@@ -583,6 +605,110 @@ impl Sentinels {
             || node.cmd(&["REPLICAOF", &host, &port]).map(|_| true),
         )
     }
+}
+
+/// One partition of the primary's node as the clients on both sides saw it
+/// ([`Sentinels::partitioned`]).
+#[derive(Clone, Debug)]
+pub struct Partitioned {
+    pub old_primary: SocketAddr,
+    /// The cut → the first write a node on the majority side accepted.
+    pub writable_after: Duration,
+    /// The cut → the old primary's last acknowledgement to the client on its side; zero when it
+    /// acknowledged nothing after the cut.
+    pub last_ack: Duration,
+    /// Writes the old primary acknowledged to its side's client after the cut.
+    pub side_after: usize,
+    /// Writes both clients got acknowledged during the run.
+    pub acked: usize,
+    /// Acknowledged writes the final primary lacks once the partition healed and the set is
+    /// steady.
+    pub lost: usize,
+    /// Writes another node acknowledged after the final primary's first acknowledgement.
+    pub deposed: usize,
+}
+
+impl Sentinels {
+    /// Partitions the primary's node: its Valkey, the sentinel beside it (sentinel `k` stands
+    /// beside node `k` of the set: start the sentinels with [`SentinelOptions::binds`]) and a
+    /// client bound to `client_ip` that keeps writing to the old primary, cut from everything
+    /// else while a writer on the majority side writes to whichever node accepts. The cut holds
+    /// until `hold` after it, and at least 2 s past the first write the majority side accepted;
+    /// then it heals, the set settles (the old primary rejoins as a replica) and the writes are
+    /// read back from the final primary. Empties the data set afterwards.
+    pub fn partitioned(
+        &self,
+        set: &ReplicationSet,
+        client_ip: Ipv4Addr,
+        hold: Duration,
+        timeout: Duration,
+    ) -> Result<Partitioned> {
+        let old = self.primary()?;
+        let k = set
+            .nodes()
+            .iter()
+            .position(|n| n.addr() == old)
+            .with_context(|| format!("the sentinels' primary {old} is not in the set"))?;
+        let others: Vec<&ValkeyServer> = set.nodes().iter().filter(|n| n.addr() != old).collect();
+        let mut probe = WriteProbe::connect(&others);
+        let main = RunningWriter::start(old, &others);
+        let side = side_writer(old, client_ip);
+        std::thread::sleep(WRITER_WARMUP);
+        let inside = [
+            old.ip(),
+            self.nodes
+                .get(k)
+                .context("no sentinel beside the primary")?
+                .addr
+                .ip(),
+        ];
+        let mut inside: Vec<Ipv4Addr> = inside
+            .iter()
+            .filter_map(|ip| match ip {
+                IpAddr::V4(v4) => Some(*v4),
+                IpAddr::V6(_) => None,
+            })
+            .collect();
+        inside.push(client_ip);
+        let cut = AddrPartition::cut(&inside)?;
+        let at = Instant::now();
+        let (_, writable_at) = probe.wait_writable(at + timeout)?;
+        let until = (at + hold).max(writable_at + Duration::from_secs(2));
+        std::thread::sleep(until.saturating_duration_since(Instant::now()));
+        drop(cut);
+        let primary = self.wait_steady(set, timeout)?;
+        let (tag, main) = main.stop()?;
+        let (side_tag, side) = side.stop()?;
+        let after_cut: Vec<&Ack> = side
+            .acks
+            .iter()
+            .filter(|a| a.node == old && a.at > at)
+            .collect();
+        let run = Partitioned {
+            old_primary: old,
+            writable_after: writable_at.duration_since(at),
+            last_ack: after_cut
+                .iter()
+                .map(|a| a.at.duration_since(at))
+                .max()
+                .unwrap_or_default(),
+            side_after: after_cut.len(),
+            acked: main.acked.len() + side.acked.len(),
+            lost: lost(primary, &tag, &main.acked)? + lost(primary, &side_tag, &side.acked)?,
+            deposed: deposed_acks(&[&main, &side], primary).acks.len(),
+        };
+        empty(set, primary)?;
+        Ok(run)
+    }
+}
+
+/// A client on the primary's side of a partition: bound to `client_ip`, writing to `primary`
+/// only.
+fn side_writer(primary: SocketAddr, client_ip: Ipv4Addr) -> RunningWriter {
+    let run = RUNS.fetch_add(1, Ordering::Relaxed);
+    let mut opts = WriterOptions::new(format!("sentinel-side-{}-{run}", std::process::id()));
+    opts.client.source = Some(client_ip);
+    RunningWriter(Some(Writer::start_with(targets(vec![primary]), opts)))
 }
 
 /// What [`Sentinels::read_back`] found.

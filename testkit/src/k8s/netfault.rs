@@ -526,6 +526,41 @@ fn partition_rules(node: &str, n: &NodeNet) -> Vec<(Hook, String)> {
     rules
 }
 
+/// A partition of plain loopback processes (no pods, no cgroups), for baselines run outside
+/// Kubernetes: every packet between an address of `inside` and any other address is dropped,
+/// both ways, except the observer's. It works because each such process binds its own address
+/// and sources its outgoing connections from it (`bind-source-addr`), so the addresses alone
+/// say which side a packet is on. Healed when dropped.
+pub struct AddrPartition {
+    table: String,
+}
+
+impl AddrPartition {
+    /// Cuts `inside` (the partitioned side's servers and its clients' source addresses) from
+    /// every other address at once.
+    pub fn cut(inside: &[Ipv4Addr]) -> Result<AddrPartition> {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let table = format!("valkey_testkit_part_{}_{n}", std::process::id());
+        let t = format!("inet {table}");
+        let side = set(inside.iter().copied());
+        nft_script(&[
+            format!("add table {t}"),
+            format!("add chain {t} out {{ type filter hook output priority 0 ; policy accept ; }}"),
+            format!("add rule {t} out ip saddr {OBSERVER_IP} accept"),
+            format!("add rule {t} out ip daddr {OBSERVER_IP} accept"),
+            format!("add rule {t} out ip saddr {side} ip daddr != {side} drop"),
+            format!("add rule {t} out ip daddr {side} ip saddr != {side} drop"),
+        ])?;
+        Ok(AddrPartition { table })
+    }
+}
+
+impl Drop for AddrPartition {
+    fn drop(&mut self) {
+        let _ = nft(&["delete", "table", "inet", &self.table]);
+    }
+}
+
 impl Drop for NetFaults {
     fn drop(&mut self) {
         let _ = nft(&["delete", "table", "inet", &self.table]);

@@ -18,7 +18,14 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
-use valkey_sidecar_testkit::k8s::writer::{Writer, lost, tag_for};
+use std::net::{IpAddr, Ipv4Addr};
+
+use valkey_sidecar_bench::sentinel::Partitioned;
+use valkey_sidecar_testkit::k8s::netfault::AddrPartition;
+use valkey_sidecar_testkit::k8s::writer::{
+    Writer, WriterOptions, deposed_acks, lost, tag_for, tag_named, targets,
+};
+use valkey_sidecar_testkit::resp::ClientOptions;
 use valkey_sidecar_testkit::{
     ClusterOptions, ReplicationSet, ServerOptions, ValkeyCluster, ValkeyServer,
 };
@@ -329,6 +336,92 @@ pub fn replication_stop(how: Stop, wait: Duration) -> Result<Standalone> {
         exited,
         acked: moved.acked,
         lost: moved.lost,
+    })
+}
+
+/// Where the partitioned side's client connects from (no server binds it).
+pub const SIDE_CLIENT_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 97, 1);
+/// The first address of the partition baselines' nodes (`127.0.0.60` on): each node binds its
+/// own, which the address partition needs.
+const PARTITION_FIRST_IP: u8 = 60;
+
+/// `runs` partitions of a shard's primary (shards in turn) in a Valkey Cluster on its own
+/// (`cluster-node-timeout` `node_timeout_ms`): the primary's address and a client writing to it
+/// cut from everything else, held for `hold` (and 2 s past the replica's first write), healed,
+/// read back once the cluster is healthy.
+pub fn cluster_partition_runs(
+    runs: usize,
+    node_timeout_ms: u64,
+    hold: Duration,
+) -> Result<Vec<Partitioned>> {
+    let mut opts = ClusterOptions::default().node_timeout_ms(node_timeout_ms);
+    opts.first_ip = Some(PARTITION_FIRST_IP);
+    let cluster = ValkeyCluster::start(SHARDS, REPLICAS, opts)?;
+    relink_replicas(&cluster)?;
+    let mut out = Vec::new();
+    for i in 0..runs {
+        let r = cluster_partition(&cluster, i % SHARDS, hold)
+            .with_context(|| format!("partition run {}/{runs}", i + 1))?;
+        eprintln!(
+            "alone partition {}/{runs}: writable {:?}, last ack on the cut side {:?} ({} after the cut), {} acked, {} lost",
+            i + 1,
+            r.writable_after,
+            r.last_ack,
+            r.side_after,
+            r.acked,
+            r.lost
+        );
+        out.push(r);
+    }
+    Ok(out)
+}
+
+/// One partition of `shard`'s primary (see [`cluster_partition_runs`]).
+fn cluster_partition(cluster: &ValkeyCluster, shard: usize, hold: Duration) -> Result<Partitioned> {
+    let members = cluster.shard(shard);
+    let old = current_primary(members)?;
+    let others: Vec<&ValkeyServer> = members.iter().filter(|n| n.addr() != old.addr()).collect();
+    let opts = ClientOptions::default();
+    let run = rand_tag();
+    let main = Writer::start(
+        members.iter().map(|n| n.addr()).collect(),
+        tag_named(old.addr(), &opts, &format!("m{run}x"))?,
+    );
+    let mut side_opts = WriterOptions::new(tag_named(old.addr(), &opts, &format!("s{run}x"))?);
+    side_opts.client.source = Some(SIDE_CLIENT_IP);
+    let side = Writer::start_with(targets(vec![old.addr()]), side_opts);
+    std::thread::sleep(AROUND);
+    let IpAddr::V4(ip) = old.ip() else {
+        anyhow::bail!("{} is not IPv4", old.addr());
+    };
+    let cut = AddrPartition::cut(&[ip, SIDE_CLIENT_IP])?;
+    let at = Instant::now();
+    let (_, writable) = first_writable(&others, &main.tag, at, TAKE_OVER)
+        .context("no member of the shard took writes")?;
+    let until = (at + hold).max(at + writable + Duration::from_secs(2));
+    std::thread::sleep(until.saturating_duration_since(Instant::now()));
+    drop(cut);
+    cluster.wait_healthy(Duration::from_secs(60))?;
+    let now = current_primary(members)?;
+    let (main_tag, side_tag) = (main.tag.clone(), side.tag.clone());
+    let (main, side) = (main.stop()?, side.stop()?);
+    let after_cut: Vec<_> = side
+        .acks
+        .iter()
+        .filter(|a| a.node == old.addr() && a.at > at)
+        .collect();
+    Ok(Partitioned {
+        old_primary: old.addr(),
+        writable_after: writable,
+        last_ack: after_cut
+            .iter()
+            .map(|a| a.at.duration_since(at))
+            .max()
+            .unwrap_or_default(),
+        side_after: after_cut.len(),
+        acked: main.acked.len() + side.acked.len(),
+        lost: lost(now.addr(), &main_tag, &main.acked)? + lost(now.addr(), &side_tag, &side.acked)?,
+        deposed: deposed_acks(&[&main, &side], now.addr()).acks.len(),
     })
 }
 

@@ -75,7 +75,62 @@ pub fn run(bin: &Path) -> Result<()> {
     let loaded = measure(&loaded_pids, LOADED, || {
         served = crate::load(probe, 1000, LOADED, &paths).len();
     })?;
-    print(bin, &idle, &loaded, served, WINDOW)
+    print(bin, &idle, &loaded, served, WINDOW)?;
+    drop(agents);
+    drop(cluster);
+    let sentinel = sentinels.pids().first().copied();
+    let deployed = crate::runtime()?.block_on(deployed(bin, sentinel, WINDOW))?;
+    print_deployed(&deployed, WINDOW);
+    Ok(())
+}
+
+/// The agents as the chart deploys them: a 3 × 2 cluster install on the local control plane
+/// (each agent with its Kubernetes client, pod watch, Lease, labels and heartbeats), settled,
+/// then every agent and `sentinel` (still running) measured idle in one window. The sentinel's
+/// usage comes last.
+async fn deployed(bin: &Path, sentinel: Option<u32>, window: Duration) -> Result<Vec<Usage>> {
+    let mut o = valkey_sidecar_testkit::k8s::StageOptions::cluster("valkey", 3, 1);
+    o.kubelet = o.kubelet.sidecar_bin(bin);
+    let s = valkey_sidecar_testkit::k8s::Stage::start(o).await?;
+    s.wait_coordinator(Duration::from_secs(60)).await?;
+    // Past start-up: the first Lease rounds, label writes and watches' initial lists.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let mut pids: Vec<u32> = s
+        .pods
+        .iter()
+        .filter_map(|p| s.kubelet.container_pid(&s.namespace, p, "valkey-sidecar"))
+        .collect();
+    anyhow::ensure!(pids.len() == s.pods.len(), "an agent has no process");
+    pids.extend(sentinel);
+    tokio::task::spawn_blocking(move || measure(&pids, window, || {})).await?
+}
+
+fn print_deployed(usage: &[Usage], window: Duration) {
+    let (agents, sentinel) = match usage.split_last() {
+        Some((s, agents)) => (agents, s),
+        None => return,
+    };
+    println!(
+        "### Footprint of the agents as the chart deploys them (3 shards × 2, cluster mode)
+"
+    );
+    println!(
+        "Command: `target/release/bench footprint` (its second part). A chart install with its defaults on the local control plane: each agent runs its Kubernetes client, the pod watch of its shard, the coordinator Lease (one holds it, the others follow), its labels and the peer heartbeats. Measured idle in one {} s window once settled, beside the same sentinel as above in the same window.\n",
+        window.as_secs()
+    );
+    println!("| process | idle RSS MiB | idle CPU % of one core |");
+    println!("|---|---|---|");
+    for (i, u) in agents.iter().enumerate() {
+        println!(
+            "| valkey-sidecar as deployed #{i} | {:.1} | {:.2} |",
+            u.rss_mib, u.cpu_pct
+        );
+    }
+    println!(
+        "| valkey-server --sentinel (one of 3) | {:.1} | {:.2} |\n",
+        sentinel.rss_mib, sentinel.cpu_pct
+    );
+    summarize(agents, sentinel, window, Kind::Deployed);
 }
 
 fn start_agents(bin: &Path, cluster: &ValkeyCluster) -> Result<Vec<Sidecar>> {
@@ -90,8 +145,17 @@ fn start_agents(bin: &Path, cluster: &ValkeyCluster) -> Result<Vec<Sidecar>> {
     Ok(agents)
 }
 
-/// The summary's footprint row: the largest idle RSS and CPU of the agents against one sentinel.
-fn summarize(agents: &[Usage], sentinel: &Usage, window: Duration) {
+/// Which agents a footprint row measures.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    /// As the chart deploys them, with their Kubernetes client.
+    Deployed,
+    /// The agent without Kubernetes (no API server to talk to).
+    Bare,
+}
+
+/// A summary footprint row: the largest idle RSS and CPU of the agents against one sentinel.
+fn summarize(agents: &[Usage], sentinel: &Usage, window: Duration, kind: Kind) {
     use crate::summary::{Part, Row, Side, record};
     let parts = |rss: f64, cpu: f64| {
         vec![
@@ -108,12 +172,24 @@ fn summarize(agents: &[Usage], sentinel: &Usage, window: Duration) {
         ]
     };
     let most = |f: fn(&Usage) -> f64| agents.iter().map(f).fold(0.0, f64::max);
+    let (key, measure, config) = match kind {
+        Kind::Deployed => (
+            "idle",
+            "idle footprint of one process (RSS, CPU % of one core), the agent as the chart deploys it",
+            "chart defaults, cluster mode 3 × 2: Kubernetes client, pod watch, Lease, labels, heartbeats",
+        ),
+        Kind::Bare => (
+            "idle-bare",
+            "idle footprint of one process (RSS, CPU % of one core), the bare agent (no Kubernetes API)",
+            "poll 250 ms, cluster mode, no Kubernetes API",
+        ),
+    };
     record(&Row {
-        key: "idle".into(),
-        measure: "idle footprint of one process (RSS, CPU % of one core)".into(),
+        key: key.into(),
+        measure: measure.into(),
         ours: Side {
             who: format!("agent (the largest of {})", agents.len()),
-            config: "poll 250 ms, cluster mode, no Kubernetes API".into(),
+            config: config.into(),
             parts: parts(most(|u| u.rss_mib), most(|u| u.cpu_pct)),
             lost: None,
         },
@@ -160,7 +236,12 @@ fn print(
     }
     if let Some(s) = idle.get(agents + 1) {
         println!("{}", row("valkey-server --sentinel (one of 3)", s, None));
-        summarize(idle.get(..agents).unwrap_or_default(), s, window);
+        summarize(
+            idle.get(..agents).unwrap_or_default(),
+            s,
+            window,
+            Kind::Bare,
+        );
     }
     let size = std::fs::metadata(bin)?.len();
     println!(

@@ -1,15 +1,15 @@
 //! Benchmarks of the agent against real Valkey; prints Markdown for `docs/benchmarks.md` and
 //! writes its plots (`$BENCH_PLOTS_DIR`, default `docs/plots`).
 //!
-//! `bench [probes|footprint|labels|api|handover|failover|switchover|sentinel|planner|all]` runs
+//! `bench [probes|footprint|labels|api|handover|failover|switchover|partition|sentinel|planner|all]` runs
 //! sections; `bench faults <log>` prints the fault table, `bench summary <log>` the headline block,
-//! `bench summary-readme <log>` its README shape (five rows), `bench readme <block> <readme>`
+//! `bench summary-readme <log>` its README shape (seven rows), `bench readme <block> <readme>`
 //! copies a block into the README, and
 //! `bench compare <previous> <new>` lists the figures that got worse. All run through
 //! `scripts/bench.sh`, which builds the release binary, runs every section and the chaos tests,
 //! and regenerates the report. Needs `VALKEY_SIDECAR_BIN` (the agent; not for `sentinel`,
 //! `planner` or the report commands) and a valkey-server (see `scripts/valkey-bin.sh`);
-//! `labels`, `api`, `handover`, `failover` and `switchover` also need the Kubernetes binaries
+//! `footprint`, `labels`, `api`, `handover`, `failover`, `switchover` and `partition` also need the Kubernetes binaries
 //! and helm (`scripts/k8s-bins.sh`, `scripts/helm-bin.sh`). With `VALKEY_TESTKIT_FAULT_LOG` set,
 //! each configuration's runs are also logged as rows of the fault table; with
 //! `BENCH_SUMMARY_LOG` set, the headline figures as rows of the summary.
@@ -35,6 +35,7 @@ mod faults;
 mod footprint;
 mod handover;
 mod labels;
+mod partition;
 mod planner;
 mod plot;
 mod report;
@@ -44,7 +45,7 @@ mod summary;
 
 /// The sections `bench` knows (`faults`, `summary`, `summary-readme`, `readme` and `compare` take
 /// paths too).
-const SECTIONS: [&str; 15] = [
+const SECTIONS: [&str; 16] = [
     "probes",
     "footprint",
     "labels",
@@ -52,6 +53,7 @@ const SECTIONS: [&str; 15] = [
     "handover",
     "failover",
     "switchover",
+    "partition",
     "sentinel",
     "planner",
     "faults",
@@ -129,6 +131,9 @@ fn with_agent(what: &str, bin: &Path) -> Result<()> {
     }
     if what == "switchover" || all {
         runtime()?.block_on(switchovers(bin, env_count("BENCH_SWITCHOVERS", 20)))?;
+    }
+    if what == "partition" || all {
+        runtime()?.block_on(partition::run(bin))?;
     }
     if all {
         planner::run()?;

@@ -23,7 +23,7 @@ pub const END: &str = "<!-- bench-summary:end -->";
 
 /// The summary's rows in order, by the key their sections log them under, and what each is in
 /// words (for the rows a run did not measure).
-pub const KEYS: [(&str, &str); 8] = [
+pub const KEYS: [(&str, &str); 12] = [
     ("labels", "the role label after a flip (`bench labels`)"),
     ("handover", "the cluster hand-over (`bench handover`)"),
     (
@@ -39,25 +39,46 @@ pub const KEYS: [(&str, &str); 8] = [
         "a node cut in replication mode (`bench failover`)",
     ),
     (
+        "replication-partition",
+        "a partition in replication mode against Sentinel, `min-replicas-max-lag 10` (`bench partition`)",
+    ),
+    (
+        "replication-partition-lag1",
+        "a partition in replication mode against Sentinel, `min-replicas-max-lag 1` (`bench partition`)",
+    ),
+    (
+        "cluster-partition",
+        "a partition in cluster mode against Valkey alone (`bench partition`)",
+    ),
+    (
         "switchover",
         "the replication switchover (`bench switchover`)",
     ),
-    ("idle", "the idle footprint (`bench footprint`)"),
+    (
+        "idle",
+        "the idle footprint of the agent as deployed (`bench footprint`)",
+    ),
+    (
+        "idle-bare",
+        "the idle footprint of the bare agent (`bench footprint`)",
+    ),
     ("planner", "the planner (`bench planner`)"),
 ];
 
-/// The README's five rows (the report has them all): the labels, the hand-over and the crash it
-/// exists for, and the two rows where it is behind.
-pub const README_KEYS: [&str; 5] = [
+/// The README's seven rows (the report has them all): the labels, the hand-over and the crash it
+/// exists for, the partitions in both modes, and the rows where it is behind.
+pub const README_KEYS: [&str; 7] = [
     "labels",
     "handover",
     "cluster-crash",
     "replication-power-off",
+    "replication-partition",
+    "cluster-partition",
     "idle",
 ];
 
 /// Which block to print: the report's (every row, with the alternatives' configurations) or the
-/// README's (its five rows, without them).
+/// README's (its seven rows, without them).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Shape {
     Report,
