@@ -199,6 +199,32 @@ fn sweep(mount: &Path) {
     }
 }
 
+/// Deletes the nftables tables a killed test process left behind (`valkey_testkit_<pid>_…` and
+/// `valkey_testkit_part_<pid>_…` whose process is gone): a partition left installed would cut
+/// addresses the next run reuses.
+fn sweep_tables() {
+    let Ok(out) = Command::new("nft")
+        .args(["list", "tables"])
+        .stdin(Stdio::null())
+        .output()
+    else {
+        return;
+    };
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    for table in text.lines().filter_map(|l| l.strip_prefix("table inet ")) {
+        let Some(rest) = table.strip_prefix("valkey_testkit_") else {
+            continue;
+        };
+        let pid = rest.strip_prefix("part_").unwrap_or(rest);
+        let Some(pid) = pid.split('_').next() else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid).exists() {
+            let _ = nft(&["delete", "table", "inet", table]);
+        }
+    }
+}
+
 /// Removes `dir` and its subdirectories up to `depth` levels, deepest first (cgroup directories
 /// go one by one; their files are not real files).
 fn remove_tree(dir: &Path, depth: usize) {
@@ -329,6 +355,7 @@ impl NetFaults {
     /// An empty table: base chains that exempt [`OBSERVER_IP`] and jump to `pairs` (nothing
     /// dropped yet).
     pub fn create() -> Result<NetFaults> {
+        sweep_tables();
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let table = format!("valkey_testkit_{}_{n}", std::process::id());
         let t = format!("inet {table}");
@@ -539,6 +566,7 @@ impl AddrPartition {
     /// Cuts `inside` (the partitioned side's servers and its clients' source addresses) from
     /// every other address at once.
     pub fn cut(inside: &[Ipv4Addr]) -> Result<AddrPartition> {
+        sweep_tables();
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let table = format!("valkey_testkit_part_{}_{n}", std::process::id());
         let t = format!("inet {table}");
