@@ -628,6 +628,34 @@ pub struct Partitioned {
     pub deposed: usize,
 }
 
+impl Partitioned {
+    /// A run's figures from its two writers: `main` on the majority side, `side` writing to `old`
+    /// only from the cut side; the cut at `at`, `lost` counted on `final_primary`.
+    pub fn measured(
+        old: SocketAddr,
+        (at, writable_after): (Instant, Duration),
+        (main, side): (&Written, &Written),
+        lost: usize,
+        final_primary: SocketAddr,
+    ) -> Partitioned {
+        let after_cut: Vec<&Ack> = side
+            .acks
+            .iter()
+            .filter(|a| a.node == old && a.at > at)
+            .collect();
+        let last = after_cut.iter().map(|a| a.at.duration_since(at)).max();
+        Partitioned {
+            old_primary: old,
+            writable_after,
+            last_ack: last.unwrap_or_default(),
+            side_after: after_cut.len(),
+            acked: main.acked.len() + side.acked.len(),
+            lost,
+            deposed: deposed_acks(&[main, side], final_primary).acks.len(),
+        }
+    }
+}
+
 impl Sentinels {
     /// Partitions the primary's node: its Valkey, the sentinel beside it (sentinel `k` stands
     /// beside node `k` of the set: start the sentinels with [`SentinelOptions::binds`]) and a
@@ -679,24 +707,14 @@ impl Sentinels {
         let primary = self.wait_steady(set, timeout)?;
         let (tag, main) = main.stop()?;
         let (side_tag, side) = side.stop()?;
-        let after_cut: Vec<&Ack> = side
-            .acks
-            .iter()
-            .filter(|a| a.node == old && a.at > at)
-            .collect();
-        let run = Partitioned {
-            old_primary: old,
-            writable_after: writable_at.duration_since(at),
-            last_ack: after_cut
-                .iter()
-                .map(|a| a.at.duration_since(at))
-                .max()
-                .unwrap_or_default(),
-            side_after: after_cut.len(),
-            acked: main.acked.len() + side.acked.len(),
-            lost: lost(primary, &tag, &main.acked)? + lost(primary, &side_tag, &side.acked)?,
-            deposed: deposed_acks(&[&main, &side], primary).acks.len(),
-        };
+        let lost = lost(primary, &tag, &main.acked)? + lost(primary, &side_tag, &side.acked)?;
+        let run = Partitioned::measured(
+            old,
+            (at, writable_at.duration_since(at)),
+            (&main, &side),
+            lost,
+            primary,
+        );
         empty(set, primary)?;
         Ok(run)
     }

@@ -23,7 +23,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use valkey_sidecar_bench::sentinel::Partitioned;
 use valkey_sidecar_testkit::k8s::netfault::AddrPartition;
 use valkey_sidecar_testkit::k8s::writer::{
-    Writer, WriterOptions, deposed_acks, lost, tag_for, tag_named, targets,
+    Writer, WriterOptions, lost, tag_for, tag_named, targets,
 };
 use valkey_sidecar_testkit::resp::ClientOptions;
 use valkey_sidecar_testkit::{
@@ -362,15 +362,7 @@ pub fn cluster_partition_runs(
     for i in 0..runs {
         let r = cluster_partition(&cluster, i % SHARDS, hold)
             .with_context(|| format!("partition run {}/{runs}", i + 1))?;
-        eprintln!(
-            "alone partition {}/{runs}: writable {:?}, last ack on the cut side {:?} ({} after the cut), {} acked, {} lost",
-            i + 1,
-            r.writable_after,
-            r.last_ack,
-            r.side_after,
-            r.acked,
-            r.lost
-        );
+        crate::partition::progress("alone", i, runs, &r);
         out.push(r);
     }
     Ok(out)
@@ -405,24 +397,15 @@ fn cluster_partition(cluster: &ValkeyCluster, shard: usize, hold: Duration) -> R
     let now = current_primary(members)?;
     let (main_tag, side_tag) = (main.tag.clone(), side.tag.clone());
     let (main, side) = (main.stop()?, side.stop()?);
-    let after_cut: Vec<_> = side
-        .acks
-        .iter()
-        .filter(|a| a.node == old.addr() && a.at > at)
-        .collect();
-    Ok(Partitioned {
-        old_primary: old.addr(),
-        writable_after: writable,
-        last_ack: after_cut
-            .iter()
-            .map(|a| a.at.duration_since(at))
-            .max()
-            .unwrap_or_default(),
-        side_after: after_cut.len(),
-        acked: main.acked.len() + side.acked.len(),
-        lost: lost(now.addr(), &main_tag, &main.acked)? + lost(now.addr(), &side_tag, &side.acked)?,
-        deposed: deposed_acks(&[&main, &side], now.addr()).acks.len(),
-    })
+    let lost =
+        lost(now.addr(), &main_tag, &main.acked)? + lost(now.addr(), &side_tag, &side.acked)?;
+    Ok(Partitioned::measured(
+        old.addr(),
+        (at, writable),
+        (&main, &side),
+        lost,
+        now.addr(),
+    ))
 }
 
 fn rand_tag() -> u128 {

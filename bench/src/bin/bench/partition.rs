@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use valkey_sidecar_bench::sentinel::{Partitioned, SentinelOptions, Sentinels};
-use valkey_sidecar_testkit::k8s::writer::{deposed_acks, tag_named, targets};
+use valkey_sidecar_testkit::k8s::writer::{tag_named, targets};
 use valkey_sidecar_testkit::k8s::{Stage, StageOptions, poll_until, shard};
 use valkey_sidecar_testkit::{ReplicationOptions, ReplicationSet, ServerOptions};
 
@@ -263,25 +263,15 @@ async fn agent_cut(s: &Stage, mode: Mode, i: usize) -> Result<AgentCut> {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (main, side) = (main.stop()?, side.stop()?);
     let new_addr = s.valkey(&promoted)?;
-    let after_cut: Vec<_> = side
-        .acks
-        .iter()
-        .filter(|a| a.node == old_addr && a.at > at)
-        .collect();
-    let seen = Partitioned {
-        old_primary: old_addr,
-        writable_after,
-        last_ack: after_cut
-            .iter()
-            .map(|a| a.at.duration_since(at))
-            .max()
-            .unwrap_or_default(),
-        side_after: after_cut.len(),
-        acked: main.acked.len() + side.acked.len(),
-        lost: s.lost(&promoted, &main_tag, &main.acked)?
-            + s.lost(&promoted, &side_tag, &side.acked)?,
-        deposed: deposed_acks(&[&main, &side], new_addr).acks.len(),
-    };
+    let lost =
+        s.lost(&promoted, &main_tag, &main.acked)? + s.lost(&promoted, &side_tag, &side.acked)?;
+    let seen = Partitioned::measured(
+        old_addr,
+        (at, writable_after),
+        (&main, &side),
+        lost,
+        new_addr,
+    );
     let fences = fences(s, &old, mode).await?.saturating_sub(fenced_before);
     Ok(AgentCut { seen, fences })
 }
@@ -439,15 +429,7 @@ fn sentinel(runs: usize, lag: &str) -> Result<Baseline> {
         let r = sentinels
             .partitioned(&set, crate::alone::SIDE_CLIENT_IP, hold, budget)
             .with_context(|| format!("Sentinel partition {}/{runs}", i + 1))?;
-        eprintln!(
-            "sentinel (lag {lag}) partition {}/{runs}: writable {:?}, last ack on the cut side {:?} ({} after the cut), {} acked, {} lost",
-            i + 1,
-            r.writable_after,
-            r.last_ack,
-            r.side_after,
-            r.acked,
-            r.lost
-        );
+        progress(&format!("sentinel (lag {lag})"), i, runs, &r);
         out.push(r);
     }
     Ok(Baseline {
@@ -648,6 +630,20 @@ fn rand_tag() -> u128 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0)
+}
+
+/// One run's line on stderr, as the runs go.
+pub fn progress(who: &str, i: usize, runs: usize, r: &Partitioned) {
+    eprintln!(
+        "{who} partition {}/{runs}: writable {:?}, last ack on the cut side {:?} ({} after the cut), {} acked, {} lost, {} deposed",
+        i + 1,
+        r.writable_after,
+        r.last_ack,
+        r.side_after,
+        r.acked,
+        r.lost,
+        r.deposed
+    );
 }
 
 fn ms(d: Duration) -> f64 {
