@@ -682,22 +682,11 @@ impl Sentinels {
         let main = RunningWriter::start(old, &others);
         let side = side_writer(old, client_ip);
         std::thread::sleep(WRITER_WARMUP);
-        let inside = [
-            old.ip(),
-            self.nodes
-                .get(k)
-                .context("no sentinel beside the primary")?
-                .addr
-                .ip(),
-        ];
-        let mut inside: Vec<Ipv4Addr> = inside
-            .iter()
-            .filter_map(|ip| match ip {
-                IpAddr::V4(v4) => Some(*v4),
-                IpAddr::V6(_) => None,
-            })
-            .collect();
-        inside.push(client_ip);
+        let beside = self
+            .nodes
+            .get(k)
+            .context("no sentinel beside the primary")?;
+        let inside = [v4(old)?, v4(beside.addr)?, client_ip];
         let cut = AddrPartition::cut(&inside)?;
         let at = Instant::now();
         let (_, writable_at) = probe.wait_writable(at + timeout)?;
@@ -717,6 +706,14 @@ impl Sentinels {
         );
         empty(set, primary)?;
         Ok(run)
+    }
+}
+
+/// The IPv4 address of `addr` (the loopback partition is IPv4 only).
+pub fn v4(addr: SocketAddr) -> Result<Ipv4Addr> {
+    match addr.ip() {
+        IpAddr::V4(ip) => Ok(ip),
+        IpAddr::V6(_) => bail!("{addr} is not IPv4"),
     }
 }
 

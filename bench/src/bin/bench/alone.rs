@@ -18,9 +18,9 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 
-use valkey_sidecar_bench::sentinel::Partitioned;
+use valkey_sidecar_bench::sentinel::{Partitioned, v4};
 use valkey_sidecar_testkit::k8s::netfault::AddrPartition;
 use valkey_sidecar_testkit::k8s::writer::{
     Writer, WriterOptions, lost, tag_for, tag_named, targets,
@@ -316,7 +316,7 @@ fn first_writable<'a>(
 pub fn replication_stop(how: Stop, wait: Duration) -> Result<Standalone> {
     let set = ReplicationSet::start(2, ServerOptions::default())?;
     let addrs = set.nodes().iter().map(|n| n.addr()).collect();
-    let writer = Writer::start(addrs, format!("alone{}", rand_tag()));
+    let writer = Writer::start(addrs, format!("alone{}", crate::rand_tag()));
     std::thread::sleep(AROUND);
     let replicas: Vec<&ValkeyServer> = set.replicas().iter().collect();
     let (exited, took) = stop_and_poll(set.primary(), &replicas, &writer.tag, how, wait)?;
@@ -374,7 +374,7 @@ fn cluster_partition(cluster: &ValkeyCluster, shard: usize, hold: Duration) -> R
     let old = current_primary(members)?;
     let others: Vec<&ValkeyServer> = members.iter().filter(|n| n.addr() != old.addr()).collect();
     let opts = ClientOptions::default();
-    let run = rand_tag();
+    let run = crate::rand_tag();
     let main = Writer::start(
         members.iter().map(|n| n.addr()).collect(),
         tag_named(old.addr(), &opts, &format!("m{run}x"))?,
@@ -383,10 +383,7 @@ fn cluster_partition(cluster: &ValkeyCluster, shard: usize, hold: Duration) -> R
     side_opts.client.source = Some(SIDE_CLIENT_IP);
     let side = Writer::start_with(targets(vec![old.addr()]), side_opts);
     std::thread::sleep(AROUND);
-    let IpAddr::V4(ip) = old.ip() else {
-        anyhow::bail!("{} is not IPv4", old.addr());
-    };
-    let cut = AddrPartition::cut(&[ip, SIDE_CLIENT_IP])?;
+    let cut = AddrPartition::cut(&[v4(old.addr())?, SIDE_CLIENT_IP])?;
     let at = Instant::now();
     let (_, writable) = first_writable(&others, &main.tag, at, TAKE_OVER)
         .context("no member of the shard took writes")?;
@@ -406,13 +403,6 @@ fn cluster_partition(cluster: &ValkeyCluster, shard: usize, hold: Duration) -> R
         lost,
         now.addr(),
     ))
-}
-
-fn rand_tag() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0)
 }
 
 fn ms(d: Duration) -> f64 {

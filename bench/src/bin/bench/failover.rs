@@ -84,7 +84,7 @@ fn writer(s: &Stage) -> Result<Writer> {
         .iter()
         .map(|p| s.valkey(p))
         .collect::<Result<Vec<_>>>()?;
-    Ok(s.writer(addrs, &format!("r{}", rand_tag())))
+    Ok(s.writer(addrs, &format!("r{}", crate::rand_tag())))
 }
 
 /// One run: the fault on the current primary, the replacement timed, the writes lost counted.
@@ -199,7 +199,7 @@ pub fn failover_to_runs(runs: usize) -> Result<Vec<Move>> {
     for i in 0..runs {
         let (from, to) = (&nodes[i % 3], &nodes[(i + 1) % 3]);
         let addrs = nodes.iter().map(|n| n.addr()).collect();
-        let writer = Writer::start(addrs, format!("f{}", rand_tag()));
+        let writer = Writer::start(addrs, format!("f{}", crate::rand_tag()));
         std::thread::sleep(Duration::from_millis(500));
         let (host, port) = (to.host(), to.port().to_string());
         from.cmd(&["FAILOVER", "TO", &host, &port, "TIMEOUT", "5000"])?;
@@ -253,11 +253,4 @@ fn wait_linked(set: &ReplicationSet, primary: &valkey_sidecar_testkit::ValkeySer
         },
     )
     .context("after FAILOVER TO")
-}
-
-fn rand_tag() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0)
 }

@@ -248,6 +248,14 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
+/// A key tag unique to this moment, so runs on one data set never share keys.
+fn rand_tag() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
 /// A count from the environment, else `default`.
 fn env_count(name: &str, default: usize) -> usize {
     std::env::var(name)

@@ -25,7 +25,7 @@ use valkey_sidecar_testkit::k8s::{Stage, StageOptions, poll_until, shard};
 use valkey_sidecar_testkit::{ReplicationOptions, ReplicationSet, ServerOptions};
 
 use crate::failover::MIN_REPLICAS;
-use crate::report::p50_p99;
+use crate::report::{ms, p50_p99};
 use crate::{env_count, faults, settings};
 
 /// Which of the chart's modes a stage runs.
@@ -213,7 +213,7 @@ async fn steady(s: &Stage, mode: Mode) -> Result<String> {
 
 /// The writers' key tags for one run: the shard's slots in cluster mode, unique per run.
 fn tags(s: &Stage, mode: Mode, old: &str, i: usize) -> Result<(String, String)> {
-    let run = rand_tag();
+    let run = crate::rand_tag();
     let (main, side) = (format!("pm{run}x{i}"), format!("ps{run}x{i}"));
     match mode {
         Mode::Replication => Ok((main, side)),
@@ -314,20 +314,21 @@ async fn all_fences(s: &Stage, mode: Mode) -> Result<u64> {
     Ok(sum)
 }
 
+/// Every pod's Valkey address: a writer over them finds whichever accepts.
+fn every_pod(s: &Stage) -> Result<Vec<std::net::SocketAddr>> {
+    s.pods.iter().map(|p| s.valkey(p)).collect()
+}
+
 /// `windows` windows of [`WINDOW`] under a writer on every member, no fault.
 async fn healthy_windows(s: &Stage, mode: Mode, windows: usize) -> Result<Vec<Healthy>> {
     let mut out = Vec::new();
     for i in 0..windows {
         steady(s, mode).await?;
         let before = all_fences(s, mode).await?;
-        let addrs = s
-            .pods
-            .iter()
-            .map(|p| s.valkey(p))
-            .collect::<Result<Vec<_>>>()?;
+        let addrs = every_pod(s)?;
         let tag = match mode {
-            Mode::Replication => format!("h{}", rand_tag()),
-            Mode::Cluster => tag_named(addrs[0], &s.client(), &format!("h{}x", rand_tag()))?,
+            Mode::Replication => format!("h{}", crate::rand_tag()),
+            Mode::Cluster => tag_named(addrs[0], &s.client(), &format!("h{}x", crate::rand_tag()))?,
         };
         let writer = s.writer(addrs, &tag);
         tokio::time::sleep(WINDOW).await;
@@ -353,12 +354,7 @@ async fn healthy_windows(s: &Stage, mode: Mode, windows: usize) -> Result<Vec<He
 async fn apiserver_outage(s: &Stage, length: Duration) -> Result<Outage> {
     let primary = steady(s, Mode::Replication).await?;
     let before = all_fences(s, Mode::Replication).await?;
-    let addrs = s
-        .pods
-        .iter()
-        .map(|p| s.valkey(p))
-        .collect::<Result<Vec<_>>>()?;
-    let writer = s.writer(addrs, &format!("o{}", rand_tag()));
+    let writer = s.writer(every_pod(s)?, &format!("o{}", crate::rand_tag()));
     tokio::time::sleep(Duration::from_secs(2)).await;
     s.signal_apiserver("STOP")?;
     tokio::time::sleep(length).await;
@@ -625,13 +621,6 @@ fn log(agents: &[AgentMeasured], baselines: &[Baseline]) {
     }
 }
 
-fn rand_tag() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0)
-}
-
 /// One run's line on stderr, as the runs go.
 pub fn progress(who: &str, i: usize, runs: usize, r: &Partitioned) {
     eprintln!(
@@ -644,8 +633,4 @@ pub fn progress(who: &str, i: usize, runs: usize, r: &Partitioned) {
         r.lost,
         r.deposed
     );
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
 }

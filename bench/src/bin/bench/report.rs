@@ -11,7 +11,7 @@ use crate::failover::{Move, Run};
 use crate::sentinels::{self, Measured};
 use crate::settings;
 
-fn ms(d: Duration) -> f64 {
+pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
