@@ -13,11 +13,13 @@ if ! git diff --quiet HEAD -- 2>/dev/null; then
   commit="$commit-dirty"
 fi
 scripts/install-deps.sh
-export VALKEY_SERVER="$(scripts/valkey-bin.sh)"
-export VALKEY_TESTKIT_K8S_BIN_DIR="$(scripts/k8s-bins.sh)"
-export HELM_BIN="$(scripts/helm-bin.sh)"
+# Assigned before exported: `export X="$(cmd)"` hides a failing build from `set -e`.
+VALKEY_SERVER="$(scripts/valkey-bin.sh)"
+VALKEY_TESTKIT_K8S_BIN_DIR="$(scripts/k8s-bins.sh)"
+HELM_BIN="$(scripts/helm-bin.sh)"
 # The agent measured is the image's binary (static, musl, release: the Dockerfile's build).
-export VALKEY_SIDECAR_BIN="$(scripts/static-build.sh)"
+VALKEY_SIDECAR_BIN="$(scripts/static-build.sh)"
+export VALKEY_SERVER VALKEY_TESTKIT_K8S_BIN_DIR HELM_BIN VALKEY_SIDECAR_BIN
 cargo build --release --locked -p valkey-sidecar-bench --bin bench
 # The chaos tests, built before anything is timed.
 chaos=(k8s_node_faults k8s_split_brain k8s_disruption k8s_replication k8s_replication_coordinator k8s_coordinator k8s_chart k8s_labels k8s_full_restart)
