@@ -21,5 +21,7 @@ export ACTIONLINT_BIN="$(scripts/go-tool-bin.sh actionlint)"
 # Licenses, bans and sources of every dependency (deny.toml), offline once the crates are fetched.
 cargo fetch --locked
 "$(scripts/cargo-deny-bin.sh)" --offline check licenses bans sources
+# Known vulnerabilities, against the RustSec snapshot in ../shared/vendor (no network needed).
+scripts/advisories.sh --offline
 # --no-fail-fast: one failing test binary does not hide the others' results.
 cargo test --workspace --locked --no-fail-fast "$@"

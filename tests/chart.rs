@@ -372,6 +372,7 @@ const VARIANTS: &[(&str, &[&str])] = &[
         &[
             "nodeIndex.admissionPolicy=false",
             "sidecar.admissionPolicy=false",
+            "sidecar.acknowledgeNoAdmissionPolicy=true",
             "sidecar.readNodes=false",
             "sidecar.env.SIDECAR_COORDINATOR=false",
         ],

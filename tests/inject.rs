@@ -393,8 +393,53 @@ async fn injected_manifests_pass_a_server_side_dry_run() {
         pod["containers"][0]["lifecycle"]["preStop"]["httpGet"]["port"],
         9736
     );
+    // The API token as the chart hands it out: to the agent alone.
+    let chart = chart_statefulset(&plane).await;
+    let chart_pod = &chart["spec"]["template"]["spec"];
+    assert_eq!(token_handling(pod), token_handling(chart_pod));
+    assert_eq!(token_handling(pod).2, ["valkey-sidecar"]);
 
     valkey_cluster_dry_run(&plane).await;
+}
+
+/// The first StatefulSet of the chart's rendered `cluster-3x1` example, as the apiserver stores it.
+async fn chart_statefulset(plane: &ControlPlane) -> Value {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let rendered = read(&root.join("examples/rendered/cluster-3x1.yaml"));
+    let docs = valkey_sidecar_testkit::k8s::chart::documents(&rendered);
+    let sts = docs
+        .into_iter()
+        .find(|d| valkey_sidecar_testkit::k8s::chart::kind_of(d) == Some("StatefulSet"))
+        .expect("a StatefulSet");
+    let path = plane.dir().join("chart-statefulset.yaml");
+    std::fs::write(&path, sts.replace("namespace: valkey\n", "")).unwrap();
+    let args = ["create", "--dry-run=server", "-o", "json", "-f"];
+    let json = kubectl(plane, &[&args[..], &[path.to_str().unwrap()]].concat()).await;
+    serde_json::from_str(&json).unwrap()
+}
+
+/// How a pod spec hands out the API token: the automount setting, the sources of the projected
+/// volume that carries a token, and the containers that mount it where clients look for it.
+fn token_handling(pod: &Value) -> (Value, Value, Vec<String>) {
+    let path = "/var/run/secrets/kubernetes.io/serviceaccount";
+    let volumes = pod["volumes"].as_array().cloned().unwrap_or_default();
+    let token = volumes.iter().find(|v| {
+        let sources = v["projected"]["sources"].as_array();
+        sources.is_some_and(|s| s.iter().any(|s| s.get("serviceAccountToken").is_some()))
+    });
+    let name = token.map(|v| v["name"].clone()).unwrap_or(Value::Null);
+    let containers = ["initContainers", "containers"]
+        .iter()
+        .flat_map(|k| pod[*k].as_array().cloned().unwrap_or_default());
+    let mounting = containers
+        .filter(|c| {
+            let mounts = c["volumeMounts"].as_array().cloned().unwrap_or_default();
+            mounts.iter().any(|m| m["mountPath"] == path && m["name"] == name)
+        })
+        .map(|c| c["name"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    let sources = token.map_or(Value::Null, |v| v["projected"]["sources"].clone());
+    (pod["automountServiceAccountToken"].clone(), sources, mounting)
 }
 
 /// The ValkeyCluster against a stand-in CRD, then the containers it carries merged the way the

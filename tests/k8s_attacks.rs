@@ -328,6 +328,7 @@ async fn a_forged_record_naming_a_pod_outside_the_shard_is_never_followed() {
     let o = StageOptions::replication("attack-forged", 1)
         .set("shards=2")
         .set("sidecar.admissionPolicy=false")
+        .set("sidecar.acknowledgeNoAdmissionPolicy=true")
         .lease("4s", "3s", "1s");
     let s = Stage::start(o).await.unwrap();
     s.wait_ready(4, 60 * SECOND).await.unwrap();

@@ -310,46 +310,84 @@ async fn the_pods_own_token_may_change_only_its_own_valkey_labels() {
     );
 }
 
-/// With an agent's token, Leases: the admission policy lets it write only its cluster's coordinator
-/// Lease and shard records that name pods of their own shard, with an epoch that grows by one and
-/// a duration of at most an hour (the stage is in cluster mode, so shard 7's record is unused).
+/// With an agent's token, Leases: the admission policies let it create only its cluster's
+/// coordinator Lease and shard records of its shards, naming pods their StatefulSet runs, at an
+/// epoch below 10^9, for at most twice the agents' lease, owned by the chart's ConfigMap by its
+/// uid; and name only itself as the coordinator. (The stage is in cluster mode: shard 2's record
+/// is unused, and RBAC grants no update of it.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_token_cannot_forge_a_shard_record() {
     use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::ConfigMap;
     use kube::api::PostParams;
     let s = Stage::start(options()).await.unwrap();
-    let api: Api<Lease> =
-        Api::namespaced(s.client_as_pod("valkey-2-0").await.unwrap(), &s.namespace);
-    let record = |name: &str, holder: &str, epoch: &str, seconds: i32| {
+    let maps: Api<ConfigMap> = Api::namespaced(s.plane.client(), &s.namespace);
+    let owner_uid = maps.get("valkey-leases").await.unwrap().metadata.uid.unwrap();
+    let me = "valkey-2-0";
+    let api: Api<Lease> = Api::namespaced(s.client_as_pod(me).await.unwrap(), &s.namespace);
+    let owned = |uid: &str| {
+        serde_json::json!([{"apiVersion": "v1", "kind": "ConfigMap", "name": "valkey-leases", "uid": uid}])
+    };
+    let lease_with = |name: &str, holder: &str, epoch: &str, seconds: i32, owners| {
         serde_json::from_value::<Lease>(serde_json::json!({
             "metadata": {"name": name,
                 "labels": {"valkey.io/record": "shard-primary", "valkey.io/cluster": "valkey"},
-                "annotations": {"valkey.io/epoch": epoch, "valkey.io/primary": holder}},
+                "annotations": {"valkey.io/epoch": epoch, "valkey.io/primary": holder},
+                "ownerReferences": owners},
             "spec": {"holderIdentity": holder, "leaseDurationSeconds": seconds}
         }))
         .unwrap()
     };
+    let record = |name: &str, holder: &str, epoch: &str, seconds: i32| {
+        lease_with(name, holder, epoch, seconds, owned(&owner_uid))
+    };
+    let sa_owned = serde_json::json!([{"apiVersion": "v1", "kind": "ServiceAccount",
+        "name": "valkey-sidecar", "uid": "6f1c7d3e-0000-4000-8000-000000000001"}]);
     let pp = PostParams::default();
     let refused = [
         (
             "a Lease outside the cluster's names",
-            record("other-lease", "valkey-7-0", "1", 15),
+            record("other-lease", "valkey-2-0", "1", 15),
         ),
         (
             "a record naming a pod of another shard",
-            record("valkey-7-primary", "valkey-0-0", "1", 15),
+            record("valkey-2-primary", "valkey-0-0", "1", 15),
         ),
         (
             "a record naming a pod of another cluster",
-            record("valkey-7-primary", "other-7-0", "1", 15),
+            record("valkey-2-primary", "other-2-0", "1", 15),
+        ),
+        (
+            "a record naming a pod the StatefulSet does not run (ordinal 99)",
+            record("valkey-2-primary", "valkey-2-99", "1", 15),
+        ),
+        (
+            "a record of a shard the release does not have",
+            record("valkey-7-primary", "valkey-7-0", "1", 15),
         ),
         (
             "an epoch of 2^64-1",
-            record("valkey-7-primary", "valkey-7-0", "18446744073709551615", 15),
+            record("valkey-2-primary", "valkey-2-0", "18446744073709551615", 15),
         ),
         (
-            "a lease of a day",
-            record("valkey-7-primary", "valkey-7-0", "1", 86_400),
+            "a record created at epoch 10^9 (no room left for failovers)",
+            record("valkey-2-primary", "valkey-2-0", "1000000000", 15),
+        ),
+        (
+            "a lease of 31 s (the agents' is 15 s)",
+            record("valkey-2-primary", "valkey-2-0", "1", 31),
+        ),
+        (
+            "an owner with a made-up uid (the garbage collector would delete the record)",
+            lease_with("valkey-2-primary", "valkey-2-0", "1", 15, owned("6f1c7d3e-0000-4000-8000-000000000002")),
+        ),
+        (
+            "an owner other than the chart's ConfigMap",
+            lease_with("valkey-2-primary", "valkey-2-0", "1", 15, sa_owned),
+        ),
+        (
+            "no owner",
+            lease_with("valkey-2-primary", "valkey-2-0", "1", 15, serde_json::Value::Null),
         ),
     ];
     for (what, lease) in refused {
@@ -358,31 +396,32 @@ async fn an_agent_token_cannot_forge_a_shard_record() {
         assert!(c == 403 || c == 422, "{what} was allowed (HTTP {c})");
     }
     let created = api
-        .create(&pp, &record("valkey-7-primary", "valkey-7-0", "1", 15))
-        .await
-        .unwrap();
-    // The same record at another epoch, held by `holder`: an update as the agents write one.
-    let moved = |epoch: &str, holder: &str| {
-        let mut lease = created.clone();
-        let annotations = lease.metadata.annotations.as_mut().unwrap();
-        annotations.insert("valkey.io/epoch".into(), epoch.into());
+        .create(&pp, &record("valkey-2-primary", "valkey-2-0", "1", 30))
+        .await;
+    assert!(created.is_ok(), "a record as an agent creates one: {created:?}");
+    // RBAC: no update of Leases outside the release's own names (cluster mode has no records).
+    let mut moved = created.unwrap();
+    moved.spec.as_mut().unwrap().holder_identity = Some("valkey-2-1".into());
+    let c = code(api.replace("valkey-2-primary", &pp, &moved).await);
+    assert_eq!(c, 403, "an update of a Lease RBAC does not name");
+    // The coordinator Lease: only the writing agent may name itself holder.
+    poll_until("the coordinator Lease", 30 * SECOND, SECOND / 10, || async {
+        Ok(api.get_opt("valkey-coordinator").await?.is_some())
+    })
+    .await
+    .unwrap();
+    let coordinator = api.get("valkey-coordinator").await.unwrap();
+    let held_by = |holder: &str| {
+        let mut lease = coordinator.clone();
         lease.spec.as_mut().unwrap().holder_identity = Some(holder.into());
         lease
     };
-    let c = code(
-        api.replace("valkey-7-primary", &pp, &moved("5", "valkey-7-0"))
-            .await,
-    );
-    assert!(
-        c == 403 || c == 422,
-        "an epoch jump from 1 to 5 was allowed (HTTP {c})"
-    );
-    let promotion = moved("2", "valkey-7-1");
-    assert_eq!(
-        code(api.replace("valkey-7-primary", &pp, &promotion).await),
-        200,
-        "a promotion"
-    );
+    let c = code(api.replace("valkey-coordinator", &pp, &held_by("valkey-9-9_made-up")).await);
+    assert!(c == 403 || c == 422, "a made-up coordinator was allowed (HTTP {c})");
+    let pods: Api<Pod> = Api::namespaced(s.plane.client(), &s.namespace);
+    let uid = pods.get(me).await.unwrap().metadata.uid.unwrap();
+    let c = code(api.replace("valkey-coordinator", &pp, &held_by(&format!("{me}_{uid}"))).await);
+    assert_eq!(c, 200, "an agent naming itself coordinator (as after a takeover)");
 }
 
 /// One standalone Valkey pod in replication mode: its labels once role, shard and zone are set,

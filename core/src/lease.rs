@@ -256,13 +256,21 @@ pub fn election_identity(pod: &str, uid: Option<&str>) -> String {
 /// The longest lease a record may claim: the agent's own maximum (`SIDECAR_LEASE_DURATION`).
 pub const MAX_LEASE_MS: u64 = 3_600_000;
 
+/// How many times its own lease a judge honours a longer lease claimed on a record.
+pub const HONOURED_LEASE_FACTOR: u64 = 2;
+
 /// How long someone else's Lease stays held without renewal: the holder's lease if longer than
 /// the judge's own — during a rolling change of lease settings, a holder on the old, longer lease
 /// acts until its own renew deadline, so judging by the shorter one could take over while it still
-/// acts — but never more than [`MAX_LEASE_MS`], so a Lease claiming a huge duration cannot freeze
-/// a takeover for longer than that.
+/// acts — but never more than [`HONOURED_LEASE_FACTOR`] times the judge's own (nor
+/// [`MAX_LEASE_MS`]): a forged duration, written with a stolen token, freezes a takeover for at
+/// most one more lease, not an hour. A rolling change of lease settings therefore at most doubles
+/// the lease per step (a holder's renew deadline stays below twice any judge's lease).
 pub fn judged_lease_ms(own_ms: u64, recorded_ms: Option<u64>) -> u64 {
-    recorded_ms.unwrap_or(0).min(MAX_LEASE_MS).max(own_ms)
+    let cap = own_ms
+        .saturating_mul(HONOURED_LEASE_FACTOR)
+        .min(MAX_LEASE_MS);
+    recorded_ms.unwrap_or(0).min(cap).max(own_ms)
 }
 
 #[cfg(test)]
@@ -355,19 +363,22 @@ mod tests {
     }
 
     #[test]
-    fn a_longer_lease_of_the_holder_counts_but_at_most_an_hour() {
+    fn a_longer_lease_of_the_holder_counts_but_at_most_twice_our_own() {
         let mut e = Elector::new("b", T);
         let long = |ms| LeaseRecord {
             lease_ms: ms,
             ..held_by("a", "1")
         };
-        e.observe(Some(long(30_000)), Millis(0));
-        assert_eq!(e.decide(Millis(29_999)), LeaseAction::Read);
-        assert_eq!(e.decide(Millis(30_000)), LeaseAction::Acquire);
-        let mut f = Elector::new("b", T);
-        f.observe(Some(long(u64::MAX)), Millis(0));
-        assert_eq!(f.decide(Millis(MAX_LEASE_MS - 1)), LeaseAction::Read);
-        assert_eq!(f.decide(Millis(MAX_LEASE_MS)), LeaseAction::Acquire);
+        e.observe(Some(long(20_000)), Millis(0));
+        assert_eq!(e.decide(Millis(19_999)), LeaseAction::Read);
+        assert_eq!(e.decide(Millis(20_000)), LeaseAction::Acquire);
+        // A forged hour (or more) is honoured for two of our leases only.
+        for forged in [MAX_LEASE_MS, u64::MAX] {
+            let mut f = Elector::new("b", T);
+            f.observe(Some(long(forged)), Millis(0));
+            assert_eq!(f.decide(Millis(29_999)), LeaseAction::Read);
+            assert_eq!(f.decide(Millis(30_000)), LeaseAction::Acquire);
+        }
     }
 
     #[test]

@@ -109,6 +109,35 @@ pub struct Observation {
     pub keys: u64,
     /// Valkey's wall clock in ms (`server_time_usec`): the clock of `CLUSTER NODES`' ping times.
     pub server_time_ms: Option<u64>,
+    /// Which replication stream its data is, and how far: what `PSYNC` compares.
+    pub history: History,
+}
+
+/// A node's replication stream (`INFO replication`): `master_replid` and `master_repl_offset`,
+/// and, once it was promoted, the stream it followed before (`master_replid2`) and up to where
+/// the two are one (`second_repl_offset`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct History {
+    pub replid: String,
+    pub offset: u64,
+    /// `None`: never promoted in this run (Valkey prints forty zeros).
+    pub replid2: Option<String>,
+    /// Valkey's `second_repl_offset`: the first offset not shared with `replid2` (the promotion
+    /// offset + 1); `None` when it prints -1.
+    pub second_offset: Option<u64>,
+}
+
+impl History {
+    /// Whether a node with history `other`, following this one, keeps every byte it holds:
+    /// Valkey's own rule for a partial resync — the same stream at most as far as ours, or the
+    /// stream we were promoted from, no further than where we left it.
+    pub fn continues(&self, other: &History) -> bool {
+        let same = !self.replid.is_empty() && other.replid == self.replid;
+        let before = self.replid2.as_deref() == Some(other.replid.as_str());
+        let shared = |end: &u64| other.offset < *end;
+        (same && other.offset <= self.offset)
+            || (before && self.second_offset.as_ref().is_some_and(shared))
+    }
 }
 
 /// The raw replies of one tick, in the order the adapter sends the commands.
@@ -153,7 +182,23 @@ pub fn observe(replies: &Replies, mode: Mode) -> Result<Observation, Refusal> {
         cluster: (mode == Mode::Cluster).then(|| cluster_of(replies, &info)),
         keys: keys_of(&info),
         server_time_ms: info.u64("server_time_usec").map(|us| us / 1000),
+        history: history_of(&info),
     })
+}
+
+fn history_of(info: &Info) -> History {
+    let never = |id: &&str| id.bytes().all(|b| b == b'0');
+    History {
+        replid: info.get("master_replid").unwrap_or_default().to_owned(),
+        offset: info.u64("master_repl_offset").unwrap_or(0),
+        replid2: info
+            .get("master_replid2")
+            .filter(|id| !never(id))
+            .map(str::to_owned),
+        second_offset: info
+            .i64("second_repl_offset")
+            .and_then(|o| u64::try_from(o).ok()),
+    }
 }
 
 fn keys_of(info: &Info) -> u64 {
@@ -163,7 +208,8 @@ fn keys_of(info: &Info) -> u64 {
                 .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
         })
         .filter_map(|(_, v)| record(v).get("keys")?.parse::<u64>().ok())
-        .sum()
+        // A hostile or broken reply cannot wrap the count around to "empty".
+        .fold(0, u64::saturating_add)
 }
 
 fn info_of(reply: Option<&Reply>) -> Result<Info, Refusal> {

@@ -7,8 +7,8 @@ mod support;
 use support::*;
 use valkey_sidecar_core::heartbeat::{PeerSight, Promise, VouchedUntil};
 use valkey_sidecar_core::replication::{
-    LocalAction, LocalRole, LocalValkey, LocalView, RunTrust, SeenRecord, ShardRecord,
-    awaiting_promotion, claim, local, may_advertise,
+    LocalAction, LocalRole, LocalValkey, LocalView, NOT_FOLLOWING, RunTrust, SeenRecord,
+    ShardRecord, Successor, awaiting_promotion, claim, local, may_advertise, successor_wanted,
 };
 use valkey_sidecar_core::time::Millis;
 
@@ -94,8 +94,46 @@ fn local_table() {
             "demote",
         ),
         (
+            "old primary, successor still a replica (forged record)",
+            LocalView {
+                successor: Some(Successor {
+                    primary: false,
+                    ..promoted("B", 1_200, "A", 1_000)
+                }),
+                ..follower_view(master("run", 1_000))
+            },
+            "fence",
+        ),
+        (
+            "old primary, successor does not answer",
+            LocalView {
+                successor: None,
+                ..follower_view(master("run", 1_000))
+            },
+            "fence",
+        ),
+        (
+            "old primary, successor an empty master",
+            LocalView {
+                successor: Some(Successor {
+                    primary: true,
+                    history: stream("C", 0),
+                }),
+                ..follower_view(master("run", 1_000))
+            },
+            "fence",
+        ),
+        (
             "empty master, successor recorded",
             follower_view(fresh(master("run", 1_000))),
+            "rejoin",
+        ),
+        (
+            "empty master, successor still a replica: nothing to lose",
+            LocalView {
+                successor: None,
+                ..follower_view(fresh(master("run", 1_000)))
+            },
             "rejoin",
         ),
         (
@@ -506,6 +544,45 @@ fn fence_pauses_for_a_lease_and_demotion_targets_the_recorded_address() {
         panic!("expected a demotion")
     };
     assert_eq!(to, "10.0.0.11:6379");
+}
+
+/// `REPLICAOF` to the recorded successor only where Valkey's partial resync keeps every byte of
+/// ours, or the successor's promoted stream is already past us (later failovers): never onto a
+/// lagging stream or a stranger, whatever the record says.
+#[test]
+fn an_old_primary_follows_only_a_successor_that_continues_its_data() {
+    let with = |s: Successor| LocalView {
+        successor: Some(s),
+        ..follower_view(master("run", 1_000))
+    };
+    let kind = |s: Successor| local(&with(s)).kind();
+    // Promoted from our stream at our offset, or past it: nothing of ours is discarded.
+    assert_eq!(kind(promoted("B", 1_000, "A", 1_000)), "demote");
+    assert_eq!(kind(promoted("B", 5_000, "A", 1_500)), "demote");
+    // Promoted from our stream before our last write (a replica that lagged): refused.
+    let lagging = local(&with(promoted("B", 1_200, "A", 999)));
+    assert_eq!(lagging.kind(), "fence");
+    assert!(lagging.reason().starts_with(NOT_FOLLOWING), "{lagging:?}");
+    // Two failovers later, a stream already past our offset.
+    assert_eq!(kind(promoted("C", 1_001, "B", 900)), "demote");
+    assert_eq!(kind(promoted("C", 999, "B", 900)), "fence");
+    // The same stream, further on (a replica of ours could never be master of it otherwise).
+    let same = Successor {
+        primary: true,
+        history: stream("A", 1_000),
+    };
+    assert_eq!(kind(same.clone()), "demote");
+    let behind = Successor {
+        history: stream("A", 999),
+        ..same
+    };
+    assert_eq!(kind(behind), "fence");
+    // Asked for only while it matters: a master with data, another pod named, its address known.
+    assert!(successor_wanted(&follower_view(master("run", 1_000))));
+    let mut empty = master("run", 1_000);
+    empty.fresh = true;
+    assert!(!successor_wanted(&follower_view(empty)));
+    assert!(!successor_wanted(&holder_view(2_000, 0)));
 }
 
 // ------------------------------------------------------------------------------------------

@@ -55,15 +55,19 @@ fn a_promotion_among_members_that_all_came_back_without_keys_says_the_data_is_go
 }
 
 /// The holder's own lease, when longer, is what the record is judged by (a rolling change of
-/// lease settings); a record claiming more than an hour is judged by an hour.
+/// lease settings), up to twice the judge's own: a forged hour freezes a failover for one more
+/// lease, not for an hour.
 #[test]
-fn expiry_is_judged_by_the_holders_lease_up_to_an_hour() {
+fn expiry_is_judged_by_the_holders_lease_up_to_twice_our_own() {
     use valkey_sidecar_core::replication::{MAX_LEASE_MS, judged_lease_ms};
     let cases = [
         (15_000, None, 15_000),
         (15_000, Some(10_000), 15_000),
         (15_000, Some(30_000), 30_000),
-        (15_000, Some(u64::MAX), MAX_LEASE_MS),
+        (15_000, Some(45_000), 30_000),
+        (15_000, Some(MAX_LEASE_MS), 30_000),
+        (15_000, Some(u64::MAX), 30_000),
+        (MAX_LEASE_MS, Some(u64::MAX), MAX_LEASE_MS),
     ];
     for (own, recorded, want) in cases {
         assert_eq!(judged_lease_ms(own, recorded), want, "{own} {recorded:?}");
@@ -76,9 +80,9 @@ fn expiry_is_judged_by_the_holders_lease_up_to_an_hour() {
     };
     assert_eq!(longer(29_999, 30_000).unwrap_err().kind, HoldKind::Held);
     assert!(longer(30_000, 30_000).unwrap().reason.contains("30000 ms"));
-    let forged = longer(MAX_LEASE_MS - 1, u64::MAX / 1000 * 1000);
+    let forged = longer(29_999, MAX_LEASE_MS);
     assert_eq!(forged.unwrap_err().kind, HoldKind::Held);
-    assert!(longer(MAX_LEASE_MS, u64::MAX / 1000 * 1000).is_ok());
+    assert!(longer(30_000, u64::MAX / 1000 * 1000).is_ok());
 }
 
 /// After a gap in reads longer than the renew deadline (an apiserver outage) the record counts
@@ -250,6 +254,15 @@ fn blocked_promotions_say_why() {
         (
             ShardView {
                 record: Some(seen(None, 0)),
+                last_epoch: None,
+                members: shard(0)
+                    .members
+                    .into_iter()
+                    .map(|mut m| {
+                        m.valkey.as_mut().unwrap().fresh = true;
+                        m
+                    })
+                    .collect(),
                 ..shard(20_000)
             },
             HoldKind::NoRecord,
@@ -263,4 +276,33 @@ fn blocked_promotions_say_why() {
         promote(&shard(20_000), &off).unwrap_err().kind,
         HoldKind::Disabled
     );
+}
+
+/// A record that vanished and that no holder re-created within a lease is re-created one epoch
+/// above the last seen, naming the shard's one master with data (the fenced primary), or the
+/// replica with the highest offset when no single master holds it.
+#[test]
+fn a_vanished_record_is_recreated_above_the_last_epoch_naming_the_data() {
+    let gone = |now: u64| ShardView {
+        record: Some(seen(None, 1_000)),
+        ..shard(now)
+    };
+    let policy = FailoverPolicy::default();
+    let wait = promote(&gone(15_999), &policy).unwrap_err();
+    assert_eq!(wait.kind, HoldKind::Held, "{wait:?}");
+    let p = promote(&gone(16_000), &policy).unwrap();
+    assert_eq!((p.target.as_str(), p.epoch), ("pod-0", 6), "{p:?}");
+    assert!(p.version.is_empty(), "a create: {p:?}");
+    assert!(p.fence.is_empty(), "{p:?}");
+    assert!(p.reason.contains("vanished"), "{}", p.reason);
+    // The primary is gone too: the replica with the most data, at epoch 1 when none was seen.
+    let mut v = gone(16_000);
+    v.members[0].valkey = None;
+    v.last_epoch = None;
+    let p = promote(&v, &policy).unwrap();
+    assert_eq!((p.target.as_str(), p.epoch), ("pod-2", 1), "{p:?}");
+    // Two masters with data: neither is trusted over the replicas' offsets.
+    let mut v = gone(16_000);
+    v.members[1].valkey.as_mut().unwrap().role = Role::Primary;
+    assert_eq!(promote(&v, &policy).unwrap().target, "pod-2");
 }

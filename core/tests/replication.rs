@@ -9,10 +9,10 @@ use proptest::prelude::*;
 use support::*;
 use valkey_sidecar_core::heartbeat::{PeerSight, Promise, VouchedUntil};
 use valkey_sidecar_core::lease::LeaseTimings;
-use valkey_sidecar_core::observation::Role;
+use valkey_sidecar_core::observation::{History, Role};
 use valkey_sidecar_core::replication::{
     Command, FailoverPolicy, HoldKind, LocalAction, LocalRole, LocalValkey, LocalView,
-    MemberValkey, Phase, SeenRecord, ShardMember, ShardRecord, ShardView, Switchover,
+    MemberValkey, Phase, SeenRecord, ShardMember, ShardRecord, ShardView, Successor, Switchover,
     SwitchoverObservation, SwitchoverPlan, WriteOutcome, local, may_advertise, promote, step,
 };
 use valkey_sidecar_core::time::Millis;
@@ -110,8 +110,9 @@ fn shard_view() -> impl Strategy<Value = ShardView> {
         1u64..30_000,
         prop::collection::vec(member_strategy(), 0..6),
         prop::option::of(prop::sample::select(vec!["a", "b", "c"])),
+        prop::option::of(0u64..1_000),
     )
-        .prop_map(|(now, leader, record, lease_ms, mut members, zone)| {
+        .prop_map(|(now, leader, record, lease_ms, mut members, zone, last)| {
             // Pod names are unique within a shard.
             members.sort_by(|a, b| a.pod.cmp(&b.pod));
             members.dedup_by(|a, b| a.pod == b.pod);
@@ -122,6 +123,7 @@ fn shard_view() -> impl Strategy<Value = ShardView> {
                 lease_ms,
                 members,
                 preferred_zone: zone.map(str::to_owned),
+                last_epoch: last,
             }
         })
 }
@@ -137,14 +139,36 @@ fn local_valkey() -> impl Strategy<Value = LocalValkey> {
         any::<bool>(),
         prop::sample::select(vec!["r1", "r2"]),
         0u64..40_000,
+        history(),
     )
-        .prop_map(|(role, fresh, run, since)| LocalValkey {
+        .prop_map(|(role, fresh, run, since, history)| LocalValkey {
             role,
             fresh,
             run_id: run.into(),
             since: Millis(since),
             observed_at: Millis(since),
+            history,
         })
+}
+
+/// Streams `A`, `B`, `C` at offsets around 1,000, some promoted from another.
+fn history() -> impl Strategy<Value = History> {
+    let id = || prop::sample::select(vec!["A", "B", "C"]).prop_map(str::to_owned);
+    (
+        id(),
+        900u64..1_100,
+        prop::option::weighted(0.5, (id(), 900u64..1_100)),
+    )
+        .prop_map(|(replid, offset, before)| History {
+            replid,
+            offset,
+            replid2: before.as_ref().map(|(id, _)| id.clone()),
+            second_offset: before.map(|(_, at)| at),
+        })
+}
+
+fn successor() -> impl Strategy<Value = Successor> {
+    (any::<bool>(), history()).prop_map(|(primary, history)| Successor { primary, history })
 }
 
 /// Half the views are lined up so that this agent is the holder on record, with a holding for
@@ -189,6 +213,7 @@ fn any_local_view() -> impl Strategy<Value = LocalView> {
         (
             prop::option::weighted(0.6, peer_sight()),
             prop::option::weighted(0.3, promise()),
+            prop::option::weighted(0.7, successor()),
         ),
     )
         .prop_map(
@@ -200,7 +225,7 @@ fn any_local_view() -> impl Strategy<Value = LocalView> {
                 fenced_until,
                 addr,
                 other,
-                (peers, promise),
+                (peers, promise, successor),
             )| LocalView {
                 now: Millis(now),
                 me,
@@ -214,6 +239,7 @@ fn any_local_view() -> impl Strategy<Value = LocalView> {
                 other_master: other,
                 peers,
                 promise,
+                successor,
             },
         )
 }
@@ -316,6 +342,37 @@ fn cases() -> u32 {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+    /// A master with data follows another pod only if that pod answers as master and its stream
+    /// keeps every byte of ours, or is a promoted stream already past our offset: a record
+    /// naming a lagging replica, an absent pod or an empty master never costs data.
+    #[test]
+    fn a_master_with_data_follows_only_a_master_that_continues_it(v in local_view()) {
+        let Some(mine) = v.valkey.as_ref() else { return Ok(()) };
+        if let LocalAction::Demote { .. } = local(&v) {
+            prop_assert!(mine.role == LocalRole::Primary && !mine.fresh);
+            let s = v.successor.as_ref();
+            prop_assert!(s.is_some_and(|s| s.primary), "{v:?}");
+            let s = &s.unwrap().history;
+            let moved_on = s.replid2.is_some() && s.offset >= mine.history.offset;
+            prop_assert!(s.continues(&mine.history) || moved_on, "{v:?}");
+        }
+    }
+
+    /// A vanished record is re-created only once seen absent for a full lease (any holder's
+    /// renew deadline has passed), above every epoch seen, and never for a shard without data
+    /// that never had one (the node-index 0 agent bootstraps it).
+    #[test]
+    fn a_vanished_record_is_recreated_only_after_a_lease_above_the_last_epoch(v in shard_view()) {
+        let Some(seen) = v.record.as_ref().filter(|s| s.record.is_none()) else { return Ok(()) };
+        if let Ok(p) = promote(&v, &FailoverPolicy::default()) {
+            prop_assert!(v.now >= seen.changed_at.plus(v.lease_ms), "{v:?}");
+            prop_assert!(p.epoch > v.last_epoch.unwrap_or(0));
+            prop_assert!(p.version.is_empty(), "created, not updated");
+            let data = v.members.iter().any(|m| m.valkey.as_ref().is_some_and(|k| !k.fresh));
+            prop_assert!(v.last_epoch.is_some() || data);
+        }
+    }
 
     /// A held record seen changing within the lease is never taken over.
     #[test]

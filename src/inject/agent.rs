@@ -8,6 +8,13 @@ use crate::config::DEFAULT_PROBE_PORT;
 /// Name of the injected container; also how a second run recognises it.
 pub const AGENT_NAME: &str = "valkey-sidecar";
 
+/// The agent's own API token volume: what `automountServiceAccountToken` would mount into every
+/// container, mounted into the agent alone (as the chart does).
+pub const TOKEN_VOLUME: &str = "valkey-sidecar-api-access";
+
+/// Where client libraries, the agent's among them, look for the pod's token.
+const TOKEN_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
 /// What the agent container is built from.
 pub struct Agent<'a> {
     pub image: &'a str,
@@ -19,6 +26,9 @@ pub struct Agent<'a> {
     pub prestop: Option<u64>,
     /// Native sidecar: an init container that keeps running (`restartPolicy: Always`).
     pub native: bool,
+    /// Mounts its own API token ([`token_volume`], which the pod must carry); without it the
+    /// agent uses the pod's automounted one.
+    pub own_token: bool,
 }
 
 impl<'a> Agent<'a> {
@@ -38,6 +48,7 @@ impl<'a> Agent<'a> {
             env: &opts.env,
             prestop: opts.classic.then_some(timeout),
             native: !opts.classic,
+            own_token: true,
         }
     }
 
@@ -61,6 +72,14 @@ impl<'a> Agent<'a> {
         ]);
         fields.push(("ports", Node::seq(vec![port, heartbeat])));
         fields.push(("env", self.env()));
+        if self.own_token {
+            let mount = Node::map(vec![
+                ("name", Node::str(TOKEN_VOLUME)),
+                ("mountPath", Node::str(TOKEN_PATH)),
+                ("readOnly", Node::plain(true)),
+            ]);
+            fields.push(("volumeMounts", Node::seq(vec![mount])));
+        }
         fields.push(("resources", resources()));
         fields.push(("securityContext", security_context()));
         if let Some(timeout) = self.prestop {
@@ -92,6 +111,40 @@ impl<'a> Agent<'a> {
         }
         Node::seq(vars)
     }
+}
+
+/// The projected volume of [`TOKEN_VOLUME`]: a bound token (an hour, 3600 s: 3607 s is the one
+/// value the apiserver extends to a year), the cluster's CA and the namespace.
+pub fn token_volume() -> Node {
+    let items = |item: Node| Node::seq(vec![item]);
+    let token = Node::map(vec![
+        ("path", Node::str("token")),
+        ("expirationSeconds", Node::plain(3600)),
+    ]);
+    let ca = Node::map(vec![
+        ("name", Node::str("kube-root-ca.crt")),
+        (
+            "items",
+            items(Node::map(vec![
+                ("key", Node::str("ca.crt")),
+                ("path", Node::str("ca.crt")),
+            ])),
+        ),
+    ]);
+    let field = Node::map(vec![("fieldPath", Node::str("metadata.namespace"))]);
+    let namespace = items(Node::map(vec![
+        ("path", Node::str("namespace")),
+        ("fieldRef", field),
+    ]));
+    let sources = Node::seq(vec![
+        Node::map(vec![("serviceAccountToken", token)]),
+        Node::map(vec![("configMap", ca)]),
+        Node::map(vec![("downwardAPI", Node::map(vec![("items", namespace)]))]),
+    ]);
+    Node::map(vec![
+        ("name", Node::str(TOKEN_VOLUME)),
+        ("projected", Node::map(vec![("sources", sources)])),
+    ])
 }
 
 fn env_var(name: &str, source: (&str, Node)) -> Node {

@@ -43,15 +43,19 @@ pub fn inject(
     let mode = opts.mode.unwrap_or(Mode::Cluster);
     let cluster = opts.cluster_name.as_deref().unwrap_or(name);
     // Whatever `--classic` says: an appended entry is a regular container.
+    // The operator makes the pods and their volumes: the agent uses the automounted token, which
+    // every container of those pods holds (said below).
     let agent = Agent {
         native: false,
         prestop: Some(timeout),
+        own_token: false,
         ..Agent::new(opts, mode, cluster, OPERATOR_PORT, timeout)
     };
     containers.push(agent.container());
     notes.warn(format!(
         "ValkeyCluster {name}: the agent is a classic sidecar and the operator's own probes stay on \
-         `server`; its pods' ServiceAccount needs the chart's RBAC"
+         `server`; its pods' ServiceAccount needs the chart's RBAC, and its token is mounted into \
+         every container of the operator's pods"
     ));
     Ok(Injection::Injected)
 }

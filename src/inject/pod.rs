@@ -1,5 +1,6 @@
 //! Injection into a pod: the agent container, probes and the preStop wait on Valkey, the grace
-//! period the wait needs, the cluster label the coordinator selects by, the ServiceAccount.
+//! period the wait needs, the cluster label the coordinator selects by, the ServiceAccount and
+//! its token, for the agent alone.
 
 use super::agent::{self, Agent};
 use super::yaml::Node;
@@ -213,15 +214,35 @@ fn service_account(spec: &mut Node, opts: &Options, notes: &mut Notes) {
         "the agent runs as ServiceAccount {account}: it needs the chart's RBAC \
          (helm install … --set sidecar.serviceAccount.name={account})"
     ));
-    if spec
-        .at(&["automountServiceAccountToken"])
-        .and_then(Node::as_str)
-        == Some("false")
-    {
-        notes.warn("automountServiceAccountToken is false: the agent cannot reach the API".into());
-    }
     if spec.get("serviceAccountName").and_then(Node::as_str) != Some(account.as_str()) {
         spec.set("serviceAccountName", Node::str(account));
+    }
+    token_for_the_agent_alone(spec, notes);
+}
+
+/// As the chart does: the pod opts out of the token automount and the agent mounts a token of its
+/// own ([`agent::token_volume`]), so Valkey and every other container hold no API token. A pod
+/// that opts in explicitly keeps the automount (another of its containers may need the API),
+/// with a warning.
+fn token_for_the_agent_alone(spec: &mut Node, notes: &mut Notes) {
+    let key = "automountServiceAccountToken";
+    if spec.get(key).and_then(Node::as_str) == Some("true") {
+        notes.warn(format!(
+            "{key} is true: every container of the pod holds the agent's API token; \
+             remove it to give the token to the agent alone"
+        ));
+    } else {
+        spec.set(key, Node::plain(false));
+    }
+    let Some(volumes) = spec
+        .entry("volumes", || Node::seq(vec![]))
+        .and_then(Node::seq_mut)
+    else {
+        return;
+    };
+    let named = |v: &Node| v.get("name").and_then(Node::as_str) == Some(agent::TOKEN_VOLUME);
+    if !volumes.iter().any(named) {
+        volumes.push(agent::token_volume());
     }
 }
 

@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::ListParams;
 use valkey_sidecar_core::observation::{Mode, Role};
+use valkey_sidecar_core::replication::Successor;
 use valkey_sidecar_core::time::Millis;
 
 use super::{Keeper, KeeperMemory};
@@ -100,8 +101,34 @@ pub(super) async fn other_master_with_data(keeper: &Keeper, selector: &str) -> b
 }
 
 async fn has_data_as_master(keeper: &Keeper, ip: String) -> bool {
+    match look_at(keeper, ip, keeper.connector.port).await {
+        Some(obs) => obs.role == Role::Primary && (obs.keys > 0 || obs.repl_offset > 0),
+        // A pod that does not answer holds nothing we could lose by bootstrapping.
+        None => false,
+    }
+}
+
+/// The recorded primary's Valkey at `addr` (`host:port`): its role and replication stream, which
+/// the keeper compares with its own before following it (`core::replication::successor_wanted`).
+/// `None` when it does not answer within half a second.
+pub(super) async fn successor(keeper: &Keeper, addr: &str) -> Option<Successor> {
+    let (host, port) = addr.rsplit_once(':')?;
+    let obs = look_at(keeper, host.to_owned(), port.parse().ok()?).await?;
+    Some(Successor {
+        primary: obs.role == Role::Primary,
+        history: obs.history,
+    })
+}
+
+/// One observation of another pod's Valkey, with the agent's own credentials.
+async fn look_at(
+    keeper: &Keeper,
+    host: String,
+    port: u16,
+) -> Option<valkey_sidecar_core::observation::Observation> {
     let connector = crate::valkey::Connector {
-        host: ip,
+        host,
+        port,
         timeout: Duration::from_millis(500),
         ..keeper.connector.clone()
     };
@@ -111,10 +138,7 @@ async fn has_data_as_master(keeper: &Keeper, ip: String) -> bool {
         .await
         .0
     {
-        Outcome::Observed(obs) => {
-            obs.role == Role::Primary && (obs.keys > 0 || obs.repl_offset > 0)
-        }
-        // A pod that does not answer holds nothing we could lose by bootstrapping.
-        _ => false,
+        Outcome::Observed(obs) => Some(obs),
+        _ => None,
     }
 }

@@ -24,7 +24,8 @@ use valkey_sidecar_core::lease::LeaseTimings;
 use valkey_sidecar_core::observation::{Observation, Role};
 use valkey_sidecar_core::replication::{
     Claim, Holding, LocalAction, LocalRole, LocalValkey, LocalView, RunTrust, SeenRecord,
-    ShardRecord, awaiting_promotion, claim, keeper_read_due, local, may_advertise, unvouched,
+    ShardRecord, awaiting_promotion, claim, keeper_read_due, local, may_advertise,
+    successor_wanted, unvouched,
 };
 use valkey_sidecar_core::time::Millis;
 
@@ -116,6 +117,8 @@ struct KeeperMemory {
     addrs: BTreeMap<String, (String, Millis)>,
     /// The pod outside the shard a record last named (reported once, `foreign`).
     foreign: Option<String>,
+    /// The successor last refused (reported once, `foreign`).
+    unfollowed: Option<String>,
     force_read: bool,
     last_reason: String,
 }
@@ -339,9 +342,14 @@ impl Keeper {
             self.read_if_due(records, valkey.as_ref(), memory).await;
             self.resolve_primary(seat, memory).await;
             let other_master = self.other_master(seat, memory).await;
-            let view = self.view(seat, valkey, memory, other_master);
+            let mut view = self.view(seat, valkey, memory, other_master);
+            if let Some(addr) = view.primary_addr.clone().filter(|_| successor_wanted(&view)) {
+                view.successor = commands::successor(self, &addr).await;
+            }
             let action = local(&view);
             self.log(&action, memory);
+            self.report_unfollowed(&action, &view, &mut memory.unfollowed)
+                .await;
             let acted = self.act(action, &view, records, session, memory).await;
             self.publish(&seat.shard, &view, memory);
             if !acted {
@@ -391,6 +399,7 @@ impl Keeper {
             other_master,
             peers: self.beats.as_ref().and_then(|b| b.sight.borrow().clone()),
             promise: self.beats.as_ref().and_then(|b| b.promise.borrow().clone()),
+            successor: None,
         }
     }
 
@@ -428,6 +437,7 @@ impl Keeper {
             run_id,
             since,
             observed_at,
+            history: obs.history,
         })
     }
 

@@ -18,7 +18,39 @@ StatefulSets and PDBs `<cluster>-<shard>`, pods `<cluster>-<shard>-<ordinal>`, S
 {{- end -}}
 
 {{- define "valkey-sidecar.serviceAccount" -}}
-{{- default (printf "%s-sidecar" (include "valkey-sidecar.cluster" .)) .Values.sidecar.serviceAccount.name -}}
+{{- $sa := default (printf "%s-sidecar" (include "valkey-sidecar.cluster" .)) .Values.sidecar.serviceAccount.name -}}
+{{- if eq $sa "default" -}}
+{{- fail "sidecar.serviceAccount.name \"default\": the agents' Role (patch pods, write Leases) would go to every pod of the namespace that names no account; give the agents an account of their own" -}}
+{{- end -}}
+{{- $sa -}}
+{{- end -}}
+
+{{- /* A cluster-scoped object's name from a namespaced one: cut to 63 characters with a hash of
+the whole, so two long names never collide. */ -}}
+{{- define "valkey-sidecar.clusterWideName" -}}
+{{- if le (len .) 63 }}{{ . }}{{ else }}{{ printf "%s-%s" (trunc 54 . | trimSuffix "-") (sha256sum . | trunc 8) }}{{ end -}}
+{{- end -}}
+
+{{- /* SIDECAR_LEASE_DURATION in whole seconds, rounded up (default 15): the admission policy
+bounds the Lease durations the agents may write by it. */ -}}
+{{- define "valkey-sidecar.leaseSeconds" -}}
+{{- $d := toString (get (default (dict) .Values.sidecar.env) "SIDECAR_LEASE_DURATION" | default "15s") -}}
+{{- if regexMatch "^[0-9]+ms$" $d -}}{{ div (add (trimSuffix "ms" $d | atoi) 999) 1000 }}
+{{- else if regexMatch "^[0-9]+s$" $d -}}{{ trimSuffix "s" $d | atoi }}
+{{- else if regexMatch "^[0-9]+m$" $d -}}{{ mul (trimSuffix "m" $d | atoi) 60 }}
+{{- else if regexMatch "^[0-9]+h$" $d -}}{{ mul (trimSuffix "h" $d | atoi) 3600 }}
+{{- else -}}{{ fail (printf "sidecar.env.SIDECAR_LEASE_DURATION %q: write it as <n>ms, <n>s, <n>m or <n>h (the admission policy bounds the agents' Lease durations by it)" $d) }}
+{{- end -}}
+{{- end -}}
+
+{{- /* The coordinator Lease's name (SIDECAR_LEASE_NAME, default `<cluster>-coordinator`); it goes
+into the admission policy's CEL, so only a Lease name is accepted. */ -}}
+{{- define "valkey-sidecar.coordinatorLease" -}}
+{{- $name := default (printf "%s-coordinator" (include "valkey-sidecar.cluster" .)) (get (default (dict) .Values.sidecar.env) "SIDECAR_LEASE_NAME") -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$" $name) -}}
+{{- fail (printf "sidecar.env.SIDECAR_LEASE_NAME %q is no Lease name (lower-case letters, digits, '-' and '.')" $name) -}}
+{{- end -}}
+{{- $name -}}
 {{- end -}}
 
 {{- /* The install profile (values.yaml `profile`) and the choices it makes, each overridable by
@@ -651,4 +683,43 @@ spec:
           memory: 64Mi
       securityContext:
         {{- include "valkey-sidecar.securityContext" (dict "root" $root "context" $v.sidecar.securityContext) | nindent 8 }}
+{{- end -}}
+
+{{- /* The apiserver's addresses for the NetworkPolicies' egress, as peers: `networkPolicy.apiServer.to`
+when set; else, under the `cluster` profile (whose installer may read namespace `default`), the
+addresses of the `kubernetes` Service's EndpointSlice as helm install finds them (a policy sees the
+endpoint after the Service's translation); else nothing (any address: `helm template` cannot look,
+nor can a namespace admin). */ -}}
+{{- define "valkey-sidecar.apiServerPeers" -}}
+{{- $np := .Values.networkPolicy -}}
+{{- if $np.apiServer.to -}}
+{{- toYaml $np.apiServer.to -}}
+{{- else if include "valkey-sidecar.clusterScoped" . -}}
+{{- $slice := lookup "discovery.k8s.io/v1" "EndpointSlice" "default" "kubernetes" -}}
+{{- range $e := (dig "endpoints" (list) $slice) -}}
+{{- range $ip := (dig "addresses" (list) $e) }}
+- ipBlock:
+    cidr: {{ $ip }}/{{ if contains ":" $ip }}128{{ else }}32{{ end }}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* The apiserver's ports for the same rule: the configured ones and, where the EndpointSlice was
+found, its own (an apiserver may listen on another port than 443 or 6443). */ -}}
+{{- define "valkey-sidecar.apiServerPorts" -}}
+{{- $ports := list -}}
+{{- range .Values.networkPolicy.apiServer.ports -}}
+{{- $ports = append $ports (int .) -}}
+{{- end -}}
+{{- if and (not .Values.networkPolicy.apiServer.to) (include "valkey-sidecar.clusterScoped" .) -}}
+{{- $slice := lookup "discovery.k8s.io/v1" "EndpointSlice" "default" "kubernetes" -}}
+{{- range $p := (dig "ports" (list) $slice) -}}
+{{- $ports = append $ports (int $p.port) -}}
+{{- end -}}
+{{- end -}}
+{{- range ($ports | uniq) }}
+- port: {{ . }}
+  protocol: TCP
+{{- end -}}
 {{- end -}}

@@ -4,6 +4,7 @@
 use super::record::{SeenRecord, ShardRecord};
 use crate::heartbeat::{PeerSight, Promise};
 use crate::lease::LeaseTimings;
+use crate::observation::History;
 use crate::time::Millis;
 
 /// The role of the local Valkey.
@@ -27,6 +28,17 @@ pub struct LocalValkey {
     pub since: Millis,
     /// When the observation this is made of was taken (it may be a poll older than `now`).
     pub observed_at: Millis,
+    /// Its replication stream, compared with a successor's before following it.
+    pub history: History,
+}
+
+/// The recorded primary's Valkey as this agent saw it, asked directly just before deciding
+/// whether its own master, holding data, may follow it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Successor {
+    /// It answers as master.
+    pub primary: bool,
+    pub history: History,
 }
 
 /// Whether the data of the local Valkey's current run can be trusted, as the keeper tracks it
@@ -131,6 +143,9 @@ pub struct LocalView {
     pub peers: Option<PeerSight>,
     /// This member's promise to a holder not to take part in a promotion before it runs out.
     pub promise: Option<Promise>,
+    /// The recorded primary's Valkey, looked at when [`successor_wanted`]; `None`: not looked
+    /// at, or it did not answer.
+    pub successor: Option<Successor>,
 }
 
 /// What an agent should do about its own Valkey; each carries the reason for logs and Events.
@@ -264,6 +279,19 @@ fn failsafe(view: &LocalView, v: &LocalValkey) -> bool {
 /// the other side may promote once the record expires; every write it takes now may be lost.
 pub fn unvouched(view: &LocalView) -> bool {
     view.peers.as_ref().is_some_and(|p| p.silent(view.now))
+}
+
+/// Whether the adapter should ask the recorded primary's Valkey for [`LocalView::successor`]:
+/// my Valkey is a master with data and the record names another primary I could follow.
+pub fn successor_wanted(view: &LocalView) -> bool {
+    let master_with_data = view
+        .valkey
+        .as_ref()
+        .is_some_and(|v| v.role == LocalRole::Primary && !v.fresh);
+    let other = existing(view)
+        .and_then(ShardRecord::recorded_primary)
+        .is_some_and(|p| p != view.me);
+    master_with_data && other && view.primary_addr.is_some()
 }
 
 /// Whether the record names this agent while its Valkey is still a replica: the coordinator's
@@ -497,8 +525,49 @@ fn superseded_primary(view: &LocalView, v: &LocalValkey, successor: &str) -> Loc
         let reason = format!("my Valkey came up as an empty master; {successor} is primary");
         return LocalAction::Rejoin { to, reason };
     }
-    let reason = format!("{successor} is primary on record: demoting before accepting writes");
+    if let Err(why) = may_follow(view, v, successor) {
+        return fence_or_wait(view, &why);
+    }
+    let reason = format!(
+        "{successor} is primary on record and continues my data: demoting before accepting writes"
+    );
     LocalAction::Demote { to, reason }
+}
+
+/// The start of every reason [`may_follow`] gives for not following (the adapter raises an
+/// Event on it).
+pub const NOT_FOLLOWING: &str = "not following the record";
+
+/// Whether my Valkey, a master with data, may follow the recorded successor: `REPLICAOF`
+/// discards whatever the successor's stream does not hold. Only if the successor answers as
+/// master — only the coordinator promotes, and only after my lease ran out — and its stream
+/// continues mine: promoted from a replica of mine (Valkey's partial-resync rule), or, after
+/// later failovers, a promoted stream already past my offset. A record forged to name a lagging
+/// replica, a pod that is not there, or an empty master therefore never makes a primary throw
+/// its data away: it stays fenced and says why, until a real promotion or its own record
+/// returns.
+fn may_follow(view: &LocalView, v: &LocalValkey, successor: &str) -> Result<(), String> {
+    let Some(s) = &view.successor else {
+        return Err(format!(
+            "{NOT_FOLLOWING}: {successor} is named primary but its Valkey does not answer me"
+        ));
+    };
+    if !s.primary {
+        return Err(format!(
+            "{NOT_FOLLOWING}: {successor} is named primary but its Valkey is no master \
+             (a record no promotion carried out)"
+        ));
+    }
+    let mine = &v.history;
+    let moved_on = s.history.replid2.is_some() && s.history.offset >= mine.offset;
+    if s.history.continues(mine) || moved_on {
+        return Ok(());
+    }
+    Err(format!(
+        "{NOT_FOLLOWING}: {successor}'s Valkey does not continue my data (offset {} of {}, \
+         mine {} of {}): following it would discard my writes",
+        s.history.offset, s.history.replid, mine.offset, mine.replid
+    ))
 }
 
 fn as_replica(view: &LocalView, v: &LocalValkey, of: &str) -> LocalAction {

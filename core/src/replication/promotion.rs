@@ -47,6 +47,8 @@ pub struct ShardView {
     pub lease_ms: u64,
     pub members: Vec<ShardMember>,
     pub preferred_zone: Option<String>,
+    /// The highest epoch this coordinator has seen on the record (kept while it is absent).
+    pub last_epoch: Option<u64>,
 }
 
 /// Failover knobs, from configuration.
@@ -144,13 +146,76 @@ pub fn promote(view: &ShardView, policy: &FailoverPolicy) -> Result<Promotion, H
         return Err(hold(HoldKind::NoRecord, "the record has not been read"));
     };
     let Some(record) = &seen.record else {
+        return vanished(view, seen);
+    };
+    let why = vacancy(view, seen, record)?;
+    choose(view, record, why)
+}
+
+/// No record, in a shard that had one (this coordinator saw its epoch) or whose members hold
+/// data: it was deleted — by hand, by the garbage collector, by a forged owner — and its holder
+/// did not re-create it (its renewal had lapsed, or its agent restarted). Left alone, the
+/// primary stays fenced for good. Once the record has been seen absent for a full lease (any
+/// holder's renew deadline has passed: it fenced itself), it is re-created one epoch above the
+/// last seen, naming the member whose data is the shard's: the one master with data if exactly
+/// one answers (the primary whose record vanished), else the replica with the highest offset.
+fn vanished(view: &ShardView, seen: &SeenRecord) -> Result<Promotion, Hold> {
+    let had_data = view.members.iter().any(has_data);
+    if view.last_epoch.is_none() && !had_data {
         return Err(hold(
             HoldKind::NoRecord,
             "no record: the shard is not bootstrapped",
         ));
+    }
+    let until = seen.changed_at.plus(view.lease_ms);
+    if view.now < until {
+        let left = until.since(view.now);
+        let reason = format!("no record: its last holder may re-create it ({left} ms left)");
+        return Err(hold(HoldKind::Held, reason));
+    }
+    let last = view.last_epoch.unwrap_or(0);
+    let ghost = ShardRecord {
+        lease_ms: None,
+        holder: None,
+        primary: None,
+        epoch: last,
+        version: String::new(),
     };
-    let why = vacancy(view, seen, record)?;
-    choose(view, record, why)
+    let why = format!(
+        "the record vanished (last epoch {last}) and nobody re-created it for {} ms",
+        view.lease_ms
+    );
+    match sole_master_with_data(view) {
+        Some(m) => {
+            let reason = format!("{why}; {} is the one master with data", m.pod);
+            let epoch = last.checked_add(1).ok_or_else(exhausted)?;
+            Ok(promotion(view, &ghost, m, epoch, reason))
+        }
+        None => choose(view, &ghost, why),
+    }
+}
+
+fn has_data(m: &ShardMember) -> bool {
+    m.valkey.as_ref().is_some_and(|v| !v.fresh)
+}
+
+/// The only member answering as master with data, on a usable node.
+fn sole_master_with_data(view: &ShardView) -> Option<&ShardMember> {
+    let usable = |m: &&ShardMember| !m.terminating && m.node_ready && m.node_schedulable;
+    let mut masters = view
+        .members
+        .iter()
+        .filter(|m| answers_as_primary(m) && has_data(m))
+        .filter(usable);
+    let first = masters.next()?;
+    masters.next().is_none().then_some(first)
+}
+
+fn exhausted() -> Hold {
+    hold(
+        HoldKind::NoCandidate,
+        "the epoch cannot increase any further",
+    )
 }
 
 /// Why the record may be taken: released, or unchanged for a full lease (its holder's renew
@@ -175,8 +240,7 @@ fn vacancy(view: &ShardView, seen: &SeenRecord, record: &ShardRecord) -> Result<
 
 fn choose(view: &ShardView, record: &ShardRecord, why: String) -> Result<Promotion, Hold> {
     let Some(epoch) = record.epoch.checked_add(1) else {
-        let reason = "the epoch cannot increase any further";
-        return Err(hold(HoldKind::NoCandidate, reason));
+        return Err(exhausted());
     };
     if let Some(best) = candidates(view, record).first() {
         let offset = best.valkey.as_ref().map_or(0, |v| v.offset);
@@ -226,7 +290,7 @@ fn promotion(
 ) -> Promotion {
     let others = || view.members.iter().filter(|m| m.pod != best.pod);
     let answering = view.members.iter().filter_map(|m| m.valkey.as_ref());
-    let empty = answering.map(|v| v.keys).sum::<u64>() == 0;
+    let empty = answering.all(|v| v.keys == 0);
     Promotion {
         empty,
         target: best.pod.clone(),

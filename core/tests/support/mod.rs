@@ -4,10 +4,10 @@
 #![allow(dead_code)]
 
 use valkey_sidecar_core::lease::LeaseTimings;
-use valkey_sidecar_core::observation::Role;
+use valkey_sidecar_core::observation::{History, Role};
 use valkey_sidecar_core::replication::{
     Holding, LocalRole, LocalValkey, LocalView, MemberValkey, SeenRecord, ShardMember, ShardRecord,
-    ShardView, SwitchoverObservation, SwitchoverPlan, WriteOutcome,
+    ShardView, Successor, SwitchoverObservation, SwitchoverPlan, WriteOutcome,
 };
 use valkey_sidecar_core::time::Millis;
 
@@ -42,6 +42,30 @@ pub fn master(run: &str, since: u64) -> LocalValkey {
         run_id: run.into(),
         since: Millis(since),
         observed_at: Millis(since),
+        history: stream("A", 1_000),
+    }
+}
+
+/// A stream `replid` at `offset`, never promoted.
+pub fn stream(replid: &str, offset: u64) -> History {
+    History {
+        replid: replid.into(),
+        offset,
+        replid2: None,
+        second_offset: None,
+    }
+}
+
+/// A master promoted from stream `from` at offset `at` (its first own offset `at + 1`), now at
+/// `offset` of its own stream `replid`.
+pub fn promoted(replid: &str, offset: u64, from: &str, at: u64) -> Successor {
+    Successor {
+        primary: true,
+        history: History {
+            replid2: Some(from.into()),
+            second_offset: Some(at + 1),
+            ..stream(replid, offset)
+        },
     }
 }
 
@@ -75,6 +99,7 @@ pub fn view(now: u64) -> LocalView {
         other_master: false,
         peers: None,
         promise: None,
+        successor: None,
     }
 }
 
@@ -89,12 +114,14 @@ pub fn holder_view(now: u64, renewed: u64) -> LocalView {
     }
 }
 
-/// pod-1 is the primary on record (epoch 4), read at 5 s; pod-0's Valkey given by the caller.
+/// pod-1 is the primary on record (epoch 4), read at 5 s, promoted from pod-0's stream `A` at
+/// offset 1,000 (where [`master`] stands); pod-0's Valkey given by the caller.
 pub fn follower_view(valkey: LocalValkey) -> LocalView {
     LocalView {
         valkey: Some(valkey),
         record: Some(seen(Some(record(Some("pod-1"), Some("pod-1"), 4)), 5_000)),
         primary_addr: Some("10.0.0.11:6379".into()),
+        successor: Some(promoted("B", 1_200, "A", 1_000)),
         ..view(6_000)
     }
 }
@@ -129,6 +156,7 @@ pub fn shard(now: u64) -> ShardView {
             member("pod-2", Role::Replica, 950, "c"),
         ],
         preferred_zone: Some("a".into()),
+        last_epoch: Some(5),
     }
 }
 
