@@ -301,8 +301,38 @@ fn a_vanished_record_is_recreated_above_the_last_epoch_naming_the_data() {
     v.last_epoch = None;
     let p = promote(&v, &policy).unwrap();
     assert_eq!((p.target.as_str(), p.epoch), ("pod-2", 1), "{p:?}");
-    // Two masters with data: neither is trusted over the replicas' offsets.
+    // Two masters with data: neither is trusted over the replica.
     let mut v = gone(16_000);
     v.members[1].valkey.as_mut().unwrap().role = Role::Primary;
+    v.members[1].valkey.as_mut().unwrap().offset = 2_000;
+    assert_eq!(promote(&v, &policy).unwrap().target, "pod-2");
+}
+
+/// A record naming a member that is no master (a promotion that never landed, or a record no
+/// coordinator wrote), released or expired, while the master with the data answers: that master
+/// is named again — with a 2-pod shard no replica could be promoted otherwise, and with more no
+/// data moves.
+#[test]
+fn a_record_naming_a_replica_gives_way_to_the_master_with_the_data() {
+    let policy = FailoverPolicy::default();
+    let mut v = ShardView {
+        record: Some(seen(Some(record(None, Some("pod-1"), 6)), 0)),
+        ..shard(1_000)
+    };
+    v.members[0].valkey.as_mut().unwrap().offset = 1_000;
+    v.members[2].valkey.as_mut().unwrap().offset = 1_000;
+    let p = promote(&v, &policy).unwrap();
+    assert_eq!((p.target.as_str(), p.epoch), ("pod-0", 7), "{p:?}");
+    assert!(p.fence.is_empty(), "{p:?}");
+    // Two pods: the master is the only candidate.
+    v.members.remove(2);
+    assert_eq!(promote(&v, &policy).unwrap().target, "pod-0");
+    // The named member gone instead: a master may be an old primary the shard moved past.
+    let mut v = ShardView {
+        record: Some(seen(Some(record(None, Some("pod-1"), 6)), 0)),
+        ..shard(1_000)
+    };
+    v.members[1].valkey = None;
+    v.members[0].valkey.as_mut().unwrap().offset = 5_000;
     assert_eq!(promote(&v, &policy).unwrap().target, "pod-2");
 }

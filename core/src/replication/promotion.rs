@@ -309,25 +309,32 @@ fn answers_as_primary(m: &ShardMember) -> bool {
     m.valkey.as_ref().is_some_and(|v| v.role == Role::Primary)
 }
 
-/// Members that may become primary, best first: highest offset, then the preferred zone, then
-/// the pod name (a fixed tie-break, so repeated decisions agree).
+/// Members that may become primary, best first: highest offset, then a master (naming it moves
+/// no data), then the preferred zone, then the pod name (a fixed tie-break, so repeated decisions
+/// agree).
 pub fn candidates<'a>(view: &'a ShardView, record: &ShardRecord) -> Vec<&'a ShardMember> {
     let mut c: Vec<&ShardMember> = view
         .members
         .iter()
-        .filter(|m| ineligible(m, record).is_none())
+        .filter(|m| ineligible(view, m, record).is_none())
         .collect();
     let preferred =
         |m: &ShardMember| view.preferred_zone.is_some() && m.zone == view.preferred_zone;
     c.sort_by_key(|m| {
         let offset = m.valkey.as_ref().map_or(0, |v| v.offset);
-        (Reverse(offset), Reverse(preferred(m)), m.pod.as_str())
+        let master = answers_as_primary(m);
+        (
+            Reverse(offset),
+            Reverse(master),
+            Reverse(preferred(m)),
+            m.pod.as_str(),
+        )
     });
     c
 }
 
 /// Why a member may not be promoted, if it may not.
-fn ineligible(m: &ShardMember, record: &ShardRecord) -> Option<&'static str> {
+fn ineligible(view: &ShardView, m: &ShardMember, record: &ShardRecord) -> Option<&'static str> {
     let recorded = [record.holder(), record.primary.as_deref()];
     if recorded.contains(&Some(m.pod.as_str())) {
         return Some("is the recorded primary");
@@ -341,14 +348,30 @@ fn ineligible(m: &ShardMember, record: &ShardRecord) -> Option<&'static str> {
     let Some(v) = &m.valkey else {
         return Some("does not answer");
     };
-    replica_ineligible(v)
+    valkey_ineligible(v, named_never_promoted(view, record))
 }
 
-fn replica_ineligible(v: &MemberValkey) -> Option<&'static str> {
-    if v.role != Role::Replica {
+/// Whether the record names a member that answers as a replica: a promotion that never landed
+/// (its coordinator gone mid-way) or a record no coordinator wrote. The shard's data is then
+/// where it was, on the master, which may be named again. Not when the named member is gone or
+/// master: a master then may be an old primary whose stream the shard has since moved past.
+fn named_never_promoted(view: &ShardView, record: &ShardRecord) -> bool {
+    let Some(named) = record.recorded_primary() else {
+        return false;
+    };
+    let replica = |m: &&ShardMember| m.valkey.as_ref().is_some_and(|v| v.role == Role::Replica);
+    view.members.iter().filter(replica).any(|m| m.pod == named)
+}
+
+/// A synced replica may be promoted; so may a master with data while the record names a replica
+/// that was never promoted (`masters`): it holds the shard's data in fact, and naming it again
+/// moves nothing.
+fn valkey_ineligible(v: &MemberValkey, masters: bool) -> Option<&'static str> {
+    let usable = v.role == Role::Replica || (masters && v.role == Role::Primary);
+    if !usable {
         return Some("is not a replica");
     }
-    // A replica that never synced holds nothing: promoting it would make every other node
+    // A member that never synced holds nothing: promoting it would make every other node
     // (the old primary included, once back) resync the empty dataset. Sentinel skips it too.
     v.fresh.then_some("never synced")
 }
@@ -357,7 +380,7 @@ fn no_candidate(view: &ShardView, record: &ShardRecord, why: &str) -> String {
     let each: Vec<String> = view
         .members
         .iter()
-        .filter_map(|m| ineligible(m, record).map(|r| format!("{} {r}", m.pod)))
+        .filter_map(|m| ineligible(view, m, record).map(|r| format!("{} {r}", m.pod)))
         .collect();
     format!("{why}, but no member can take over: {}", each.join(", "))
 }
