@@ -117,11 +117,25 @@ async fn a_forged_promotion_within_the_policy_loses_no_write_and_failover_still_
     println!("then a crash: {promoted} primary after {:?}", killed.elapsed());
 }
 
+/// SIGSTOP / SIGCONT to one container's process (the rest of the pod runs on).
+fn signal_container(s: &Stage, pod: &str, container: &str, signal: &str) {
+    let pid = s
+        .kubelet
+        .container_pid(&s.namespace, pod, container)
+        .unwrap();
+    let status = std::process::Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
 /// Finding 5: the record deleted (by hand, by the garbage collector, through a forged owner)
-/// while no holder can re-create it — its agent restarted, so it holds nothing — and its primary
-/// is not node-index 0 (which would bootstrap anew). It used to fence for good, the coordinator
-/// waiting on "no record". Now the coordinator re-creates it after a lease, one epoch up, naming
-/// the master with the data, and writes resume with nothing lost.
+/// while its holder cannot re-create it — its agent hung past its renew deadline — and its
+/// primary is not node-index 0 (which would bootstrap anew). It used to stay fenced for good, the
+/// coordinator waiting on "no record". Now the coordinator re-creates it after a lease, one epoch
+/// above the last it (or its keeper) saw, naming the master with the data, and writes resume
+/// with nothing lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vanished_record_is_recreated_above_its_epoch_and_nothing_is_lost() {
     let s = stage("token-vanish", 2, &[]).await;
@@ -136,16 +150,16 @@ async fn a_vanished_record_is_recreated_above_its_epoch_and_nothing_is_lost() {
     let Record { epoch, .. } = record(&s, "0").await.unwrap();
     let writer = s.writer(addrs(&s), "w");
     tokio::time::sleep(2 * SECOND).await;
-    // Its agent restarted (holding nothing), the record gone at the same moment.
-    s.kubelet
-        .crash_container(&s.namespace, &primary, "valkey-sidecar")
-        .unwrap();
+    // Its agent hangs past its renew deadline (3 s) while the record goes.
+    signal_container(&s, &primary, "valkey-sidecar", "STOP");
     let leases: Api<Lease> = Api::namespaced(s.plane.client(), &s.namespace);
     leases
         .delete("valkey-0-primary", &DeleteParams::default())
         .await
         .unwrap();
     let gone = Instant::now();
+    tokio::time::sleep(3500 * Duration::from_millis(1)).await;
+    signal_container(&s, &primary, "valkey-sidecar", "CONT");
     let back = poll_until("the record re-created", 40 * SECOND, SECOND / 10, || async {
         Ok(record(&s, "0").await.is_some_and(|r| r.holder.is_some()))
     })

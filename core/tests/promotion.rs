@@ -254,7 +254,6 @@ fn blocked_promotions_say_why() {
         (
             ShardView {
                 record: Some(seen(None, 0)),
-                last_epoch: None,
                 members: shard(0)
                     .members
                     .into_iter()
@@ -284,7 +283,10 @@ fn blocked_promotions_say_why() {
 #[test]
 fn a_vanished_record_is_recreated_above_the_last_epoch_naming_the_data() {
     let gone = |now: u64| ShardView {
-        record: Some(seen(None, 1_000)),
+        record: Some(SeenRecord {
+            last_epoch: Some(5),
+            ..seen(None, 1_000)
+        }),
         ..shard(now)
     };
     let policy = FailoverPolicy::default();
@@ -298,7 +300,7 @@ fn a_vanished_record_is_recreated_above_the_last_epoch_naming_the_data() {
     // The primary is gone too: the replica with the most data, at epoch 1 when none was seen.
     let mut v = gone(16_000);
     v.members[0].valkey = None;
-    v.last_epoch = None;
+    v.record.as_mut().unwrap().last_epoch = None;
     let p = promote(&v, &policy).unwrap();
     assert_eq!((p.target.as_str(), p.epoch), ("pod-2", 1), "{p:?}");
     // Two masters with data: neither is trusted over the replica.

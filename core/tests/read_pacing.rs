@@ -15,6 +15,7 @@ fn seen(holder: Option<&str>, read_at: u64) -> SeenRecord {
         }),
         read_at: Millis(read_at),
         changed_at: Millis(read_at),
+        last_epoch: Some(1),
     }
 }
 

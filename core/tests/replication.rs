@@ -45,10 +45,19 @@ fn shard_record() -> impl Strategy<Value = ShardRecord> {
 /// A read record; it exists with probability `exists`.
 fn seen_record(exists: f64) -> impl Strategy<Value = SeenRecord> {
     let record = prop::option::weighted(exists, shard_record());
-    (record, 0u64..40_000, 0u64..40_000).prop_map(|(r, read, changed)| SeenRecord {
-        record: r,
-        read_at: Millis(read),
-        changed_at: Millis(changed.min(read)),
+    let last = prop::option::of(0u64..1_000);
+    (record, 0u64..40_000, 0u64..40_000, last).prop_map(|(r, read, changed, last)| {
+        // What was read is part of what was seen.
+        let last_epoch = match (&r, last) {
+            (Some(r), l) => Some(l.unwrap_or(0).max(r.epoch)),
+            (None, l) => l,
+        };
+        SeenRecord {
+            record: r,
+            read_at: Millis(read),
+            changed_at: Millis(changed.min(read)),
+            last_epoch,
+        }
     })
 }
 
@@ -110,9 +119,8 @@ fn shard_view() -> impl Strategy<Value = ShardView> {
         1u64..30_000,
         prop::collection::vec(member_strategy(), 0..6),
         prop::option::of(prop::sample::select(vec!["a", "b", "c"])),
-        prop::option::of(0u64..1_000),
     )
-        .prop_map(|(now, leader, record, lease_ms, mut members, zone, last)| {
+        .prop_map(|(now, leader, record, lease_ms, mut members, zone)| {
             // Pod names are unique within a shard.
             members.sort_by(|a, b| a.pod.cmp(&b.pod));
             members.dedup_by(|a, b| a.pod == b.pod);
@@ -123,7 +131,6 @@ fn shard_view() -> impl Strategy<Value = ShardView> {
                 lease_ms,
                 members,
                 preferred_zone: zone.map(str::to_owned),
-                last_epoch: last,
             }
         })
 }
@@ -367,10 +374,10 @@ proptest! {
         let Some(seen) = v.record.as_ref().filter(|s| s.record.is_none()) else { return Ok(()) };
         if let Ok(p) = promote(&v, &FailoverPolicy::default()) {
             prop_assert!(v.now >= seen.changed_at.plus(v.lease_ms), "{v:?}");
-            prop_assert!(p.epoch > v.last_epoch.unwrap_or(0));
+            prop_assert!(p.epoch > seen.last_epoch.unwrap_or(0));
             prop_assert!(p.version.is_empty(), "created, not updated");
             let data = v.members.iter().any(|m| m.valkey.as_ref().is_some_and(|k| !k.fresh));
-            prop_assert!(v.last_epoch.is_some() || data);
+            prop_assert!(seen.last_epoch.is_some() || data);
         }
     }
 
@@ -596,7 +603,8 @@ proptest! {
         valkey.fresh = true;
         v.holding = None;
         if has_record {
-            v.record = Some(SeenRecord { record: Some(rec), read_at: v.now, changed_at: v.now });
+            let last_epoch = Some(rec.epoch);
+            v.record = Some(SeenRecord { record: Some(rec), read_at: v.now, changed_at: v.now, last_epoch });
         } else {
             v.other_master = true;
         }

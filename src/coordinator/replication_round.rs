@@ -76,9 +76,6 @@ struct MemberLink {
 struct RecordState {
     client: ShardLeaseClient,
     seen: Option<SeenRecord>,
-    /// The highest epoch read on the record, kept while it is absent (`promote` re-creates a
-    /// vanished record above it).
-    last_epoch: Option<u64>,
     /// When to read next: `Millis(0)` means at the next round.
     next_read: Millis,
 }
@@ -128,7 +125,6 @@ impl State {
                 .entry(shard.clone())
                 .or_insert_with(|| RecordState {
                     client: client(shard),
-                    last_epoch: seen.as_ref().and_then(|s| Some(s.record.as_ref()?.epoch)),
                     seen,
                     next_read: Millis(0),
                 });
@@ -193,9 +189,6 @@ impl RecordState {
                     received,
                     gap_ms,
                 );
-                if let Some(r) = &seen.record {
-                    self.last_epoch = Some(self.last_epoch.map_or(r.epoch, |e| e.max(r.epoch)));
-                }
                 self.seen = Some(seen);
             }
             Err(e) => {
@@ -246,7 +239,6 @@ struct ShardRound {
     /// The members that answered this round, by pod name.
     valkey: BTreeMap<String, MemberValkey>,
     record: Option<SeenRecord>,
-    last_epoch: Option<u64>,
 }
 
 impl ShardRound {
@@ -289,7 +281,6 @@ impl ShardRound {
             lease_ms,
             members: members.collect(),
             preferred_zone: zone.map(str::to_owned),
-            last_epoch: self.last_epoch,
         }
     }
 
@@ -567,13 +558,12 @@ fn rounds(
                 .filter_map(|p| p.metadata.name.as_deref())
                 .filter_map(|n| Some((n.to_owned(), valkey.remove(n)?)))
                 .collect();
-            let state = state.records.get(&name);
+            let record = state.records.get(&name).and_then(|r| r.seen.clone());
             ShardRound {
                 name,
                 pods,
                 valkey: mine,
-                record: state.and_then(|r| r.seen.clone()),
-                last_epoch: state.and_then(|r| r.last_epoch),
+                record,
             }
         })
         .collect()
@@ -613,7 +603,6 @@ mod tests {
                 record,
                 ..SeenRecord::default()
             }),
-            last_epoch: None,
         }
     }
 

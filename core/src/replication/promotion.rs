@@ -47,8 +47,6 @@ pub struct ShardView {
     pub lease_ms: u64,
     pub members: Vec<ShardMember>,
     pub preferred_zone: Option<String>,
-    /// The highest epoch this coordinator has seen on the record (kept while it is absent).
-    pub last_epoch: Option<u64>,
 }
 
 /// Failover knobs, from configuration.
@@ -152,8 +150,8 @@ pub fn promote(view: &ShardView, policy: &FailoverPolicy) -> Result<Promotion, H
     choose(view, record, why)
 }
 
-/// No record, in a shard that had one (this coordinator saw its epoch) or whose members hold
-/// data: it was deleted — by hand, by the garbage collector, by a forged owner — and its holder
+/// No record, in a shard that had one (this agent saw its epoch, as coordinator or as keeper)
+/// or whose members hold data: it was deleted — by hand, by the garbage collector, by a forged owner — and its holder
 /// did not re-create it (its renewal had lapsed, or its agent restarted). Left alone, the
 /// primary stays fenced for good. Once the record has been seen absent for a full lease (any
 /// holder's renew deadline has passed: it fenced itself), it is re-created one epoch above the
@@ -161,7 +159,7 @@ pub fn promote(view: &ShardView, policy: &FailoverPolicy) -> Result<Promotion, H
 /// one answers (the primary whose record vanished), else the replica with the highest offset.
 fn vanished(view: &ShardView, seen: &SeenRecord) -> Result<Promotion, Hold> {
     let had_data = view.members.iter().any(has_data);
-    if view.last_epoch.is_none() && !had_data {
+    if seen.last_epoch.is_none() && !had_data {
         return Err(hold(
             HoldKind::NoRecord,
             "no record: the shard is not bootstrapped",
@@ -173,7 +171,7 @@ fn vanished(view: &ShardView, seen: &SeenRecord) -> Result<Promotion, Hold> {
         let reason = format!("no record: its last holder may re-create it ({left} ms left)");
         return Err(hold(HoldKind::Held, reason));
     }
-    let last = view.last_epoch.unwrap_or(0);
+    let last = seen.last_epoch.unwrap_or(0);
     let ghost = ShardRecord {
         lease_ms: None,
         holder: None,

@@ -110,6 +110,9 @@ pub struct SeenRecord {
     pub read_at: Millis,
     /// When this agent first saw the record in this form (same `resourceVersion`).
     pub changed_at: Millis,
+    /// The highest epoch this agent has read on the record, kept while it is absent: a record
+    /// that vanishes is re-created above it (`promote`).
+    pub last_epoch: Option<u64>,
 }
 
 impl SeenRecord {
@@ -128,7 +131,9 @@ impl SeenRecord {
             Some(p) if version(p.record.as_ref()) == version(record.as_ref()) => p.changed_at,
             _ => received,
         };
+        let epochs = [prev.and_then(|p| p.last_epoch), record.as_ref().map(|r| r.epoch)];
         SeenRecord {
+            last_epoch: epochs.into_iter().flatten().max(),
             record,
             read_at: sent,
             changed_at,

@@ -29,6 +29,7 @@ pub fn record(holder: Option<&str>, primary: Option<&str>, epoch: u64) -> ShardR
 
 pub fn seen(record: Option<ShardRecord>, read_at: u64) -> SeenRecord {
     SeenRecord {
+        last_epoch: record.as_ref().map(|r| r.epoch),
         record,
         read_at: Millis(read_at),
         changed_at: Millis(read_at),
@@ -156,7 +157,6 @@ pub fn shard(now: u64) -> ShardView {
             member("pod-2", Role::Replica, 950, "c"),
         ],
         preferred_zone: Some("a".into()),
-        last_epoch: Some(5),
     }
 }
 
