@@ -525,28 +525,30 @@ fn superseded_primary(view: &LocalView, v: &LocalValkey, successor: &str) -> Loc
         let reason = format!("my Valkey came up as an empty master; {successor} is primary");
         return LocalAction::Rejoin { to, reason };
     }
-    if let Err(why) = may_follow(view, v, successor) {
-        return fence_or_wait(view, &why);
+    match may_follow(view, v, successor) {
+        Ok(how) => LocalAction::Demote {
+            to,
+            reason: format!("{successor} is primary on record and {how}: demoting"),
+        },
+        Err(why) => fence_or_wait(view, &why),
     }
-    let reason = format!(
-        "{successor} is primary on record and continues my data: demoting before accepting writes"
-    );
-    LocalAction::Demote { to, reason }
 }
 
 /// The start of every reason [`may_follow`] gives for not following (the adapter raises an
 /// Event on it).
 pub const NOT_FOLLOWING: &str = "not following the record";
 
-/// Whether my Valkey, a master with data, may follow the recorded successor: `REPLICAOF`
-/// discards whatever the successor's stream does not hold. Only if the successor answers as
-/// master — only the coordinator promotes, and only after my lease ran out — and its stream
-/// continues mine: promoted from a replica of mine (Valkey's partial-resync rule), or, after
-/// later failovers, a promoted stream already past my offset. A record forged to name a lagging
-/// replica, a pod that is not there, or an empty master therefore never makes a primary throw
-/// its data away: it stays fenced and says why, until a real promotion or its own record
-/// returns.
-fn may_follow(view: &LocalView, v: &LocalValkey, successor: &str) -> Result<(), String> {
+/// Whether my Valkey, a master with data, may follow the recorded successor (`REPLICAOF`
+/// discards whatever the successor's stream does not hold), and how it stands to mine. Only if
+/// the successor answers as master — only the coordinator promotes, and only once my lease ran
+/// out or while my data stays where it is — and its stream is mine: it continues every byte of
+/// mine (Valkey's partial-resync rule), or it was promoted from my stream (the bytes of mine past
+/// its promotion are writes I acknowledged while cut off, lost to the failover either way, as
+/// pg_rewind discards them in Patroni), or it is a promoted stream already past my offset (later
+/// failovers). A record forged to name a lagging replica, a pod that is not there, or an empty
+/// master never makes a primary throw its data away: it stays fenced and says why, until a real
+/// promotion or its own record returns.
+fn may_follow(view: &LocalView, v: &LocalValkey, successor: &str) -> Result<String, String> {
     let Some(s) = &view.successor else {
         return Err(format!(
             "{NOT_FOLLOWING}: {successor} is named primary but its Valkey does not answer me"
@@ -559,9 +561,19 @@ fn may_follow(view: &LocalView, v: &LocalValkey, successor: &str) -> Result<(), 
         ));
     }
     let mine = &v.history;
-    let moved_on = s.history.replid2.is_some() && s.history.offset >= mine.offset;
-    if s.history.continues(mine) || moved_on {
-        return Ok(());
+    if s.history.continues(mine) {
+        return Ok("continues all my data".into());
+    }
+    if s.history.replid2.as_deref() == Some(mine.replid.as_str()) {
+        let end = s.history.second_offset.unwrap_or(0).saturating_sub(1);
+        let past = mine.offset.saturating_sub(end);
+        return Ok(format!(
+            "was promoted from my stream at offset {end}; the {past} bytes of mine past it \
+             were taken while I was cut off and are discarded"
+        ));
+    }
+    if s.history.replid2.is_some() && s.history.offset >= mine.offset {
+        return Ok("is a promoted stream past my offset".into());
     }
     Err(format!(
         "{NOT_FOLLOWING}: {successor}'s Valkey does not continue my data (offset {} of {}, \
