@@ -287,7 +287,7 @@ fn promotion(
     reason: String,
 ) -> Promotion {
     let others = || view.members.iter().filter(|m| m.pod != best.pod);
-    let answering = view.members.iter().filter_map(|m| m.valkey.as_ref());
+    let mut answering = view.members.iter().filter_map(|m| m.valkey.as_ref());
     let empty = answering.all(|v| v.keys == 0);
     Promotion {
         empty,
