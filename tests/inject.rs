@@ -434,12 +434,18 @@ fn token_handling(pod: &Value) -> (Value, Value, Vec<String>) {
     let mounting = containers
         .filter(|c| {
             let mounts = c["volumeMounts"].as_array().cloned().unwrap_or_default();
-            mounts.iter().any(|m| m["mountPath"] == path && m["name"] == name)
+            mounts
+                .iter()
+                .any(|m| m["mountPath"] == path && m["name"] == name)
         })
         .map(|c| c["name"].as_str().unwrap_or_default().to_owned())
         .collect();
     let sources = token.map_or(Value::Null, |v| v["projected"]["sources"].clone());
-    (pod["automountServiceAccountToken"].clone(), sources, mounting)
+    (
+        pod["automountServiceAccountToken"].clone(),
+        sources,
+        mounting,
+    )
 }
 
 /// The ValkeyCluster against a stand-in CRD, then the containers it carries merged the way the

@@ -322,12 +322,16 @@ async fn an_agent_token_cannot_forge_a_shard_record() {
     use kube::api::PostParams;
     let s = Stage::start(options()).await.unwrap();
     let maps: Api<ConfigMap> = Api::namespaced(s.plane.client(), &s.namespace);
-    let owner_uid = maps.get("valkey-leases").await.unwrap().metadata.uid.unwrap();
+    let owner_uid = maps
+        .get("valkey-leases")
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
     let me = "valkey-2-0";
     let api: Api<Lease> = Api::namespaced(s.client_as_pod(me).await.unwrap(), &s.namespace);
-    let owned = |uid: &str| {
-        serde_json::json!([{"apiVersion": "v1", "kind": "ConfigMap", "name": "valkey-leases", "uid": uid}])
-    };
+    let owned = |uid: &str| serde_json::json!([{"apiVersion": "v1", "kind": "ConfigMap", "name": "valkey-leases", "uid": uid}]);
     let lease_with = |name: &str, holder: &str, epoch: &str, seconds: i32, owners| {
         serde_json::from_value::<Lease>(serde_json::json!({
             "metadata": {"name": name,
@@ -379,7 +383,13 @@ async fn an_agent_token_cannot_forge_a_shard_record() {
         ),
         (
             "an owner with a made-up uid (the garbage collector would delete the record)",
-            lease_with("valkey-2-primary", "valkey-2-0", "1", 15, owned("6f1c7d3e-0000-4000-8000-000000000002")),
+            lease_with(
+                "valkey-2-primary",
+                "valkey-2-0",
+                "1",
+                15,
+                owned("6f1c7d3e-0000-4000-8000-000000000002"),
+            ),
         ),
         (
             "an owner other than the chart's ConfigMap",
@@ -387,7 +397,13 @@ async fn an_agent_token_cannot_forge_a_shard_record() {
         ),
         (
             "no owner",
-            lease_with("valkey-2-primary", "valkey-2-0", "1", 15, serde_json::Value::Null),
+            lease_with(
+                "valkey-2-primary",
+                "valkey-2-0",
+                "1",
+                15,
+                serde_json::Value::Null,
+            ),
         ),
     ];
     for (what, lease) in refused {
@@ -398,16 +414,22 @@ async fn an_agent_token_cannot_forge_a_shard_record() {
     let created = api
         .create(&pp, &record("valkey-2-primary", "valkey-2-0", "1", 30))
         .await;
-    assert!(created.is_ok(), "a record as an agent creates one: {created:?}");
+    assert!(
+        created.is_ok(),
+        "a record as an agent creates one: {created:?}"
+    );
     // RBAC: no update of Leases outside the release's own names (cluster mode has no records).
     let mut moved = created.unwrap();
     moved.spec.as_mut().unwrap().holder_identity = Some("valkey-2-1".into());
     let c = code(api.replace("valkey-2-primary", &pp, &moved).await);
     assert_eq!(c, 403, "an update of a Lease RBAC does not name");
     // The coordinator Lease: only the writing agent may name itself holder.
-    poll_until("the coordinator Lease", 30 * SECOND, SECOND / 10, || async {
-        Ok(api.get_opt("valkey-coordinator").await?.is_some())
-    })
+    poll_until(
+        "the coordinator Lease",
+        30 * SECOND,
+        SECOND / 10,
+        || async { Ok(api.get_opt("valkey-coordinator").await?.is_some()) },
+    )
     .await
     .unwrap();
     let coordinator = api.get("valkey-coordinator").await.unwrap();
@@ -416,12 +438,24 @@ async fn an_agent_token_cannot_forge_a_shard_record() {
         lease.spec.as_mut().unwrap().holder_identity = Some(holder.into());
         lease
     };
-    let c = code(api.replace("valkey-coordinator", &pp, &held_by("valkey-9-9_made-up")).await);
-    assert!(c == 403 || c == 422, "a made-up coordinator was allowed (HTTP {c})");
+    let c = code(
+        api.replace("valkey-coordinator", &pp, &held_by("valkey-9-9_made-up"))
+            .await,
+    );
+    assert!(
+        c == 403 || c == 422,
+        "a made-up coordinator was allowed (HTTP {c})"
+    );
     let pods: Api<Pod> = Api::namespaced(s.plane.client(), &s.namespace);
     let uid = pods.get(me).await.unwrap().metadata.uid.unwrap();
-    let c = code(api.replace("valkey-coordinator", &pp, &held_by(&format!("{me}_{uid}"))).await);
-    assert_eq!(c, 200, "an agent naming itself coordinator (as after a takeover)");
+    let c = code(
+        api.replace("valkey-coordinator", &pp, &held_by(&format!("{me}_{uid}")))
+            .await,
+    );
+    assert_eq!(
+        c, 200,
+        "an agent naming itself coordinator (as after a takeover)"
+    );
 }
 
 /// One standalone Valkey pod in replication mode: its labels once role, shard and zone are set,

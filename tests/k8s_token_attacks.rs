@@ -88,7 +88,10 @@ async fn a_forged_promotion_within_the_policy_loses_no_write_and_failover_still_
     // The old primary never follows the thief's pod while it is no master.
     while t.elapsed() < 12 * SECOND {
         let followed = follows(&s, &primary, &thief) && !is_master(&s, &thief);
-        assert!(!followed, "{primary} follows {thief}, a replica named by a forged record");
+        assert!(
+            !followed,
+            "{primary} follows {thief}, a replica named by a forged record"
+        );
         tokio::time::sleep(SECOND / 20).await;
     }
     let (serving, after) = writes_again(&s, 30 * SECOND).await;
@@ -114,7 +117,10 @@ async fn a_forged_promotion_within_the_policy_loses_no_write_and_failover_still_
         .crash_container(&s.namespace, &steady, "valkey")
         .unwrap();
     let promoted = new_primary(&s, &steady, 20 * SECOND).await.unwrap();
-    println!("then a crash: {promoted} primary after {:?}", killed.elapsed());
+    println!(
+        "then a crash: {promoted} primary after {:?}",
+        killed.elapsed()
+    );
 }
 
 /// SIGSTOP / SIGCONT to one container's process (the rest of the pod runs on).
@@ -160,9 +166,12 @@ async fn a_vanished_record_is_recreated_above_its_epoch_and_nothing_is_lost() {
     let gone = Instant::now();
     tokio::time::sleep(3500 * Duration::from_millis(1)).await;
     signal_container(&s, &primary, "valkey-sidecar", "CONT");
-    let back = poll_until("the record re-created", 40 * SECOND, SECOND / 10, || async {
-        Ok(record(&s, "0").await.is_some_and(|r| r.holder.is_some()))
-    })
+    let back = poll_until(
+        "the record re-created",
+        40 * SECOND,
+        SECOND / 10,
+        || async { Ok(record(&s, "0").await.is_some_and(|r| r.holder.is_some())) },
+    )
     .await;
     let now = record(&s, "0").await;
     back.unwrap_or_else(|e| panic!("{e:#}; record {now:?}"));
@@ -215,12 +224,17 @@ async fn without_the_policy_an_hour_long_forgery_freezes_nothing_for_long() {
         .await
         .unwrap();
     let t = Instant::now();
-    let recovered = poll_until("a primary recorded again", 60 * SECOND, SECOND / 10, || async {
-        Ok(record(&s, "0")
-            .await
-            .and_then(|r| r.holder)
-            .is_some_and(|h| s.pods.contains(&h)))
-    })
+    let recovered = poll_until(
+        "a primary recorded again",
+        60 * SECOND,
+        SECOND / 10,
+        || async {
+            Ok(record(&s, "0")
+                .await
+                .and_then(|r| r.holder)
+                .is_some_and(|h| s.pods.contains(&h)))
+        },
+    )
     .await;
     let now = record(&s, "0").await;
     recovered.unwrap_or_else(|e| panic!("{e:#}; record {now:?}"));

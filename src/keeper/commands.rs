@@ -138,7 +138,7 @@ async fn look_at(
         .await
         .0
     {
-        Outcome::Observed(obs) => Some(obs),
+        Outcome::Observed(obs) => Some(*obs),
         _ => None,
     }
 }

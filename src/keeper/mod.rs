@@ -343,7 +343,11 @@ impl Keeper {
             self.resolve_primary(seat, memory).await;
             let other_master = self.other_master(seat, memory).await;
             let mut view = self.view(seat, valkey, memory, other_master);
-            if let Some(addr) = view.primary_addr.clone().filter(|_| successor_wanted(&view)) {
+            if let Some(addr) = view
+                .primary_addr
+                .clone()
+                .filter(|_| successor_wanted(&view))
+            {
                 view.successor = commands::successor(self, &addr).await;
             }
             let action = local(&view);

@@ -131,7 +131,10 @@ impl SeenRecord {
             Some(p) if version(p.record.as_ref()) == version(record.as_ref()) => p.changed_at,
             _ => received,
         };
-        let epochs = [prev.and_then(|p| p.last_epoch), record.as_ref().map(|r| r.epoch)];
+        let epochs = [
+            prev.and_then(|p| p.last_epoch),
+            record.as_ref().map(|r| r.epoch),
+        ];
         SeenRecord {
             last_epoch: epochs.into_iter().flatten().max(),
             record,
