@@ -50,4 +50,4 @@ trap 'rm -f "$config"' EXIT
   cat deny.toml
   printf '\n[advisories]\ndb-path = "%s"\nmaximum-db-staleness = "P365D"\n' "$db"
 } >"$config"
-exec "$deny" --offline check --config "$config" advisories
+exec "$deny" --offline --config "$config" check advisories
