@@ -412,7 +412,7 @@ async fn chart_statefulset(plane: &ControlPlane) -> Value {
         .find(|d| valkey_sidecar_testkit::k8s::chart::kind_of(d) == Some("StatefulSet"))
         .expect("a StatefulSet");
     let path = plane.dir().join("chart-statefulset.yaml");
-    std::fs::write(&path, sts.replace("namespace: valkey\n", "")).unwrap();
+    std::fs::write(&path, sts.replace("\n  namespace: valkey\n", "\n")).unwrap();
     let args = ["create", "--dry-run=server", "-o", "json", "-f"];
     let json = kubectl(plane, &[&args[..], &[path.to_str().unwrap()]].concat()).await;
     serde_json::from_str(&json).unwrap()
