@@ -1,7 +1,6 @@
 //! The binary's command line as one [`Command`]: the agent (the default, or `run`) with its
 //! settings, or one of the tools — `inject`, `drain-check`, `await`, `install`, `credentials`,
-//! `check` — each with its own
-//! arguments and exit codes ([`crate::exit`]).
+//! `valkey-auth`, `check` — each with its own arguments and exit codes ([`crate::exit`]).
 
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches};
 
@@ -11,6 +10,7 @@ use crate::config::{Cli, RawConfig};
 use crate::credentials::CredentialsArgs;
 use crate::drain::DrainArgs;
 use crate::inject::InjectArgs;
+use crate::valkey_auth::ValkeyAuthArgs;
 
 /// What the command line asks for.
 #[derive(Debug)]
@@ -29,6 +29,7 @@ pub enum Tool {
     Await,
     Install,
     Credentials,
+    ValkeyAuth,
     Check,
 }
 
@@ -41,6 +42,7 @@ impl Tool {
             Tool::Await => crate::await_start::main(args),
             Tool::Install => crate::await_start::install(args),
             Tool::Credentials => crate::credentials::main(args),
+            Tool::ValkeyAuth => crate::valkey_auth::main(args),
             Tool::Check => crate::check::main(args),
         }
     }
@@ -114,6 +116,12 @@ pub fn command() -> clap::Command {
             CredentialsArgs::augment_args(clap::Command::new("credentials"))
                 .about("Make or update the chart's auth Secret in the cluster (the chart's Job)"),
         )
+        .subcommand(
+            ValkeyAuthArgs::augment_args(clap::Command::new("valkey-auth")).about(
+                "Write the authentication file Valkey includes: password hashes, the replication \
+                 user (the chart's init container)",
+            ),
+        )
         .subcommand(CheckArgs::augment_args(clap::Command::new("check")).about(
             "Is this Valkey deployment healthy: one labelled primary per shard, every pod Ready, \
              the coordinator Lease held (`helm test`)",
@@ -132,6 +140,7 @@ fn from(matches: ArgMatches) -> Result<Command, clap::Error> {
         Some(("await", args)) => Some((Tool::Await, args)),
         Some(("install", args)) => Some((Tool::Install, args)),
         Some(("credentials", args)) => Some((Tool::Credentials, args)),
+        Some(("valkey-auth", args)) => Some((Tool::ValkeyAuth, args)),
         Some(("check", args)) => Some((Tool::Check, args)),
         _ => None,
     };

@@ -54,3 +54,4 @@ pub mod start_guard;
 pub mod supervise;
 pub mod telemetry;
 pub mod valkey;
+pub mod valkey_auth;

@@ -154,6 +154,8 @@ fn without_valkey_only_the_agents_permissions_are_rendered() {
             "ServiceAccount",
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicyBinding",
         ]
@@ -289,7 +291,7 @@ fn install_profiles() {
             .collect()
     };
     let zones = "placement.zones={zone-a,zone-b}";
-    assert_eq!(cluster_scoped(&render_for(&[MAP], &[])).len(), 8);
+    assert_eq!(cluster_scoped(&render_for(&[MAP], &[])).len(), 10);
     for profile in ["namespace", "restricted"] {
         let set = format!("profile={profile}");
         let out = render_for(&[MAP, OPENSHIFT], &[&set, zones]);
@@ -476,10 +478,11 @@ async fn rendered_objects_pass_a_server_side_dry_run() {
     assert!(tls_args.contains("\"--tls-cluster\",\"yes\""), "{tls_args}");
     assert!(tls_args.contains("\"--port\",\"0\""), "{tls_args}");
     let classic = pod_spec(&sts("classic-sidecar")[0]).clone();
-    // Classic mode: the agent is a regular container; the only init container installs `await`.
+    // Classic mode: the agent is a regular container; the init containers write Valkey's
+    // authentication file and install `await`, and finish.
     let inits = classic["initContainers"].as_array().unwrap();
     let names: Vec<&Value> = inits.iter().map(|c| &c["name"]).collect();
-    assert_eq!(names, [&json!("install-await")]);
+    assert_eq!(names, [&json!("valkey-auth"), &json!("install-await")]);
     let caps = pod_spec(&sts("spread-caps")[0]).clone();
     assert_eq!(caps["topologySpreadConstraints"][0]["minDomains"], 5);
     assert_eq!(caps["topologySpreadConstraints"][0]["maxSkew"], 2);
@@ -670,8 +673,9 @@ fn check_pods(name: &str, objects: &[Value]) {
             let tool = "/opt/valkey-sidecar/valkey-sidecar";
             assert_eq!(command[..2], [json!(tool), json!("await")], "{name}");
             assert_eq!(command[command.len() - 2], "--", "{name}");
-            let install = &spec["initContainers"][0];
-            assert_eq!(install["name"], "install-await", "{name}");
+            let inits = spec["initContainers"].as_array().unwrap();
+            let install = inits.iter().find(|c| c["name"] == "install-await");
+            let install = install.unwrap_or_else(|| panic!("{name}: no install-await"));
             assert_eq!(install["args"], json!(["install", tool]), "{name}");
             assert_eq!(
                 install["securityContext"], agent["securityContext"],
@@ -688,12 +692,12 @@ fn check_pods(name: &str, objects: &[Value]) {
             .map(|e| (e["name"].as_str().unwrap(), e))
             .collect();
         assert_eq!(env["SIDECAR_CLUSTER_NAME"]["value"], "valkey");
-        let auth = valkey["env"]
-            .as_array()
-            .is_some_and(|e| e.iter().any(|v| v["name"] == "VALKEY_PASSWORD"));
+        let auth = args.iter().any(|a| a == "--include");
         if auth {
             // Auth: the agent's password from a file only it mounts; Valkey gets its hash, and
-            // its own password from the Secret via $(VAR).
+            // the default password's hash and the replication login from the file the
+            // valkey-auth init container writes (only it mounts the default password).
+            check_valkey_auth(name, spec, valkey);
             assert_eq!(
                 env["VALKEY_PASSWORD_FILE"]["value"],
                 "/etc/valkey-sidecar/auth/password"
@@ -708,13 +712,45 @@ fn check_pods(name: &str, objects: &[Value]) {
                 .iter()
                 .map(|e| &e["valueFrom"]["secretKeyRef"]["key"])
                 .collect();
-            assert!(
-                !keys.contains(&&json!("agent-password")),
-                "{name}: {keys:?}"
-            );
+            for secret in [
+                "agent-password",
+                "default-password",
+                "next-default-password",
+            ] {
+                assert!(!keys.contains(&&json!(secret)), "{name}: {keys:?}");
+            }
         }
         check_credentials(name, spec, valkey, agent);
     }
+}
+
+/// The default password is mounted by the valkey-auth init container only; Valkey includes the
+/// file it writes, from a memory volume.
+fn check_valkey_auth(name: &str, spec: &Value, valkey: &Value) {
+    let mounts = |c: &Value| -> Vec<String> {
+        let list = c["volumeMounts"].as_array().cloned().unwrap_or_default();
+        list.iter()
+            .map(|m| m["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let inits = spec["initContainers"].as_array().unwrap();
+    let writer = inits.iter().find(|c| c["name"] == "valkey-auth").unwrap();
+    assert_eq!(writer["args"][0], "valkey-auth", "{name}");
+    assert!(
+        mounts(writer).contains(&"valkey-passwords".to_owned()),
+        "{name}"
+    );
+    let containers = spec["containers"].as_array().unwrap().iter();
+    for c in containers.chain(inits.iter().filter(|c| c["name"] != "valkey-auth")) {
+        assert!(
+            !mounts(c).contains(&"valkey-passwords".to_owned()),
+            "{name}: {c}"
+        );
+    }
+    assert!(mounts(valkey).contains(&"valkey-auth".to_owned()), "{name}");
+    let volumes = spec["volumes"].as_array().unwrap();
+    let conf = volumes.iter().find(|v| v["name"] == "valkey-auth").unwrap();
+    assert_eq!(conf["emptyDir"]["medium"], "Memory", "{name}");
 }
 
 /// The API token reaches the agent only: no automount, a projected token mounted into the agent
@@ -1452,7 +1488,7 @@ fn extension_values_the_chart_refuses() {
         ),
         ("global.imageRegistry=5000", "/global/imageRegistry"),
         (
-            "valkey.extraEnv[0].name=VALKEY_PASSWORD",
+            "valkey.extraEnv[0].name=VALKEY_AGENT_PASSWORD_SHA256",
             "sets it from its own values",
         ),
     ];

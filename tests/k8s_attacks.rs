@@ -229,31 +229,92 @@ fn mounts_api_token(pod: &Pod, container: &str) -> bool {
     })
 }
 
-/// The Secret and key the Valkey container takes its default password from.
+/// The chart's auth Secret: the one the `valkey-passwords` volume (the default password, for the
+/// valkey-auth init container) comes from.
 fn auth_secret_of(pod: &Pod) -> String {
     let spec = pod.spec.as_ref().unwrap();
-    let valkey = spec.containers.iter().find(|c| c.name == "valkey").unwrap();
-    let env = valkey
-        .env
-        .iter()
-        .flatten()
-        .find(|e| e.name == "VALKEY_PASSWORD")
+    let mut volumes = spec.volumes.iter().flatten();
+    let volume = volumes.find(|v| v.name == "valkey-passwords").unwrap();
+    volume.secret.as_ref().unwrap().secret_name.clone().unwrap()
+}
+
+/// The replicas' login in the file Valkey includes: (`masteruser`, `masterauth`), the latter
+/// unescaped from its `"\xHH…"` form.
+fn replica_login(conf: &str) -> (String, String) {
+    let value = |key: &str| {
+        let line = conf.lines().find(|l| l.starts_with(key)).unwrap();
+        line[key.len()..].trim().to_owned()
+    };
+    let quoted = value("masterauth ");
+    let hex = quoted.trim_matches('"').replace("\\x", "");
+    let bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    (value("masteruser "), String::from_utf8(bytes).unwrap())
+}
+
+/// One command as `user` (a password that needs no URL escaping: the derived one is hex);
+/// Valkey's error text when refused.
+fn as_user(addr: SocketAddr, user: &str, password: &str, args: &[&str]) -> Result<(), String> {
+    let url = format!("redis://{user}:{password}@{addr}/");
+    let mut c = redis::Client::open(url)
+        .and_then(|c| c.get_connection())
+        .map_err(|e| e.to_string())?;
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query::<redis::Value>(&mut c)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// What an attacker in a Valkey container finds of the replicas' login, and what it can do with
+/// it on another node: log in and replicate (a replica needs that), nothing else.
+fn replication_login_can_only_replicate(s: &Stage, from: &str, target: &str, default: &str) {
+    let dir = s
+        .kubelet
+        .volume_dir(&s.namespace, from, "valkey-auth")
         .unwrap();
-    let key = env
-        .value_from
-        .as_ref()
-        .unwrap()
-        .secret_key_ref
-        .as_ref()
-        .unwrap();
-    key.name.clone()
+    let conf = std::fs::read_to_string(dir.join("valkey-auth.conf")).unwrap();
+    assert!(
+        !conf.contains(default),
+        "{from}: the default password in {conf}"
+    );
+    let (user, password) = replica_login(&conf);
+    assert_eq!(user, "valkey-replication");
+    assert_ne!(password, default);
+    let addr = s.valkey(target).unwrap();
+    as_user(addr, &user, &password, &["PING"]).expect("the replication login is a real one");
+    for attack in [
+        &["FLUSHALL"][..],
+        &["SET", "attack", "1"],
+        &["GET", "kept"],
+        &["REPLICAOF", "NO", "ONE"],
+        &["CONFIG", "SET", "masterauth", "x"],
+        &["ACL", "SETUSER", "valkey-sidecar", "off"],
+        &["CLIENT", "KILL", "TYPE", "normal"],
+        &["SHUTDOWN", "NOSAVE"],
+    ] {
+        let refused = as_user(addr, &user, &password, attack).unwrap_err();
+        assert!(
+            refused.to_lowercase().contains("noperm"),
+            "{attack:?} on {target}: {refused}"
+        );
+    }
+    assert!(
+        as_user(addr, "default", &password, &["PING"]).is_err(),
+        "the replication password logs in the default user"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_valkey_container_holds_no_api_token_and_no_agent_password() {
+async fn the_valkey_container_holds_no_api_token_and_no_password_that_can_write() {
     let _one = ONE_AT_A_TIME.lock().await;
     // An attacker who runs code in valkey-server (a module, a Lua escape, an exec into the
-    // container) finds neither the agent's API token nor its Valkey password.
+    // container) finds neither the agent's API token nor its Valkey password, nor the default
+    // password: only the replicas' login, which on any other node can replicate and nothing else.
     let s = Stage::start(StageOptions::replication("attack-creds", 1))
         .await
         .unwrap();
@@ -264,6 +325,11 @@ async fn the_valkey_container_holds_no_api_token_and_no_agent_password() {
         .await
         .unwrap();
     assert!(agent_password.len() >= 16, "{agent_password:?}");
+    let default_password = s
+        .secret(&auth_secret_of(&pods[0]), "default-password")
+        .await
+        .unwrap();
+    assert!(default_password.len() >= 16, "{default_password:?}");
     for pod in &pods {
         let name = pod.metadata.name.as_deref().unwrap();
         assert!(
@@ -283,7 +349,7 @@ async fn the_valkey_container_holds_no_api_token_and_no_agent_password() {
         let values = env.iter().map(|(_, v)| v).chain(argv.iter());
         for text in values {
             assert!(
-                !text.contains(&agent_password),
+                !text.contains(&agent_password) && !text.contains(&default_password),
                 "{name}: Valkey is given {text}"
             );
         }
@@ -313,6 +379,29 @@ async fn the_valkey_container_holds_no_api_token_and_no_agent_password() {
         redis::ErrorKind::AuthenticationFailed,
         "{refused}"
     );
+    // The replica's login, taken from the replica's own file, against the primary (and back).
+    let primary = ["valkey-0-0", "valkey-0-1"]
+        .into_iter()
+        .find(|p| s.role(p).as_deref() == Some("master"))
+        .unwrap();
+    let replica = if primary == "valkey-0-0" {
+        "valkey-0-1"
+    } else {
+        "valkey-0-0"
+    };
+    s.cmd(primary, &["SET", "kept", "1"]).unwrap();
+    replication_login_can_only_replicate(&s, replica, primary, &default_password);
+    replication_login_can_only_replicate(&s, primary, replica, &default_password);
+    // The control: that login is what replication runs on, and the key survived every attempt.
+    let what = "the replica replicating as the replication user";
+    poll_until(what, 20 * SECOND, SECOND / 10, || async {
+        let info = text(s.cmd(replica, &["INFO", "replication"])?)?;
+        let kept = s.cmd(replica, &["GET", "kept"])?;
+        let synced = info_field(&info, "master_link_status") == Some("up");
+        Ok(synced && kept == redis::Value::BulkString(b"1".to_vec()))
+    })
+    .await
+    .unwrap();
 }
 
 /// Where `pod`'s Valkey replicates from (`master_host`), if it is a replica that answers.

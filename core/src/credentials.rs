@@ -24,6 +24,80 @@ pub enum Slot {
     NextAgent,
 }
 
+/// The replication user's rights: what a replica sends its primary (the handshake, `PSYNC` or
+/// `SYNC`, `REPLCONF` acknowledgements) and nothing else. Its password is in every Valkey
+/// container (`masterauth`), so it must not write, flush, re-point or re-configure any node.
+pub const REPLICATION_RULES: &str = "resetkeys resetchannels -@all +psync +sync +replconf +ping";
+
+/// How replicas log in to their primary (`auth.replicaLogin`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplicaLogin {
+    /// As the replication user: the Valkey container holds no password that can write.
+    Replication,
+    /// As the default user, as before the replication user existed: for the one upgrade from
+    /// such a release, whose primaries do not know the replication user yet.
+    Default,
+}
+
+impl ReplicaLogin {
+    /// The chart's value: `replication` or `default`.
+    pub fn parse(v: &str) -> Result<Self, String> {
+        match v {
+            "replication" => Ok(ReplicaLogin::Replication),
+            "default" => Ok(ReplicaLogin::Default),
+            other => Err(format!(
+                "{other:?}: replicas log in as `replication` or `default`"
+            )),
+        }
+    }
+}
+
+/// What Valkey's authentication settings are made of: the SHA-256 (hex) of each password
+/// accepted, current first, and the password replicas log in with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValkeyAuth {
+    pub default_hashes: Vec<String>,
+    pub replication_user: String,
+    pub replication_hashes: Vec<String>,
+    pub login: ReplicaLogin,
+    /// The password replicas send (`masterauth`), of the user `login` names.
+    pub masterauth: Vec<u8>,
+}
+
+/// The configuration file Valkey includes (`--include`): the default user and the replication
+/// user by their passwords' hashes only, and the login replicas use. Passwords go in quoted with
+/// every byte escaped, so no password can end a line or add a directive.
+pub fn valkey_auth_conf(auth: &ValkeyAuth) -> String {
+    let hashes = |list: &[String]| -> String { list.iter().map(|h| format!(" #{h}")).collect() };
+    let user = match auth.login {
+        ReplicaLogin::Replication => auth.replication_user.as_str(),
+        ReplicaLogin::Default => "default",
+    };
+    format!(
+        "user default on{} ~* &* +@all\nuser {} on{} {REPLICATION_RULES}\nmasteruser {user}\nmasterauth {}\n",
+        hashes(&auth.default_hashes),
+        auth.replication_user,
+        hashes(&auth.replication_hashes),
+        quoted(&auth.masterauth),
+    )
+}
+
+/// A Valkey configuration argument holding any bytes: `"\xHH…"`.
+fn quoted(bytes: &[u8]) -> String {
+    let escaped: String = bytes.iter().map(|b| format!("\\x{b:02x}")).collect();
+    format!("\"{escaped}\"")
+}
+
+/// Whether `name` can be a Valkey ACL user of the chart's: one configuration word, not the
+/// default user.
+pub fn valid_user_name(name: &str) -> bool {
+    !name.is_empty()
+        && name != "default"
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
 /// The step of a password rotation the release is at (`auth.rotation`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rotation {

@@ -1,11 +1,15 @@
 //! The credentials Secret (`credentials::plan`): one table row per situation, and properties of
-//! every rotation sequence — re-runs change nothing, promoted passwords were accepted first.
+//! every rotation sequence — re-runs change nothing, promoted passwords were accepted first; the
+//! authentication file Valkey includes (`credentials::valkey_auth_conf`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
-use valkey_sidecar_core::credentials::{Refusal, Rotation, Slot, Source, plan};
+use valkey_sidecar_core::credentials::{
+    Refusal, ReplicaLogin, Rotation, Slot, Source, ValkeyAuth, plan, valid_user_name,
+    valkey_auth_conf,
+};
 
 use Slot::{Agent, Default, NextAgent, NextDefault};
 
@@ -181,5 +185,77 @@ proptest! {
                 }
             }
         }
+    }
+}
+
+fn auth(login: ReplicaLogin, masterauth: Vec<u8>) -> ValkeyAuth {
+    ValkeyAuth {
+        default_hashes: vec!["aa".into(), "bb".into()],
+        replication_user: "valkey-replication".into(),
+        replication_hashes: vec!["cc".into()],
+        login,
+        masterauth,
+    }
+}
+
+/// The file Valkey includes: the default user by hashes with every right, the replication user
+/// with replication only, and the login replicas use.
+#[test]
+fn valkey_auth_conf_names_hashes_only_and_the_replicas_login() {
+    let conf = valkey_auth_conf(&auth(ReplicaLogin::Replication, b"pw".to_vec()));
+    let lines: Vec<&str> = conf.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "user default on #aa #bb ~* &* +@all",
+            "user valkey-replication on #cc resetkeys resetchannels -@all +psync +sync +replconf +ping",
+            "masteruser valkey-replication",
+            "masterauth \"\\x70\\x77\"",
+        ]
+    );
+    let upgrade = valkey_auth_conf(&auth(ReplicaLogin::Default, b"pw".to_vec()));
+    assert!(upgrade.contains("\nmasteruser default\n"), "{upgrade}");
+    assert!(
+        upgrade.contains("user valkey-replication on #cc"),
+        "{upgrade}"
+    );
+}
+
+#[test]
+fn user_names_are_one_word_and_never_default() {
+    for (name, valid) in [
+        ("valkey-replication", true),
+        ("repl_1.a", true),
+        ("default", false),
+        ("", false),
+        ("a b", false),
+        ("a\nmasteruser x", false),
+        ("\"x\"", false),
+    ] {
+        assert_eq!(valid_user_name(name), valid, "{name:?}");
+    }
+}
+
+/// The inverse of the file's quoting, as Valkey's config parser reads `"\xHH…"`.
+fn unquote(arg: &str) -> Option<Vec<u8>> {
+    let inner = arg.strip_prefix('"')?.strip_suffix('"')?;
+    inner
+        .split("\\x")
+        .skip(1)
+        .map(|h| u8::from_str_radix(h, 16).ok())
+        .collect()
+}
+
+proptest! {
+    /// No password, whatever its bytes (newlines, quotes, spaces, NULs), adds a line or a
+    /// directive to the file, and Valkey reads back exactly the password.
+    #[test]
+    fn no_password_can_add_a_directive(masterauth in proptest::collection::vec(any::<u8>(), 0..64)) {
+        let conf = valkey_auth_conf(&auth(ReplicaLogin::Default, masterauth.clone()));
+        let lines: Vec<&str> = conf.lines().collect();
+        prop_assert_eq!(lines.len(), 4);
+        let (key, value) = lines[3].split_once(' ').unwrap();
+        prop_assert_eq!(key, "masterauth");
+        prop_assert_eq!(unquote(value), Some(masterauth));
     }
 }

@@ -258,23 +258,11 @@ config file, so the pod needs no init step; secrets come in through `$(VAR)` fro
 - --dir
 - /data
 {{- if $v.auth.enabled }}
-{{- if $v.auth.rotation }}
-# A rotation: the default user takes the current and the next password; replicas keep using
-# the current one, which every Valkey of either generation accepts.
-- --user
-- default
-- "on"
-- ">$(VALKEY_PASSWORD)"
-- ">$(VALKEY_NEXT_PASSWORD)"
-- "~*"
-- "&*"
-- +@all
-{{- else }}
-- --requirepass
-- $(VALKEY_PASSWORD)
-{{- end }}
-- --masterauth
-- $(VALKEY_PASSWORD)
+# The default user and the replication user by their passwords' SHA-256 only, and the replicas'
+# login (the replication user: PSYNC, REPLCONF, PING only), written by the valkey-auth init
+# container: no password that can write reaches this container.
+- --include
+- /etc/valkey/auth/valkey-auth.conf
 # The agent's ACL user: only the commands it sends. ACLs cannot narrow CONFIG SET to one
 # parameter; the agent sets only availability-zone.
 - --user
@@ -686,40 +674,18 @@ spec:
 {{- end -}}
 
 {{- /* The apiserver's addresses for the NetworkPolicies' egress, as peers: `networkPolicy.apiServer.to`
-when set; else, under the `cluster` profile (whose installer may read namespace `default`), the
-addresses of the `kubernetes` Service's EndpointSlice as helm install finds them (a policy sees the
-endpoint after the Service's translation); else nothing (any address: `helm template` cannot look,
-nor can a namespace admin). */ -}}
+when set, else nothing (any address). The chart does not look them up: a render must not depend on
+the cluster (`helm template` under Argo CD or Flux cannot look), so NOTES says how to set them. */ -}}
 {{- define "valkey-sidecar.apiServerPeers" -}}
-{{- $np := .Values.networkPolicy -}}
-{{- if $np.apiServer.to -}}
-{{- toYaml $np.apiServer.to -}}
-{{- else if include "valkey-sidecar.clusterScoped" . -}}
-{{- $slice := lookup "discovery.k8s.io/v1" "EndpointSlice" "default" "kubernetes" -}}
-{{- range $e := (dig "endpoints" (list) $slice) -}}
-{{- range $ip := (dig "addresses" (list) $e) }}
-- ipBlock:
-    cidr: {{ $ip }}/{{ if contains ":" $ip }}128{{ else }}32{{ end }}
-{{- end -}}
-{{- end -}}
+{{- with .Values.networkPolicy.apiServer.to -}}
+{{- toYaml . -}}
 {{- end -}}
 {{- end -}}
 
-{{- /* The apiserver's ports for the same rule: the configured ones and, where the EndpointSlice was
-found, its own (an apiserver may listen on another port than 443 or 6443). */ -}}
+{{- /* The apiserver's ports for the same rule. */ -}}
 {{- define "valkey-sidecar.apiServerPorts" -}}
-{{- $ports := list -}}
-{{- range .Values.networkPolicy.apiServer.ports -}}
-{{- $ports = append $ports (int .) -}}
-{{- end -}}
-{{- if and (not .Values.networkPolicy.apiServer.to) (include "valkey-sidecar.clusterScoped" .) -}}
-{{- $slice := lookup "discovery.k8s.io/v1" "EndpointSlice" "default" "kubernetes" -}}
-{{- range $p := (dig "ports" (list) $slice) -}}
-{{- $ports = append $ports (int $p.port) -}}
-{{- end -}}
-{{- end -}}
-{{- range ($ports | uniq) }}
-- port: {{ . }}
+{{- range (.Values.networkPolicy.apiServer.ports | uniq) }}
+- port: {{ int . }}
   protocol: TCP
 {{- end -}}
 {{- end -}}

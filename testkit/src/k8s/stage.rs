@@ -334,7 +334,7 @@ impl Stage {
         Ok(())
     }
 
-    /// The value of the Valkey container's `VALKEY_PASSWORD` (a Secret key reference), if set.
+    /// The default user's password ([`password_ref`]), if the pods have one.
     async fn default_password(&self, set: &StatefulSet) -> Result<Option<String>> {
         let Some(reference) = password_ref(set) else {
             return Ok(None);
@@ -1015,17 +1015,35 @@ fn shard_of(set: &StatefulSet) -> Option<usize> {
         .ok()
 }
 
-/// The Secret name and key the Valkey container's `VALKEY_PASSWORD` comes from.
+/// The Secret name and key of the default password: the chart's `valkey-passwords` volume (its
+/// `default` item, which only the `valkey-auth` init container mounts), else the Valkey
+/// container's `VALKEY_PASSWORD` (a pod spec of another making).
 fn password_ref(set: &StatefulSet) -> Option<(String, String)> {
     let template = set.spec.template.spec.as_ref()?;
-    let valkey = template.containers.iter().find(|c| c.name == "valkey")?;
-    let var = valkey
-        .env
+    let from_volume = template
+        .volumes
         .iter()
         .flatten()
-        .find(|v| v.name == "VALKEY_PASSWORD")?;
-    let key = var.value_from.as_ref()?.secret_key_ref.as_ref()?;
-    Some((key.name.clone(), key.key.clone()))
+        .filter(|v| v.name == "valkey-passwords")
+        .find_map(|v| {
+            let secret = v.secret.as_ref()?;
+            let item = secret
+                .items
+                .iter()
+                .flatten()
+                .find(|i| i.path == "default")?;
+            Some((secret.secret_name.clone()?, item.key.clone()))
+        });
+    from_volume.or_else(|| {
+        let valkey = template.containers.iter().find(|c| c.name == "valkey")?;
+        let var = valkey
+            .env
+            .iter()
+            .flatten()
+            .find(|v| v.name == "VALKEY_PASSWORD")?;
+        let key = var.value_from.as_ref()?.secret_key_ref.as_ref()?;
+        Some((key.name.clone(), key.key.clone()))
+    })
 }
 
 /// One watch event: when it arrived, the pod, and its role label.

@@ -1,0 +1,218 @@
+//! `valkey-sidecar valkey-auth`: the chart's init container that writes the authentication file
+//! Valkey includes (`--include`), so that the Valkey container never holds a password that can
+//! write. It reads the default user's passwords from a Secret volume only it mounts, and writes
+//! their SHA-256, the replication user (derived password, `core::credentials::REPLICATION_RULES`)
+//! and the replicas' login into a memory-backed volume shared with Valkey.
+//!
+//! The replication password is derived from the default one (HMAC-SHA256), so an existing Secret
+//! needs no new key and a rotation of the default password rotates it too; it cannot be turned
+//! back into the default password.
+//!
+//! Exit codes: 0 written, 64 bad usage, 66 no default password, 74 the file could not be written.
+
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use clap::{ArgMatches, Args, FromArgMatches};
+use valkey_sidecar_core::credentials::{
+    ReplicaLogin, ValkeyAuth, valid_user_name, valkey_auth_conf,
+};
+
+use crate::exit;
+
+/// `valkey-sidecar valkey-auth`.
+#[derive(Debug, Args)]
+pub struct ValkeyAuthArgs {
+    /// A directory with the default user's password in `default` and, during a rotation, the
+    /// next one in `next-default` (a Secret volume).
+    #[arg(long)]
+    pub passwords: PathBuf,
+    /// The file to write (in a volume the Valkey container mounts).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// The replication user's name.
+    #[arg(long, default_value = "valkey-replication")]
+    pub replication_user: String,
+    /// Which user replicas log in as: `replication`, or `default` for the one upgrade from a
+    /// release whose primaries do not know the replication user yet.
+    #[arg(long, default_value = "replication", value_parser = ReplicaLogin::parse)]
+    pub replica_login: ReplicaLogin,
+}
+
+/// Why the file was not written.
+#[derive(Debug, thiserror::Error)]
+pub enum ValkeyAuthError {
+    #[error("{0}: {1}")]
+    NoPassword(PathBuf, std::io::Error),
+    #[error("--replication-user {0:?}: letters, digits, `.`, `_` and `-` only, not `default`")]
+    UserName(String),
+    #[error("{0}: {1}")]
+    Write(PathBuf, std::io::Error),
+}
+
+impl ValkeyAuthError {
+    fn code(&self) -> i32 {
+        match self {
+            ValkeyAuthError::NoPassword(..) => exit::NO_INPUT,
+            ValkeyAuthError::UserName(_) => exit::CONFIG,
+            ValkeyAuthError::Write(..) => exit::IO,
+        }
+    }
+}
+
+/// `valkey-sidecar valkey-auth`; returns the exit code.
+pub fn main(matches: &ArgMatches) -> i32 {
+    let args = match ValkeyAuthArgs::from_arg_matches(matches) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("valkey-sidecar valkey-auth: {e}");
+            return exit::CONFIG;
+        }
+    };
+    match write(&args) {
+        Ok(()) => exit::OK,
+        Err(e) => {
+            eprintln!("valkey-sidecar valkey-auth: {e}");
+            e.code()
+        }
+    }
+}
+
+fn write(args: &ValkeyAuthArgs) -> Result<(), ValkeyAuthError> {
+    if !valid_user_name(&args.replication_user) {
+        return Err(ValkeyAuthError::UserName(args.replication_user.clone()));
+    }
+    let current = read(&args.passwords.join("default"))?;
+    let next = read_optional(&args.passwords.join("next-default"))?;
+    let auth = settings(args, &current, next.as_deref());
+    write_private(&args.out, valkey_auth_conf(&auth).as_bytes())
+        .map_err(|e| ValkeyAuthError::Write(args.out.clone(), e))
+}
+
+/// The settings from the current (and next) default password. Bytes as the Secret holds them:
+/// the hash must match what clients send, trailing newline included.
+fn settings(args: &ValkeyAuthArgs, current: &[u8], next: Option<&[u8]>) -> ValkeyAuth {
+    let passwords: Vec<&[u8]> = std::iter::once(current).chain(next).collect();
+    let masterauth = match args.replica_login {
+        ReplicaLogin::Replication => replication_password(current).into_bytes(),
+        ReplicaLogin::Default => current.to_vec(),
+    };
+    ValkeyAuth {
+        default_hashes: passwords.iter().map(|p| sha256_hex(p)).collect(),
+        replication_user: args.replication_user.clone(),
+        replication_hashes: passwords
+            .iter()
+            .map(|p| sha256_hex(replication_password(p).as_bytes()))
+            .collect(),
+        login: args.replica_login,
+        masterauth,
+    }
+}
+
+/// The replication user's password: HMAC-SHA256 of a fixed label under the default password.
+pub fn replication_password(default_password: &[u8]) -> String {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, default_password);
+    hex(ring::hmac::sign(&key, b"valkey-sidecar replication user").as_ref())
+}
+
+fn sha256_hex(v: &[u8]) -> String {
+    hex(ring::digest::digest(&ring::digest::SHA256, v).as_ref())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, ValkeyAuthError> {
+    std::fs::read(path).map_err(|e| ValkeyAuthError::NoPassword(path.to_owned(), e))
+}
+
+fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, ValkeyAuthError> {
+    match std::fs::read(path) {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(ValkeyAuthError::NoPassword(path.to_owned(), e)),
+    }
+}
+
+/// Written under a temporary name, then renamed: Valkey never reads half a file. Readable by the
+/// owner and the pod's group only (Valkey may run as another user in the pod's fsGroup).
+fn write_private(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    let partial = path.with_extension("partial");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o440)
+        .open(&partial)?;
+    file.write_all(contents)?;
+    file.sync_all()?;
+    std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o440))?;
+    std::fs::rename(&partial, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ValkeyAuthArgs,
+    }
+
+    fn args(extra: &[&str]) -> ValkeyAuthArgs {
+        let mut argv = vec!["x", "--passwords", "/p", "--out", "/o"];
+        argv.extend(extra);
+        Cli::try_parse_from(argv).unwrap().args
+    }
+
+    #[test]
+    fn the_replication_password_is_derived_and_is_not_the_default_one() {
+        let a = replication_password(b"secret");
+        assert_eq!(a, replication_password(b"secret"));
+        assert_ne!(a, replication_password(b"secret2"));
+        assert_eq!(a.len(), 64);
+        assert!(!a.contains("secret"));
+    }
+
+    #[test]
+    fn replicas_log_in_as_the_replication_user_with_the_derived_password() {
+        let auth = settings(&args(&[]), b"pw", None);
+        assert_eq!(auth.default_hashes, [sha256_hex(b"pw")]);
+        assert_eq!(auth.masterauth, replication_password(b"pw").into_bytes());
+        let conf = valkey_auth_conf(&auth);
+        assert!(!conf.contains("pw\""), "{conf}");
+        assert!(conf.contains("masteruser valkey-replication\n"), "{conf}");
+    }
+
+    #[test]
+    fn a_rotation_accepts_both_generations_and_logs_in_with_the_current() {
+        let auth = settings(&args(&["--replica-login", "default"]), b"old", Some(b"new"));
+        assert_eq!(
+            auth.default_hashes,
+            [sha256_hex(b"old"), sha256_hex(b"new")]
+        );
+        assert_eq!(auth.replication_hashes.len(), 2);
+        assert_eq!(auth.masterauth, b"old");
+    }
+
+    #[test]
+    fn the_file_is_written_private_and_a_missing_password_is_an_error() {
+        let dir = std::env::temp_dir().join(format!("vs-auth-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut a = args(&[]);
+        a.passwords = dir.clone();
+        a.out = dir.join("auth.conf");
+        assert_eq!(write(&a).unwrap_err().code(), exit::NO_INPUT);
+        std::fs::write(dir.join("default"), "pw").unwrap();
+        write(&a).unwrap();
+        let mode = std::fs::metadata(&a.out).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o440);
+        a.replication_user = "default".into();
+        assert_eq!(write(&a).unwrap_err().code(), exit::CONFIG);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
