@@ -203,9 +203,16 @@ fn read_back(s: &Stage, written: &[(String, Written)]) -> (usize, usize) {
 /// old address; how long that took from `at`.
 async fn whole_again(s: &Stage, (old, at): (Vec<String>, Instant)) -> Duration {
     let (shards, members) = s.shape();
-    s.wait_settled(shards * members, shards, 120 * SECOND)
-        .await
-        .unwrap();
+    let settled = s.wait_settled(shards * members, shards, 120 * SECOND).await;
+    if let Err(e) = settled {
+        for pod in &s.pods {
+            let log = s
+                .kubelet
+                .container_log(&s.namespace, pod, "valkey-sidecar", 25);
+            println!("--- {pod} agent log\n{log}");
+        }
+        panic!("{e:#}\n{}", s.events().await.unwrap_or_default());
+    }
     if is_cluster(s) {
         healed(s, &old, 120 * SECOND).await;
     }

@@ -125,6 +125,9 @@ pub struct History {
     /// Valkey's `second_repl_offset`: the first offset not shared with `replid2` (the promotion
     /// offset + 1); `None` when it prints -1.
     pub second_offset: Option<u64>,
+    /// Keys over all databases: the one measure of its data left when streams cannot be compared
+    /// (every Valkey restarted from an AOF starts a new stream at offset 0).
+    pub keys: u64,
 }
 
 impl History {
@@ -198,6 +201,7 @@ fn history_of(info: &Info) -> History {
         second_offset: info
             .i64("second_repl_offset")
             .and_then(|o| u64::try_from(o).ok()),
+        keys: keys_of(info),
     }
 }
 

@@ -6,6 +6,7 @@ mod support;
 
 use support::*;
 use valkey_sidecar_core::heartbeat::{PeerSight, Promise, VouchedUntil};
+use valkey_sidecar_core::observation::History;
 use valkey_sidecar_core::replication::{
     LocalAction, LocalRole, LocalValkey, LocalView, NOT_FOLLOWING, RunTrust, SeenRecord,
     ShardRecord, Successor, awaiting_promotion, claim, local, may_advertise, successor_wanted,
@@ -586,6 +587,44 @@ fn an_old_primary_follows_only_a_successor_that_continues_its_data() {
     empty.fresh = true;
     assert!(!successor_wanted(&follower_view(empty)));
     assert!(!successor_wanted(&holder_view(2_000, 0)));
+}
+
+/// A persistent shard scaled to 0 and back: every Valkey restarts as a master of a stream of its
+/// own, so streams are compared by how far each got in the old one (RDB), or not at all (AOF:
+/// offset 0, no past) and then by keys; a successor with less data is still refused.
+#[test]
+fn after_a_restart_from_disk_a_master_follows_one_with_at_least_its_data() {
+    let ask = |mine: History, theirs: History| {
+        let mut m = master("run", 1_000);
+        m.history = mine;
+        let successor = Successor {
+            primary: true,
+            history: theirs,
+        };
+        local(&LocalView {
+            successor: Some(successor),
+            ..follower_view(m)
+        })
+    };
+    let aof = |id: &str, keys| History {
+        keys,
+        ..stream(id, 0)
+    };
+    assert_eq!(ask(aof("M", 100), aof("P", 100)).kind(), "demote");
+    assert_eq!(ask(aof("M", 100), aof("P", 120)).kind(), "demote");
+    let fewer = ask(aof("M", 100), aof("P", 99));
+    assert_eq!(fewer.kind(), "fence");
+    assert!(fewer.reason().starts_with(NOT_FOLLOWING), "{fewer:?}");
+    let rdb = |id: &str, at: u64, own: u64| History {
+        replid2: Some("X".into()),
+        second_offset: Some(at + 1),
+        ..stream(id, at + own)
+    };
+    // It got as far in X as I did; the 50 bytes I took since my restart are named.
+    let taken = ask(rdb("M", 1_000, 50), rdb("P", 1_000, 0));
+    assert_eq!(taken.kind(), "demote");
+    assert!(taken.reason().contains("50 bytes"), "{taken:?}");
+    assert_eq!(ask(rdb("M", 1_000, 0), rdb("P", 900, 0)).kind(), "fence");
 }
 
 // ------------------------------------------------------------------------------------------

@@ -171,6 +171,7 @@ fn history() -> impl Strategy<Value = History> {
             offset,
             replid2: before.as_ref().map(|(id, _)| id.clone()),
             second_offset: before.map(|(_, at)| at),
+            keys: 100,
         })
 }
 

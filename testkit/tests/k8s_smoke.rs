@@ -72,8 +72,12 @@ async fn the_charts_pod_is_scheduled_runs_becomes_ready_and_stops_gracefully() {
     let ip = kubelet.pod_ip(NS, POD).unwrap();
     assert_eq!(status.pod_ip.as_deref(), Some(ip.to_string().as_str()));
     let containers = status.container_statuses.as_ref().unwrap();
-    let sidecars = status.init_container_statuses.as_ref().unwrap();
-    assert_eq!((containers.len(), sidecars.len()), (1, 1));
+    let inits = status.init_container_statuses.as_ref().unwrap();
+    assert_eq!((containers.len(), inits.len()), (1, 2));
+    // valkey-auth wrote Valkey's authentication file and exited 0; the agent runs beside Valkey.
+    let (done, sidecars): (Vec<_>, Vec<_>) = inits.iter().partition(|c| c.name == "valkey-auth");
+    let exit = done[0].state.as_ref().and_then(|s| s.terminated.as_ref());
+    assert_eq!(exit.map(|t| t.exit_code), Some(0), "{done:?}");
     assert!(
         containers
             .iter()

@@ -575,11 +575,40 @@ fn may_follow(view: &LocalView, v: &LocalValkey, successor: &str) -> Result<Stri
     if s.history.replid2.is_some() && s.history.offset >= mine.offset {
         return Ok("is a promoted stream past my offset".into());
     }
-    Err(format!(
-        "{NOT_FOLLOWING}: {successor}'s Valkey does not continue my data (offset {} of {}, \
-         mine {} of {}): following it would discard my writes",
-        s.history.offset, s.history.replid, mine.offset, mine.replid
-    ))
+    restarted_alike(&s.history, mine).ok_or_else(|| {
+        format!(
+            "{NOT_FOLLOWING}: {successor}'s Valkey does not continue my data (offset {} of {}, \
+             mine {} of {}): following it would discard my writes",
+            s.history.offset, s.history.replid, mine.offset, mine.replid
+        )
+    })
+}
+
+/// After a full restart from disk every Valkey starts a stream of its own: from an RDB, each
+/// promoted from the stream it last held (`replid2`, at its own offset); from an AOF, at offset 0
+/// with no past at all. Streams then say only how far each got in the old one, or nothing, and
+/// the keys are what is left to compare: follow a successor that got at least as far, or, with
+/// no position of mine, one never promoted since its start that holds at least as many keys.
+/// What I wrote since my own restart is discarded (named); a forged record naming a master with
+/// less data is still refused.
+fn restarted_alike(s: &History, mine: &History) -> Option<String> {
+    if let (Some(theirs), Some(ours)) = (&s.replid2, &mine.replid2) {
+        if theirs == ours && s.second_offset >= mine.second_offset {
+            let shared_end = mine.second_offset.unwrap_or(1).saturating_sub(1);
+            return Some(format!(
+                "restarted from stream {ours} at least as far as I did; the {} bytes I took \
+                 since are discarded",
+                mine.offset.saturating_sub(shared_end)
+            ));
+        }
+    }
+    let positionless = mine.offset == 0 && mine.replid2.is_none();
+    (positionless && s.replid2.is_none() && s.keys >= mine.keys).then(|| {
+        format!(
+            "neither restart kept a replication position; it holds {} keys, I {}",
+            s.keys, mine.keys
+        )
+    })
 }
 
 fn as_replica(view: &LocalView, v: &LocalValkey, of: &str) -> LocalAction {

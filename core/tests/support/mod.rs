@@ -54,6 +54,7 @@ pub fn stream(replid: &str, offset: u64) -> History {
         offset,
         replid2: None,
         second_offset: None,
+        keys: 100,
     }
 }
 
