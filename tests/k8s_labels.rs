@@ -147,19 +147,6 @@ async fn labels_follow_valkey_within_a_poll_and_write_once_per_change() {
     );
 }
 
-/// SIGSTOP / SIGCONT to one container's process (the rest of the pod runs on).
-fn signal_container(s: &Stage, pod: &str, container: &str, signal: &str) {
-    let pid = s
-        .kubelet
-        .container_pid(&s.namespace, pod, container)
-        .unwrap();
-    let status = std::process::Command::new("kill")
-        .args([format!("-{signal}"), pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill -{signal} {pid}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_primary_loses_its_label_and_the_promoted_replica_gains_it() {
     let s = Stage::start(options()).await.unwrap();
@@ -171,7 +158,7 @@ async fn a_hung_primary_loses_its_label_and_the_promoted_replica_gains_it() {
     // so Valkey Cluster promotes the replica; shorter than the liveness window (30 s), so the
     // kubelet does not restart it.
     let hung = Instant::now();
-    signal_container(&s, &primary, "valkey", "STOP");
+    s.signal_container(&primary, "valkey", "STOP").unwrap();
     let mut valkey_promoted = Instant::now();
     while s.role(&replica).as_deref() != Some("master") {
         assert!(
@@ -208,7 +195,7 @@ async fn a_hung_primary_loses_its_label_and_the_promoted_replica_gains_it() {
             )),
     );
     // Valkey wakes, learns of the newer epoch, rejoins as a replica, and the label says so.
-    signal_container(&s, &primary, "valkey", "CONT");
+    s.signal_container(&primary, "valkey", "CONT").unwrap();
     let rejoined = seen
         .wait(&primary, Some("replica"), unlabelled, 30 * SECOND)
         .await

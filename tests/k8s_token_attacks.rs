@@ -123,19 +123,6 @@ async fn a_forged_promotion_within_the_policy_loses_no_write_and_failover_still_
     );
 }
 
-/// SIGSTOP / SIGCONT to one container's process (the rest of the pod runs on).
-fn signal_container(s: &Stage, pod: &str, container: &str, signal: &str) {
-    let pid = s
-        .kubelet
-        .container_pid(&s.namespace, pod, container)
-        .unwrap();
-    let status = std::process::Command::new("kill")
-        .args([format!("-{signal}"), pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill -{signal} {pid}");
-}
-
 /// Finding 5: the record deleted (by hand, by the garbage collector, through a forged owner)
 /// while its holder cannot re-create it — its agent hung past its renew deadline — and its
 /// primary is not node-index 0 (which would bootstrap anew). It used to stay fenced for good, the
@@ -157,7 +144,8 @@ async fn a_vanished_record_is_recreated_above_its_epoch_and_nothing_is_lost() {
     let writer = s.writer(addrs(&s), "w");
     tokio::time::sleep(2 * SECOND).await;
     // Its agent hangs past its renew deadline (3 s) while the record goes.
-    signal_container(&s, &primary, "valkey-sidecar", "STOP");
+    s.signal_container(&primary, "valkey-sidecar", "STOP")
+        .unwrap();
     let leases: Api<Lease> = Api::namespaced(s.plane.client(), &s.namespace);
     leases
         .delete("valkey-0-primary", &DeleteParams::default())
@@ -165,7 +153,8 @@ async fn a_vanished_record_is_recreated_above_its_epoch_and_nothing_is_lost() {
         .unwrap();
     let gone = Instant::now();
     tokio::time::sleep(3500 * Duration::from_millis(1)).await;
-    signal_container(&s, &primary, "valkey-sidecar", "CONT");
+    s.signal_container(&primary, "valkey-sidecar", "CONT")
+        .unwrap();
     let back = poll_until(
         "the record re-created",
         40 * SECOND,

@@ -548,6 +548,22 @@ impl Stage {
             .unwrap_or_default())
     }
 
+    /// Sends `signal` (e.g. `STOP`, `CONT`) to one container's process: the rest of the pod
+    /// runs on (a hung agent, a frozen Valkey).
+    pub fn signal_container(&self, pod: &str, container: &str, signal: &str) -> Result<()> {
+        let pid = self
+            .kubelet
+            .container_pid(&self.namespace, pod, container)
+            .with_context(|| format!("no process for {pod}/{container}"))?;
+        let status = std::process::Command::new("kill")
+            .args([format!("-{signal}"), pid.to_string()])
+            .status()?;
+        if !status.success() {
+            bail!("kill -{signal} {pid} failed");
+        }
+        Ok(())
+    }
+
     /// Sends `signal` (e.g. `STOP`, `CONT`) to kube-apiserver: freezes or thaws the API while
     /// everything else keeps running.
     pub fn signal_apiserver(&self, signal: &str) -> Result<()> {
