@@ -524,9 +524,15 @@ async fn rendered_objects_pass_a_server_side_dry_run() {
         "cli valkey-2-0 cluster addslotsrange 10922 16383",
         "cli valkey-0-0 cluster meet $(ip valkey-2-1) 6379",
         "cli valkey-1-1 cluster replicate $(cli valkey-1-0 cluster myid",
+        // The Valkey container holds no password that can form a cluster: the user brings it.
+        "pw=$(kubectl get secret -n valkey valkey-auth",
+        "-c valkey -- env VALKEYCLI_AUTH=\"$pw\" valkey-cli",
+        // A render cannot know the apiserver: the notes say how to narrow the agents' egress.
+        "kubectl get endpointslice -n default kubernetes",
     ] {
         assert!(manual.contains(want), "NOTES lack {want:?}:\n{manual}");
     }
+    assert!(!manual.contains("$VALKEY_PASSWORD"), "{manual}");
     let notes = helm_install_dry_run(
         &plane,
         &[
