@@ -555,13 +555,7 @@ impl Stage {
             .kubelet
             .container_pid(&self.namespace, pod, container)
             .with_context(|| format!("no process for {pod}/{container}"))?;
-        let status = std::process::Command::new("kill")
-            .args([format!("-{signal}"), pid.to_string()])
-            .status()?;
-        if !status.success() {
-            bail!("kill -{signal} {pid} failed");
-        }
-        Ok(())
+        kill(pid, signal)
     }
 
     /// Sends `signal` (e.g. `STOP`, `CONT`) to kube-apiserver: freezes or thaws the API while
@@ -577,13 +571,7 @@ impl Stage {
             .into_iter()
             .find(is_apiserver)
             .context("no kube-apiserver process")?;
-        let status = std::process::Command::new("kill")
-            .args([format!("-{signal}"), pid.to_string()])
-            .status()?;
-        if !status.success() {
-            bail!("kill -{signal} {pid} failed");
-        }
-        Ok(())
+        kill(pid, signal)
     }
 
     /// Events in the namespace: reason, regarding pod and note, as `kubectl` prints them.
@@ -1060,6 +1048,17 @@ fn password_ref(set: &StatefulSet) -> Option<(String, String)> {
         let key = var.value_from.as_ref()?.secret_key_ref.as_ref()?;
         Some((key.name.clone(), key.key.clone()))
     })
+}
+
+/// `kill -<signal> <pid>`.
+fn kill(pid: u32, signal: &str) -> Result<()> {
+    let status = std::process::Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()?;
+    if !status.success() {
+        bail!("kill -{signal} {pid} failed");
+    }
+    Ok(())
 }
 
 /// One watch event: when it arrived, the pod, and its role label.
