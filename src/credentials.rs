@@ -201,7 +201,7 @@ fn with_hashes(
         let value = after.get(&slot);
         keys.insert(args.key(slot).to_owned(), value.cloned());
         if let Some(hash_key) = args.hash_key(slot) {
-            keys.insert(hash_key.to_owned(), value.map(|v| sha256_hex(v)));
+            keys.insert(hash_key.to_owned(), value.map(|v| sha256_hex(v.as_bytes())));
         }
     }
     Ok(keys)
@@ -299,12 +299,14 @@ fn fresh_password() -> Result<String, CredentialsError> {
     Ok(out)
 }
 
-fn sha256_hex(v: &str) -> String {
-    ring::digest::digest(&ring::digest::SHA256, v.as_bytes())
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+/// The SHA-256 of `v` in lowercase hex, as Valkey's ACL `#<hash>` takes it.
+pub(crate) fn sha256_hex(v: &[u8]) -> String {
+    hex(ring::digest::digest(&ring::digest::SHA256, v).as_ref())
+}
+
+/// Lowercase hex.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]
@@ -337,7 +339,7 @@ mod tests {
     fn the_hash_is_sha256_hex_as_valkey_takes_it() {
         // printf %s abc | sha256sum
         assert_eq!(
-            sha256_hex("abc"),
+            sha256_hex(b"abc"),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
     }
@@ -354,7 +356,7 @@ mod tests {
         .unwrap();
         assert_eq!(keys["default-password"].as_deref(), Some("p1"));
         assert_eq!(keys["agent-password"].as_deref(), Some("p2"));
-        assert_eq!(keys["agent-password-sha256"], Some(sha256_hex("p2")));
+        assert_eq!(keys["agent-password-sha256"], Some(sha256_hex(b"p2")));
         assert_eq!(keys["next-agent-password-sha256"], None);
     }
 

@@ -19,6 +19,7 @@ use valkey_sidecar_core::credentials::{
     ReplicaLogin, ValkeyAuth, valid_user_name, valkey_auth_conf,
 };
 
+use crate::credentials::{hex, sha256_hex};
 use crate::exit;
 
 /// `valkey-sidecar valkey-auth`.
@@ -116,14 +117,6 @@ pub fn replication_password(default_password: &[u8]) -> String {
     hex(ring::hmac::sign(&key, b"valkey-sidecar replication user").as_ref())
 }
 
-fn sha256_hex(v: &[u8]) -> String {
-    hex(ring::digest::digest(&ring::digest::SHA256, v).as_ref())
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn read(path: &Path) -> Result<Vec<u8>, ValkeyAuthError> {
     std::fs::read(path).map_err(|e| ValkeyAuthError::NoPassword(path.to_owned(), e))
 }
@@ -137,9 +130,15 @@ fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, ValkeyAuthError> {
 }
 
 /// Written under a temporary name, then renamed: Valkey never reads half a file. Readable by the
-/// owner and the pod's group only (Valkey may run as another user in the pod's fsGroup).
+/// owner and the pod's group only (Valkey may run as another user in the pod's fsGroup); set
+/// again after writing because the umask narrows the mode given at creation.
 fn write_private(path: &Path, contents: &[u8]) -> std::io::Result<()> {
     let partial = path.with_extension("partial");
+    // A partial file left by an interrupted run is read-only: open would refuse it.
+    match std::fs::remove_file(&partial) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)

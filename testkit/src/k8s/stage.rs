@@ -1019,35 +1019,21 @@ fn shard_of(set: &StatefulSet) -> Option<usize> {
         .ok()
 }
 
-/// The Secret name and key of the default password: the chart's `valkey-passwords` volume (its
-/// `default` item, which only the `valkey-auth` init container mounts), else the Valkey
-/// container's `VALKEY_PASSWORD` (a pod spec of another making).
+/// The Secret name and key of the default password: the chart's `valkey-passwords` volume, its
+/// `default` item (only the `valkey-auth` init container mounts it).
 fn password_ref(set: &StatefulSet) -> Option<(String, String)> {
     let template = set.spec.template.spec.as_ref()?;
-    let from_volume = template
-        .volumes
+    let mut volumes = template.volumes.iter().flatten();
+    let secret = volumes
+        .find(|v| v.name == "valkey-passwords")?
+        .secret
+        .as_ref()?;
+    let item = secret
+        .items
         .iter()
         .flatten()
-        .filter(|v| v.name == "valkey-passwords")
-        .find_map(|v| {
-            let secret = v.secret.as_ref()?;
-            let item = secret
-                .items
-                .iter()
-                .flatten()
-                .find(|i| i.path == "default")?;
-            Some((secret.secret_name.clone()?, item.key.clone()))
-        });
-    from_volume.or_else(|| {
-        let valkey = template.containers.iter().find(|c| c.name == "valkey")?;
-        let var = valkey
-            .env
-            .iter()
-            .flatten()
-            .find(|v| v.name == "VALKEY_PASSWORD")?;
-        let key = var.value_from.as_ref()?.secret_key_ref.as_ref()?;
-        Some((key.name.clone(), key.key.clone()))
-    })
+        .find(|i| i.path == "default")?;
+    Some((secret.secret_name.clone()?, item.key.clone()))
 }
 
 /// `kill -<signal> <pid>`.
