@@ -18,6 +18,7 @@ use valkey_sidecar_core::lease::LeaseTimings;
 use valkey_sidecar_core::observation::Mode;
 use valkey_sidecar_core::plan::Policy;
 use valkey_sidecar_core::quorum::QuorumPolicy;
+use valkey_sidecar_core::roll::RollPolicy;
 
 /// Default port of the probe listener (kubelet probes, `/metrics`, role endpoints).
 pub const DEFAULT_PROBE_PORT: u16 = 9736;
@@ -199,6 +200,11 @@ pub struct RawConfig {
     /// Preferred zone per shard id, `shard=zone,shard=zone` (default: the zone of the node-index-0 pod).
     #[arg(long, env = "SIDECAR_PREFERRED_ZONES")]
     pub preferred_zones: Option<String>,
+    /// The supervised rolling update, `<shards at once>:<pods per shard>`: the coordinator replaces
+    /// the pods not at their StatefulSet's update revision (sets with `updateStrategy: OnDelete`),
+    /// replicas first, each primary handed over once (unset: rollouts are left to the sets).
+    #[arg(long, env = "SIDECAR_ROLL")]
+    pub roll: Option<String>,
     /// Cluster mode: the coordinator forms a fresh Valkey Cluster of this many shards from the pods'
     /// shard-index and node-index labels, and brings pods that come back empty into it again
     /// (unset: cluster membership is left alone).
@@ -578,7 +584,12 @@ impl RawConfig {
             &self.preferred_zones,
             parse_zone_map,
         );
+        let roll = c.opt("SIDECAR_ROLL", &self.roll, parse_roll);
+        if self.roll.is_some() && roll.is_none() {
+            return None;
+        }
         Some(Policy {
+            roll,
             failback: failback?,
             quiet_period_ms: quiet?,
             balance: balance?,
@@ -799,6 +810,22 @@ pub(crate) fn parse_role_values(v: &str) -> Result<(String, String), String> {
         return Err("two different non-empty label values".into());
     }
     Ok((p.to_owned(), r.to_owned()))
+}
+
+/// `<shards at once>:<pods per shard>`, both at least 1.
+fn parse_roll(v: &str) -> Result<RollPolicy, String> {
+    let bad = || "expected `<shards at once>:<pods per shard>`, e.g. `1:3`".to_owned();
+    let (shards, pods) = v.split_once(':').ok_or_else(bad)?;
+    let count = |s: &str| {
+        s.trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=16_384).contains(n))
+    };
+    Ok(RollPolicy {
+        max_shards_rolling: count(shards).ok_or_else(bad)?,
+        pods_per_shard: count(pods).ok_or_else(bad)?,
+    })
 }
 
 /// A shard count: 1 to 16384 (each shard owns at least one slot).

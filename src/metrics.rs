@@ -124,6 +124,9 @@ pub struct Metrics {
     shard_primaries: Family<ShardLabel, Gauge>,
     heartbeats: Family<KindLabel, Counter>,
     peers_vouching: Gauge,
+    roll_deletions: Family<ResultLabel, Counter>,
+    roll_outdated: Gauge,
+    roll_waiting: Gauge,
     /// The shards `shard_primaries` holds a series for, so a shard that is gone loses its series.
     shards_reported: Mutex<Vec<String>>,
 }
@@ -159,6 +162,9 @@ impl Metrics {
             drift: Family::default(),
             keeper_actions: Family::default(),
             formation_steps: Family::default(),
+            roll_deletions: Family::default(),
+            roll_outdated: Gauge::default(),
+            roll_waiting: Gauge::default(),
             shard_record_calls: Family::default(),
             coordinator_record_reads: Family::default(),
             watch_errors: Family::default(),
@@ -204,6 +210,9 @@ impl Metrics {
             events => "events": "Kubernetes Events, by reason and result";
             zone_pushes => "zone_pushes": "CONFIG SET availability-zone, by result";
             actions => "coordinator_actions": "Coordinator moves, by kind and result";
+            roll_deletions => "coordinator_roll_evictions": "Pods the supervised roll evicted so their StatefulSet re-creates them at the update revision, by result (error: the API or a disruption budget refused)";
+            roll_outdated => "coordinator_roll_pods_outdated": "Pods not at their StatefulSet's update revision, as the supervised roll sees them (leader only)";
+            roll_waiting => "coordinator_roll_waiting": "1 while the supervised roll has pods to replace but waits (the coordinator Lease's RolloutComplete condition says why)";
             start_held => "start_held": "Cluster mode: 1 while a start of the local Valkey is held until a replica takes over its slots (valkey-sidecar await)";
             leader => "coordinator_leader": "1 while this agent holds the coordinator Lease";
             last_decision => "coordinator_last_decision_timestamp_seconds": "Unix time at which this agent last started a coordinator move (0: never)";
@@ -365,6 +374,21 @@ impl Metrics {
         self.actions
             .get_or_create(&ActionLabel { kind, result })
             .inc();
+    }
+
+    /// Counts one eviction by the supervised roll.
+    pub fn roll_deletion(&self, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.roll_deletions
+            .get_or_create(&ResultLabel { result })
+            .inc();
+    }
+
+    /// The supervised roll's progress: pods left, and whether it waits.
+    pub fn roll(&self, outdated: usize, waiting: bool) {
+        self.roll_outdated
+            .set(i64::try_from(outdated).unwrap_or(i64::MAX));
+        self.roll_waiting.set(i64::from(waiting));
     }
 
     /// Whether a start of the local Valkey would now be held (`start_guard`).

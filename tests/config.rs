@@ -180,6 +180,7 @@ fn bad_coordinator_settings() {
         ("SIDECAR_LEASE_DURATION", "5s"),
         ("SIDECAR_FAILBACK", "perhaps"),
         ("SIDECAR_PREFERRED_ZONES", "s1"),
+        ("SIDECAR_ROLL", "1"),
     ];
     // Coordinator on without a cluster name; a lease shorter than its renew deadline.
     let env: Vec<_> = base.iter().chain(bad.iter()).copied().collect();
@@ -190,6 +191,7 @@ fn bad_coordinator_settings() {
             "SIDECAR_LEASE_DURATION",
             "SIDECAR_FAILBACK",
             "SIDECAR_PREFERRED_ZONES",
+            "SIDECAR_ROLL",
         ],
     );
     let env: Vec<_> = base
@@ -204,6 +206,7 @@ fn bad_coordinator_settings() {
             "SIDECAR_LEASE_DURATION",
             "SIDECAR_FAILBACK",
             "SIDECAR_PREFERRED_ZONES",
+            "SIDECAR_ROLL",
         ],
     );
 }

@@ -16,6 +16,7 @@
 //! - [`labels`]: the labels the agent keeps on its pod.
 //! - [`ratelimit`]: a token bucket for Events.
 //! - [`plan`]: the coordinator's `decide(&World, &Policy) -> Plan` (hand-over, fail-back, balance).
+//! - [`roll`]: the supervised rolling update: which pod to replace next, each primary moved once.
 //! - [`moves`]: the coordinator's ledger of running and settling moves and the cooldown.
 //! - [`quorum`]: cluster mode's fence of a primary cut off from most primaries.
 //! - [`heartbeat`]: peer heartbeats, the vouches that keep a primary writing, the failsafe's
@@ -54,6 +55,7 @@ pub mod ratelimit;
 pub mod replication;
 pub mod reply;
 pub mod restart;
+pub mod roll;
 pub mod shards;
 pub mod status;
 pub mod time;

@@ -16,6 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::observation::Role;
+use crate::roll::{self, RollPod, RollPolicy, RollShard, RollStep};
 use crate::shards::NodeHealth;
 use crate::time::Millis;
 
@@ -32,6 +33,11 @@ pub struct PodInfo {
     /// The pod's own `topology.kubernetes.io/zone` label (Kubernetes >= 1.35 copies it from the
     /// Node), for when Nodes may not be read ([`unseen_nodes`]).
     pub zone: Option<String>,
+    /// The StatefulSet ordinal (the name's numeric suffix).
+    pub ordinal: Option<u32>,
+    /// Whether the pod runs its StatefulSet's update revision; `None` where not known (the
+    /// supervised roll waits for it, [`crate::roll`]).
+    pub updated: Option<bool>,
 }
 
 /// A Kubernetes node.
@@ -120,6 +126,9 @@ pub struct World {
     pub last_move: Option<Millis>,
     /// Pods of the deployment the scheduler could not place.
     pub pending: Vec<Pending>,
+    /// Shards with a pod the supervised roll deleted and whose successor has not appeared yet:
+    /// the roll leaves them alone (other moves do not, a deletion is not a move).
+    pub replacing: BTreeSet<String>,
 }
 
 /// A pod the scheduler could not place (`PodScheduled=False`).
@@ -141,6 +150,9 @@ pub struct Policy {
     pub max_concurrent: usize,
     /// Configured preferred zone per shard id; otherwise the zone of the shard's node-index-0 pod.
     pub preferred_zones: BTreeMap<String, String>,
+    /// The supervised rolling update (`SIDECAR_ROLL`), when the StatefulSets leave it to the
+    /// coordinator (`updateStrategy: OnDelete`).
+    pub roll: Option<RollPolicy>,
 }
 
 impl Default for Policy {
@@ -152,6 +164,7 @@ impl Default for Policy {
             cooldown_ms: 30_000,
             max_concurrent: 1,
             preferred_zones: BTreeMap::new(),
+            roll: None,
         }
     }
 }
@@ -162,6 +175,8 @@ pub enum Kind {
     Handover,
     FailBack,
     Rebalance,
+    /// The supervised rolling update hands an outdated primary over to an updated replica.
+    Roll,
 }
 
 impl Kind {
@@ -170,6 +185,7 @@ impl Kind {
             Kind::Handover => "Handover",
             Kind::FailBack => "FailBack",
             Kind::Rebalance => "Rebalance",
+            Kind::Roll => "Roll",
         }
     }
 }
@@ -201,6 +217,20 @@ pub struct Plan {
     /// Why something that should happen cannot (no candidate, concurrency limit, …).
     pub blocked: Vec<String>,
     pub drift: Vec<Drift>,
+    /// Pods the supervised roll replaces now (their StatefulSet re-creates them updated).
+    pub deletions: Vec<Deletion>,
+    /// Pods the supervised roll has left to replace (not at their update revision).
+    pub roll_outdated: usize,
+    /// Why the supervised roll waits, while it has pods left to replace.
+    pub roll_waiting: Option<String>,
+}
+
+/// Delete a pod so its StatefulSet re-creates it at the update revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deletion {
+    pub shard: String,
+    pub pod: String,
+    pub reason: String,
 }
 
 /// The world's members grouped by shard, built once per call so that a per-shard rule costs
@@ -268,11 +298,104 @@ pub fn decide(world: &World, policy: &Policy) -> Plan {
             plan.actions.push(action);
         }
     }
-    if plan.actions.is_empty() && world.in_flight.is_empty() && cooled_down(world, policy) {
+    let rolling = supervise_roll(&s, policy, (&busy, budget), &mut plan);
+    let idle = plan.actions.is_empty() && world.in_flight.is_empty();
+    if idle && !rolling && cooled_down(world, policy) {
         let moved = failback(&s, policy).or_else(|| rebalance(&s, policy));
         plan.actions.extend(moved);
     }
     plan
+}
+
+/// Adds the supervised roll's steps to the plan (hand-overs within the move budget); whether a
+/// roll is under way, which holds fail-back and balance: they would move primaries the roll is
+/// about to move anyway.
+fn supervise_roll(
+    s: &Shards<'_>,
+    policy: &Policy,
+    (busy, budget): (&BTreeSet<&str>, usize),
+    plan: &mut Plan,
+) -> bool {
+    let Some(rp) = &policy.roll else {
+        return false;
+    };
+    let (shards, unknown) = roll_view(s, policy, busy);
+    let rolled = roll::next(&shards, &unknown, rp);
+    plan.roll_outdated = rolled.outdated;
+    plan.roll_waiting = rolled.waiting;
+    for step in rolled.steps {
+        match step {
+            RollStep::Delete { shard, pod, reason } => {
+                plan.deletions.push(Deletion { shard, pod, reason })
+            }
+            RollStep::Handover { .. } if plan.actions.len() >= budget => {}
+            RollStep::Handover {
+                shard,
+                from,
+                to,
+                reason,
+            } => plan.actions.push(Action {
+                kind: Kind::Roll,
+                shard,
+                from,
+                to,
+                reason,
+            }),
+        }
+    }
+    plan.roll_outdated > 0
+}
+
+/// The shards as the roll sees them, and the pods whose revision is not known. Members without a
+/// pod (a node Valkey still lists after its pod went) are not pods to replace.
+fn roll_view(
+    s: &Shards<'_>,
+    policy: &Policy,
+    busy: &BTreeSet<&str>,
+) -> (Vec<RollShard>, Vec<String>) {
+    let mut unknown = Vec::new();
+    let mut shards = Vec::new();
+    for shard in s.names() {
+        let zone = preferred_zone(s, policy, shard);
+        let mut pods = Vec::new();
+        for m in s.members(shard) {
+            let Some(pod) = &m.pod else { continue };
+            if pod.updated.is_none() {
+                unknown.push(pod.name.clone());
+            }
+            pods.push(roll_pod(s.world, m, pod, zone));
+        }
+        let busy = busy.contains(shard) || s.world.replacing.contains(shard);
+        shards.push(RollShard {
+            name: shard.into(),
+            pods,
+            busy,
+        });
+    }
+    (shards, unknown)
+}
+
+fn roll_pod(world: &World, m: &Member, pod: &PodInfo, zone: Option<&str>) -> RollPod {
+    let healthy = match m.role {
+        Role::Primary => m.is_live_primary() && pod.ready,
+        Role::Replica => m.is_synced_replica(),
+        Role::Unknown => false,
+    };
+    RollPod {
+        name: pod.name.clone(),
+        id: m.id.clone(),
+        ordinal: pod.ordinal.unwrap_or(0),
+        updated: pod.updated.unwrap_or(true),
+        role: if m.role == Role::Primary && !m.is_live_primary() {
+            Role::Unknown
+        } else {
+            m.role
+        },
+        healthy: healthy && !pod.terminating,
+        offset: m.offset,
+        preferred_zone: zone.is_some() && zone_of(world, m) == zone,
+        node_usable: node_of(world, m).is_some_and(NodeInfo::usable),
+    }
 }
 
 fn node_of<'a>(world: &'a World, m: &Member) -> Option<&'a NodeInfo> {

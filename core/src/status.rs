@@ -17,6 +17,8 @@ pub const PLACEMENT: &str = "PrimaryPlacementAligned";
 pub const BALANCE: &str = "PrimariesBalanced";
 /// Every primary could be handed over now, and no needed hand-over is blocked.
 pub const HANDOVER: &str = "HandoverReady";
+/// Every pod runs its StatefulSet's update revision (only with the supervised roll).
+pub const ROLLED: &str = "RolloutComplete";
 /// Condition: every pod is scheduled and no shard has two members on one node or in one zone.
 pub const SCHEDULING: &str = "SchedulingSatisfied";
 
@@ -50,12 +52,28 @@ pub struct Status {
 
 /// The conditions of one planning round, in a fixed order.
 pub fn conditions(world: &World, policy: &Policy, plan: &Plan) -> Vec<Condition> {
-    vec![
+    let mut all = vec![
         placement(plan, policy),
         balance(plan, policy),
         handover(world, plan),
         scheduling(plan),
-    ]
+    ];
+    all.extend(policy.roll.map(|_| rollout(plan)));
+    all
+}
+
+/// The supervised roll: done, under way, or waiting and why.
+fn rollout(plan: &Plan) -> Condition {
+    let left = plan.roll_outdated;
+    match &plan.roll_waiting {
+        _ if left == 0 => holds(ROLLED, "UpToDate", "every pod runs its update revision"),
+        Some(why) => fails(
+            ROLLED,
+            "RollWaiting",
+            format!("{left} pods to replace; {why}"),
+        ),
+        None => fails(ROLLED, "Rolling", format!("{left} pods to replace")),
+    }
 }
 
 /// The conditions while the holder has no fresh view: it cannot vouch for any of them, so each
@@ -254,6 +272,7 @@ mod tests {
                 terminating: false,
                 node_index: Some(u32::from(role == Role::Replica)),
                 zone: None,
+                ..PodInfo::default()
             }),
         }
     }

@@ -8,6 +8,7 @@ use valkey_sidecar_core::observation::Role;
 use valkey_sidecar_core::plan::{
     InFlight, Kind, Member, NodeInfo, PodInfo, Policy, World, decide, unseen_nodes,
 };
+use valkey_sidecar_core::roll::RollPolicy;
 use valkey_sidecar_core::shards::NodeHealth;
 use valkey_sidecar_core::time::Millis;
 
@@ -26,6 +27,7 @@ fn member(id: &str, shard: &str, role: Role, offset: u64, node: &str, index: u32
             terminating: false,
             node_index: Some(index),
             zone: None,
+            ..PodInfo::default()
         }),
     }
 }
@@ -86,6 +88,7 @@ fn world() -> World {
         in_flight: vec![],
         last_move: None,
         pending: vec![],
+        ..World::default()
     }
 }
 
@@ -401,6 +404,7 @@ fn arb_world() -> impl Strategy<Value = World> {
                             terminating,
                             node_index: Some(i as u32 % 3),
                             zone: None,
+                            ..PodInfo::default()
                         }),
                     },
                 )
@@ -441,6 +445,7 @@ fn arb_world() -> impl Strategy<Value = World> {
                 in_flight,
                 last_move: None,
                 pending: vec![],
+                ..World::default()
             }
         })
 }
@@ -555,4 +560,60 @@ fn without_node_facts_a_terminating_primary_still_hands_over() {
 fn without_node_facts_nothing_moves_while_nothing_is_deleted() {
     let plan = decide(&world_without_nodes(), &Policy::default());
     assert!(plan.actions.is_empty(), "{plan:?}");
+}
+
+/// The world with every pod's revision set: `outdated` pods are not at their update revision.
+fn rolling(outdated: &[&str]) -> World {
+    let mut w = drifted();
+    for m in &mut w.members {
+        let pod = m.pod.as_mut().unwrap();
+        pod.ordinal = pod.node_index;
+        pod.updated = Some(!outdated.contains(&m.id.as_str()));
+    }
+    w
+}
+
+fn roll_policy() -> Policy {
+    Policy {
+        failback: true,
+        quiet_period_ms: 0,
+        cooldown_ms: 0,
+        roll: Some(RollPolicy {
+            max_shards_rolling: 1,
+            pods_per_shard: 3,
+        }),
+        ..Policy::default()
+    }
+}
+
+#[test]
+fn the_roll_replaces_replicas_then_hands_the_primary_over_and_holds_fail_back() {
+    // Without a roll the drifted shard fails back.
+    let plan = decide(&rolling(&[]), &roll_policy());
+    assert_eq!(plan.actions[0].kind, Kind::FailBack, "{plan:?}");
+    assert_eq!(plan.roll_outdated, 0);
+    // r0b (ordinal 2) goes first; fail-back waits for the roll.
+    let plan = decide(&rolling(&["p0", "r0a", "r0b"]), &roll_policy());
+    assert!(plan.actions.is_empty(), "{plan:?}");
+    let pods: Vec<&str> = plan.deletions.iter().map(|d| d.pod.as_str()).collect();
+    assert_eq!((pods, plan.roll_outdated), (vec!["pod-r0b"], 3));
+    // Only the primary (r0a after the fail-over) left: a Roll hand-over to an updated replica.
+    let plan = decide(&rolling(&["r0a"]), &roll_policy());
+    let a = &plan.actions[0];
+    assert_eq!((a.kind, a.from.as_str()), (Kind::Roll, "r0a"));
+    assert!(["p0", "r0b"].contains(&a.to.as_str()), "{a:?}");
+    // A shard whose deleted pod has not come back takes no step, and other shards wait for it.
+    let mut w = rolling(&["p0", "r0a", "r0b"]);
+    w.replacing.insert("s0".into());
+    let plan = decide(&w, &roll_policy());
+    assert!(
+        plan.deletions.is_empty() && plan.roll_waiting.is_none(),
+        "{plan:?}"
+    );
+    // A pod of unknown revision stops it.
+    let mut w = rolling(&["r0b"]);
+    find(&mut w, "p1").pod.as_mut().unwrap().updated = None;
+    let plan = decide(&w, &roll_policy());
+    assert!(plan.deletions.is_empty());
+    assert!(plan.roll_waiting.unwrap().contains("pod-p1"));
 }

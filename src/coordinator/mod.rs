@@ -20,6 +20,7 @@ pub mod execute;
 pub mod formation;
 pub mod replication_round;
 pub mod report;
+pub mod roll;
 pub mod round;
 pub mod watches;
 pub mod world;
@@ -135,6 +136,10 @@ struct LeaderMemory {
     deaths: Option<crash::DeathWatch>,
     /// Primaries failed over after their Valkey died, and when: one failover per death.
     crashes: BTreeMap<String, Millis>,
+    /// The supervised roll's deletions whose pods have not come back yet (`roll`).
+    replacing: roll::Replacing,
+    /// The roll's last waiting reason, so each is one Event.
+    roll_waiting: Option<String>,
 }
 
 /// Runs a move in its own task and reports its end to the loop.
@@ -188,11 +193,10 @@ impl Coordinator {
             match self.mode {
                 Mode::Cluster => {
                     self.form_if_incomplete(&w.pods, &mut memory).await;
-                    self.round(&w.pods, w.node_facts(), &mut memory, &done_tx)
-                        .await
+                    self.round(&w.pods, w.facts(), &mut memory, &done_tx).await
                 }
                 Mode::Replication => {
-                    self.replication_round(&w.pods, w.node_facts(), &mut memory, &done_tx)
+                    self.replication_round(&w.pods, w.facts(), &mut memory, &done_tx)
                         .await
                 }
             }

@@ -34,7 +34,7 @@ use tokio::sync::mpsc;
 use valkey_sidecar_core::labels::stale_primaries;
 use valkey_sidecar_core::moves::Started;
 use valkey_sidecar_core::observation::{self, Mode};
-use valkey_sidecar_core::plan::{Action, Member, NodeInfo, Shards, World, decide, preferred_zone};
+use valkey_sidecar_core::plan::{Action, Member, Shards, World, decide, preferred_zone};
 use valkey_sidecar_core::replication::{
     Hold, HoldKind, MemberValkey, Promotion, SeenRecord, ShardRecord, ShardView, SwitchoverPlan,
     calm, next_read, promote,
@@ -43,6 +43,7 @@ use valkey_sidecar_core::status;
 use valkey_sidecar_core::time::Millis;
 
 use super::execute::{self, Links};
+use super::watches::Facts;
 use super::{Coordinator, Finished, LeaderMemory, Move, spawn_move, world};
 use crate::clock::Clock;
 use crate::keeper::RecordSeed;
@@ -299,7 +300,7 @@ impl Coordinator {
     pub(super) async fn replication_round(
         &self,
         pods: &Store<Pod>,
-        nodes: BTreeMap<String, NodeInfo>,
+        facts: Facts,
         memory: &mut LeaderMemory,
         done: &mpsc::Sender<Finished>,
     ) {
@@ -310,10 +311,12 @@ impl Coordinator {
         let leader = self.leadership.borrow().may_act(now);
         self.metrics.coordinator_leader(leader);
         let members = shards.iter().flat_map(ShardRound::plan_members).collect();
-        let world = self.world(members, (pods, nodes), memory, now, leader);
+        let world = self.world(members, (pods, facts), memory, now, leader);
         let plan = decide(&world, &self.policy);
         self.report(&plan, pods, memory);
         let conditions = leader.then(|| status::conditions(&world, &self.policy, &plan));
+        self.report_roll(&world, &plan, pods, memory);
+        self.delete_outdated(&plan.deletions, pods, memory).await;
         let planned = plan.actions.clone();
         for action in plan.actions {
             self.start_switchover(action, &shards, memory, done);

@@ -2,7 +2,6 @@
 //! view misses a pod, the planner's world and decision, and each planned move started and booked
 //! (`core::moves`) until it lands.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
@@ -11,13 +10,14 @@ use kube::runtime::reflector::Store;
 use tokio::sync::mpsc;
 use valkey_sidecar_core::formation;
 use valkey_sidecar_core::moves::Started;
-use valkey_sidecar_core::plan::{Action, Member, NodeInfo, World, decide, track};
+use valkey_sidecar_core::plan::{Action, Member, World, decide, track};
 use valkey_sidecar_core::shards::{NodeHealth, Shard, ShardNode};
 use valkey_sidecar_core::status::{self, Decision};
 use valkey_sidecar_core::time::Millis;
 
 use super::execute::MoveOutcome;
 use super::report::{completion, ended, wall_clock};
+use super::watches::Facts;
 use super::{Coordinator, Finished, LeaderMemory, Move, execute, spawn_move, world};
 use crate::kube::events::EventType;
 use crate::kube::pods::pod_ip;
@@ -59,7 +59,7 @@ impl Coordinator {
     pub(super) async fn round(
         &self,
         pods: &Store<Pod>,
-        nodes: BTreeMap<String, NodeInfo>,
+        facts: Facts,
         memory: &mut LeaderMemory,
         done: &mpsc::Sender<Finished>,
     ) {
@@ -74,10 +74,12 @@ impl Coordinator {
             d.track(&shards, &self.connector);
         }
         let members = world::members(&shards, &pods.state());
-        let world = self.world(members, (pods, nodes), memory, now, leader);
+        let world = self.world(members, (pods, facts), memory, now, leader);
         let plan = decide(&world, &self.policy);
         self.report(&plan, pods, memory);
         let conditions = leader.then(|| status::conditions(&world, &self.policy, &plan));
+        self.report_roll(&world, &plan, pods, memory);
+        self.delete_outdated(&plan.deletions, pods, memory).await;
         for action in plan.actions {
             self.start(action, &shards, pods, memory, done);
         }
@@ -92,19 +94,23 @@ impl Coordinator {
     /// show and folds them into the per-shard memory (quiet periods).
     pub(super) fn world(
         &self,
-        members: Vec<Member>,
-        (pods, nodes): (&Store<Pod>, BTreeMap<String, NodeInfo>),
+        mut members: Vec<Member>,
+        (pods, facts): (&Store<Pod>, Facts),
         memory: &mut LeaderMemory,
         now: Millis,
         leader: bool,
     ) -> World {
+        for pod in members.iter_mut().filter_map(|m| m.pod.as_mut()) {
+            pod.updated = facts.revisions.get(&pod.name).copied();
+        }
+        let replacing = self.replacing(pods, memory, now);
         memory.moves.settle(&members, now);
         memory.shards = track(&memory.shards, &members, now);
         World {
             now,
             leader,
             members,
-            nodes,
+            nodes: facts.nodes,
             steady_since: memory
                 .shards
                 .iter()
@@ -113,6 +119,7 @@ impl Coordinator {
             in_flight: memory.moves.in_flight(),
             last_move: memory.moves.last_move(),
             pending: world::pending(&pods.state()),
+            replacing,
         }
     }
 

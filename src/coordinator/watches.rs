@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
@@ -28,7 +29,16 @@ pub(super) struct Watches {
     /// coordinator then plans without node facts — hand-overs of deleted pods still happen, those
     /// for cordoned or NotReady nodes cannot.
     nodes_forbidden: Arc<AtomicBool>,
+    /// With the supervised roll: the release's StatefulSets (their update revisions).
+    sets: Option<Store<StatefulSet>>,
     tasks: Vec<JoinHandle<()>>,
+}
+
+/// What a round plans with besides the pods.
+pub(super) struct Facts {
+    pub(super) nodes: BTreeMap<String, NodeInfo>,
+    /// Per pod: at its StatefulSet's update revision (only with the supervised roll).
+    pub(super) revisions: BTreeMap<String, bool>,
 }
 
 impl Watches {
@@ -39,7 +49,18 @@ impl Watches {
         let pods = ready(self.pods.wait_until_ready().now_or_never());
         let nodes = ready(self.nodes.wait_until_ready().now_or_never())
             || self.nodes_forbidden.load(Ordering::Relaxed);
-        pods && nodes
+        let sets = self.sets.as_ref();
+        let sets = sets.is_none_or(|s| ready(s.wait_until_ready().now_or_never()));
+        pods && nodes && sets
+    }
+
+    /// The node facts and the pods' revisions.
+    pub(super) fn facts(&self) -> Facts {
+        let sets = self.sets.as_ref().map(Store::state).unwrap_or_default();
+        Facts {
+            nodes: self.node_facts(),
+            revisions: world::revisions(&self.pods.state(), &sets),
+        }
     }
 
     /// The node facts to plan with: the watched Nodes, or where the API refuses them, what the
@@ -92,10 +113,16 @@ impl Coordinator {
         if self.mode == Mode::Replication {
             tasks.push(self.watch_records(records.clone()));
         }
+        let sets = self.policy.roll.map(|_| {
+            let (store, task) = self.watch_sets();
+            tasks.push(task);
+            store
+        });
         Watches {
             pods,
             nodes,
             nodes_forbidden,
+            sets,
             tasks,
         }
     }
@@ -134,6 +161,22 @@ impl Coordinator {
         let task = stream.default_backoff().for_each(move |event| {
             if let Err(e) = &event {
                 metrics.watch_error("pods", e);
+            }
+            async {}
+        });
+        (reader, tokio::spawn(task))
+    }
+
+    /// The release's StatefulSets, selected like its pods (the chart labels both alike).
+    pub(super) fn watch_sets(&self) -> (Store<StatefulSet>, JoinHandle<()>) {
+        let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), &self.namespace);
+        let (reader, writer) = reflector::store();
+        let config = watcher::Config::default().labels(&self.selector);
+        let stream = reflector::reflector(writer, watcher(api, config));
+        let metrics = self.metrics.clone();
+        let task = stream.default_backoff().for_each(move |event| {
+            if let Err(e) = &event {
+                metrics.watch_error("statefulsets", e);
             }
             async {}
         });

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use valkey_sidecar_core::observation::{Observation, Role};
 use valkey_sidecar_core::placement::ZONE_LABEL;
@@ -13,8 +14,12 @@ use valkey_sidecar_core::replication::{MemberValkey, ShardMember, ShardRecord};
 use valkey_sidecar_core::shards::{NodeHealth, Shard};
 
 use crate::kube::pods::{
-    DEFAULT_SHARD, SHARD_INDEX_LABEL, cordoned, is_ready, node_index, node_ready, pod_ip,
+    DEFAULT_SHARD, POD_INDEX_LABEL, SHARD_INDEX_LABEL, cordoned, is_ready, node_index, node_ready,
+    pod_ip,
 };
+
+/// The StatefulSet controller's label naming the revision a pod was created from.
+const REVISION_LABEL: &str = "controller-revision-hash";
 
 /// Valkey nodes matched to their pods by IP (one Valkey per pod, so the pod IP is unique).
 pub fn members(shards: &[Shard], pods: &[Arc<Pod>]) -> Vec<Member> {
@@ -46,7 +51,46 @@ pub fn pod_info(p: &Pod) -> PodInfo {
         terminating: p.metadata.deletion_timestamp.is_some(),
         node_index: labels.and_then(node_index),
         zone: labels.and_then(|l| l.get(ZONE_LABEL).cloned()),
+        ordinal: labels
+            .and_then(|l| l.get(POD_INDEX_LABEL))
+            .and_then(|v| v.parse().ok()),
+        // Filled in from the StatefulSets by [`revisions`] where the roll needs it.
+        updated: None,
     }
+}
+
+/// Per pod name: whether it runs its StatefulSet's update revision. Pods of a set whose
+/// controller has not caught up with its spec (`observedGeneration` behind) are left out: their
+/// revision is not known yet.
+pub fn revisions(pods: &[Arc<Pod>], sets: &[Arc<StatefulSet>]) -> BTreeMap<String, bool> {
+    let targets: BTreeMap<&str, &str> = sets.iter().filter_map(|s| update_revision(s)).collect();
+    pods.iter()
+        .filter_map(|p| {
+            let set = p
+                .metadata
+                .owner_references
+                .as_ref()?
+                .iter()
+                .find(|o| o.controller == Some(true) && o.kind == "StatefulSet")?;
+            let target = targets.get(set.name.as_str())?;
+            let labels = p.metadata.labels.as_ref()?;
+            let revision = labels.get(REVISION_LABEL)?;
+            Some((p.metadata.name.clone()?, revision == target))
+        })
+        .collect()
+}
+
+/// The set's name and update revision, once its controller has observed its current spec.
+fn update_revision(s: &StatefulSet) -> Option<(&str, &str)> {
+    let status = s.status.as_ref()?;
+    let observed = status.observed_generation?;
+    if Some(observed) != s.metadata.generation {
+        return None;
+    }
+    Some((
+        s.metadata.name.as_deref()?,
+        status.update_revision.as_deref()?,
+    ))
 }
 
 /// The node facts of the deployment's pods where Nodes may not be read

@@ -116,6 +116,14 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 valkey.io/cluster: {{ include "valkey-sidecar.cluster" . }}
 {{- end -}}
 
+{{- /* "true" when the coordinator rolls the chart's StatefulSets (rollout.strategy=supervised):
+the sets use OnDelete. Never for shards without replicas: nothing could take over a primary. */ -}}
+{{- define "valkey-sidecar.supervisedRoll" -}}
+{{- if and .Values.valkey.enabled (eq .Values.rollout.strategy "supervised") (gt (int .Values.replicas) 0) -}}
+true
+{{- end -}}
+{{- end -}}
+
 {{- /* Labels of the pods: no chart version, so a chart upgrade alone restarts nothing. */ -}}
 {{- define "valkey-sidecar.podLabels" -}}
 app.kubernetes.io/name: valkey
@@ -399,6 +407,10 @@ config file, so the pod needs no init step; secrets come in through `$(VAR)` fro
 - name: SIDECAR_QUORUM_FENCE_AFTER
   value: "{{ max 100 (div (int $v.valkey.clusterNodeTimeout) 5) }}ms"
 {{- end }}
+{{- if include "valkey-sidecar.supervisedRoll" $root }}
+- name: SIDECAR_ROLL
+  value: "{{ $v.rollout.maxShardsRolling }}:{{ add1 (int $v.replicas) }}"
+{{- end }}
 - name: SIDECAR_HEARTBEAT_INTERVAL
   value: {{ $v.sidecar.heartbeat.interval | quote }}
 - name: SIDECAR_ISOLATION_FENCE_AFTER
@@ -433,7 +445,7 @@ config file, so the pod needs no init step; secrets come in through `$(VAR)` fro
   value: /etc/valkey-sidecar/tls/tls.key
 {{- end }}
 {{- end }}
-{{- $reserved := list "POD_NAME" "POD_UID" "POD_NAMESPACE" "NODE_NAME" "POD_IP" "VALKEY_ADDR" "VALKEY_USERNAME" "VALKEY_PASSWORD_FILE" "SIDECAR_MODE" "SIDECAR_CLUSTER_NAME" "SIDECAR_LEASE_OWNER" "SIDECAR_SHARD_NAME" "SIDECAR_CLUSTER_SHARDS" "SIDECAR_HEARTBEAT_INTERVAL" "SIDECAR_ISOLATION_FENCE_AFTER" "SIDECAR_ROLE_LABEL" "SIDECAR_ROLE_VALUES" "SIDECAR_SHARD_LABEL" "SIDECAR_ZONE_LABEL" "SIDECAR_REGION_LABEL" }}
+{{- $reserved := list "POD_NAME" "POD_UID" "POD_NAMESPACE" "NODE_NAME" "POD_IP" "VALKEY_ADDR" "VALKEY_USERNAME" "VALKEY_PASSWORD_FILE" "SIDECAR_MODE" "SIDECAR_CLUSTER_NAME" "SIDECAR_LEASE_OWNER" "SIDECAR_SHARD_NAME" "SIDECAR_CLUSTER_SHARDS" "SIDECAR_ROLL" "SIDECAR_HEARTBEAT_INTERVAL" "SIDECAR_ISOLATION_FENCE_AFTER" "SIDECAR_ROLE_LABEL" "SIDECAR_ROLE_VALUES" "SIDECAR_SHARD_LABEL" "SIDECAR_ZONE_LABEL" "SIDECAR_REGION_LABEL" }}
 {{- range $name, $value := $v.sidecar.env }}
 {{- if or (has $name $reserved) (hasPrefix "VALKEY_TLS" $name) }}
 {{- fail (printf "sidecar.env.%s: the chart sets it from its own values" $name) }}

@@ -964,7 +964,10 @@ impl Stage {
     }
 }
 
-/// A StatefulSet whose controller has seen its spec and brought every replica to it, Ready.
+/// A StatefulSet whose controller has seen its spec and brought every replica to it, Ready. Not
+/// `currentRevision == updateRevision`: under `OnDelete` (the chart's supervised roll) the
+/// controller never advances `currentRevision`; `updatedReplicas` counts the pods at the update
+/// revision under either strategy.
 fn rolled_out(set: &StatefulSet) -> bool {
     let Some(status) = &set.status else {
         return false;
@@ -972,7 +975,6 @@ fn rolled_out(set: &StatefulSet) -> bool {
     let want = set.spec.replicas.unwrap_or(1);
     status.observed_generation == set.metadata.generation
         && status.update_revision.is_some()
-        && status.current_revision == status.update_revision
         && status.updated_replicas == Some(want)
         && status.ready_replicas == Some(want)
 }

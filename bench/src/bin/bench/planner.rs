@@ -35,6 +35,7 @@ fn member(shard: usize, index: usize, nodes: usize) -> Member {
             terminating: false,
             node_index: Some(u32::try_from(index).unwrap_or(0)),
             zone: None,
+            ..PodInfo::default()
         }),
     }
 }

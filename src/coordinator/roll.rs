@@ -1,0 +1,143 @@
+//! The supervised rolling update's adapter (`core::roll`): evicts the pods the plan names, each
+//! with its uid as precondition so a pod re-created meanwhile is never taken by mistake, and keeps
+//! their shards out of the roll until the StatefulSet has re-created them.
+//!
+//! An eviction rather than a delete: the PodDisruptionBudgets bound it, so the agents' token can
+//! take no more than a `kubectl drain` could (RBAC grants `pods/eviction`, not `delete`), and a
+//! budget that forbids it now (429) only postpones the step to a later round.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, EvictParams, Preconditions};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Resource};
+use valkey_sidecar_core::plan::{Deletion, Plan, World};
+use valkey_sidecar_core::time::Millis;
+
+use super::{Coordinator, LeaderMemory};
+use crate::kube::events::EventType;
+
+/// How long a deleted pod's shard stays out of the roll at most, should its successor never
+/// appear (a StatefulSet scaled down, a quota): then the roll judges it by its pods again.
+const REPLACE_MS: u64 = 120_000;
+
+/// A deletion whose pod has not come back yet.
+#[derive(Debug, Clone)]
+struct Replaced {
+    shard: String,
+    uid: String,
+    at: Millis,
+}
+
+/// The roll's deletions by pod name, until the StatefulSet has re-created each.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Replacing(BTreeMap<String, Replaced>);
+
+impl Coordinator {
+    /// The shards with a deleted pod not yet re-created (a new uid under the same name), forgetting
+    /// those that are.
+    pub(super) fn replacing(
+        &self,
+        pods: &Store<Pod>,
+        memory: &mut LeaderMemory,
+        now: Millis,
+    ) -> BTreeSet<String> {
+        memory.replacing.0.retain(|name, r| {
+            let key = ObjectRef::new(name).within(&self.namespace);
+            let uid = pods.get(&key).and_then(|p| p.metadata.uid.clone());
+            let back = uid.is_some_and(|uid| uid != r.uid);
+            !back && now.since(r.at) < REPLACE_MS
+        });
+        memory
+            .replacing
+            .0
+            .values()
+            .map(|r| r.shard.clone())
+            .collect()
+    }
+
+    /// Evicts the pods the plan names, if this agent may still act.
+    pub(super) async fn delete_outdated(
+        &self,
+        deletions: &[Deletion],
+        pods: &Store<Pod>,
+        memory: &mut LeaderMemory,
+    ) {
+        for d in deletions {
+            if !self.leadership.borrow().may_act(self.clock.now()) {
+                return;
+            }
+            self.delete_one(d, pods, memory).await;
+        }
+    }
+
+    async fn delete_one(&self, d: &Deletion, pods: &Store<Pod>, memory: &mut LeaderMemory) {
+        let key = ObjectRef::new(&d.pod).within(&self.namespace);
+        let Some(pod) = pods.get(&key) else { return };
+        let Some(uid) = pod.metadata.uid.clone() else {
+            return;
+        };
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        let params = EvictParams {
+            delete_options: Some(DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(uid.clone()),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            }),
+            ..EvictParams::default()
+        };
+        let result = api.evict(&d.pod, &params).await;
+        self.metrics.roll_deletion(result.is_ok());
+        let reference = Some(pod.object_ref(&()));
+        match result {
+            Ok(_) => {
+                tracing::info!(shard = %d.shard, pod = %d.pod, reason = %d.reason, "rolling update: evicted");
+                let at = self.clock.now();
+                let shard = d.shard.clone();
+                memory
+                    .replacing
+                    .0
+                    .insert(d.pod.clone(), Replaced { shard, uid, at });
+                let note = format!("{}; its StatefulSet re-creates it updated", d.reason);
+                self.event(reference, EventType::Normal, "RollEvictedPod", note);
+            }
+            Err(e) => {
+                tracing::warn!(shard = %d.shard, pod = %d.pod, error = %e, "rolling update: eviction refused; retried next round");
+                let note = format!("could not evict pod {}: {e}", d.pod);
+                self.event(reference, EventType::Warning, "RollEvictionRefused", note);
+            }
+        }
+    }
+
+    /// The roll's progress into metrics, and an Event on the first pod left to replace each time
+    /// the reason it waits changes.
+    pub(super) fn report_roll(
+        &self,
+        world: &World,
+        plan: &Plan,
+        pods: &Store<Pod>,
+        memory: &mut LeaderMemory,
+    ) {
+        if self.policy.roll.is_none() {
+            return;
+        }
+        let waiting = plan.roll_waiting.clone();
+        self.metrics.roll(plan.roll_outdated, waiting.is_some());
+        if waiting == memory.roll_waiting {
+            return;
+        }
+        memory.roll_waiting = waiting.clone();
+        let Some(why) = waiting else { return };
+        tracing::warn!(reason = %why, "rolling update waits");
+        let outdated = world.members.iter().filter_map(|m| m.pod.as_ref());
+        let first = outdated
+            .filter(|p| p.updated == Some(false))
+            .map(|p| &p.name)
+            .min();
+        let reference = first.and_then(|name| self.pod_ref(pods, name));
+        self.event(reference, EventType::Warning, "RollWaiting", why);
+    }
+}
