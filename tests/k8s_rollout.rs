@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
 use valkey_sidecar_testkit::k8s::chart::{label, shards, text};
 use valkey_sidecar_testkit::k8s::valkey::valkey_addr;
 use valkey_sidecar_testkit::k8s::writer::{Targets, Writer, missing, tag_for_with};
@@ -76,7 +77,9 @@ impl Watcher {
         let log = seen.clone();
         let task = tokio::spawn(async move {
             loop {
-                if let Ok(list) = api.list(&Default::default()).await {
+                // The Valkey pods only (not the chart's credentials Job, say).
+                let valkey = ListParams::default().labels("valkey.io/cluster");
+                if let Ok(list) = api.list(&valkey).await {
                     addresses.update(&list.items);
                     observe(&mut log.lock().unwrap(), &list.items);
                 }

@@ -148,6 +148,18 @@ impl HealthState {
         }
     }
 
+    /// The role the labels may claim: [`HealthState::role`], but a cluster master whose shard owns
+    /// no slots is no shard's primary ([`Observation::owns_slots`]), so it is `Unknown` — a
+    /// Service selecting the primary label must never route to an empty node.
+    pub fn advertised_role(&self, now: Millis, bounds: &Bounds) -> Role {
+        let role = self.role(now, bounds);
+        let slotless = |o: &Observation| o.owns_slots() == Some(false);
+        match self.current(now, bounds) {
+            Some(obs) if role == Role::Primary && slotless(obs) => Role::Unknown,
+            _ => role,
+        }
+    }
+
     /// `/livez`: the loop ticks and Valkey answers. Loading and refusals count as answers, so a
     /// node loading a large dataset is not restarted.
     pub fn liveness(&self, now: Millis, bounds: &Bounds) -> Verdict {
@@ -223,6 +235,9 @@ impl HealthState {
     /// `/primary`: 200 only on a fresh, loaded primary (for load balancers).
     pub fn primary(&self, now: Millis, bounds: &Bounds) -> Verdict {
         match self.fresh(now, bounds) {
+            Ok(obs) if obs.role == Role::Primary && obs.owns_slots() == Some(false) => {
+                Verdict::fail("a master whose shard owns no slots: no shard's primary")
+            }
             Ok(obs) if obs.role == Role::Primary => Verdict::pass("primary"),
             Ok(obs) => Verdict::fail(format!("role is {}", obs.role.as_str())),
             Err(v) => v,

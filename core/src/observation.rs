@@ -320,6 +320,17 @@ impl Observation {
         cluster.shards.iter().find(|s| s.contains(me))
     }
 
+    /// Cluster mode: whether this node's shard owns slots; `None` outside cluster mode or where the
+    /// shard map was not read. A master of a shard without slots — a pod re-created empty, before
+    /// the coordinator joins it to its shard — serves no key: it is no shard's primary.
+    pub fn owns_slots(&self) -> Option<bool> {
+        let cluster = self.cluster.as_ref().filter(|c| c.enabled)?;
+        if cluster.shards.is_empty() {
+            return None;
+        }
+        Some(self.my_shard().is_some_and(|s| !s.slots.is_empty()))
+    }
+
     /// Whether this node has any replica that could take over from it: in cluster mode another
     /// node of its shard not marked failed; otherwise a replica its `INFO` lists.
     pub fn has_replica(&self) -> bool {

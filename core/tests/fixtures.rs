@@ -372,3 +372,24 @@ fn the_quorum_fence_on_real_cluster_nodes() {
     let all = sight(&peers, healthy.server_time_ms.expect("time"), 1000);
     assert_eq!((all.reachable, all.primaries), (3, 3));
 }
+
+#[test]
+fn a_master_whose_shard_owns_no_slots_is_no_primary_to_advertise() {
+    // A pod re-created empty is a master of a new, slotless shard until it is joined to its own.
+    let mut o = obs("cluster-primary", Mode::Cluster);
+    assert_eq!(o.owns_slots(), Some(true));
+    let mut h = HealthState::new(Millis(0));
+    h.record(Millis(250), Outcome::Observed(Box::new(o.clone())));
+    assert_eq!(h.advertised_role(Millis(250), &BOUNDS), Role::Primary);
+    let me = o.cluster.as_ref().unwrap().my_id.clone().unwrap();
+    let cluster = o.cluster.as_mut().unwrap();
+    let mine = cluster.shards.iter_mut().find(|s| s.contains(&me)).unwrap();
+    mine.slots.clear();
+    assert_eq!(o.owns_slots(), Some(false));
+    h.record(Millis(500), Outcome::Observed(Box::new(o)));
+    assert_eq!(h.role(Millis(500), &BOUNDS), Role::Primary);
+    assert_eq!(h.advertised_role(Millis(500), &BOUNDS), Role::Unknown);
+    assert!(!h.primary(Millis(500), &BOUNDS).ok);
+    // Outside cluster mode there are no slots to own.
+    assert_eq!(obs("standalone-primary", Mode::Replication).owns_slots(), None);
+}

@@ -617,3 +617,27 @@ fn the_roll_replaces_replicas_then_hands_the_primary_over_and_holds_fail_back() 
     assert!(plan.deletions.is_empty());
     assert!(plan.roll_waiting.unwrap().contains("pod-p1"));
 }
+
+#[test]
+fn the_rollout_condition_says_whether_the_roll_is_done_under_way_or_waiting() {
+    use valkey_sidecar_core::status::{ROLLED, conditions};
+    let reason = |w: &World| {
+        let plan = decide(w, &roll_policy());
+        let all = conditions(w, &roll_policy(), &plan);
+        all.into_iter()
+            .find(|c| c.type_ == ROLLED)
+            .map(|c| (c.status, c.reason))
+    };
+    assert_eq!(reason(&rolling(&[])), Some((true, "UpToDate")));
+    assert_eq!(reason(&rolling(&["r0b"])), Some((false, "Rolling")));
+    let mut w = rolling(&["r0b"]);
+    find(&mut w, "r1a").pod.as_mut().unwrap().ready = false;
+    assert_eq!(reason(&w), Some((false, "RollWaiting")));
+    // Without the roll there is no such condition.
+    let plan = decide(&w, &Policy::default());
+    assert!(
+        conditions(&w, &Policy::default(), &plan)
+            .iter()
+            .all(|c| c.type_ != ROLLED)
+    );
+}
