@@ -1832,3 +1832,65 @@ fn the_exporter_logs_in_with_the_auth_secret_and_runs_locked_down() {
     );
     assert_eq!(exporter["volumeMounts"][0]["name"], "agent-tls");
 }
+
+/// The StatefulSets' update strategy, the agent's `SIDECAR_ROLL` and whether the Role grants
+/// evictions and StatefulSet reads, for a rendering.
+fn rollout_of(sets: &[&str]) -> (Vec<String>, Option<String>, bool, bool) {
+    let objects = rendered_objects(&render_sets(sets).unwrap());
+    let sets = of_kind(&objects, "StatefulSet");
+    let strategy = sets.iter().map(|s| {
+        s["spec"]["updateStrategy"]["type"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    });
+    let env = container(&sets[0], "valkey-sidecar")["env"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let roll = env.iter().find(|e| e["name"] == "SIDECAR_ROLL");
+    let roll = roll.map(|e| e["value"].as_str().unwrap().to_owned());
+    let role = of_kind(&objects, "Role")
+        .into_iter()
+        .find(|r| r["metadata"]["name"] == "valkey-sidecar")
+        .unwrap();
+    let rules = role["rules"].as_array().unwrap();
+    let grants = |resource: &str, verb: &str| {
+        rules.iter().any(|r| {
+            let has = |k: &str, v: &str| r[k].as_array().unwrap().iter().any(|x| x == v);
+            has("resources", resource) && has("verbs", verb)
+        })
+    };
+    let evicts = grants("pods/eviction", "create");
+    assert!(!grants("pods", "delete"), "the agents never delete pods");
+    (
+        strategy.collect(),
+        roll,
+        evicts,
+        grants("statefulsets", "watch"),
+    )
+}
+
+#[test]
+fn the_supervised_roll_is_the_default_and_rolling_update_a_value() {
+    let (strategy, roll, evicts, reads) = rollout_of(&["shards=2", "replicas=2"]);
+    assert_eq!(strategy, ["OnDelete", "OnDelete"]);
+    assert_eq!((roll.as_deref(), evicts, reads), (Some("1:3"), true, true));
+    let more = rollout_of(&["rollout.maxShardsRolling=2"]);
+    assert_eq!(more.1.as_deref(), Some("2:2"));
+    let (strategy, roll, evicts, reads) = rollout_of(&["rollout.strategy=RollingUpdate"]);
+    assert!(
+        strategy.iter().all(|s| s == "RollingUpdate"),
+        "{strategy:?}"
+    );
+    assert_eq!((roll, evicts, reads), (None, false, false));
+    // A shard without replicas has nothing to hand over to: the StatefulSet rolls it.
+    let (strategy, roll, ..) = rollout_of(&["replicas=0"]);
+    assert!(
+        strategy.iter().all(|s| s == "RollingUpdate"),
+        "{strategy:?}"
+    );
+    assert_eq!(roll, None);
+    assert!(render_sets(&["rollout.strategy=Recreate"]).is_err());
+    assert!(render_sets(&["rollout.maxShardsRolling=0"]).is_err());
+}

@@ -391,5 +391,8 @@ fn a_master_whose_shard_owns_no_slots_is_no_primary_to_advertise() {
     assert_eq!(h.advertised_role(Millis(500), &BOUNDS), Role::Unknown);
     assert!(!h.primary(Millis(500), &BOUNDS).ok);
     // Outside cluster mode there are no slots to own.
-    assert_eq!(obs("standalone-primary", Mode::Replication).owns_slots(), None);
+    assert_eq!(
+        obs("standalone-primary", Mode::Replication).owns_slots(),
+        None
+    );
 }

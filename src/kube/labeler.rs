@@ -204,7 +204,10 @@ impl Labeler {
     fn want(&self, p: &mut Progress) -> (BTreeMap<String, String>, Role) {
         let now = self.clock.now();
         let state = self.state.borrow();
-        let role = claimable(state.advertised_role(now, &self.bounds), self.claim.as_ref());
+        let role = claimable(
+            state.advertised_role(now, &self.bounds),
+            self.claim.as_ref(),
+        );
         let observation = state.observation.as_ref().map(|(_, o)| o);
         let shard = match self.mode {
             Mode::Cluster => observation.and_then(|o| o.cluster.as_ref()?.shard_id.clone()),
