@@ -22,7 +22,7 @@ VALKEY_SIDECAR_BIN="$(scripts/static-build.sh)"
 export VALKEY_SERVER VALKEY_TESTKIT_K8S_BIN_DIR HELM_BIN VALKEY_SIDECAR_BIN
 cargo build --release --locked -p valkey-sidecar-bench --bin bench
 # The chaos tests, built before anything is timed.
-chaos=(k8s_node_faults k8s_split_brain k8s_disruption k8s_replication k8s_replication_coordinator k8s_coordinator k8s_chart k8s_labels k8s_full_restart)
+chaos=(k8s_node_faults k8s_split_brain k8s_disruption k8s_rollout k8s_replication k8s_replication_coordinator k8s_coordinator k8s_chart k8s_labels k8s_full_restart)
 cargo test --locked -p valkey-sidecar --no-run "${chaos[@]/#/--test=}"
 export BENCH_PLOTS_DIR="$PWD/docs/plots"
 # The build the report names (the summary block repeats it).
@@ -81,6 +81,9 @@ chaos_out=$(mktemp)
   status=0
   cargo test --locked -p valkey-sidecar --no-fail-fast "${chaos[@]/#/--test=}" -- --test-threads 1 \
     >"$chaos_out" 2>&1 || status=$?
+  # The baselines beside them (StatefulSet's RollingUpdate beside the supervised roll).
+  cargo test --locked -p valkey-sidecar --test k8s_rollout -- --ignored --test-threads 1 \
+    >>"$chaos_out" 2>&1 || status=$?
   target/release/bench faults "$VALKEY_TESTKIT_FAULT_LOG"
   if [ "$status" -ne 0 ]; then
     echo "**The chaos tests failed in this run** (exit $status); their rows above are missing or partial:"

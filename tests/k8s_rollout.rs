@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
+use valkey_sidecar_testkit::faults::{self, Outcome, show};
 use valkey_sidecar_testkit::k8s::chart::{label, shards, text};
 use valkey_sidecar_testkit::k8s::valkey::valkey_addr;
 use valkey_sidecar_testkit::k8s::writer::{Targets, Writer, missing, tag_for_with};
@@ -166,16 +167,34 @@ async fn stop_writers(
     out
 }
 
-/// Installs, upgrades a Valkey setting, and checks the roll: all pods re-created at the new
-/// revision, nothing lost, one primary move per shard, no shard below `pods - 1` Ready pods.
-async fn roll(opts: StageOptions, shards_n: usize, pods: usize, cluster: bool) {
+/// What a roll under writers showed.
+struct Figures {
+    took: Duration,
+    seen: BTreeMap<String, Seen>,
+    /// Per shard: acknowledged, lost, longest pause.
+    written: Vec<(String, usize, usize, Duration)>,
+    events: String,
+    before: Vec<Pod>,
+    after: Vec<Pod>,
+}
+
+/// Installs `shards_n` shards of `pods` with `strategy`, starts a writer per shard, upgrades a
+/// Valkey setting and waits until every pod runs the new revision.
+async fn upgrade_under_writers(
+    opts: StageOptions,
+    (shards_n, pods): (usize, usize),
+    cluster: bool,
+    (strategy, setting): (&str, &str),
+) -> (Stage, Figures) {
     let mut opts = opts
         .set(&format!("shards={shards_n}"))
-        .set(&format!("replicas={}", pods - 1));
+        .set(&format!("replicas={}", pods - 1))
+        .set(&format!("rollout.strategy={strategy}"));
     opts.helm_install = true;
     let stage = Stage::install(opts).await.unwrap();
+    let count = shards_n * pods;
     let before = stage
-        .wait_settled(shards_n * pods, shards_n, 180 * SECOND)
+        .wait_settled(count, shards_n, 180 * SECOND)
         .await
         .unwrap();
     let addresses = Addresses::new(&before);
@@ -183,36 +202,80 @@ async fn roll(opts: StageOptions, shards_n: usize, pods: usize, cluster: bool) {
     let writers = writers(&stage, &before, &addresses, cluster);
     tokio::time::sleep(2 * SECOND).await;
     let start = Instant::now();
-    let setting = "valkey.extraArgs={--maxmemory,2gb,--maxmemory-policy,allkeys-lru}";
     println!("{}", stage.upgrade(&[setting]).unwrap());
     stage.wait_rolled(600 * SECOND).await.unwrap();
     let took = start.elapsed();
     let after = stage
-        .wait_settled(shards_n * pods, shards_n, 120 * SECOND)
+        .wait_settled(count, shards_n, 120 * SECOND)
         .await
         .unwrap();
     let seen = watcher.stop();
     let written = stop_writers(&stage, writers).await;
     let events = stage.events().await.unwrap();
-    println!("roll of {shards_n} shards x {pods} pods: {took:?}; seen {seen:?}");
+    println!("{strategy} roll of {shards_n} shards x {pods} pods: {took:?}; seen {seen:?}");
     println!("writers (shard, acknowledged, lost, longest pause): {written:?}");
+    let figures = Figures {
+        took,
+        seen,
+        written,
+        events,
+        before,
+        after,
+    };
+    let what = match setting.strip_prefix("valkey.image.tag=") {
+        Some(to) => format!("helm upgrade of Valkey to {to}"),
+        None => "helm upgrade of a Valkey setting".to_owned(),
+    };
+    record(&what, strategy, cluster, (shards_n, pods), &figures);
+    (stage, figures)
+}
+
+/// A Valkey setting the roll applies.
+const SETTING: &str = "valkey.extraArgs={--maxmemory,2gb,--maxmemory-policy,allkeys-lru}";
+
+/// The fault table's row (`scripts/bench.sh` runs both strategies in one run).
+fn record(what: &str, strategy: &str, cluster: bool, shape: (usize, usize), f: &Figures) {
+    let (shards_n, pods) = shape;
+    let mode = if cluster { "cluster" } else { "replication" };
+    let scenario = format!(
+        "{what} under a writer per shard, {strategy} ({mode} mode, {shards_n} × {pods} pods)"
+    );
+    let acked = f.written.iter().map(|w| w.1).sum();
+    let lost = f.written.iter().map(|w| w.2).sum();
+    let pause = f.written.iter().map(|w| w.3).max().unwrap_or_default();
+    let moves: Vec<usize> = f
+        .seen
+        .values()
+        .map(|s| s.primaries.len().saturating_sub(1))
+        .collect();
+    let fewest: Vec<usize> = f.seen.values().map(|s| s.fewest_ready).collect();
+    let note = format!(
+        "recovery: the longest write pause of any shard; every pod re-created in {}; primary moves per shard {moves:?}; fewest Ready pods per shard {fewest:?}",
+        show(f.took)
+    );
+    let row = Outcome::new(module_path!(), &scenario)
+        .writes(acked, lost)
+        .recovery(pause);
+    faults::record(&row.note(note));
+}
+
+/// The supervised roll's promises: all pods re-created at the new revision (the setting applied),
+/// nothing lost, one primary move per shard, no shard below `pods - 1` Ready pods, the moves
+/// made by the roll alone.
+async fn roll(opts: StageOptions, shape: (usize, usize), cluster: bool, setting: &str) {
+    let upgrade = ("supervised", setting);
+    let (stage, f) = upgrade_under_writers(opts, shape, cluster, upgrade).await;
+    let (shards_n, pods) = shape;
     let uid = |p: &Pod| p.metadata.uid.clone().unwrap();
-    let old: Vec<String> = before.iter().map(uid).collect();
+    let old: Vec<String> = f.before.iter().map(uid).collect();
     assert!(
-        after.iter().all(|p| !old.contains(&uid(p))),
+        f.after.iter().all(|p| !old.contains(&uid(p))),
         "a pod was not replaced"
     );
-    for pod in &after {
-        let reply = stage
-            .cmd(&name(pod), &["CONFIG", "GET", "maxmemory"])
-            .unwrap();
-        let value = match reply {
-            redis::Value::Array(items) => text(items[1].clone()).unwrap(),
-            other => panic!("{other:?}"),
-        };
-        assert_eq!(value, "2147483648", "{}: maxmemory", name(pod));
+    for pod in &f.after {
+        applied(&stage, &name(pod), setting);
     }
-    for (shard, s) in &seen {
+    for (shard, s) in &f.seen {
         assert_eq!(
             s.primaries.len(),
             2,
@@ -225,10 +288,11 @@ async fn roll(opts: StageOptions, shards_n: usize, pods: usize, cluster: bool) {
             s.fewest_ready
         );
     }
-    for (shard, acked, lost, _) in &written {
+    for (shard, acked, lost, _) in &f.written {
         assert!(*acked > 100, "shard {shard}: {acked} writes");
         assert_eq!(*lost, 0, "shard {shard} lost acknowledged writes");
     }
+    let events = &f.events;
     let count = |reason: &str| events.lines().filter(|l| l.starts_with(reason)).count();
     assert_eq!(count("RollStarted"), shards_n, "{events}");
     assert_eq!(count("RollEvictedPod"), shards_n * pods, "{events}");
@@ -241,12 +305,67 @@ fn name(p: &Pod) -> String {
     p.metadata.name.clone().unwrap()
 }
 
+/// The pod's Valkey runs with what the upgrade set: the new version, or the setting.
+fn applied(stage: &Stage, pod: &str, setting: &str) {
+    if let Some(version) = setting.strip_prefix("valkey.image.tag=") {
+        let info = text(stage.cmd(pod, &["INFO", "server"]).unwrap()).unwrap();
+        let want = format!("valkey_version:{version}");
+        assert!(info.lines().any(|l| l.trim() == want), "{pod}: {info}");
+        return;
+    }
+    let reply = stage.cmd(pod, &["CONFIG", "GET", "maxmemory"]).unwrap();
+    let value = match reply {
+        redis::Value::Array(items) => text(items[1].clone()).unwrap(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(value, "2147483648", "{pod}: maxmemory");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_upgrade_rolls_replicas_first_and_moves_each_primary_once() {
-    roll(StageOptions::example("roll", "cluster-3x1"), 3, 3, true).await;
+    roll(
+        StageOptions::example("roll", "cluster-3x1"),
+        (3, 3),
+        true,
+        SETTING,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replication_upgrade_rolls_replicas_first_and_moves_the_primary_once() {
-    roll(StageOptions::replication("rollrepl", 2), 1, 3, false).await;
+    roll(
+        StageOptions::replication("rollrepl", 2),
+        (1, 3),
+        false,
+        SETTING,
+    )
+    .await;
+}
+
+/// Valkey 8.0.1 (built with TLS from the vendored source) to 9.1.2 in cluster mode: during the roll
+/// 9.1 replicas follow an 8.0 primary, then the primary moves to a 9.1 replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn valkey_8_0_to_9_1_in_cluster_mode_rolls_with_mixed_versions_and_loses_nothing() {
+    let opts = StageOptions::example("v80", "cluster-3x1").set("valkey.image.tag=8.0.1");
+    roll(opts, (2, 3), true, "valkey.image.tag=9.1.2").await;
+}
+
+/// Valkey 9.0.0 (PyPI) to 9.1.2 in replication mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn valkey_9_0_to_9_1_in_replication_mode_rolls_and_loses_nothing() {
+    let opts = StageOptions::replication("v90", 2).set("valkey.image.tag=9.0.0");
+    roll(opts, (1, 3), false, "valkey.image.tag=9.1.2").await;
+}
+
+/// The baseline the benchmark sets beside the supervised roll, same install, same writers:
+/// StatefulSet's `RollingUpdate`. Only recorded (its figures are what they are); not part of the
+/// test command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark baseline: scripts/bench.sh runs it with --ignored"]
+async fn baseline_rolling_update_of_the_same_cluster_install() {
+    let opts = StageOptions::example("rollbase", "cluster-3x1");
+    let upgrade = ("RollingUpdate", SETTING);
+    let (_stage, f) = upgrade_under_writers(opts, (3, 3), true, upgrade).await;
+    assert!(f.written.iter().all(|w| w.1 > 100), "{:?}", f.written);
 }

@@ -36,6 +36,8 @@ impl Started {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Settling {
     to: String,
+    /// The primary it replaced, for a planned move: the view must stop showing it as primary too.
+    from: Option<String>,
     started: Millis,
     until: Millis,
 }
@@ -60,21 +62,39 @@ impl Ledger {
     /// Books the end of a move of `shard`; one that made `to` primary settles until the view shows
     /// it, at most [`SETTLE_MS`].
     pub fn finish(&mut self, shard: &str, made_primary: Option<&str>, now: Millis) {
+        self.finish_move(shard, made_primary.map(|to| (to, None)), now);
+    }
+
+    /// [`Ledger::finish`] of a move that made `to` primary in place of `from` (when known): it
+    /// settles until the view shows `to` as primary and `from` no longer as one. A view that still
+    /// shows the old primary beside the new one (gossip from a node of another Valkey version was
+    /// seen to lag so) would otherwise plan the same move again: a second move of the shard.
+    pub fn finish_move(&mut self, shard: &str, made: Option<(&str, Option<&str>)>, now: Millis) {
         let started = self.running.remove(shard).unwrap_or(now);
-        if let Some(to) = made_primary {
+        if let Some((to, from)) = made {
             let until = now.plus(SETTLE_MS);
-            let to = to.to_owned();
-            let settling = Settling { to, started, until };
+            let (to, from) = (to.to_owned(), from.map(str::to_owned));
+            let settling = Settling {
+                to,
+                from,
+                started,
+                until,
+            };
             self.settling.insert(shard.to_owned(), settling);
         }
     }
 
-    /// Forgets settling moves whose new primary the members now show, or whose wait is over.
+    /// Forgets settling moves whose new primary the members now show (and not the old one any
+    /// more), or whose wait is over.
     pub fn settle(&mut self, members: &[Member], now: Millis) {
-        self.settling.retain(|_, s| {
-            let shown = members
+        let primary = |id: &str| {
+            members
                 .iter()
-                .any(|m| m.id == s.to && m.role == Role::Primary);
+                .any(|m| m.id == id && m.role == Role::Primary)
+        };
+        self.settling.retain(|_, s| {
+            let gone = s.from.as_deref().is_none_or(|f| !primary(f));
+            let shown = primary(&s.to) && gone;
             !shown && now < s.until
         });
     }

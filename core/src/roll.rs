@@ -157,6 +157,15 @@ fn shortfall(s: &RollShard, policy: &RollPolicy) -> String {
 
 /// The next step of one rolling shard, or why it has none.
 fn step(s: &RollShard, policy: &RollPolicy) -> Result<RollStep, String> {
+    // A view that shows two primaries in one shard has not settled after a move: acting on it
+    // could move the shard's primary a second time.
+    let primaries = s.pods.iter().filter(|p| p.role == Role::Primary).count();
+    if primaries > 1 {
+        let name = &s.name;
+        return Err(format!(
+            "shard {name}: the view shows {primaries} primaries; waiting for it to settle"
+        ));
+    }
     if let Some(pod) = replica_to_replace(s) {
         return replace(s, pod, policy);
     }

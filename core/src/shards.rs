@@ -67,7 +67,7 @@ pub fn parse_shards(reply: &Reply) -> Vec<Shard> {
 
 fn parse_shard(reply: &Reply) -> Shard {
     let slots = reply.get("slots").map(parse_slots).unwrap_or_default();
-    let nodes = reply
+    let nodes: Vec<ShardNode> = reply
         .get("nodes")
         .and_then(Reply::as_array)
         .unwrap_or_default()
@@ -77,9 +77,21 @@ fn parse_shard(reply: &Reply) -> Shard {
     let id = reply
         .get("id")
         .and_then(Reply::as_text)
-        .unwrap_or_default()
-        .to_owned();
+        .filter(|id| !id.is_empty())
+        .map_or_else(|| stand_in_id(&slots, &nodes), str::to_owned);
     Shard { id, slots, nodes }
+}
+
+/// A shard's name where `CLUSTER SHARDS` gives none (Valkey 8.0 has no `id` there; 8.1 added it):
+/// its first slot, which a failover does not change, else its first node. Without it every shard
+/// of an 8.0 view would share the empty name and look like one shard with several primaries — in
+/// a cluster mid-upgrade from 8.0 too.
+fn stand_in_id(slots: &[(u16, u16)], nodes: &[ShardNode]) -> String {
+    match (slots.iter().map(|r| r.0).min(), nodes.first()) {
+        (Some(first), _) => format!("slots-{first}"),
+        (None, Some(node)) => format!("node-{}", node.id),
+        (None, None) => String::new(),
+    }
 }
 
 fn parse_slots(reply: &Reply) -> Vec<(u16, u16)> {
@@ -167,6 +179,27 @@ mod tests {
             ..shard
         };
         assert_eq!(alone.primary().map(|p| p.id.as_str()), Some("dead"));
+    }
+
+    #[test]
+    fn a_shard_without_an_id_is_named_by_its_first_slot_else_its_first_node() {
+        let shard = |slots: Vec<Reply>| {
+            Reply::Array(vec![
+                t("slots"),
+                Reply::Array(slots),
+                t("nodes"),
+                Reply::Array(vec![node("n1", "master", 1)]),
+            ])
+        };
+        let two = [
+            Reply::Int(100),
+            Reply::Int(200),
+            Reply::Int(5),
+            Reply::Int(9),
+        ];
+        let parsed = parse_shards(&Reply::Array(vec![shard(two.to_vec()), shard(vec![])]));
+        assert_eq!(parsed[0].id, "slots-5");
+        assert_eq!(parsed[1].id, "node-n1");
     }
 
     #[test]

@@ -327,6 +327,18 @@ fn a_finished_move_settles_until_the_view_shows_it() {
     ledger.start("s1", Started::Unplanned, Millis(8_000));
     ledger.finish("s1", None, Millis(9_000));
     assert!(!ledger.is_busy("s1"), "a failed move does not settle");
+    // A view that shows the new primary but still the old one too has not caught up.
+    ledger.start("s0", Started::Planned(Kind::Roll), Millis(20_000));
+    ledger.finish_move("s0", Some(("r0a", Some("p0"))), Millis(21_000));
+    let mut both = world();
+    find(&mut both, "r0a").role = Role::Primary;
+    ledger.settle(&both.members, Millis(22_000));
+    assert!(
+        ledger.is_busy("s0"),
+        "the old primary is still shown as primary"
+    );
+    ledger.settle(&drifted().members, Millis(22_000));
+    assert!(!ledger.is_busy("s0"), "the view caught up");
 }
 
 #[test]

@@ -126,6 +126,16 @@ fn the_roll_waits_while_any_other_shard_is_short() {
 }
 
 #[test]
+fn a_shard_whose_view_shows_two_primaries_waits() {
+    // After a hand-over the view may still show the old primary beside the new one.
+    let mut a = shard("a", [false, true, true]);
+    a.pods[2].role = Role::Primary;
+    let plan = next(&[a], &[], &POLICY);
+    assert!(plan.steps.is_empty());
+    assert!(plan.waiting.unwrap().contains("2 primaries"));
+}
+
+#[test]
 fn an_unknown_revision_stops_the_roll() {
     let plan = next(&[shard("a", [false; 3])], &["a-1".into()], &POLICY);
     assert!(plan.steps.is_empty());

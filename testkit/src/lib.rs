@@ -77,6 +77,7 @@ mod tls;
 
 pub use binaries::{
     TLS_SERVER_ENV, VALKEY_SERVER_ENV, redis_cli_bin, tls_server_bin, valkey_server_bin,
+    valkey_server_for_tag,
 };
 pub use cluster::{CLUSTER_SLOTS, ClusterOptions, ValkeyCluster};
 pub use info::info_field;

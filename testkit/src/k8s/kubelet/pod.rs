@@ -265,6 +265,21 @@ async fn prepare(shared: &Shared, pod: &PodRuntime, object: &Pod) -> Result<()> 
     Ok(())
 }
 
+/// The image's tag (`valkey/valkey:8.0.1` → `8.0.1`; none for a digest or no tag).
+fn image_tag(image: &str) -> Option<&str> {
+    let (_, tag) = image.rsplit_once(':')?;
+    (!tag.contains('/') && !image.contains('@')).then_some(tag)
+}
+
+/// An older Valkey's binary where the image's tag names one the harness has
+/// ([`crate::valkey_server_for_tag`]): upgrade tests run the version the pod asks for.
+async fn older_valkey(image: &str) -> Result<Option<PathBuf>> {
+    let Some(tag) = image_tag(image).map(str::to_owned) else {
+        return Ok(None);
+    };
+    tokio::task::spawn_blocking(move || crate::valkey_server_for_tag(&tag)).await?
+}
+
 /// One container's program, environment and spec, its volume paths rewritten.
 async fn setup(
     shared: &Shared,
@@ -276,7 +291,10 @@ async fn setup(
     let image = container.image.clone().unwrap_or_default();
     let kind = kind_of(&image);
     let program = match kind {
-        Kind::Valkey => shared.binaries.get("valkey-server").cloned(),
+        Kind::Valkey => match older_valkey(&image).await? {
+            Some(path) => Some(path),
+            None => shared.binaries.get("valkey-server").cloned(),
+        },
         Kind::Sidecar => shared.binaries.get("valkey-sidecar").cloned(),
         Kind::Pause => Some(PathBuf::from("sleep")),
         Kind::Unsupported => None,
@@ -699,5 +717,16 @@ mod tests {
             [secs(10), secs(40), secs(160), secs(300)],
             ["10s", "40s", "2m40s", "5m0s"]
         );
+    }
+
+    #[test]
+    fn an_image_names_its_tag() {
+        assert_eq!(image_tag("valkey/valkey:8.0.1"), Some("8.0.1"));
+        assert_eq!(
+            image_tag("registry:5000/valkey/valkey:9.0.0"),
+            Some("9.0.0")
+        );
+        assert_eq!(image_tag("registry:5000/valkey/valkey"), None);
+        assert_eq!(image_tag("valkey/valkey@sha256:abc"), None);
     }
 }
