@@ -262,7 +262,7 @@ fn record(what: &str, strategy: &str, cluster: bool, shape: (usize, usize), f: &
 /// The supervised roll's promises: all pods re-created at the new revision (the setting applied),
 /// nothing lost, one primary move per shard, no shard below `pods - 1` Ready pods, the moves
 /// made by the roll alone.
-async fn roll(opts: StageOptions, shape: (usize, usize), cluster: bool, setting: &str) {
+async fn roll(opts: StageOptions, shape: (usize, usize), cluster: bool, setting: &str) -> Stage {
     let upgrade = ("supervised", setting);
     let (stage, f) = upgrade_under_writers(opts, shape, cluster, upgrade).await;
     let (shards_n, pods) = shape;
@@ -299,6 +299,7 @@ async fn roll(opts: StageOptions, shape: (usize, usize), cluster: bool, setting:
     for unplanned in ["HandoverStarted", "FailoverStarted", "CrashFailoverStarted"] {
         assert_eq!(count(unplanned), 0, "{events}");
     }
+    stage
 }
 
 fn name(p: &Pod) -> String {
@@ -353,11 +354,20 @@ async fn valkey_8_0_to_9_1_in_cluster_mode_rolls_with_mixed_versions_and_loses_n
     roll(opts, (2, 3), true, "valkey.image.tag=9.1.2").await;
 }
 
-/// Valkey 9.0.0 (PyPI) to 9.1.2 in replication mode.
+/// Valkey 9.0.0 (PyPI) to 9.1.2 in replication mode; then `helm upgrade` refuses what the agents
+/// cannot carry out: another shard count, a downgrade to an older major.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn valkey_9_0_to_9_1_in_replication_mode_rolls_and_loses_nothing() {
     let opts = StageOptions::replication("v90", 2).set("valkey.image.tag=9.0.0");
-    roll(opts, (1, 3), false, "valkey.image.tag=9.1.2").await;
+    let stage = roll(opts, (1, 3), false, "valkey.image.tag=9.1.2").await;
+    let refused = |set: &str| format!("{:#}", stage.upgrade(&[set]).unwrap_err());
+    let shards = refused("shards=2");
+    assert!(
+        shards.contains("runs 1 shards and the agents never reshard"),
+        "{shards}"
+    );
+    let older = refused("valkey.image.tag=8.0.1");
+    assert!(older.contains("to an older major version"), "{older}");
 }
 
 /// The baseline the benchmark sets beside the supervised roll, same install, same writers:

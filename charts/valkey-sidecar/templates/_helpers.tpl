@@ -701,3 +701,21 @@ the cluster (`helm template` under Argo CD or Flux cannot look), so NOTES says h
   protocol: TCP
 {{- end -}}
 {{- end -}}
+
+{{- /* Refuses, on `helm upgrade`, what the agents cannot carry out: a changed shard count (they never
+reshard) and a Valkey downgrade across a major version (a newer major's RDB cannot be loaded by an
+older one), unless rollout.allowDowngrade. Compared with what the release's ConfigMap recorded at
+the last install or upgrade; a render without a cluster (helm template, Argo CD) has none and is
+not checked. */ -}}
+{{- define "valkey-sidecar.upgradeGuards" -}}
+{{- $old := lookup "v1" "ConfigMap" .Release.Namespace (include "valkey-sidecar.leaseOwner" .) -}}
+{{- $data := (($old | default dict).data | default dict) -}}
+{{- if and .Values.valkey.enabled $data.shards (ne $data.shards (toString .Values.shards)) -}}
+{{- fail (printf "shards: this release runs %s shards and the agents never reshard, so shards=%v is refused (it would add empty shards or drop shards with their data). To grow, install a second release with more shards and move the keys to it (README, \"Upgrading\")." $data.shards .Values.shards) -}}
+{{- end -}}
+{{- $was := regexFind "^[0-9]+" (toString ($data.valkeyVersion | default "")) -}}
+{{- $now := regexFind "^[0-9]+" (toString .Values.valkey.image.tag) -}}
+{{- if and .Values.valkey.enabled $was $now (lt (atoi $now) (atoi $was)) (not .Values.rollout.allowDowngrade) -}}
+{{- fail (printf "valkey.image.tag: %s would downgrade Valkey %s to an older major version, whose replicas cannot load the newer primaries' data; set rollout.allowDowngrade=true only to go back to a version this release never left (its data is still in the older format)" .Values.valkey.image.tag $data.valkeyVersion) -}}
+{{- end -}}
+{{- end -}}
