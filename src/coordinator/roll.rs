@@ -30,9 +30,17 @@ struct Replaced {
     at: Millis,
 }
 
-/// The roll's deletions by pod name, until the StatefulSet has re-created each.
+/// How long a refused eviction (a budget that forbids it now, an API error) waits before it is
+/// asked again: a round comes every 250 ms, the budgets change in seconds.
+const REFUSED_PAUSE_MS: u64 = 5_000;
+
+/// The roll's evictions by pod name, until the StatefulSet has re-created each; and the pods
+/// whose eviction was refused, when.
 #[derive(Debug, Clone, Default)]
-pub(super) struct Replacing(BTreeMap<String, Replaced>);
+pub(super) struct Replacing {
+    evicted: BTreeMap<String, Replaced>,
+    refused: BTreeMap<String, Millis>,
+}
 
 impl Coordinator {
     /// The shards with a deleted pod not yet re-created (a new uid under the same name), forgetting
@@ -43,7 +51,11 @@ impl Coordinator {
         memory: &mut LeaderMemory,
         now: Millis,
     ) -> BTreeSet<String> {
-        memory.replacing.0.retain(|name, r| {
+        memory
+            .replacing
+            .refused
+            .retain(|_, at| now.since(*at) < REFUSED_PAUSE_MS);
+        memory.replacing.evicted.retain(|name, r| {
             let key = ObjectRef::new(name).within(&self.namespace);
             let uid = pods.get(&key).and_then(|p| p.metadata.uid.clone());
             let back = uid.is_some_and(|uid| uid != r.uid);
@@ -51,7 +63,7 @@ impl Coordinator {
         });
         memory
             .replacing
-            .0
+            .evicted
             .values()
             .map(|r| r.shard.clone())
             .collect()
@@ -73,6 +85,9 @@ impl Coordinator {
     }
 
     async fn delete_one(&self, d: &Deletion, pods: &Store<Pod>, memory: &mut LeaderMemory) {
+        if memory.replacing.refused.contains_key(&d.pod) {
+            return;
+        }
         let key = ObjectRef::new(&d.pod).within(&self.namespace);
         let Some(pod) = pods.get(&key) else { return };
         let Some(uid) = pod.metadata.uid.clone() else {
@@ -97,15 +112,15 @@ impl Coordinator {
                 tracing::info!(shard = %d.shard, pod = %d.pod, reason = %d.reason, "rolling update: evicted");
                 let at = self.clock.now();
                 let shard = d.shard.clone();
-                memory
-                    .replacing
-                    .0
-                    .insert(d.pod.clone(), Replaced { shard, uid, at });
+                let replaced = Replaced { shard, uid, at };
+                memory.replacing.evicted.insert(d.pod.clone(), replaced);
                 let note = format!("{}; its StatefulSet re-creates it updated", d.reason);
                 self.event(reference, EventType::Normal, "RollEvictedPod", note);
             }
             Err(e) => {
-                tracing::warn!(shard = %d.shard, pod = %d.pod, error = %e, "rolling update: eviction refused; retried next round");
+                let now = self.clock.now();
+                memory.replacing.refused.insert(d.pod.clone(), now);
+                tracing::warn!(shard = %d.shard, pod = %d.pod, error = %e, "rolling update: eviction refused; asked again in 5 s");
                 let note = format!("could not evict pod {}: {e}", d.pod);
                 self.event(reference, EventType::Warning, "RollEvictionRefused", note);
             }
