@@ -1,14 +1,15 @@
 //! The demo: a real Kubernetes control plane (v1.37.2) with six fake nodes in three zones, and the
 //! chart (`charts/valkey-sidecar`, 3 shards × (1 primary + 1 replica)) installed into it: the
 //! controller-manager creates the pods, the scheduler places them, the process kubelet runs the
-//! chart's Valkey and agent containers, and the agents form the Valkey Cluster. Prints a live table
-//! of the pods every 2 s until Ctrl-C.
+//! chart's Valkey and agent containers, and the agents form the Valkey Cluster. Then a `helm upgrade`
+//! of a Valkey setting, rolled by the agents' coordinator (replicas first, each primary handed over
+//! once) while the live table shows it; then the live table every 2 s until Ctrl-C.
 //!
 //! ```text
 //! cargo run -p valkey-sidecar-bench --bin demo [-- --once | --seconds N]
 //! ```
 //!
-//! `--once`: print the table once everything is Ready, then tear down and exit (used by a test).
+//! `--once`: print the table once everything is Ready, then tear down and exit (no upgrade).
 //! `--seconds N`: run for N seconds, then tear down. The agent binary comes from
 //! `$VALKEY_SIDECAR_BIN`, else from next to this binary (`cargo build --bin valkey-sidecar`).
 #![forbid(unsafe_code)]
@@ -105,7 +106,9 @@ async fn run(args: Args) -> Result<()> {
     say(
         "starting etcd, kube-apiserver, kube-scheduler and kube-controller-manager (Kubernetes v1.37.2), 6 nodes over 3 zones, and installing the chart",
     );
-    let opts = StageOptions::example(NAMESPACE, "cluster-3x1");
+    let mut opts = StageOptions::example(NAMESPACE, "cluster-3x1");
+    // A helm release, so the demo can `helm upgrade` it.
+    opts.helm_install = true;
     let stage = Stage::install(opts).await?;
     let t = stage.plane.timings();
     say(&format!(
@@ -130,6 +133,9 @@ async fn run(args: Args) -> Result<()> {
         t0.elapsed()
     ));
     print_kubectl_hint(&stage.plane)?;
+    if !args.once {
+        upgrade(&stage).await?;
+    }
     show(&stage.plane, &args).await?;
     say("tearing down (pods, nodes, control plane)");
     drop(stage);
@@ -164,6 +170,48 @@ fn print_kubectl_hint(plane: &ControlPlane) -> Result<()> {
     Ok(())
 }
 
+/// A `helm upgrade` of a Valkey setting, with the live table until every pod runs the new
+/// revision: the agents' coordinator evicts the replicas first, one at a time, then hands each
+/// primary over once to an updated replica.
+async fn upgrade(stage: &Stage) -> Result<()> {
+    let setting = "valkey.extraArgs={--maxmemory,2gb,--maxmemory-policy,allkeys-lru}";
+    say(&format!(
+        "helm upgrade --set '{setting}': the coordinator rolls it (replicas first, one at a time, then each primary handed over once)"
+    ));
+    let t = Instant::now();
+    stage.upgrade(&[setting])?;
+    let rolled = stage.wait_rolled(Duration::from_secs(600));
+    tokio::pin!(rolled);
+    let clear = std::io::stdout().is_terminal();
+    loop {
+        print_table(&stage.plane, clear).await?;
+        tokio::select! {
+            done = &mut rolled => { done?; break; }
+            () = tokio::time::sleep(REFRESH) => {}
+        }
+    }
+    let events = stage.events().await?;
+    let count = |reason: &str| events.lines().filter(|l| l.starts_with(reason)).count();
+    say(&format!(
+        "rolled in {:.1?}: {} pods evicted and re-created, {} primary hand-overs (kubectl get events -n {NAMESPACE})",
+        t.elapsed(),
+        count("RollEvictedPod"),
+        count("RollStarted")
+    ));
+    Ok(())
+}
+
+async fn print_table(plane: &ControlPlane, clear: bool) -> Result<()> {
+    let table = table::render(&plane.client(), NAMESPACE).await?;
+    if clear {
+        print!("\x1b[2J\x1b[H");
+    }
+    println!(
+        "pods in namespace {NAMESPACE} (ROLE/SHARD-ID: pod labels; * = from the agent's /status, no label yet)\n{table}\n"
+    );
+    Ok(())
+}
+
 /// The live table every 2 s: once with `--once`, for `--seconds`, else until interrupted.
 async fn show(plane: &ControlPlane, args: &Args) -> Result<()> {
     let deadline = args
@@ -171,13 +219,7 @@ async fn show(plane: &ControlPlane, args: &Args) -> Result<()> {
         .map(|s| Instant::now() + Duration::from_secs(s));
     let clear = std::io::stdout().is_terminal() && !args.once;
     loop {
-        let table = table::render(&plane.client(), NAMESPACE).await?;
-        if clear {
-            print!("\x1b[2J\x1b[H");
-        }
-        println!(
-            "pods in namespace {NAMESPACE} (ROLE/SHARD-ID: pod labels; * = from the agent's /status, no label yet)\n{table}\n"
-        );
+        print_table(plane, clear).await?;
         if args.once || deadline.is_some_and(|d| Instant::now() >= d) {
             return Ok(());
         }

@@ -40,7 +40,7 @@ pub async fn render(client: &Client, namespace: &str) -> Result<String> {
 
 fn header() -> Vec<String> {
     [
-        "NAME", "READY", "STATUS", "RESTARTS", "NODE", "ZONE", "IP", "ROLE", "SHARD-ID",
+        "NAME", "READY", "STATUS", "RESTARTS", "NODE", "ZONE", "IP", "ROLE", "SHARD-ID", "REVISION",
     ]
     .map(String::from)
     .to_vec()
@@ -100,7 +100,16 @@ async fn row(pod: &Pod, zones: &BTreeMap<String, String>) -> Vec<String> {
         ip,
         role,
         short(&shard),
+        revision(&labels),
     ]
+}
+
+/// The StatefulSet revision the pod was made from (its hash, without the set's name): a roll shows
+/// as pods changing from one to the next.
+fn revision(labels: &BTreeMap<String, String>) -> String {
+    let hash = labels.get("controller-revision-hash").map(String::as_str);
+    let short = hash.and_then(|h| h.rsplit('-').next());
+    short.unwrap_or("<none>").to_owned()
 }
 
 /// The pod's native sidecars: init containers with `restartPolicy: Always`.
