@@ -10,6 +10,7 @@ use crate::config::{Cli, RawConfig};
 use crate::credentials::CredentialsArgs;
 use crate::drain::DrainArgs;
 use crate::inject::InjectArgs;
+use crate::status::StatusArgs;
 use crate::valkey_auth::ValkeyAuthArgs;
 
 /// What the command line asks for.
@@ -31,6 +32,7 @@ pub enum Tool {
     Credentials,
     ValkeyAuth,
     Check,
+    Status,
 }
 
 impl Tool {
@@ -44,6 +46,7 @@ impl Tool {
             Tool::Credentials => crate::credentials::main(args),
             Tool::ValkeyAuth => crate::valkey_auth::main(args),
             Tool::Check => crate::check::main(args),
+            Tool::Status => crate::status::main(args),
         }
     }
 }
@@ -122,6 +125,13 @@ pub fn command() -> clap::Command {
                  user (the chart's init container)",
             ),
         )
+        .subcommand(
+            StatusArgs::augment_args(clap::Command::new("status")).about(
+                "Show a Valkey deployment: each shard's pods with role, readiness, zone, node and \
+             revision, the coordinator and its status, a roll in progress (also `kubectl \
+             valkey-sidecar status` with this binary on PATH as `kubectl-valkey_sidecar`)",
+            ),
+        )
         .subcommand(CheckArgs::augment_args(clap::Command::new("check")).about(
             "Is this Valkey deployment healthy: one labelled primary per shard, every pod Ready, \
              the coordinator Lease held (`helm test`)",
@@ -142,6 +152,7 @@ fn from(matches: ArgMatches) -> Result<Command, clap::Error> {
         Some(("credentials", args)) => Some((Tool::Credentials, args)),
         Some(("valkey-auth", args)) => Some((Tool::ValkeyAuth, args)),
         Some(("check", args)) => Some((Tool::Check, args)),
+        Some(("status", args)) => Some((Tool::Status, args)),
         _ => None,
     };
     if let Some((tool, args)) = tool {

@@ -51,6 +51,7 @@ pub mod observer;
 pub mod quorum;
 pub mod retry;
 pub mod start_guard;
+pub mod status;
 pub mod supervise;
 pub mod telemetry;
 pub mod valkey;

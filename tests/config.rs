@@ -254,3 +254,14 @@ fn help_documents_every_variable() {
         );
     }
 }
+
+#[test]
+fn status_bad_usage_is_64_and_no_api_is_69() {
+    let out = run(&[], &["status", "-o", "yaml"]);
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    // No kubeconfig and no in-cluster account: the API cannot be asked.
+    let out = run(&[("KUBECONFIG", "/nonexistent")], &["status", "-n", "x"]);
+    assert_eq!(out.status.code(), Some(69), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.starts_with("valkey-sidecar status: "), "{stderr}");
+}

@@ -16,7 +16,7 @@ use valkey_sidecar_testkit::faults::{self, Outcome, show};
 use valkey_sidecar_testkit::k8s::chart::{label, shards, text};
 use valkey_sidecar_testkit::k8s::valkey::valkey_addr;
 use valkey_sidecar_testkit::k8s::writer::{Targets, Writer, missing, tag_for_with};
-use valkey_sidecar_testkit::k8s::{Stage, StageOptions, pod_is_ready};
+use valkey_sidecar_testkit::k8s::{Stage, StageOptions, kubectl_bin, pod_is_ready, sidecar_bin};
 use valkey_sidecar_testkit::redis;
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -324,13 +324,74 @@ fn applied(stage: &Stage, pod: &str, setting: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_upgrade_rolls_replicas_first_and_moves_each_primary_once() {
-    roll(
+    let stage = roll(
         StageOptions::example("roll", "cluster-3x1"),
         (3, 3),
         true,
         SETTING,
     )
     .await;
+    status_shows_the_rolled_cluster(&stage).await;
+}
+
+/// `valkey-sidecar status` after the roll, as JSON and as a kubectl plugin's table.
+async fn status_shows_the_rolled_cluster(stage: &Stage) {
+    let bin = sidecar_bin().unwrap();
+    let kubeconfig = stage.plane.kubeconfig_path();
+    let ns = stage.namespace.as_str();
+    let out = std::process::Command::new(&bin)
+        .args(["status", "--cluster", "valkey", "-n", ns, "-o", "json"])
+        .env("KUBECONFIG", kubeconfig)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let pods = v["pods"].as_array().unwrap();
+    assert_eq!(pods.len(), 9, "{v}");
+    let primaries = pods.iter().filter(|p| p["role"] == "primary").count();
+    assert_eq!(primaries, 3, "{v}");
+    assert!(
+        pods.iter()
+            .all(|p| p["updated"] == true && p["ready"] == true),
+        "{v}"
+    );
+    assert_eq!(v["rollout"]["outdated"], 0, "{v}");
+    assert!(
+        v["coordinator"]
+            .as_str()
+            .is_some_and(|h| h.starts_with("valkey-")),
+        "{v}"
+    );
+    let rolled = v["status"]["RolloutComplete"].as_str().unwrap_or_default();
+    assert!(rolled.starts_with("True UpToDate"), "{v}");
+    // The same binary as a kubectl plugin: `kubectl valkey-sidecar status`.
+    let dir = tempfile_dir();
+    std::os::unix::fs::symlink(&bin, dir.join("kubectl-valkey_sidecar")).unwrap();
+    let path = format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = std::process::Command::new(kubectl_bin().unwrap())
+        .args(["valkey-sidecar", "status", "--cluster", "valkey", "-n", ns])
+        .env("KUBECONFIG", kubeconfig)
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(text.starts_with("SHARD  POD"), "{text}");
+    assert!(
+        text.contains("rollout: every pod runs its update revision"),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn tempfile_dir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("kubectl-plugin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
 
 /// In the benchmark only: the test command rolls replication mode once, from Valkey 9.0.0 below.

@@ -29,6 +29,7 @@
 //! - [`restart`]: whether a stopped Valkey may start again (a primary waits for a replica to take
 //!   over its slots).
 //! - [`drain`]: whether a node can be drained now, and why not (`valkey-sidecar drain-check`).
+//! - [`overview`]: what `valkey-sidecar status` shows: pods, roles, the coordinator, a roll.
 //! - [`check`]: whether a deployment is healthy, shard by shard (`valkey-sidecar check`, `helm test`).
 //! - [`credentials`]: which passwords the chart's Secret needs made or moved
 //!   (`valkey-sidecar credentials`), password rotation included.
@@ -48,6 +49,7 @@ pub mod labels;
 pub mod lease;
 pub mod moves;
 pub mod observation;
+pub mod overview;
 pub mod placement;
 pub mod plan;
 pub mod quorum;
