@@ -7,16 +7,17 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::EvictParams;
 use valkey_sidecar_testkit::faults::{self, Outcome, show};
 use valkey_sidecar_testkit::k8s::chart::{label, node_of, shards};
+use valkey_sidecar_testkit::k8s::follow::{Addresses, ShardWrites, Watcher, stop_writers, writers};
 use valkey_sidecar_testkit::k8s::valkey::valkey_addr;
-use valkey_sidecar_testkit::k8s::writer::{Targets, Writer, missing, tag_for_with};
+use valkey_sidecar_testkit::k8s::writer::tag_for_with;
 use valkey_sidecar_testkit::k8s::{
     FakeNodesOptions, Stage, StageOptions, pod_is_ready, poll_until, sidecar_bin,
 };
@@ -58,97 +59,15 @@ fn drain_check(stage: &Stage, node: &str) -> (i32, String) {
     (out.status.code().unwrap_or(-1), text)
 }
 
-/// Keeps `targets` equal to the deployment's current Valkey addresses (pods recreated elsewhere get
-/// new IPs), and records the fewest Ready pods any shard had, until dropped.
-struct Follower {
-    task: tokio::task::JoinHandle<()>,
-    fewest_ready: Arc<Mutex<BTreeMap<String, usize>>>,
-}
-
-impl Follower {
-    fn start(stage: &Stage, targets: Targets) -> Follower {
-        let api = stage.api();
-        let fewest_ready = Arc::new(Mutex::new(BTreeMap::new()));
-        let fewest = fewest_ready.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                if let Ok(list) = api.list(&Default::default()).await {
-                    let pods = list.items;
-                    *targets.lock().unwrap() = pods.iter().filter_map(valkey_addr).collect();
-                    let mut fewest = fewest.lock().unwrap();
-                    for (shard, members) in shards(&pods) {
-                        let ready = members.iter().filter(|p| pod_is_ready(p)).count();
-                        let min = fewest.entry(shard).or_insert(ready);
-                        *min = (*min).min(ready);
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        });
-        Follower { task, fewest_ready }
-    }
-
-    fn stop(self) -> BTreeMap<String, usize> {
-        self.task.abort();
-        self.fewest_ready.lock().unwrap().clone()
-    }
-}
-
-/// One writer per shard, each on a hash tag its shard serves.
-fn writers(stage: &Stage, pods: &[Pod], targets: &Targets) -> Vec<(String, Writer)> {
-    shards(pods)
-        .into_iter()
-        .map(|(shard, members)| {
-            let primary = members
-                .iter()
-                .find(|p| label(p, ROLE) == Some("primary"))
-                .unwrap();
-            let tag = tag_for_with(valkey_addr(primary).unwrap(), &stage.client()).unwrap();
-            (
-                shard,
-                stage.writer_with(targets.clone(), &tag, stage.client()),
-            )
-        })
-        .collect()
-}
-
-/// Stops the writers; per shard (acknowledged, lost, longest pause), read back from its primary.
-async fn stop_writers(
-    stage: &Stage,
-    writers: Vec<(String, Writer)>,
-) -> Vec<(String, usize, usize, Duration)> {
-    let pods = stage.pod_objects().await.unwrap();
-    let by_shard = shards(&pods);
-    writers
-        .into_iter()
-        .map(|(shard, w)| {
-            let tag = w.tag.clone();
-            let written = w.stop().unwrap();
-            let primary = by_shard[&shard]
-                .iter()
-                .find(|p| label(p, ROLE) == Some("primary"))
-                .unwrap();
-            let addr = valkey_addr(primary).unwrap();
-            let missing = missing(addr, &stage.client(), &tag, &written.acked).unwrap();
-            (
-                shard,
-                written.acked.len(),
-                missing.len(),
-                written.longest_pause,
-            )
-        })
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn draining_every_node_in_turn_loses_nothing_and_two_at_once_is_refused_until_safe() {
     let stage = Stage::install(options("drain", &["replicas=2"]))
         .await
         .unwrap();
     let pods = settled(&stage, 9, 3).await;
-    let targets: Targets = Arc::new(Mutex::new(pods.iter().filter_map(valkey_addr).collect()));
-    let follower = Follower::start(&stage, targets.clone());
-    let writers = writers(&stage, &pods, &targets);
+    let addresses = Addresses::new(&pods);
+    let watcher = Watcher::start(&stage, addresses.clone());
+    let writers = writers(&stage, &pods, &addresses, true).unwrap();
     tokio::time::sleep(SECOND).await;
     let nodes: Vec<String> = stage.nodes.names();
     let start = Instant::now();
@@ -168,23 +87,25 @@ async fn draining_every_node_in_turn_loses_nothing_and_two_at_once_is_refused_un
         settled(&stage, 9, 3).await;
     }
     let total = start.elapsed();
-    let fewest = follower.stop();
-    let written = stop_writers(&stage, writers).await;
+    let seen = watcher.stop();
+    let fewest: BTreeMap<String, usize> = seen
+        .iter()
+        .map(|(s, v)| (s.clone(), v.fewest_ready))
+        .collect();
+    let written = stop_writers(&stage, writers).await.unwrap();
     println!(
         "rolling drain of {} nodes: {total:?} in all, each {drains:?}",
         nodes.len()
     );
-    println!(
-        "fewest Ready pods per shard during it: {fewest:?}; writers (shard, acknowledged, lost, longest pause): {written:?}"
-    );
+    println!("fewest Ready pods per shard during it: {fewest:?}; writers: {written:?}");
     faults::record(&rolling_drain(&nodes, total, &drains, &fewest, &written));
     assert!(
         fewest.values().all(|n| *n >= 1),
         "a shard had no Ready member: {fewest:?}"
     );
-    for (shard, acked, missing, _) in &written {
-        assert!(*acked > 100, "shard {shard}: {acked} writes");
-        assert_eq!(*missing, 0, "shard {shard} lost acknowledged writes");
+    for w in &written {
+        assert!(w.acked > 100, "shard {}: {} writes", w.shard, w.acked);
+        assert_eq!(w.lost, 0, "shard {} lost acknowledged writes", w.shard);
     }
 
     two_evictions_at_once(&stage).await;
@@ -198,11 +119,11 @@ fn rolling_drain(
     total: Duration,
     drains: &[(String, Duration)],
     fewest: &BTreeMap<String, usize>,
-    written: &[(String, usize, usize, Duration)],
+    written: &[ShardWrites],
 ) -> Outcome {
-    let acked = written.iter().map(|(_, a, _, _)| a).sum();
-    let missing = written.iter().map(|(_, _, m, _)| m).sum();
-    let pause = written.iter().map(|(_, _, _, p)| *p).max();
+    let acked = written.iter().map(|w| w.acked).sum();
+    let missing = written.iter().map(|w| w.lost).sum();
+    let pause = written.iter().map(|w| w.longest_pause).max();
     let slowest = drains.iter().map(|(_, d)| *d).max().unwrap_or_default();
     let fewest = fewest.values().min().copied().unwrap_or_default();
     Outcome::new(module_path!(), &format!("kubectl drain of all {} nodes in turn", nodes.len()))

@@ -7,172 +7,24 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::ListParams;
 use valkey_sidecar_testkit::faults::{self, Outcome, show};
-use valkey_sidecar_testkit::k8s::chart::{label, shards, text};
-use valkey_sidecar_testkit::k8s::valkey::valkey_addr;
-use valkey_sidecar_testkit::k8s::writer::{Targets, Writer, missing, tag_for_with};
-use valkey_sidecar_testkit::k8s::{Stage, StageOptions, kubectl_bin, pod_is_ready, sidecar_bin};
+use valkey_sidecar_testkit::k8s::chart::text;
+use valkey_sidecar_testkit::k8s::follow::{
+    Addresses, Seen, ShardWrites, Watcher, stop_writers, writers,
+};
+use valkey_sidecar_testkit::k8s::{Stage, StageOptions, kubectl_bin, sidecar_bin};
 use valkey_sidecar_testkit::redis;
 
 const SECOND: Duration = Duration::from_secs(1);
-const ROLE: &str = "valkey.io/role";
-
-/// What the watcher saw during the roll, per shard.
-#[derive(Debug, Default, Clone)]
-struct Seen {
-    /// The pods (name and uid) labelled primary, in the order they were, repeats folded.
-    primaries: Vec<(String, String)>,
-    /// The fewest Ready pods the shard had.
-    fewest_ready: usize,
-}
-
-/// The writers' addresses: every pod's (cluster mode: a hash tag finds its shard) and each
-/// shard's own (replication mode).
-#[derive(Clone, Default)]
-struct Addresses {
-    all: Targets,
-    by_shard: BTreeMap<String, Targets>,
-}
-
-impl Addresses {
-    fn new(pods: &[Pod]) -> Addresses {
-        let addrs =
-            |pods: &[Pod]| Arc::new(Mutex::new(pods.iter().filter_map(valkey_addr).collect()));
-        let by_shard = shards(pods)
-            .into_iter()
-            .map(|(s, m)| (s, addrs(&m)))
-            .collect();
-        Addresses {
-            all: addrs(pods),
-            by_shard,
-        }
-    }
-
-    /// Re-created pods get new IPs: the writers follow them.
-    fn update(&self, pods: &[Pod]) {
-        *self.all.lock().unwrap() = pods.iter().filter_map(valkey_addr).collect();
-        for (shard, members) in shards(pods) {
-            if let Some(t) = self.by_shard.get(&shard) {
-                *t.lock().unwrap() = members.iter().filter_map(valkey_addr).collect();
-            }
-        }
-    }
-}
-
-/// Keeps the writers' addresses current and records per shard who is labelled primary and the
-/// fewest Ready pods, until stopped.
-struct Watcher {
-    task: tokio::task::JoinHandle<()>,
-    seen: Arc<Mutex<BTreeMap<String, Seen>>>,
-}
-
-impl Watcher {
-    fn start(stage: &Stage, addresses: Addresses) -> Watcher {
-        let api = stage.api();
-        let seen = Arc::new(Mutex::new(BTreeMap::new()));
-        let log = seen.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                // The Valkey pods only (not the chart's credentials Job, say).
-                let valkey = ListParams::default().labels("valkey.io/cluster");
-                if let Ok(list) = api.list(&valkey).await {
-                    addresses.update(&list.items);
-                    observe(&mut log.lock().unwrap(), &list.items);
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        });
-        Watcher { task, seen }
-    }
-
-    fn stop(self) -> BTreeMap<String, Seen> {
-        self.task.abort();
-        self.seen.lock().unwrap().clone()
-    }
-}
-
-fn observe(log: &mut BTreeMap<String, Seen>, pods: &[Pod]) {
-    for (shard, members) in shards(pods) {
-        let ready = members.iter().filter(|p| pod_is_ready(p)).count();
-        let seen = log.entry(shard).or_insert(Seen {
-            primaries: Vec::new(),
-            fewest_ready: ready,
-        });
-        seen.fewest_ready = seen.fewest_ready.min(ready);
-        let primary = members
-            .iter()
-            .filter(|p| label(p, ROLE) == Some("primary"))
-            .map(|p| {
-                let m = &p.metadata;
-                (m.name.clone().unwrap(), m.uid.clone().unwrap())
-            })
-            .next();
-        if let Some(p) = primary
-            && seen.primaries.last() != Some(&p)
-        {
-            seen.primaries.push(p);
-        }
-    }
-}
-
-/// One writer per shard: in cluster mode on a hash tag the shard serves, in replication mode on
-/// the shard's own pods' addresses (whichever accepts writes).
-fn writers(stage: &Stage, pods: &[Pod], at: &Addresses, cluster: bool) -> Vec<(String, Writer)> {
-    let mut out = Vec::new();
-    for (shard, members) in shards(pods) {
-        let primary = members
-            .iter()
-            .find(|p| label(p, ROLE) == Some("primary"))
-            .unwrap();
-        let (targets, tag) = if cluster {
-            let tag = tag_for_with(valkey_addr(primary).unwrap(), &stage.client()).unwrap();
-            (at.all.clone(), tag)
-        } else {
-            (at.by_shard[&shard].clone(), format!("roll-{shard}"))
-        };
-        out.push((shard, stage.writer_with(targets, &tag, stage.client())));
-    }
-    out
-}
-
-/// Per shard: acknowledged writes, how many the primary lacks afterwards, the longest pause.
-async fn stop_writers(
-    stage: &Stage,
-    writers: Vec<(String, Writer)>,
-) -> Vec<(String, usize, usize, Duration)> {
-    let pods = stage.pod_objects().await.unwrap();
-    let by_shard = shards(&pods);
-    let mut out = Vec::new();
-    for (shard, w) in writers {
-        let tag = w.tag.clone();
-        let written = w.stop().unwrap();
-        let primary = by_shard[&shard]
-            .iter()
-            .find(|p| label(p, ROLE) == Some("primary"))
-            .unwrap();
-        let lost = missing(
-            valkey_addr(primary).unwrap(),
-            &stage.client(),
-            &tag,
-            &written.acked,
-        );
-        let lost = lost.unwrap().len();
-        out.push((shard, written.acked.len(), lost, written.longest_pause));
-    }
-    out
-}
 
 /// What a roll under writers showed.
 struct Figures {
     took: Duration,
     seen: BTreeMap<String, Seen>,
-    /// Per shard: acknowledged, lost, longest pause.
-    written: Vec<(String, usize, usize, Duration)>,
+    written: Vec<ShardWrites>,
     events: String,
     before: Vec<Pod>,
     after: Vec<Pod>,
@@ -199,7 +51,7 @@ async fn upgrade_under_writers(
         .unwrap();
     let addresses = Addresses::new(&before);
     let watcher = Watcher::start(&stage, addresses.clone());
-    let writers = writers(&stage, &before, &addresses, cluster);
+    let writers = writers(&stage, &before, &addresses, cluster).unwrap();
     tokio::time::sleep(2 * SECOND).await;
     let start = Instant::now();
     println!("{}", stage.upgrade(&[setting]).unwrap());
@@ -210,7 +62,7 @@ async fn upgrade_under_writers(
         .await
         .unwrap();
     let seen = watcher.stop();
-    let written = stop_writers(&stage, writers).await;
+    let written = stop_writers(&stage, writers).await.unwrap();
     let events = stage.events().await.unwrap();
     println!("{strategy} roll of {shards_n} shards x {pods} pods: {took:?}; seen {seen:?}");
     println!("writers (shard, acknowledged, lost, longest pause): {written:?}");
@@ -240,9 +92,10 @@ fn record(what: &str, strategy: &str, cluster: bool, shape: (usize, usize), f: &
     let scenario = format!(
         "{what} under a writer per shard, {strategy} ({mode} mode, {shards_n} × {pods} pods)"
     );
-    let acked = f.written.iter().map(|w| w.1).sum();
-    let lost = f.written.iter().map(|w| w.2).sum();
-    let pause = f.written.iter().map(|w| w.3).max().unwrap_or_default();
+    let acked = f.written.iter().map(|w| w.acked).sum();
+    let lost = f.written.iter().map(|w| w.lost).sum();
+    let pause = f.written.iter().map(|w| w.longest_pause).max();
+    let pause = pause.unwrap_or_default();
     let moves: Vec<usize> = f
         .seen
         .values()
@@ -288,9 +141,9 @@ async fn roll(opts: StageOptions, shape: (usize, usize), cluster: bool, setting:
             s.fewest_ready
         );
     }
-    for (shard, acked, lost, _) in &f.written {
-        assert!(*acked > 100, "shard {shard}: {acked} writes");
-        assert_eq!(*lost, 0, "shard {shard} lost acknowledged writes");
+    for w in &f.written {
+        assert!(w.acked > 100, "shard {}: {} writes", w.shard, w.acked);
+        assert_eq!(w.lost, 0, "shard {} lost acknowledged writes", w.shard);
     }
     let events = &f.events;
     let count = |reason: &str| events.lines().filter(|l| l.starts_with(reason)).count();
@@ -440,5 +293,5 @@ async fn baseline_rolling_update_of_the_same_cluster_install() {
     let opts = StageOptions::example("rollbase", "cluster-3x1");
     let upgrade = ("RollingUpdate", SETTING);
     let (_stage, f) = upgrade_under_writers(opts, (3, 3), true, upgrade).await;
-    assert!(f.written.iter().all(|w| w.1 > 100), "{:?}", f.written);
+    assert!(f.written.iter().all(|w| w.acked > 100), "{:?}", f.written);
 }

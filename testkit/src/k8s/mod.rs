@@ -48,6 +48,7 @@ pub use util::{http_get, poll_until, process_alive};
 
 pub mod audit;
 pub mod chart;
+pub mod follow;
 pub mod netfault;
 pub mod primaries;
 pub mod shard;
