@@ -151,32 +151,35 @@ impl Coordinator {
     }
 
     pub(super) fn watch_pods(&self) -> (Store<Pod>, JoinHandle<()>) {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
-        let (reader, writer) = reflector::store();
-        let stream = reflector::reflector(
-            writer,
-            watcher(api, watcher::Config::default().labels(&self.selector)),
-        );
-        let metrics = self.metrics.clone();
-        let task = stream.default_backoff().for_each(move |event| {
-            if let Err(e) = &event {
-                metrics.watch_error("pods", e);
-            }
-            async {}
-        });
-        (reader, tokio::spawn(task))
+        self.reflect_selected("pods")
     }
 
     /// The release's StatefulSets, selected like its pods (the chart labels both alike).
     pub(super) fn watch_sets(&self) -> (Store<StatefulSet>, JoinHandle<()>) {
-        let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), &self.namespace);
+        self.reflect_selected("statefulsets")
+    }
+
+    /// A store of the namespace's objects of kind `K` that carry the deployment's selector; its
+    /// watch errors counted under `kind`.
+    fn reflect_selected<K>(&self, kind: &'static str) -> (Store<K>, JoinHandle<()>)
+    where
+        K: kube::Resource<Scope = kube::core::NamespaceResourceScope>
+            + Clone
+            + std::fmt::Debug
+            + serde::de::DeserializeOwned
+            + Send
+            + Sync
+            + 'static,
+        K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+    {
+        let api: Api<K> = Api::namespaced(self.client.clone(), &self.namespace);
         let (reader, writer) = reflector::store();
         let config = watcher::Config::default().labels(&self.selector);
         let stream = reflector::reflector(writer, watcher(api, config));
         let metrics = self.metrics.clone();
         let task = stream.default_backoff().for_each(move |event| {
             if let Err(e) = &event {
-                metrics.watch_error("statefulsets", e);
+                metrics.watch_error(kind, e);
             }
             async {}
         });
