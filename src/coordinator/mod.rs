@@ -140,8 +140,8 @@ struct LeaderMemory {
     crashes: BTreeMap<String, Millis>,
     /// The supervised roll's deletions whose pods have not come back yet (`roll`).
     replacing: roll::Replacing,
-    /// The roll's last waiting reason, so each is one Event.
-    roll_waiting: Option<String>,
+    /// Since when the roll has waited without a step, and whether that was said (`roll`).
+    roll_waiting: Option<(Millis, bool)>,
 }
 
 /// Runs a move in its own task and reports its end to the loop.

@@ -30,6 +30,9 @@ struct Replaced {
     at: Millis,
 }
 
+/// How long the roll waits without a step before it says so in an Event.
+const STUCK_MS: u64 = 60_000;
+
 /// How long a refused eviction (a budget that forbids it now, an API error) waits before it is
 /// asked again: a round comes every 250 ms, the budgets change in seconds.
 const REFUSED_PAUSE_MS: u64 = 5_000;
@@ -127,8 +130,9 @@ impl Coordinator {
         }
     }
 
-    /// The roll's progress into metrics, and an Event on the first pod left to replace each time
-    /// the reason it waits changes.
+    /// The roll's progress into metrics; a roll that has waited [`STUCK_MS`] without a step, an
+    /// Event on the first pod left to replace, saying why (once per wait). A healthy roll waits
+    /// for every re-created pod to sync, seconds each: that is progress, not news.
     pub(super) fn report_roll(
         &self,
         world: &World,
@@ -139,13 +143,18 @@ impl Coordinator {
         if self.policy.roll.is_none() {
             return;
         }
-        let waiting = plan.roll_waiting.clone();
-        self.metrics.roll(plan.roll_outdated, waiting.is_some());
-        if waiting == memory.roll_waiting {
+        self.metrics
+            .roll(plan.roll_outdated, plan.roll_waiting.is_some());
+        let Some(why) = plan.roll_waiting.clone() else {
+            memory.roll_waiting = None;
+            return;
+        };
+        let now = self.clock.now();
+        let wait = memory.roll_waiting.get_or_insert((now, false));
+        if wait.1 || now.since(wait.0) < STUCK_MS {
             return;
         }
-        memory.roll_waiting = waiting.clone();
-        let Some(why) = waiting else { return };
+        wait.1 = true;
         tracing::warn!(reason = %why, "rolling update waits");
         let outdated = world.members.iter().filter_map(|m| m.pod.as_ref());
         let first = outdated
