@@ -11,10 +11,11 @@ use crate::report::percentile;
 use valkey_sidecar_testkit::faults::{self, Outcome, show};
 
 /// The test binaries with chaos scenarios, in the order the command runs them.
-pub const TESTS: [&str; 9] = [
+pub const TESTS: [&str; 10] = [
     "k8s_node_faults",
     "k8s_split_brain",
     "k8s_disruption",
+    "k8s_rollout",
     "k8s_replication",
     "k8s_replication_coordinator",
     "k8s_coordinator",
@@ -61,7 +62,7 @@ pub fn markdown(outcomes: &[Outcome]) -> String {
 fn method() -> String {
     let tests: Vec<String> = TESTS.iter().map(|t| format!("--test {t}")).collect();
     format!(
-        "Each chaos test records what it measured as it ran (its assertions are the pass criteria; the table shows the numbers); the command: `VALKEY_TESTKIT_FAULT_LOG=<log> cargo test --locked -p valkey-sidecar {} -- --test-threads 1`, then `target/release/bench faults <log>`. Writers are real clients (1 s timeouts, reconnects) that record which node acknowledged each write and when; every acknowledged key is read back from the final primary once the faulted node is back (lost); *acknowledged by a deposed primary* counts writes an old primary acknowledged after the new primary took its first write; the two-primary overlap comes from a checker polling every node's role and a write every few milliseconds from an address no fault cuts (its probe density is in the note); recovery is each scenario's own measure, named in its note. – : not measured by that scenario; a scenario run more than once has one row per run.",
+        "Each chaos test records what it measured as it ran (its assertions are the pass criteria; the table shows the numbers); the command: `VALKEY_TESTKIT_FAULT_LOG=<log> cargo test --locked -p valkey-sidecar {} -- --test-threads 1` and, for the baselines beside them (StatefulSet's `RollingUpdate` beside the supervised roll), `cargo test --locked -p valkey-sidecar --test k8s_rollout -- --ignored --test-threads 1`, then `target/release/bench faults <log>`. Writers are real clients (1 s timeouts, reconnects) that record which node acknowledged each write and when; every acknowledged key is read back from the final primary once the faulted node is back (lost); *acknowledged by a deposed primary* counts writes an old primary acknowledged after the new primary took its first write; the two-primary overlap comes from a checker polling every node's role and a write every few milliseconds from an address no fault cuts (its probe density is in the note); recovery is each scenario's own measure, named in its note. – : not measured by that scenario; a scenario run more than once has one row per run.",
         tests.join(" ")
     )
 }
@@ -217,7 +218,7 @@ mod tests {
     fn faults_section_has_the_heading_the_command_and_the_table() {
         let md = markdown(&sample());
         assert!(md.starts_with("### Fault table ("), "{md}");
-        let command = "`VALKEY_TESTKIT_FAULT_LOG=<log> cargo test --locked -p valkey-sidecar --test k8s_node_faults --test k8s_split_brain --test k8s_disruption --test k8s_replication --test k8s_replication_coordinator --test k8s_coordinator --test k8s_chart --test k8s_labels --test k8s_full_restart -- --test-threads 1`, then `target/release/bench faults <log>`";
+        let command = "`VALKEY_TESTKIT_FAULT_LOG=<log> cargo test --locked -p valkey-sidecar --test k8s_node_faults --test k8s_split_brain --test k8s_disruption --test k8s_rollout --test k8s_replication --test k8s_replication_coordinator --test k8s_coordinator --test k8s_chart --test k8s_labels --test k8s_full_restart -- --test-threads 1` and, for the baselines beside them (StatefulSet's `RollingUpdate` beside the supervised roll), `cargo test --locked -p valkey-sidecar --test k8s_rollout -- --ignored --test-threads 1`, then `target/release/bench faults <log>`";
         assert!(md.contains(command), "{md}");
         let table: Vec<&str> = md.lines().filter(|l| l.starts_with('|')).collect();
         assert_eq!(table.len(), 2 + 3, "{md}");
