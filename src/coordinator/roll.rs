@@ -107,7 +107,9 @@ impl Coordinator {
             }),
             ..EvictParams::default()
         };
-        let result = api.evict(&d.pod, &params).await;
+        // Bounded: a hanging apiserver must not stall the coordinator's rounds.
+        let limit = std::time::Duration::from_secs(5);
+        let result = crate::kube::bounded(limit, api.evict(&d.pod, &params)).await;
         self.metrics.roll_deletion(result.is_ok());
         let reference = Some(pod.object_ref(&()));
         match result {
