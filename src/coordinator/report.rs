@@ -78,6 +78,9 @@ impl Coordinator {
         self.metrics.coordinator_leader(false);
         self.metrics.drift(std::iter::empty());
         self.metrics.shard_primaries(&BTreeMap::new());
+        // Only the holder reports the roll: a former holder's gauges must not keep an alert up.
+        self.metrics.roll(0, false);
+        memory.roll_waiting = None;
         self.publish(None, memory);
         memory.shards.clear();
         memory.drift.clear();
