@@ -124,7 +124,7 @@ pub struct Metrics {
     shard_primaries: Family<ShardLabel, Gauge>,
     heartbeats: Family<KindLabel, Counter>,
     peers_vouching: Gauge,
-    roll_deletions: Family<ResultLabel, Counter>,
+    roll_evictions: Family<ResultLabel, Counter>,
     roll_outdated: Gauge,
     roll_waiting: Gauge,
     /// The shards `shard_primaries` holds a series for, so a shard that is gone loses its series.
@@ -162,7 +162,7 @@ impl Metrics {
             drift: Family::default(),
             keeper_actions: Family::default(),
             formation_steps: Family::default(),
-            roll_deletions: Family::default(),
+            roll_evictions: Family::default(),
             roll_outdated: Gauge::default(),
             roll_waiting: Gauge::default(),
             shard_record_calls: Family::default(),
@@ -210,7 +210,7 @@ impl Metrics {
             events => "events": "Kubernetes Events, by reason and result";
             zone_pushes => "zone_pushes": "CONFIG SET availability-zone, by result";
             actions => "coordinator_actions": "Coordinator moves, by kind and result";
-            roll_deletions => "coordinator_roll_evictions": "Pods the supervised roll evicted so their StatefulSet re-creates them at the update revision, by result (error: the API or a disruption budget refused)";
+            roll_evictions => "coordinator_roll_evictions": "Pods the supervised roll evicted so their StatefulSet re-creates them at the update revision, by result (error: the API or a disruption budget refused)";
             roll_outdated => "coordinator_roll_pods_outdated": "Pods not at their StatefulSet's update revision, as the supervised roll sees them (leader only)";
             roll_waiting => "coordinator_roll_waiting": "1 while the supervised roll has pods to replace but waits (the coordinator Lease's RolloutComplete condition says why)";
             start_held => "start_held": "Cluster mode: 1 while a start of the local Valkey is held until a replica takes over its slots (valkey-sidecar await)";
@@ -377,9 +377,9 @@ impl Metrics {
     }
 
     /// Counts one eviction by the supervised roll.
-    pub fn roll_deletion(&self, ok: bool) {
+    pub fn roll_eviction(&self, ok: bool) {
         let result = if ok { "ok" } else { "error" };
-        self.roll_deletions
+        self.roll_evictions
             .get_or_create(&ResultLabel { result })
             .inc();
     }

@@ -59,17 +59,12 @@ impl Ledger {
         }
     }
 
-    /// Books the end of a move of `shard`; one that made `to` primary settles until the view shows
-    /// it, at most [`SETTLE_MS`].
-    pub fn finish(&mut self, shard: &str, made_primary: Option<&str>, now: Millis) {
-        self.finish_move(shard, made_primary.map(|to| (to, None)), now);
-    }
-
-    /// [`Ledger::finish`] of a move that made `to` primary in place of `from` (when known): it
-    /// settles until the view shows `to` as primary and `from` no longer as one. A view that still
-    /// shows the old primary beside the new one (gossip from a node of another Valkey version was
-    /// seen to lag so) would otherwise plan the same move again: a second move of the shard.
-    pub fn finish_move(&mut self, shard: &str, made: Option<(&str, Option<&str>)>, now: Millis) {
+    /// Books the end of a move of `shard`. One that made `to` primary in place of `from` (when
+    /// known) settles until the view shows `to` as primary and `from` no longer as one, at most
+    /// [`SETTLE_MS`]. A view that still shows the old primary beside the new one (gossip from a node
+    /// of another Valkey version was seen to lag so) would otherwise plan the same move again: a
+    /// second move of the shard.
+    pub fn finish(&mut self, shard: &str, made: Option<(&str, Option<&str>)>, now: Millis) {
         let started = self.running.remove(shard).unwrap_or(now);
         if let Some((to, from)) = made {
             let until = now.plus(SETTLE_MS);

@@ -33,8 +33,6 @@ pub struct PodInfo {
     /// The pod's own `topology.kubernetes.io/zone` label (Kubernetes >= 1.35 copies it from the
     /// Node), for when Nodes may not be read ([`unseen_nodes`]).
     pub zone: Option<String>,
-    /// The StatefulSet ordinal (the name's numeric suffix).
-    pub ordinal: Option<u32>,
     /// Whether the pod runs its StatefulSet's update revision; `None` where not known (the
     /// supervised roll waits for it, [`crate::roll`]).
     pub updated: Option<bool>,
@@ -217,17 +215,18 @@ pub struct Plan {
     /// Why something that should happen cannot (no candidate, concurrency limit, …).
     pub blocked: Vec<String>,
     pub drift: Vec<Drift>,
-    /// Pods the supervised roll replaces now (their StatefulSet re-creates them updated).
-    pub deletions: Vec<Deletion>,
+    /// Pods the supervised roll replaces now (evicted; their StatefulSet re-creates them updated).
+    pub replacements: Vec<Replacement>,
     /// Pods the supervised roll has left to replace (not at their update revision).
     pub roll_outdated: usize,
     /// Why the supervised roll waits, while it has pods left to replace.
     pub roll_waiting: Option<String>,
 }
 
-/// Delete a pod so its StatefulSet re-creates it at the update revision.
+/// Replace a pod (the coordinator evicts it) so its StatefulSet re-creates it at the update
+/// revision.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Deletion {
+pub struct Replacement {
     pub shard: String,
     pub pod: String,
     pub reason: String,
@@ -325,8 +324,8 @@ fn supervise_roll(
     plan.roll_waiting = rolled.waiting;
     for step in rolled.steps {
         match step {
-            RollStep::Delete { shard, pod, reason } => {
-                plan.deletions.push(Deletion { shard, pod, reason })
+            RollStep::Replace { shard, pod, reason } => {
+                plan.replacements.push(Replacement { shard, pod, reason })
             }
             RollStep::Handover { .. } if plan.actions.len() >= budget => {}
             RollStep::Handover {
@@ -384,7 +383,7 @@ fn roll_pod(world: &World, m: &Member, pod: &PodInfo, zone: Option<&str>) -> Rol
     RollPod {
         name: pod.name.clone(),
         id: m.id.clone(),
-        ordinal: pod.ordinal.unwrap_or(0),
+        ordinal: pod.node_index.unwrap_or(0),
         updated: pod.updated.unwrap_or(true),
         role: if m.role == Role::Primary && !m.is_live_primary() {
             Role::Unknown

@@ -25,8 +25,8 @@ pub struct RollPod {
     pub name: String,
     /// Valkey's id for the node (the pod name in replication mode): what a hand-over names.
     pub id: String,
-    /// The StatefulSet ordinal: among healthy replicas the highest goes first, as
-    /// StatefulSet's own rolling update would.
+    /// The pod's index in its shard (`valkey.io/node-index`, else the StatefulSet ordinal): among
+    /// healthy replicas the highest goes first, as StatefulSet's own rolling update would.
     pub ordinal: u32,
     /// The pod runs its set's update revision.
     pub updated: bool,
@@ -61,8 +61,9 @@ pub struct RollPolicy {
 /// One step of the roll.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RollStep {
-    /// Delete the pod: its StatefulSet re-creates it at the update revision.
-    Delete {
+    /// Replace the pod (the coordinator evicts it): its StatefulSet re-creates it at the update
+    /// revision.
+    Replace {
         shard: String,
         pod: String,
         reason: String,
@@ -208,7 +209,7 @@ fn replica_to_replace(s: &RollShard) -> Option<&RollPod> {
     outdated.first().copied()
 }
 
-/// Deletes `pod` if the rest of its shard is whole without it.
+/// Replaces `pod` if the rest of its shard is whole without it.
 fn replace(s: &RollShard, pod: &RollPod, policy: &RollPolicy) -> Result<RollStep, String> {
     let rest = s.pods.iter().filter(|p| p.name != pod.name);
     let primary = s.pods.iter().any(|p| p.healthy && p.role == Role::Primary);
@@ -220,7 +221,7 @@ fn replace(s: &RollShard, pod: &RollPod, policy: &RollPolicy) -> Result<RollStep
             s.name, pod.name
         ));
     }
-    Ok(RollStep::Delete {
+    Ok(RollStep::Replace {
         shard: s.name.clone(),
         pod: pod.name.clone(),
         reason: format!(

@@ -309,7 +309,7 @@ fn a_finished_move_settles_until_the_view_shows_it() {
     let mut ledger = Ledger::default();
     ledger.start("s0", Started::Planned(Kind::Handover), Millis(1_000));
     assert!(ledger.is_busy("s0"), "running");
-    ledger.finish("s0", Some("r0a"), Millis(2_000));
+    ledger.finish("s0", Some(("r0a", None)), Millis(2_000));
     let stale = world();
     ledger.settle(&stale.members, Millis(5_000));
     assert!(ledger.is_busy("s0"), "the view still shows the old primary");
@@ -321,7 +321,7 @@ fn a_finished_move_settles_until_the_view_shows_it() {
     ledger.settle(&drifted().members, Millis(5_000));
     assert!(!ledger.is_busy("s0"), "the view caught up");
     ledger.start("s0", Started::Planned(Kind::Handover), Millis(6_000));
-    ledger.finish("s0", Some("r0a"), Millis(7_000));
+    ledger.finish("s0", Some(("r0a", None)), Millis(7_000));
     ledger.settle(&stale.members, Millis(17_000));
     assert!(!ledger.is_busy("s0"), "given up after the deadline");
     ledger.start("s1", Started::Unplanned, Millis(8_000));
@@ -329,7 +329,7 @@ fn a_finished_move_settles_until_the_view_shows_it() {
     assert!(!ledger.is_busy("s1"), "a failed move does not settle");
     // A view that shows the new primary but still the old one too has not caught up.
     ledger.start("s0", Started::Planned(Kind::Roll), Millis(20_000));
-    ledger.finish_move("s0", Some(("r0a", Some("p0"))), Millis(21_000));
+    ledger.finish("s0", Some(("r0a", Some("p0"))), Millis(21_000));
     let mut both = world();
     find(&mut both, "r0a").role = Role::Primary;
     ledger.settle(&both.members, Millis(22_000));
@@ -579,7 +579,6 @@ fn rolling(outdated: &[&str]) -> World {
     let mut w = drifted();
     for m in &mut w.members {
         let pod = m.pod.as_mut().unwrap();
-        pod.ordinal = pod.node_index;
         pod.updated = Some(!outdated.contains(&m.id.as_str()));
     }
     w
@@ -607,7 +606,7 @@ fn the_roll_replaces_replicas_then_hands_the_primary_over_and_holds_fail_back() 
     // r0b (ordinal 2) goes first; fail-back waits for the roll.
     let plan = decide(&rolling(&["p0", "r0a", "r0b"]), &roll_policy());
     assert!(plan.actions.is_empty(), "{plan:?}");
-    let pods: Vec<&str> = plan.deletions.iter().map(|d| d.pod.as_str()).collect();
+    let pods: Vec<&str> = plan.replacements.iter().map(|d| d.pod.as_str()).collect();
     assert_eq!((pods, plan.roll_outdated), (vec!["pod-r0b"], 3));
     // Only the primary (r0a after the fail-over) left: a Roll hand-over to an updated replica.
     let plan = decide(&rolling(&["r0a"]), &roll_policy());
@@ -619,14 +618,14 @@ fn the_roll_replaces_replicas_then_hands_the_primary_over_and_holds_fail_back() 
     w.replacing.insert("s0".into());
     let plan = decide(&w, &roll_policy());
     assert!(
-        plan.deletions.is_empty() && plan.roll_waiting.is_none(),
+        plan.replacements.is_empty() && plan.roll_waiting.is_none(),
         "{plan:?}"
     );
     // A pod of unknown revision stops it.
     let mut w = rolling(&["r0b"]);
     find(&mut w, "p1").pod.as_mut().unwrap().updated = None;
     let plan = decide(&w, &roll_policy());
-    assert!(plan.deletions.is_empty());
+    assert!(plan.replacements.is_empty());
     assert!(plan.roll_waiting.unwrap().contains("pod-p1"));
 }
 

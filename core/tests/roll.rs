@@ -40,7 +40,7 @@ fn shard(name: &str, updated: [bool; 3]) -> RollShard {
 
 fn deleted(plan: &RollPlan) -> Vec<&str> {
     let pods = plan.steps.iter().filter_map(|s| match s {
-        RollStep::Delete { pod, .. } => Some(pod.as_str()),
+        RollStep::Replace { pod, .. } => Some(pod.as_str()),
         RollStep::Handover { .. } => None,
     });
     pods.collect()
@@ -49,7 +49,7 @@ fn deleted(plan: &RollPlan) -> Vec<&str> {
 fn handed(plan: &RollPlan) -> Vec<(&str, &str)> {
     let moves = plan.steps.iter().filter_map(|s| match s {
         RollStep::Handover { from, to, .. } => Some((from.as_str(), to.as_str())),
-        RollStep::Delete { .. } => None,
+        RollStep::Replace { .. } => None,
     });
     moves.collect()
 }
@@ -213,7 +213,7 @@ fn apply(world: &mut [RollShard], step: &RollStep, policy: &RollPolicy, moves: &
     };
     let short = world.iter().filter(|s| !whole(s)).count();
     match step {
-        RollStep::Delete { shard, pod, .. } => {
+        RollStep::Replace { shard, pod, .. } => {
             let s = world.iter_mut().find(|s| &s.name == shard).unwrap();
             let p = s.pods.iter_mut().find(|p| &p.name == pod).unwrap();
             assert_ne!(p.role, Role::Primary, "deleted the primary {pod}");

@@ -316,7 +316,7 @@ impl Coordinator {
         self.report(&plan, pods, memory);
         let conditions = leader.then(|| status::conditions(&world, &self.policy, &plan));
         self.report_roll(&world, &plan, pods, memory);
-        self.delete_outdated(&plan.deletions, pods, memory).await;
+        self.evict_outdated(&plan.replacements, pods, memory).await;
         let planned = plan.actions.clone();
         for action in plan.actions {
             self.start_switchover(action, &shards, memory, done);

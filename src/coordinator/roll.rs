@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, EvictParams, Preconditions};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource};
-use valkey_sidecar_core::plan::{Deletion, Plan, World};
+use valkey_sidecar_core::plan::{Plan, Replacement, World};
 use valkey_sidecar_core::time::Millis;
 
 use super::{Coordinator, LeaderMemory};
@@ -73,9 +73,9 @@ impl Coordinator {
     }
 
     /// Evicts the pods the plan names, if this agent may still act.
-    pub(super) async fn delete_outdated(
+    pub(super) async fn evict_outdated(
         &self,
-        deletions: &[Deletion],
+        deletions: &[Replacement],
         pods: &Store<Pod>,
         memory: &mut LeaderMemory,
     ) {
@@ -83,11 +83,11 @@ impl Coordinator {
             if !self.leadership.borrow().may_act(self.clock.now()) {
                 return;
             }
-            self.delete_one(d, pods, memory).await;
+            self.evict_one(d, pods, memory).await;
         }
     }
 
-    async fn delete_one(&self, d: &Deletion, pods: &Store<Pod>, memory: &mut LeaderMemory) {
+    async fn evict_one(&self, d: &Replacement, pods: &Store<Pod>, memory: &mut LeaderMemory) {
         if memory.replacing.refused.contains_key(&d.pod) {
             return;
         }
@@ -110,7 +110,7 @@ impl Coordinator {
         // Bounded: a hanging apiserver must not stall the coordinator's rounds.
         let limit = std::time::Duration::from_secs(5);
         let result = crate::kube::bounded(limit, api.evict(&d.pod, &params)).await;
-        self.metrics.roll_deletion(result.is_ok());
+        self.metrics.roll_eviction(result.is_ok());
         let reference = Some(pod.object_ref(&()));
         match result {
             Ok(_) => {

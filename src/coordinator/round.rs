@@ -79,7 +79,7 @@ impl Coordinator {
         self.report(&plan, pods, memory);
         let conditions = leader.then(|| status::conditions(&world, &self.policy, &plan));
         self.report_roll(&world, &plan, pods, memory);
-        self.delete_outdated(&plan.deletions, pods, memory).await;
+        self.evict_outdated(&plan.replacements, pods, memory).await;
         for action in plan.actions {
             self.start(action, &shards, pods, memory, done);
         }
@@ -187,9 +187,7 @@ impl Coordinator {
         let Finished { started, outcome } = done;
         let done = matches!(outcome, MoveOutcome::Done { .. });
         let made = done.then_some((started.to.as_str(), started.from.as_deref()));
-        memory
-            .moves
-            .finish_move(&started.shard, made, self.clock.now());
+        memory.moves.finish(&started.shard, made, self.clock.now());
         // Whatever happened, the record may have moved: read it next round.
         memory.repl.read_soon(&started.shard);
         if let MoveOutcome::Done { took } = &outcome {

@@ -14,8 +14,7 @@ use valkey_sidecar_core::replication::{MemberValkey, ShardMember, ShardRecord};
 use valkey_sidecar_core::shards::{NodeHealth, Shard};
 
 use crate::kube::pods::{
-    DEFAULT_SHARD, POD_INDEX_LABEL, SHARD_INDEX_LABEL, cordoned, is_ready, node_index, node_ready,
-    pod_ip,
+    DEFAULT_SHARD, SHARD_INDEX_LABEL, cordoned, is_ready, node_index, node_ready, pod_ip,
 };
 
 /// The StatefulSet controller's label naming the revision a pod was created from.
@@ -51,9 +50,6 @@ pub fn pod_info(p: &Pod) -> PodInfo {
         terminating: p.metadata.deletion_timestamp.is_some(),
         node_index: labels.and_then(node_index),
         zone: labels.and_then(|l| l.get(ZONE_LABEL).cloned()),
-        ordinal: labels
-            .and_then(|l| l.get(POD_INDEX_LABEL))
-            .and_then(|v| v.parse().ok()),
         // Filled in from the StatefulSets by [`revisions`] where the roll needs it.
         updated: None,
     }
