@@ -119,6 +119,8 @@ pub struct World {
     pub nodes: BTreeMap<String, NodeInfo>,
     /// Per shard: since when it has been steady (same primary, all replicas synced).
     pub steady_since: BTreeMap<String, Millis>,
+    /// Per shard: since when it has had its current primary.
+    pub primary_since: BTreeMap<String, Millis>,
     pub in_flight: Vec<InFlight>,
     /// When the last fail-back or balance move started (for the cooldown).
     pub last_move: Option<Millis>,
@@ -365,10 +367,13 @@ fn roll_view(
             pods.push(roll_pod(s.world, m, pod, zone));
         }
         let busy = busy.contains(shard) || s.world.replacing.contains(shard);
+        let since = s.world.primary_since.get(shard);
+        let settled = since.is_some_and(|t| s.world.now.since(*t) >= roll::SETTLE_MS);
         shards.push(RollShard {
             name: shard.into(),
             pods,
             busy,
+            settled,
         });
     }
     (shards, unknown)
@@ -596,6 +601,9 @@ fn rebalance(s: &Shards<'_>, policy: &Policy) -> Option<Action> {
 pub struct ShardMemory {
     pub primary: Option<String>,
     pub steady_since: Millis,
+    /// Since when the shard has had its current primary (the supervised roll lets its replicas
+    /// re-point before the next step, [`crate::roll::SETTLE_MS`]).
+    pub primary_since: Millis,
 }
 
 /// Folds one observation into the per-shard memory: a shard is steady since its primary last
@@ -612,15 +620,15 @@ pub fn track(
         let replicas = || members.iter().filter(|m| m.role == Role::Replica);
         let synced = p.is_some() && replicas().all(|r| r.is_synced_replica());
         let primary = p.map(|p| p.id.clone());
-        let steady_since = match prev.get(shard) {
-            Some(old) if old.primary == primary && synced => old.steady_since,
-            _ => now,
-        };
+        let old = prev.get(shard).filter(|old| old.primary == primary);
+        let steady_since = old.filter(|_| synced).map_or(now, |old| old.steady_since);
+        let primary_since = old.map_or(now, |old| old.primary_since);
         next.insert(
             shard.to_owned(),
             ShardMemory {
                 primary,
                 steady_since,
+                primary_since,
             },
         );
     }

@@ -47,7 +47,15 @@ pub struct RollShard {
     pub pods: Vec<RollPod>,
     /// A move or a replacement of this shard has not landed yet.
     pub busy: bool,
+    /// Its primary has been the same for [`SETTLE_MS`].
+    pub settled: bool,
 }
+
+/// How long a shard keeps its primary before the roll's next step there. After a hand-over the
+/// other replicas re-point to the new primary, and a pod's Ready condition lags its Valkey by up to
+/// a probe period: replacing the old primary at once could take the shard's last in-sync replica
+/// with it (seen: one Ready pod left and a 2.8 s write pause, `NOREPLICAS`).
+pub const SETTLE_MS: u64 = 5_000;
 
 /// Knobs (`SIDECAR_ROLL`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -165,6 +173,12 @@ fn step(s: &RollShard, policy: &RollPolicy) -> Result<RollStep, String> {
         let name = &s.name;
         return Err(format!(
             "shard {name}: the view shows {primaries} primaries; waiting for it to settle"
+        ));
+    }
+    if !s.settled {
+        let name = &s.name;
+        return Err(format!(
+            "shard {name}: a new primary; its replicas re-point first"
         ));
     }
     if let Some(pod) = replica_to_replace(s) {

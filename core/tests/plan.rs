@@ -577,6 +577,7 @@ fn without_node_facts_nothing_moves_while_nothing_is_deleted() {
 /// The world with every pod's revision set: `outdated` pods are not at their update revision.
 fn rolling(outdated: &[&str]) -> World {
     let mut w = drifted();
+    w.primary_since = w.steady_since.clone();
     for m in &mut w.members {
         let pod = m.pod.as_mut().unwrap();
         pod.updated = Some(!outdated.contains(&m.id.as_str()));

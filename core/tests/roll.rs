@@ -31,6 +31,7 @@ fn shard(name: &str, updated: [bool; 3]) -> RollShard {
     let roles = [Role::Primary, Role::Replica, Role::Replica];
     RollShard {
         name: name.into(),
+        settled: true,
         pods: (0..3)
             .map(|i| pod(name, i as u32, roles[i], updated[i]))
             .collect(),
@@ -136,6 +137,18 @@ fn a_shard_whose_view_shows_two_primaries_waits() {
 }
 
 #[test]
+fn a_shard_with_a_new_primary_waits_for_its_replicas_to_re_point() {
+    let mut a = shard("a", [false, true, true]);
+    a.pods[0].role = Role::Replica;
+    a.pods[1].role = Role::Primary;
+    a.settled = false;
+    let plan = next(std::slice::from_ref(&a), &[], &POLICY);
+    assert!(plan.waiting.unwrap().contains("re-point first"));
+    a.settled = true;
+    assert_eq!(deleted(&next(&[a], &[], &POLICY)), ["a-0"]);
+}
+
+#[test]
 fn an_unknown_revision_stops_the_roll() {
     let plan = next(&[shard("a", [false; 3])], &["a-1".into()], &POLICY);
     assert!(plan.steps.is_empty());
@@ -182,9 +195,11 @@ fn simulate(shards: usize, max: usize, faults: &[(usize, usize, usize)]) {
     let mut world: Vec<RollShard> = names.iter().map(|n| shard(n, [false; 3])).collect();
     let mut moves = vec![0; shards];
     for round in 0..200 {
-        // Pods re-created last round are in sync now; this round's faults hit.
-        for p in world.iter_mut().flat_map(|s| &mut s.pods) {
-            p.healthy = true;
+        // Pods re-created last round are in sync now, a new primary's replicas re-pointed; this
+        // round's faults hit.
+        for s in &mut world {
+            s.settled = true;
+            s.pods.iter_mut().for_each(|p| p.healthy = true);
         }
         for &(r, s, i) in faults {
             if r == round {
@@ -215,6 +230,10 @@ fn apply(world: &mut [RollShard], step: &RollStep, policy: &RollPolicy, moves: &
     match step {
         RollStep::Replace { shard, pod, .. } => {
             let s = world.iter_mut().find(|s| &s.name == shard).unwrap();
+            assert!(
+                s.settled,
+                "replaced {pod} right after its shard's hand-over"
+            );
             let p = s.pods.iter_mut().find(|p| &p.name == pod).unwrap();
             assert_ne!(p.role, Role::Primary, "deleted the primary {pod}");
             let others = s
@@ -236,6 +255,7 @@ fn apply(world: &mut [RollShard], step: &RollStep, policy: &RollPolicy, moves: &
         } => {
             let i = world.iter().position(|s| &s.name == shard).unwrap();
             moves[i] += 1;
+            world[i].settled = false;
             for p in &mut world[i].pods {
                 if &p.id == from {
                     p.role = Role::Replica;

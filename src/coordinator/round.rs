@@ -116,6 +116,11 @@ impl Coordinator {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.steady_since))
                 .collect(),
+            primary_since: memory
+                .shards
+                .iter()
+                .map(|(k, v)| (k.clone(), v.primary_since))
+                .collect(),
             in_flight: memory.moves.in_flight(),
             last_move: memory.moves.last_move(),
             pending: world::pending(&pods.state()),
