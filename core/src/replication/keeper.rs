@@ -592,6 +592,11 @@ fn may_follow(view: &LocalView, v: &LocalValkey, successor: &str) -> Result<Stri
 /// What I wrote since my own restart is discarded (named); a forged record naming a master with
 /// less data is still refused.
 fn restarted_alike(s: &History, mine: &History) -> Option<String> {
+    // One current stream is no restart: its offsets alone compare (`continues`), and a successor
+    // behind mine on it would discard my writes (found by the property test).
+    if s.replid == mine.replid {
+        return None;
+    }
     if let (Some(theirs), Some(ours)) = (&s.replid2, &mine.replid2) {
         if theirs == ours && s.second_offset >= mine.second_offset {
             let shared_end = mine.second_offset.unwrap_or(1).saturating_sub(1);
