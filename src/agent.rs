@@ -26,9 +26,12 @@ use crate::features::{self, Off};
 use crate::heartbeat::{Heartbeat, ShardLinks};
 use crate::http::{self, App};
 use crate::keeper::{Keeper, KeeperBeats, RecordSeed};
-use crate::kube::events::{Recorder, Reporter};
+use crate::kube::events::{Recorder, Reporter, pod_reference};
+use crate::kube::format::FormatNotice;
 use crate::kube::labeler::Labeler;
-use crate::kube::lease::{self, FormedMarker, Leadership, LeaseClient, StatusAnnotations};
+use crate::kube::lease::{
+    self, FormedMarker, Leadership, LeaseClient, RequestCell, StatusAnnotations,
+};
 use crate::kube::owner::{Anchor, LeaseOwner};
 use crate::kube::{FIELD_MANAGER, KubeError};
 use crate::metrics::Metrics;
@@ -412,9 +415,17 @@ fn coordinator_tasks(
     );
     // Whether the cluster was formed before, kept on the Lease across holders and restarts.
     let formed = FormedMarker::default();
-    let lease = lease.remembering(formed.clone());
+    // The operator's pause and switchover requests, carried on the Lease by its writer.
+    let requests = RequestCell::default();
+    let notice = format_notice(config, kube, shared, &client);
+    let lease = lease
+        .remembering(formed.clone())
+        .asked(requests.clone())
+        .telling(notice.clone());
     let mut coordinator = coordinator(config, kube, co, shared, client, (lead_rx, status_tx));
     coordinator.formed = formed;
+    coordinator.requests = requests;
+    coordinator.notice = notice;
     let identity = election_identity(&kube.pod_name, config.identity.pod_uid.as_deref());
     let (timings, clock, elect_owner) = (co.timings, shared.clock, owner.clone());
     let elect = supervised_task("election", shared, move |stop| {
@@ -452,6 +463,21 @@ where
         make,
     )
     .boxed_local()
+}
+
+/// Where a record of an unknown format is told: metrics, log, an Event on the agent's own pod.
+fn format_notice(
+    config: &Config,
+    kube: &KubeConfig,
+    shared: &Shared,
+    client: &kube::Client,
+) -> FormatNotice {
+    let uid = config.identity.pod_uid.clone();
+    let pod = pod_reference(&kube.pod_name, &kube.namespace, uid);
+    let events = kube
+        .events
+        .then(|| (Recorder::new(client.clone(), reporter(kube)), pod));
+    FormatNotice::new(shared.metrics.clone(), events)
 }
 
 /// Who the agent's Events say reported them.
@@ -498,6 +524,9 @@ fn coordinator(
         formation_shards: co.formation_shards,
         formed: FormedMarker::default(),
         lease_owner: None,
+        requests: RequestCell::default(),
+        operator: co.operator.clone(),
+        notice: FormatNotice::default(),
     }
 }
 

@@ -1,6 +1,6 @@
 //! The binary's command line as one [`Command`]: the agent (the default, or `run`) with its
 //! settings, or one of the tools — `inject`, `drain-check`, `await`, `install`, `credentials`,
-//! `valkey-auth`, `check` — each with its own arguments and exit codes ([`crate::exit`]).
+//! `valkey-auth`, `check`, `status`, `pause`, `resume`, `switchover` — each with its own arguments and exit codes ([`crate::exit`]).
 
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches};
 
@@ -10,6 +10,7 @@ use crate::config::{Cli, RawConfig};
 use crate::credentials::CredentialsArgs;
 use crate::drain::DrainArgs;
 use crate::inject::InjectArgs;
+use crate::operate::{PauseArgs, ResumeArgs, SwitchoverArgs};
 use crate::status::StatusArgs;
 use crate::valkey_auth::ValkeyAuthArgs;
 
@@ -33,6 +34,9 @@ pub enum Tool {
     ValkeyAuth,
     Check,
     Status,
+    Pause,
+    Resume,
+    Switchover,
 }
 
 impl Tool {
@@ -47,6 +51,9 @@ impl Tool {
             Tool::ValkeyAuth => crate::valkey_auth::main(args),
             Tool::Check => crate::check::main(args),
             Tool::Status => crate::status::main(args),
+            Tool::Pause => crate::operate::pause(args),
+            Tool::Resume => crate::operate::resume(args),
+            Tool::Switchover => crate::operate::switchover(args),
         }
     }
 }
@@ -132,6 +139,20 @@ pub fn command() -> clap::Command {
              valkey-sidecar status` with this binary on PATH as `kubectl-valkey_sidecar`)",
             ),
         )
+        .subcommand(PauseArgs::augment_args(clap::Command::new("pause")).about(
+            "Maintenance mode: the coordinator makes no move of its own choosing (no fail-back, \
+             balance, roll step or cordon hand-over) until `resume`; it still hands over the \
+             primary of a pod being deleted, fails over a primary whose Valkey died, and makes \
+             switchovers asked for. Labels and probes keep working",
+        ))
+        .subcommand(ResumeArgs::augment_args(clap::Command::new("resume")).about("End a pause"))
+        .subcommand(
+            SwitchoverArgs::augment_args(clap::Command::new("switchover")).about(
+                "A planned, lossless hand-over of one shard's primary, made by the coordinator \
+                 (to --to, else the best synced replica); waits for its answer. Exit 75 when \
+                 refused as unsafe",
+            ),
+        )
         .subcommand(CheckArgs::augment_args(clap::Command::new("check")).about(
             "Is this Valkey deployment healthy: one labelled primary per shard, every pod Ready, \
              the coordinator Lease held (`helm test`)",
@@ -153,6 +174,9 @@ fn from(matches: ArgMatches) -> Result<Command, clap::Error> {
         Some(("valkey-auth", args)) => Some((Tool::ValkeyAuth, args)),
         Some(("check", args)) => Some((Tool::Check, args)),
         Some(("status", args)) => Some((Tool::Status, args)),
+        Some(("pause", args)) => Some((Tool::Pause, args)),
+        Some(("resume", args)) => Some((Tool::Resume, args)),
+        Some(("switchover", args)) => Some((Tool::Switchover, args)),
         _ => None,
     };
     if let Some((tool, args)) = tool {
@@ -192,5 +216,10 @@ mod tests {
         );
         assert_eq!(tool(&["v", "inject", "x.yaml"]), Some(Tool::Inject));
         assert_eq!(tool(&["v", "install", "/x"]), Some(Tool::Install));
+        assert_eq!(tool(&["v", "pause", "--reason", "x"]), Some(Tool::Pause));
+        assert_eq!(
+            tool(&["v", "switchover", "--shard", "1", "--to", "p"]),
+            Some(Tool::Switchover)
+        );
     }
 }

@@ -205,6 +205,14 @@ pub struct RawConfig {
     /// replicas first, each primary handed over once (unset: rollouts are left to the sets).
     #[arg(long, env = "SIDECAR_ROLL")]
     pub roll: Option<String>,
+    /// Who moves primaries besides failures: `agent` (the coordinator alone) or `operator` (an
+    /// operator beside the agent: no fail-back or balance while its resource is not Ready).
+    #[arg(long, env = "SIDECAR_COORDINATION", default_value = "agent")]
+    pub coordination: String,
+    /// With `SIDECAR_COORDINATION=operator`: the operator's `ValkeyCluster` in the pod's namespace
+    /// (default: the cluster name).
+    #[arg(long, env = "SIDECAR_OPERATOR_RESOURCE")]
+    pub operator_resource: Option<String>,
     /// Cluster mode: the coordinator forms a fresh Valkey Cluster of this many shards from the pods'
     /// shard-index and node-index labels, and brings pods that come back empty into it again
     /// (unset: cluster membership is left alone).
@@ -278,6 +286,8 @@ pub struct CoordinatorConfig {
     pub handover_timeout: Duration,
     /// Cluster mode: the shard count to form (`SIDECAR_CLUSTER_SHARDS`); `None`: no formation.
     pub formation_shards: Option<u32>,
+    /// `SIDECAR_COORDINATION=operator`: the operator's resource to defer to.
+    pub operator: Option<String>,
 }
 
 /// Validated configuration.
@@ -513,6 +523,7 @@ impl RawConfig {
             parse_duration_in(&self.handover_timeout, 100, 600_000),
         );
         let shards = c.opt("SIDECAR_CLUSTER_SHARDS", &self.cluster_shards, parse_shards);
+        let operator = self.operator(c);
         let Some(cluster) = name else {
             c.check::<()>(
                 "SIDECAR_CLUSTER_NAME",
@@ -530,12 +541,36 @@ impl RawConfig {
                 .pod_selector
                 .clone()
                 .unwrap_or_else(|| format!("valkey.io/cluster={cluster}")),
-            cluster,
             timings: timings?,
             policy: policy?,
             handover_timeout: handover?,
             formation_shards: shards,
+            operator: operator?.map(|o| o.unwrap_or_else(|| cluster.clone())),
+            cluster,
         }))
+    }
+
+    /// `SIDECAR_COORDINATION`: `None` on an error; `Some(None)` with `agent`; with `operator`,
+    /// `Some(Some(resource))`, the resource `None` where the caller defaults it (the cluster name).
+    fn operator(&self, c: &mut Checker) -> Option<Option<Option<String>>> {
+        let mode = c.check(
+            "SIDECAR_COORDINATION",
+            &self.coordination,
+            match self.coordination.as_str() {
+                "agent" => Ok(false),
+                "operator" => Ok(true),
+                _ => Err("must be agent or operator".into()),
+            },
+        );
+        let resource = c.opt(
+            "SIDECAR_OPERATOR_RESOURCE",
+            &self.operator_resource,
+            parse_label_value,
+        );
+        if self.operator_resource.is_some() && resource.is_none() {
+            return None;
+        }
+        Some(mode?.then_some(resource))
     }
 
     fn timings(&self, c: &mut Checker) -> Option<LeaseTimings> {
@@ -999,6 +1034,33 @@ mod tests {
                 Duration::from_millis(250)
             ))
         );
+    }
+
+    #[test]
+    fn coordination_with_an_operator_defaults_to_the_cluster_name() {
+        let operator = |args: &[&str]| {
+            let base = [
+                "valkey-sidecar",
+                "--pod-name",
+                "v-0",
+                "--pod-namespace",
+                "ns",
+            ];
+            let args: Vec<&str> = base.iter().chain(args).copied().collect();
+            let raw = Cli::parse_from(args).agent;
+            let config = raw.validate().map_err(|e| e.to_string());
+            config.map(|c| {
+                c.kube
+                    .and_then(|k| k.coordinator)
+                    .and_then(|co| co.operator)
+            })
+        };
+        let cluster = ["--cluster-name", "orders"];
+        assert_eq!(operator(&cluster), Ok(None));
+        let deferring = [&cluster[..], &["--coordination", "operator"]].concat();
+        assert_eq!(operator(&deferring), Ok(Some("orders".into())));
+        let named = [&deferring[..], &["--operator-resource", "orders-vc"]].concat();
+        assert_eq!(operator(&named), Ok(Some("orders-vc".into())));
     }
 
     #[test]

@@ -18,5 +18,8 @@ pub const UNAVAILABLE: i32 = 69;
 pub const SOFTWARE: i32 = 70;
 /// `EX_IOERR`: `inject` output that cannot be written.
 pub const IO: i32 = 74;
+/// `EX_TEMPFAIL`: `switchover` refused as unsafe now (no synced replica, one pending already);
+/// try again once the cause is gone.
+pub const REFUSED: i32 = 75;
 /// A second signal cut the graceful stop short (128 + SIGINT, as shells report).
 pub const ABORTED: i32 = 130;

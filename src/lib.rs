@@ -19,8 +19,9 @@
 //!   with the agent out); [`drain`] is `drain-check` (can this node be drained now, and why not);
 //!   [`await_start`] is `await` and `install` (the Valkey container's entrypoint, which holds a
 //!   crashed primary's restart until [`start_guard`] allows it); [`credentials`] makes the chart's
-//!   auth Secret in the cluster and [`check`] is the chart's `helm test`; [`features`] says what a
-//!   deployment leaves off.
+//!   auth Secret in the cluster and [`check`] is the chart's `helm test`; [`status`] shows a
+//!   deployment and [`operate`] is `pause`, `resume` and `switchover` (requests on the coordinator
+//!   Lease); [`features`] says what a deployment leaves off.
 //!
 //! The rules themselves (parsing, health verdicts, labels, Lease election, planning, replication
 //! mode's record, promotion and switchover) live in the dependency-free `valkey-sidecar-core`
@@ -48,6 +49,7 @@ pub mod kube;
 pub mod lifecycle;
 pub mod metrics;
 pub mod observer;
+pub mod operate;
 pub mod quorum;
 pub mod retry;
 pub mod start_guard;

@@ -127,6 +127,9 @@ pub struct Metrics {
     roll_evictions: Family<ResultLabel, Counter>,
     roll_outdated: Gauge,
     roll_waiting: Gauge,
+    paused: Gauge,
+    operator_busy: Gauge,
+    newer_format: Family<KindLabel, Counter>,
     /// The shards `shard_primaries` holds a series for, so a shard that is gone loses its series.
     shards_reported: Mutex<Vec<String>>,
 }
@@ -165,6 +168,9 @@ impl Metrics {
             roll_evictions: Family::default(),
             roll_outdated: Gauge::default(),
             roll_waiting: Gauge::default(),
+            paused: Gauge::default(),
+            operator_busy: Gauge::default(),
+            newer_format: Family::default(),
             shard_record_calls: Family::default(),
             coordinator_record_reads: Family::default(),
             watch_errors: Family::default(),
@@ -213,6 +219,9 @@ impl Metrics {
             roll_evictions => "coordinator_roll_evictions": "Pods the supervised roll evicted so their StatefulSet re-creates them at the update revision, by result (error: the API or a disruption budget refused)";
             roll_outdated => "coordinator_roll_pods_outdated": "Pods not at their StatefulSet's update revision, as the supervised roll sees them (leader only)";
             roll_waiting => "coordinator_roll_waiting": "1 while the supervised roll has pods to replace but waits (the coordinator Lease's RolloutComplete condition says why)";
+            paused => "coordinator_paused": "1 while the coordinator Lease's holder honours a pause (valkey-sidecar pause): it hands over primaries whose pod or node is going away, handles crashes and answers switchovers, nothing else";
+            operator_busy => "coordinator_operator_busy": "With coordination: operator, 1 while the holder defers to the operator (its resource is not Ready): no fail-back, no balance";
+            newer_format => "records_newer_format": "Lease records written in a newer format than this agent knows, by kind (coordinator, shard): it takes no action on them";
             start_held => "start_held": "Cluster mode: 1 while a start of the local Valkey is held until a replica takes over its slots (valkey-sidecar await)";
             leader => "coordinator_leader": "1 while this agent holds the coordinator Lease";
             last_decision => "coordinator_last_decision_timestamp_seconds": "Unix time at which this agent last started a coordinator move (0: never)";
@@ -389,6 +398,17 @@ impl Metrics {
         self.roll_outdated
             .set(i64::try_from(outdated).unwrap_or(i64::MAX));
         self.roll_waiting.set(i64::from(waiting));
+    }
+
+    /// What holds the coordinator's own moves: a pause, an operator at work.
+    pub fn holds(&self, paused: bool, operator_busy: bool) {
+        self.paused.set(i64::from(paused));
+        self.operator_busy.set(i64::from(operator_busy));
+    }
+
+    /// A record in a newer format than this agent knows was met (`kind`: coordinator, shard).
+    pub fn newer_format(&self, kind: &'static str) {
+        self.newer_format.get_or_create(&KindLabel { kind }).inc();
     }
 
     /// Whether a start of the local Valkey would now be held (`start_guard`).

@@ -18,6 +18,7 @@ use valkey_sidecar_core::labels::LabelPolicy;
 use valkey_sidecar_core::observation::Role;
 use valkey_sidecar_core::overview::{Overview, PodRow, table};
 use valkey_sidecar_core::placement::ZONE_LABEL;
+use valkey_sidecar_core::requests::PAUSED;
 use valkey_sidecar_core::status::PREFIX;
 
 use crate::cli::RoleLabelArgs;
@@ -93,11 +94,13 @@ async fn overview(args: &StatusArgs) -> Result<Overview, KubeError> {
         .filter_map(|p| row(p, &policy, &updated))
         .collect();
     let (coordinator, status) = lease.as_ref().map(coordinator_of).unwrap_or_default();
+    let paused = lease.as_ref().and_then(|l| annotation(l, PAUSED));
     Ok(Overview {
         cluster: args.cluster.clone(),
         pods: rows,
         coordinator,
         status,
+        paused,
     })
 }
 
@@ -124,6 +127,11 @@ fn row(
         updated: updated.get(&name).copied(),
         name,
     })
+}
+
+/// One annotation of the Lease.
+pub(crate) fn annotation(lease: &Lease, key: &str) -> Option<String> {
+    lease.metadata.annotations.as_ref()?.get(key).cloned()
 }
 
 /// The Lease's holder and its status annotations (prefix removed).
@@ -156,6 +164,7 @@ fn json(o: &Overview) -> serde_json::Value {
     serde_json::json!({
         "cluster": o.cluster,
         "coordinator": o.coordinator,
+        "paused": o.paused,
         "status": o.status,
         "pods": pods,
         "rollout": { "outdated": o.outdated(), "pods": o.pods.len() },

@@ -1894,3 +1894,26 @@ fn the_supervised_roll_is_the_default_and_rolling_update_a_value() {
     assert!(render_sets(&["rollout.strategy=Recreate"]).is_err());
     assert!(render_sets(&["rollout.maxShardsRolling=0"]).is_err());
 }
+
+/// The admission policy caps the record format an agent may write at the agents' own
+/// (`core::format::FORMAT`): a lower cap would refuse their writes, a higher one would let a
+/// stolen token write a format every agent ignores.
+#[test]
+fn the_admission_policy_caps_the_record_format_at_the_agents_own() {
+    let template = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("charts/valkey-sidecar/templates/admission-policy.yaml"),
+    )
+    .unwrap();
+    let want = format!(
+        "{{{{- $format := {} }}}}",
+        valkey_sidecar_core::format::FORMAT
+    );
+    assert!(template.contains(&want), "the policy lacks {want}");
+    let rendered = render_sets(&["profile=cluster"]).unwrap();
+    let cap = format!(
+        "int(variables.format) <= {}",
+        valkey_sidecar_core::format::FORMAT
+    );
+    assert!(rendered.contains(&cap), "the rendered policy lacks {cap}");
+}

@@ -181,6 +181,8 @@ fn bad_coordinator_settings() {
         ("SIDECAR_FAILBACK", "perhaps"),
         ("SIDECAR_PREFERRED_ZONES", "s1"),
         ("SIDECAR_ROLL", "1"),
+        ("SIDECAR_COORDINATION", "operators"),
+        ("SIDECAR_OPERATOR_RESOURCE", "Not A Name"),
     ];
     // Coordinator on without a cluster name; a lease shorter than its renew deadline.
     let env: Vec<_> = base.iter().chain(bad.iter()).copied().collect();
@@ -192,6 +194,8 @@ fn bad_coordinator_settings() {
             "SIDECAR_FAILBACK",
             "SIDECAR_PREFERRED_ZONES",
             "SIDECAR_ROLL",
+            "SIDECAR_COORDINATION",
+            "SIDECAR_OPERATOR_RESOURCE",
         ],
     );
     let env: Vec<_> = base
@@ -207,6 +211,8 @@ fn bad_coordinator_settings() {
             "SIDECAR_FAILBACK",
             "SIDECAR_PREFERRED_ZONES",
             "SIDECAR_ROLL",
+            "SIDECAR_COORDINATION",
+            "SIDECAR_OPERATOR_RESOURCE",
         ],
     );
 }

@@ -300,7 +300,8 @@ async fn the_pods_own_token_may_change_only_its_own_valkey_labels() {
 /// With an agent's token, Leases: the admission policies let it create only its cluster's
 /// coordinator Lease and shard records of its shards, naming pods their StatefulSet runs, at an
 /// epoch below 10^9, for at most twice the agents' lease, owned by the chart's ConfigMap by its
-/// uid; and name only itself as the coordinator. (The stage is in cluster mode: shard 2's record
+/// uid, in a record format the agents know; and name only itself as the coordinator, never
+/// writing an operator's request (pause, switchover). (The stage is in cluster mode: shard 2's record
 /// is unused, and RBAC grants no update of it.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_token_cannot_forge_a_shard_record() {
@@ -383,6 +384,15 @@ async fn an_agent_token_cannot_forge_a_shard_record() {
             lease_with("valkey-2-primary", "valkey-2-0", "1", 15, sa_owned),
         ),
         (
+            "a record of a future format (the agents would take no action on it)",
+            {
+                let mut r = record("valkey-2-primary", "valkey-2-0", "1", 15);
+                let a = r.metadata.annotations.as_mut().unwrap();
+                a.insert("valkey.io/format".into(), "2".into());
+                r
+            },
+        ),
+        (
             "no owner",
             lease_with(
                 "valkey-2-primary",
@@ -443,6 +453,24 @@ async fn an_agent_token_cannot_forge_a_shard_record() {
         c, 200,
         "an agent naming itself coordinator (as after a takeover)"
     );
+    // An operator's requests are never an agent's to write: no pause, no switchover, and no
+    // record format newer than the agents' own.
+    let mine = api.get("valkey-coordinator").await.unwrap();
+    for (key, value) in [
+        ("valkey.io/paused", "since now by a thief"),
+        ("valkey.io/switchover", "id=x shard=0 to=valkey-0-1"),
+        ("valkey.io/format", "2"),
+    ] {
+        let mut lease = mine.clone();
+        let a = lease
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default);
+        a.insert(key.into(), value.into());
+        let c = code(api.replace("valkey-coordinator", &pp, &lease).await);
+        println!("coordinator Lease with {key}={value}: HTTP {c}");
+        assert!(c == 403 || c == 422, "{key}={value} was allowed (HTTP {c})");
+    }
 }
 
 /// One standalone Valkey pod in replication mode: its labels once role, shard and zone are set,

@@ -24,6 +24,9 @@
 //! - [`lease`]: Lease election with client-go semantics (monotonic expiry, renew deadline).
 //! - [`status`]: the coordinator's conditions for humans, rendered as Lease annotations.
 //! - [`replication`]: replication mode's shard record, fencing, promotion and switchover.
+//! - [`operator`]: `coordination: operator` — whether the operator beside the agent is settled.
+//! - [`requests`]: what an operator asks of the coordinator (pause, switchover) on its Lease.
+//! - [`format`]: the record format agents write and read (skew between agent versions).
 //! - [`formation`]: forming a fresh Valkey Cluster from the pods, and re-adding replaced pods.
 //! - [`crash`]: cluster mode's failover of a primary whose Valkey died, before the node timeout.
 //! - [`restart`]: whether a stopped Valkey may start again (a primary waits for a replica to take
@@ -41,6 +44,7 @@ pub mod check;
 pub mod crash;
 pub mod credentials;
 pub mod drain;
+pub mod format;
 pub mod formation;
 pub mod health;
 pub mod heartbeat;
@@ -49,6 +53,7 @@ pub mod labels;
 pub mod lease;
 pub mod moves;
 pub mod observation;
+pub mod operator;
 pub mod overview;
 pub mod placement;
 pub mod plan;
@@ -56,6 +61,7 @@ pub mod quorum;
 pub mod ratelimit;
 pub mod replication;
 pub mod reply;
+pub mod requests;
 pub mod restart;
 pub mod roll;
 pub mod shards;

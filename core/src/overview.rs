@@ -33,6 +33,8 @@ pub struct Overview {
     pub coordinator: Option<String>,
     /// The holder's status annotations without their prefix (`HandoverReady`, `last-decision`, …).
     pub status: BTreeMap<String, String>,
+    /// The pause asked for (`valkey-sidecar pause`), whether or not a holder has seen it yet.
+    pub paused: Option<String>,
 }
 
 impl Overview {
@@ -57,6 +59,12 @@ pub fn table(o: &Overview) -> String {
         .as_deref()
         .unwrap_or("none (no agent holds the Lease)");
     let _ = writeln!(out, "\ncoordinator: {holder}");
+    if let Some(p) = &o.paused {
+        let _ = writeln!(
+            out,
+            "paused: {p} (no fail-back, balance, roll or cordon hand-over until `resume`)"
+        );
+    }
     for (key, value) in &o.status {
         let _ = writeln!(out, "  {key}: {value}");
     }
@@ -152,6 +160,7 @@ mod tests {
             ],
             coordinator: Some("valkey-0-0_uid".into()),
             status: BTreeMap::from([("RolloutComplete".into(), "False Rolling: 1 pods".into())]),
+            paused: Some("since 2026-12-04T00:00:00Z by ops: kernel upgrade".into()),
         };
         let text = table(&o);
         let lines: Vec<&str> = text.lines().collect();
@@ -168,6 +177,10 @@ mod tests {
             "0      valkey-0-1  -        yes    zone-a  node-a1  no"
         );
         assert!(text.contains("coordinator: valkey-0-0_uid"), "{text}");
+        assert!(
+            text.contains("paused: since 2026-12-04T00:00:00Z by ops: kernel upgrade (no"),
+            "{text}"
+        );
         assert!(
             text.contains("  RolloutComplete: False Rolling: 1 pods"),
             "{text}"

@@ -129,6 +129,25 @@ pub struct World {
     /// Shards with a pod the supervised roll deleted and whose successor has not appeared yet:
     /// the roll leaves them alone (other moves do not, a deletion is not a move).
     pub replacing: BTreeSet<String>,
+    /// The coordinator is paused (`valkey-sidecar pause`): it still hands over a primary whose
+    /// pod or node is going away now, and answers a switchover asked for; nothing else.
+    pub paused: bool,
+    /// With `coordination: operator`, while the operator is not settled (its resource not
+    /// Ready): no fail-back, no balance — the operator may be moving primaries itself.
+    pub operator_busy: bool,
+    /// A switchover an operator asked for (`valkey-sidecar switchover`).
+    pub switchover: Option<Ask>,
+}
+
+/// A switchover asked for, with the pods of the shard it names (`valkey.io/shard-index`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Ask {
+    pub id: String,
+    /// The shard as asked for (its index).
+    pub shard: String,
+    pub pods: BTreeSet<String>,
+    /// The pod that should become primary; `None`: the best synced replica.
+    pub to: Option<String>,
 }
 
 /// A pod the scheduler could not place (`PodScheduled=False`).
@@ -177,6 +196,8 @@ pub enum Kind {
     Rebalance,
     /// The supervised rolling update hands an outdated primary over to an updated replica.
     Roll,
+    /// An operator asked for it (`valkey-sidecar switchover`).
+    Switchover,
 }
 
 impl Kind {
@@ -186,6 +207,7 @@ impl Kind {
             Kind::FailBack => "FailBack",
             Kind::Rebalance => "Rebalance",
             Kind::Roll => "Roll",
+            Kind::Switchover => "Switchover",
         }
     }
 }
@@ -223,6 +245,8 @@ pub struct Plan {
     pub roll_outdated: usize,
     /// Why the supervised roll waits, while it has pods left to replace.
     pub roll_waiting: Option<String>,
+    /// A switchover asked for that will not be made, and why (its id, the reason).
+    pub refused: Option<(String, String)>,
 }
 
 /// Replace a pod (the coordinator evicts it) so its StatefulSet re-creates it at the update
@@ -299,13 +323,33 @@ pub fn decide(world: &World, policy: &Policy) -> Plan {
             plan.actions.push(action);
         }
     }
+    asked(&s, policy, &mut busy, &mut plan);
     let rolling = supervise_roll(&s, policy, (&busy, budget), &mut plan);
     let idle = plan.actions.is_empty() && world.in_flight.is_empty();
-    if idle && !rolling && cooled_down(world, policy) {
+    let free = !world.paused && !world.operator_busy;
+    if idle && !rolling && free && cooled_down(world, policy) {
         let moved = failback(&s, policy).or_else(|| rebalance(&s, policy));
         plan.actions.extend(moved);
     }
     plan
+}
+
+/// Answers a switchover asked for: a move (the shard is no longer busy after it), a refusal,
+/// or nothing yet while its shard is busy. Outside the move budget: someone asked for it.
+fn asked<'a>(s: &Shards<'a>, policy: &Policy, busy: &mut BTreeSet<&'a str>, plan: &mut Plan) {
+    let Some(ask) = &s.world.switchover else {
+        return;
+    };
+    match crate::requests::answer(s, policy, ask, busy) {
+        Ok(Some(action)) => {
+            if let Some(shard) = s.names().find(|n| *n == action.shard) {
+                busy.insert(shard);
+            }
+            plan.actions.push(action);
+        }
+        Ok(None) => {}
+        Err(reason) => plan.refused = Some((ask.id.clone(), reason)),
+    }
 }
 
 /// Adds the supervised roll's steps to the plan (hand-overs within the move budget); whether a
@@ -321,9 +365,13 @@ fn supervise_roll(
         return false;
     };
     let (shards, unknown) = roll_view(s, policy, busy);
-    let rolled = roll::next(&shards, &unknown, rp);
+    let mut rolled = roll::next(&shards, &unknown, rp);
     plan.roll_outdated = rolled.outdated;
     plan.roll_waiting = rolled.waiting;
+    if s.world.paused && rolled.outdated > 0 {
+        plan.roll_waiting = Some("the coordinator is paused".into());
+        rolled.steps.clear();
+    }
     for step in rolled.steps {
         match step {
             RollStep::Replace { shard, pod, reason } => {
@@ -419,7 +467,8 @@ fn at_risk(world: &World, m: &Member) -> Option<String> {
     }
     let name = pod.node.as_deref()?;
     let node = world.nodes.get(name)?;
-    if node.unschedulable {
+    // A cordon only announces maintenance: a paused coordinator leaves it to the eviction.
+    if node.unschedulable && !world.paused {
         return Some(format!("node {name} is cordoned"));
     }
     if !node.ready {
@@ -446,7 +495,7 @@ pub fn candidates<'a>(s: &Shards<'a>, shard: &str, zone: Option<&str>) -> Vec<&'
     c
 }
 
-fn eligible(world: &World, m: &Member) -> bool {
+pub(crate) fn eligible(world: &World, m: &Member) -> bool {
     let staying = m.pod.as_ref().is_some_and(|p| !p.terminating);
     let node_ok = node_of(world, m).is_some_and(NodeInfo::usable);
     m.is_synced_replica() && staying && node_ok

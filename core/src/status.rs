@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::plan::{Kind, Plan, Policy, Shards, World, candidates};
+use crate::requests::{ANSWER, SwitchoverAnswer};
 
 /// The prefix of every status annotation.
 pub const PREFIX: &str = "status.valkey.io/";
@@ -48,7 +49,14 @@ pub struct Decision {
 pub struct Status {
     pub conditions: Vec<Condition>,
     pub last_decision: Option<Decision>,
+    /// The pause the holder honours (the request's value), shown as the `Paused` condition.
+    pub paused: Option<String>,
+    /// The answer to the last switchover request.
+    pub answer: Option<SwitchoverAnswer>,
 }
+
+/// Condition: the coordinator is paused (`valkey-sidecar pause`), acknowledged by the holder.
+pub const PAUSED: &str = "Paused";
 
 /// The conditions of one planning round, in a fixed order.
 pub fn conditions(world: &World, policy: &Policy, plan: &Plan) -> Vec<Condition> {
@@ -217,6 +225,13 @@ pub fn annotations(status: &Status, updated: &str) -> BTreeMap<String, String> {
         .collect();
     if let Some(d) = &status.last_decision {
         out.insert(format!("{PREFIX}last-decision"), capped(decision(d)));
+    }
+    if let Some(p) = &status.paused {
+        let paused = holds(PAUSED, "Requested", p);
+        out.insert(format!("{PREFIX}{PAUSED}"), capped(render(&paused)));
+    }
+    if let Some(a) = &status.answer {
+        out.insert(ANSWER.to_owned(), capped(a.render()));
     }
     out.insert(format!("{PREFIX}updated"), updated.to_owned());
     out
@@ -596,6 +611,12 @@ mod tests {
                 result: "ok",
                 at: "2026-01-02T03:04:05Z".into(),
             }),
+            paused: Some("since 2026-01-02T03:00:00Z: kernel upgrade".into()),
+            answer: Some(SwitchoverAnswer {
+                id: "k1".into(),
+                outcome: crate::requests::Outcome::Refused,
+                message: "shard 0 has no live primary".into(),
+            }),
         };
         let got = annotations(&status, "2026-01-02T03:04:06Z");
         let want = [
@@ -604,12 +625,20 @@ mod tests {
                 "True CandidatesAvailable: ok",
             ),
             (
+                "status.valkey.io/Paused",
+                "True Requested: since 2026-01-02T03:00:00Z: kernel upgrade",
+            ),
+            (
                 "status.valkey.io/PrimaryPlacementAligned",
                 "False FailoverDrift: shard s0: primary p0 in b",
             ),
             (
                 "status.valkey.io/last-decision",
                 "FailBack of shard s0 at 2026-01-02T03:04:05Z: ok (primary is in zone b, the shard prefers a)",
+            ),
+            (
+                "status.valkey.io/switchover",
+                "k1 refused: shard 0 has no live primary",
             ),
             ("status.valkey.io/updated", "2026-01-02T03:04:06Z"),
         ];
@@ -624,7 +653,7 @@ mod tests {
             .collect();
         let status = Status {
             conditions: vec![fails(PLACEMENT, "FailoverDrift", shards.join("; "))],
-            last_decision: None,
+            ..Status::default()
         };
         let got = annotations(&status, "t");
         let value = &got["status.valkey.io/PrimaryPlacementAligned"];

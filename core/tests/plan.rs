@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 use valkey_sidecar_core::observation::Role;
 use valkey_sidecar_core::plan::{
-    InFlight, Kind, Member, NodeInfo, PodInfo, Policy, World, decide, unseen_nodes,
+    Ask, InFlight, Kind, Member, NodeInfo, PodInfo, Policy, World, decide, unseen_nodes,
 };
 use valkey_sidecar_core::roll::RollPolicy;
 use valkey_sidecar_core::shards::NodeHealth;
@@ -389,77 +389,101 @@ fn arb_world() -> impl Strategy<Value = World> {
         prop::bool::ANY,
         prop::collection::vec(0u64..200_000, 3),
         prop::option::of(0usize..3),
+        (
+            prop::bool::weighted(0.3),
+            prop::bool::weighted(0.2),
+            prop::option::weighted(0.3, (0usize..3, prop::option::of(0usize..12))),
+        ),
     )
-        .prop_map(|(ms, ns, leader, steady, in_flight)| {
-            let members = ms
-                .into_iter()
-                .enumerate()
-                .map(
-                    |(i, (shard, primary, offset, node, ready, terminating, failed))| Member {
-                        id: format!("m{i}"),
-                        shard: format!("s{shard}"),
-                        role: if primary {
-                            Role::Primary
-                        } else {
-                            Role::Replica
-                        },
-                        offset,
-                        health: if failed {
-                            NodeHealth::Failed
-                        } else {
-                            NodeHealth::Online
-                        },
-                        pod: Some(PodInfo {
-                            name: format!("pod{i}"),
-                            node: Some(format!("n{node}")),
-                            ready,
-                            terminating,
-                            node_index: Some(i as u32 % 3),
-                            zone: None,
-                            ..PodInfo::default()
-                        }),
-                    },
-                )
-                .collect();
-            let nodes = ns
-                .into_iter()
-                .enumerate()
-                .map(|(i, (ready, unschedulable))| {
-                    (
-                        format!("n{i}"),
-                        NodeInfo {
-                            zone: Some(["a", "b", "c"][i % 3].into()),
-                            ready,
-                            unschedulable,
+        .prop_map(
+            |(ms, ns, leader, steady, in_flight, (paused, operator_busy, asked))| {
+                let shards: Vec<usize> = ms.iter().map(|m| m.0).collect();
+                let members = ms
+                    .into_iter()
+                    .enumerate()
+                    .map(
+                        |(i, (shard, primary, offset, node, ready, terminating, failed))| Member {
+                            id: format!("m{i}"),
+                            shard: format!("s{shard}"),
+                            role: if primary {
+                                Role::Primary
+                            } else {
+                                Role::Replica
+                            },
+                            offset,
+                            health: if failed {
+                                NodeHealth::Failed
+                            } else {
+                                NodeHealth::Online
+                            },
+                            pod: Some(PodInfo {
+                                name: format!("pod{i}"),
+                                node: Some(format!("n{node}")),
+                                ready,
+                                terminating,
+                                node_index: Some(i as u32 % 3),
+                                zone: None,
+                                ..PodInfo::default()
+                            }),
                         },
                     )
-                })
-                .collect();
-            let now = Millis(200_000);
-            let steady_since = steady
-                .into_iter()
-                .enumerate()
-                .map(|(i, t)| (format!("s{i}"), Millis(t)))
-                .collect();
-            let in_flight = in_flight
-                .map(|s| InFlight {
-                    shard: format!("s{s}"),
-                    started: Millis(0),
-                })
-                .into_iter()
-                .collect();
-            World {
-                now,
-                leader,
-                members,
-                nodes,
-                steady_since,
-                in_flight,
-                last_move: None,
-                pending: vec![],
-                ..World::default()
-            }
-        })
+                    .collect();
+                let nodes = ns
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (ready, unschedulable))| {
+                        (
+                            format!("n{i}"),
+                            NodeInfo {
+                                zone: Some(["a", "b", "c"][i % 3].into()),
+                                ready,
+                                unschedulable,
+                            },
+                        )
+                    })
+                    .collect();
+                let now = Millis(200_000);
+                let steady_since = steady
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, t)| (format!("s{i}"), Millis(t)))
+                    .collect();
+                let in_flight = in_flight
+                    .map(|s| InFlight {
+                        shard: format!("s{s}"),
+                        started: Millis(0),
+                    })
+                    .into_iter()
+                    .collect();
+                World {
+                    now,
+                    leader,
+                    members,
+                    nodes,
+                    steady_since,
+                    in_flight,
+                    last_move: None,
+                    pending: vec![],
+                    paused,
+                    operator_busy,
+                    switchover: asked.map(|(shard, to)| ask(&shards, shard, to)),
+                    ..World::default()
+                }
+            },
+        )
+}
+
+/// A switchover of shard `s<shard>` (the pods of its members), to `pod<to>` if named.
+fn ask(shards: &[usize], shard: usize, to: Option<usize>) -> Ask {
+    Ask {
+        id: "req".into(),
+        shard: shard.to_string(),
+        pods: (0..shards.len())
+            .filter(|i| shards[*i] == shard)
+            .map(|i| format!("pod{i}"))
+            .collect(),
+        to: to.map(|i| format!("pod{i}")),
+    }
 }
 
 fn arb_policy() -> impl Strategy<Value = Policy> {
@@ -497,7 +521,10 @@ proptest! {
         if !w.leader {
             prop_assert!(plan.actions.is_empty(), "an action without the lease");
         }
-        prop_assert!(plan.actions.len() + w.in_flight.len() <= policy.max_concurrent.max(w.in_flight.len()));
+        // A switchover asked for is outside the budget: someone asked for it.
+        let planned = plan.actions.iter().filter(|a| a.kind != Kind::Switchover).count();
+        prop_assert!(planned + w.in_flight.len() <= policy.max_concurrent.max(w.in_flight.len()));
+        prop_assert!(plan.actions.iter().filter(|a| a.kind == Kind::Switchover).count() <= 1);
         let mut shards: Vec<&str> = plan.actions.iter().map(|a| a.shard.as_str()).collect();
         shards.extend(w.in_flight.iter().map(|f| f.shard.as_str()));
         let before = shards.len();
@@ -520,13 +547,30 @@ proptest! {
                 let better = w.members.iter().filter(|m| m.shard == a.shard && m.offset > to.offset);
                 prop_assert!(better.filter(|m| takes_over(&w, m)).count() == 0, "a synced replica with a higher offset was passed over");
             }
-            if a.kind != Kind::Handover {
+            if matches!(a.kind, Kind::FailBack | Kind::Rebalance) {
                 let since = w.steady_since.get(&a.shard).copied().unwrap_or(w.now);
                 prop_assert!(w.now.since(since) >= policy.quiet_period_ms, "fail-back/balance inside the quiet period");
             }
             if a.kind == Kind::FailBack {
                 prop_assert!(policy.failback);
             }
+            if matches!(a.kind, Kind::FailBack | Kind::Rebalance) {
+                prop_assert!(!w.paused && !w.operator_busy, "a chosen move while held");
+            }
+            if w.paused && a.kind == Kind::Handover {
+                let node = &w.nodes[from.pod.as_ref().unwrap().node.as_ref().unwrap()];
+                prop_assert!(from.pod.as_ref().unwrap().terminating || !node.ready, "paused, yet moved for a cordon");
+            }
+            if a.kind == Kind::Switchover {
+                let ask = w.switchover.as_ref().unwrap();
+                prop_assert!(ask.pods.contains(&to.pod.as_ref().unwrap().name));
+                if let Some(named) = &ask.to {
+                    prop_assert_eq!(&to.pod.as_ref().unwrap().name, named);
+                }
+            }
+        }
+        if plan.refused.is_some() {
+            prop_assert!(plan.actions.iter().all(|a| a.kind != Kind::Switchover));
         }
     }
 }
@@ -652,4 +696,136 @@ fn the_rollout_condition_says_whether_the_roll_is_done_under_way_or_waiting() {
             .iter()
             .all(|c| c.type_ != ROLLED)
     );
+}
+
+// ------------------------------------------------------------------------------------------
+// Pause and switchover (`valkey-sidecar pause | switchover`).
+// ------------------------------------------------------------------------------------------
+
+/// A switchover of s0 (pods pod-p0, pod-r0a, pod-r0b).
+fn asked(to: Option<&str>) -> Ask {
+    Ask {
+        id: "r1".into(),
+        shard: "0".into(),
+        pods: ["pod-p0", "pod-r0a", "pod-r0b"].map(String::from).into(),
+        to: to.map(Into::into),
+    }
+}
+
+#[test]
+fn a_switchover_goes_to_the_named_replica_or_the_best_one() {
+    let mut w = world();
+    find(&mut w, "r0b").offset = 1001;
+    w.switchover = Some(asked(None));
+    let plan = decide(&w, &Policy::default());
+    let a = &plan.actions[0];
+    assert_eq!(
+        (a.kind, a.shard.as_str(), a.from.as_str(), a.to.as_str()),
+        (Kind::Switchover, "s0", "p0", "r0b")
+    );
+    w.switchover = Some(asked(Some("pod-r0a")));
+    let plan = decide(&w, &Policy::default());
+    assert_eq!(plan.actions[0].to, "r0a");
+    assert_eq!(plan.refused, None);
+}
+
+#[test]
+fn a_switchover_that_could_lose_writes_is_refused_with_its_reason() {
+    type Change = fn(&mut World);
+    let cases: [(&str, Change, &str); 5] = [
+        (
+            "pod-r0a",
+            |w| find(w, "r0a").pod.as_mut().unwrap().ready = false,
+            "not a synced replica",
+        ),
+        (
+            "pod-r0a",
+            |w| w.nodes.get_mut("n4").unwrap().unschedulable = true,
+            "usable node",
+        ),
+        ("pod-p0", |_| {}, "the primary of shard 0 already"),
+        ("pod-r1a", |_| {}, "not a member of shard 0"),
+        (
+            "pod-r0a",
+            |w| find(w, "p0").health = NodeHealth::Failed,
+            "no live primary",
+        ),
+    ];
+    for (to, change, why) in cases {
+        let mut w = world();
+        change(&mut w);
+        w.switchover = Some(asked(Some(to)));
+        let plan = decide(&w, &Policy::default());
+        assert!(
+            plan.actions.iter().all(|a| a.kind != Kind::Switchover),
+            "{to}: {plan:?}"
+        );
+        let (id, reason) = plan.refused.expect(why);
+        assert_eq!(id, "r1");
+        assert!(reason.contains(why), "{reason} lacks {why}");
+    }
+    let mut w = world();
+    for r in ["r0a", "r0b"] {
+        find(&mut w, r).pod.as_mut().unwrap().ready = false;
+    }
+    w.switchover = Some(asked(None));
+    let reason = decide(&w, &Policy::default()).refused.unwrap().1;
+    assert!(reason.contains("no synced replica"), "{reason}");
+}
+
+#[test]
+fn a_switchover_waits_while_its_shard_is_busy_and_ignores_the_budget() {
+    let mut w = world();
+    w.switchover = Some(asked(None));
+    w.in_flight = vec![InFlight {
+        shard: "s0".into(),
+        started: w.now,
+    }];
+    let plan = decide(&w, &Policy::default());
+    assert!(
+        plan.actions.is_empty() && plan.refused.is_none(),
+        "{plan:?}"
+    );
+    w.in_flight[0].shard = "s1".into();
+    let plan = decide(&w, &Policy::default());
+    assert_eq!(plan.actions.len(), 1, "beyond max_concurrent 1: {plan:?}");
+    assert_eq!(plan.actions[0].kind, Kind::Switchover);
+}
+
+#[test]
+fn paused_only_going_away_and_asked_for_moves_are_made() {
+    let policy = Policy {
+        failback: true,
+        ..Policy::default()
+    };
+    let mut w = drifted();
+    w.paused = true;
+    w.nodes.get_mut("n1").unwrap().unschedulable = true;
+    assert!(
+        decide(&w, &policy).actions.is_empty(),
+        "no fail-back, no cordon hand-over"
+    );
+    w.paused = false;
+    let kinds: Vec<Kind> = decide(&w, &policy).actions.iter().map(|a| a.kind).collect();
+    assert_eq!(kinds, [Kind::Handover], "unpaused, the cordon counts");
+    w.paused = true;
+    find(&mut w, "p1").pod.as_mut().unwrap().terminating = true;
+    w.switchover = Some(asked(Some("pod-r0b")));
+    let plan = decide(&w, &policy);
+    let kinds: Vec<Kind> = plan.actions.iter().map(|a| a.kind).collect();
+    assert_eq!(kinds, [Kind::Handover, Kind::Switchover], "{plan:?}");
+}
+
+#[test]
+fn while_the_operator_is_busy_no_fail_back_or_balance() {
+    let policy = Policy {
+        failback: true,
+        ..Policy::default()
+    };
+    let mut w = drifted();
+    assert_eq!(decide(&w, &policy).actions[0].kind, Kind::FailBack);
+    w.operator_busy = true;
+    assert!(decide(&w, &policy).actions.is_empty());
+    find(&mut w, "p1").pod.as_mut().unwrap().terminating = true;
+    assert_eq!(decide(&w, &policy).actions[0].kind, Kind::Handover);
 }

@@ -20,6 +20,7 @@ pub mod execute;
 pub mod formation;
 pub mod replication_round;
 pub mod report;
+pub mod requests;
 pub mod roll;
 pub mod round;
 pub mod watches;
@@ -42,7 +43,8 @@ use valkey_sidecar_core::time::Millis;
 
 use crate::clock::Clock;
 use crate::kube::events::Recorder;
-use crate::kube::lease::{FormedMarker, Leadership, StatusAnnotations};
+use crate::kube::format::FormatNotice;
+use crate::kube::lease::{FormedMarker, Leadership, RequestCell, StatusAnnotations};
 use crate::kube::owner::LeaseOwner;
 use crate::metrics::Metrics;
 use crate::valkey::Connector;
@@ -91,6 +93,13 @@ pub struct Coordinator {
     pub formed: FormedMarker,
     /// Set on the shard records this agent writes (`kube::owner`).
     pub lease_owner: Option<LeaseOwner>,
+    /// The operator's requests on the coordinator Lease, shared with the Lease writer.
+    pub requests: RequestCell,
+    /// Where a shard record of an unknown format is told (`kube::format`).
+    pub notice: FormatNotice,
+    /// With `coordination: operator`: the operator's resource whose readiness holds fail-back
+    /// and balance (`watches`, `core::operator`).
+    pub operator: Option<String>,
 }
 
 /// A move under way.
@@ -142,6 +151,8 @@ struct LeaderMemory {
     replacing: roll::Replacing,
     /// Since when the roll has waited without a step, and whether that was said (`roll`).
     roll_waiting: Option<(Millis, bool)>,
+    /// The operator's pause and switchover requests, and the last answer (`requests`).
+    asked: requests::Asked,
 }
 
 /// Runs a move in its own task and reports its end to the loop.

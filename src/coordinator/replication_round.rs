@@ -313,6 +313,7 @@ impl Coordinator {
         let members = shards.iter().flat_map(ShardRound::plan_members).collect();
         let world = self.world(members, (pods, facts), memory, now, leader);
         let plan = decide(&world, &self.policy);
+        self.answer_plan(&plan, &world, memory);
         self.report(&plan, pods, memory);
         let conditions = leader.then(|| status::conditions(&world, &self.policy, &plan));
         self.report_roll(&world, &plan, pods, memory);
@@ -392,6 +393,7 @@ impl Coordinator {
             Duration::from_millis(self.timings.lease_ms),
         )
         .owned_by(self.lease_owner.clone())
+        .telling(self.notice.clone())
     }
 
     /// Connections to the shard's members for a move (the full configured timeout).

@@ -80,7 +80,9 @@ impl Coordinator {
         self.metrics.shard_primaries(&BTreeMap::new());
         // Only the holder reports the roll: a former holder's gauges must not keep an alert up.
         self.metrics.roll(0, false);
+        self.metrics.holds(false, false);
         memory.roll_waiting = None;
+        memory.asked = super::requests::Asked::default();
         self.publish(None, memory);
         memory.shards.clear();
         memory.drift.clear();
@@ -126,6 +128,8 @@ impl Coordinator {
         let next = conditions.map(|conditions| Status {
             conditions,
             last_decision: memory.last_decision.clone(),
+            paused: memory.asked.paused.clone(),
+            answer: memory.asked.answer.clone(),
         });
         if next == memory.status {
             return;

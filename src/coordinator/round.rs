@@ -76,6 +76,7 @@ impl Coordinator {
         let members = world::members(&shards, &pods.state());
         let world = self.world(members, (pods, facts), memory, now, leader);
         let plan = decide(&world, &self.policy);
+        self.answer_plan(&plan, &world, memory);
         self.report(&plan, pods, memory);
         let conditions = leader.then(|| status::conditions(&world, &self.policy, &plan));
         self.report_roll(&world, &plan, pods, memory);
@@ -104,6 +105,12 @@ impl Coordinator {
             pod.updated = facts.revisions.get(&pod.name).copied();
         }
         let replacing = self.replacing(pods, memory, now);
+        let switchover = self.asked(pods, memory);
+        let operator_busy = facts.operator_busy;
+        self.metrics.holds(
+            leader && memory.asked.paused.is_some(),
+            leader && operator_busy,
+        );
         memory.moves.settle(&members, now);
         memory.shards = track(&memory.shards, &members, now);
         World {
@@ -125,6 +132,9 @@ impl Coordinator {
             last_move: memory.moves.last_move(),
             pending: world::pending(&pods.state()),
             replacing,
+            paused: memory.asked.paused.is_some(),
+            operator_busy,
+            switchover,
         }
     }
 
@@ -190,6 +200,7 @@ impl Coordinator {
 
     pub(super) fn finished(&self, done: Finished, memory: &mut LeaderMemory) {
         let Finished { started, outcome } = done;
+        self.answer_move(&started, &outcome, memory);
         let done = matches!(outcome, MoveOutcome::Done { .. });
         let made = done.then_some((started.to.as_str(), started.from.as_deref()));
         memory.moves.finish(&started.shard, made, self.clock.now());

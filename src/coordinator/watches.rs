@@ -10,9 +10,10 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
+use kube::core::{ApiResource, DynamicObject};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use valkey_sidecar_core::observation::Mode;
 use valkey_sidecar_core::plan::NodeInfo;
@@ -31,6 +32,8 @@ pub(super) struct Watches {
     nodes_forbidden: Arc<AtomicBool>,
     /// With the supervised roll: the release's StatefulSets (their update revisions).
     sets: Option<Store<StatefulSet>>,
+    /// With `coordination: operator`: whether the operator's resource is settled.
+    operator: Option<watch::Receiver<bool>>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -39,6 +42,8 @@ pub(super) struct Facts {
     pub(super) nodes: BTreeMap<String, NodeInfo>,
     /// Per pod: at its StatefulSet's update revision (only with the supervised roll).
     pub(super) revisions: BTreeMap<String, bool>,
+    /// With `coordination: operator`: the operator is at work (`core::operator::settled`).
+    pub(super) operator_busy: bool,
 }
 
 impl Watches {
@@ -60,6 +65,7 @@ impl Watches {
         Facts {
             nodes: self.node_facts(),
             revisions: world::revisions(&self.pods.state(), &sets),
+            operator_busy: self.operator.as_ref().is_some_and(|r| !*r.borrow()),
         }
     }
 
@@ -118,11 +124,17 @@ impl Coordinator {
             tasks.push(task);
             store
         });
+        let operator = self.operator.as_deref().map(|name| {
+            let (settled, task) = self.watch_operator(name);
+            tasks.push(task);
+            settled
+        });
         Watches {
             pods,
             nodes,
             nodes_forbidden,
             sets,
+            operator,
             tasks,
         }
     }
@@ -148,6 +160,39 @@ impl Coordinator {
             }
             async {}
         }))
+    }
+
+    /// valkey-operator's `ValkeyCluster` `name`: whether it is settled, false until known (a
+    /// missing resource or a refused read keeps the agent deferring; the errors are counted).
+    pub(super) fn watch_operator(&self, name: &str) -> (watch::Receiver<bool>, JoinHandle<()>) {
+        let resource = ApiResource {
+            group: "valkey.io".into(),
+            version: "v1alpha1".into(),
+            api_version: "valkey.io/v1alpha1".into(),
+            kind: "ValkeyCluster".into(),
+            plural: "valkeyclusters".into(),
+        };
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), &self.namespace, &resource);
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let (tx, rx) = watch::channel(false);
+        let metrics = self.metrics.clone();
+        let task = watcher(api, config)
+            .default_backoff()
+            .for_each(move |event| {
+                match event {
+                    Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                        tx.send_replace(world::operator_settled(&o));
+                    }
+                    Ok(watcher::Event::Delete(_)) => {
+                        tx.send_replace(false);
+                    }
+                    Ok(_) => {}
+                    Err(e) => metrics.watch_error("operator", &e),
+                }
+                async {}
+            });
+        (rx, tokio::spawn(task))
     }
 
     pub(super) fn watch_pods(&self) -> (Store<Pod>, JoinHandle<()>) {

@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::core::DynamicObject;
 use valkey_sidecar_core::observation::{Observation, Role};
+use valkey_sidecar_core::operator::{OperatorCondition, settled};
 use valkey_sidecar_core::placement::ZONE_LABEL;
 use valkey_sidecar_core::plan::{Member, NodeInfo, Pending, PodInfo};
 use valkey_sidecar_core::replication::{MemberValkey, ShardMember, ShardRecord};
@@ -16,6 +18,22 @@ use valkey_sidecar_core::shards::{NodeHealth, Shard};
 use crate::kube::pods::{
     DEFAULT_SHARD, SHARD_INDEX_LABEL, cordoned, is_ready, node_index, node_ready, pod_ip,
 };
+
+/// Whether the operator's resource is settled (`core::operator::settled`), read from its
+/// `metadata.generation` and `status.conditions` as any Kubernetes resource spells them.
+pub fn operator_settled(o: &DynamicObject) -> bool {
+    let conditions = o.data["status"]["conditions"].as_array();
+    let conditions: Vec<OperatorCondition> = conditions
+        .into_iter()
+        .flatten()
+        .map(|c| OperatorCondition {
+            type_: c["type"].as_str().unwrap_or_default().to_owned(),
+            status: c["status"].as_str().unwrap_or_default().to_owned(),
+            observed_generation: c["observedGeneration"].as_i64(),
+        })
+        .collect();
+    settled(o.metadata.generation, &conditions)
+}
 
 /// The StatefulSet controller's label naming the revision a pod was created from.
 const REVISION_LABEL: &str = "controller-revision-hash";

@@ -97,14 +97,7 @@ impl Keeper {
     }
 
     /// This agent's pod, which the Events are about.
-    fn own_reference(&self) -> ObjectReference {
-        ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            name: Some(self.pod.clone()),
-            namespace: Some(self.namespace.clone()),
-            uid: self.pod_uid.clone(),
-            ..ObjectReference::default()
-        }
+    pub(super) fn own_reference(&self) -> ObjectReference {
+        crate::kube::events::pod_reference(&self.pod, &self.namespace, self.pod_uid.clone())
     }
 }

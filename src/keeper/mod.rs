@@ -31,6 +31,7 @@ use valkey_sidecar_core::time::Millis;
 
 use crate::clock::Clock;
 use crate::kube::KubeError;
+use crate::kube::format::FormatNotice;
 use crate::kube::owner::LeaseOwner;
 use crate::kube::pods::{DEFAULT_SHARD, SHARD_INDEX_LABEL, node_index};
 use crate::kube::shard_lease::ShardLeaseClient;
@@ -124,6 +125,12 @@ struct KeeperMemory {
 }
 
 impl Keeper {
+    /// Where a record of an unknown format is told: metrics, log, an Event on the agent's pod.
+    fn format_notice(&self) -> FormatNotice {
+        let events = self.recorder.clone().map(|r| (r, self.own_reference()));
+        FormatNotice::new(self.metrics.clone(), events)
+    }
+
     /// Runs until shutdown; on the way out a holder fences its Valkey and releases the record, so
     /// the coordinator can promote at once instead of waiting for the record to expire.
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
@@ -142,7 +149,8 @@ impl Keeper {
             lease_timeout,
             lease,
         )
-        .owned_by(self.owner.clone());
+        .owned_by(self.owner.clone())
+        .telling(self.format_notice());
         tracing::info!(shard = %seat.shard, lease = %name, "replication keeper started");
         let mut session = Session::new(self.connector.clone());
         let mut memory = KeeperMemory::default();

@@ -11,6 +11,18 @@ use kube::Api;
 use kube::api::PostParams;
 pub use kube::runtime::events::{Event, EventType, Reporter};
 
+/// A reference to a pod, for the Events about it.
+pub fn pod_reference(name: &str, namespace: &str, uid: Option<String>) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some(name.to_owned()),
+        namespace: Some(namespace.to_owned()),
+        uid,
+        ..ObjectReference::default()
+    }
+}
+
 /// Publishes Events about objects, as one reporter (the agent in one pod).
 #[derive(Clone)]
 pub struct Recorder {

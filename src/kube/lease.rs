@@ -9,6 +9,10 @@
 //! (`core::status`): the renewals happen anyway, so the status costs no extra write, and only the
 //! holder ever writes it. A release drops them, as a released Lease vouches for nothing.
 //!
+//! The operator's requests (`valkey.io/paused`, `valkey.io/switchover`; `core::requests`) are
+//! carried on by every write too ([`RequestCell`]), until a `resume` removes the pause or the
+//! coordinator answers the switchover.
+//!
 //! One annotation outlives holders and releases: `valkey.io/cluster-formed` ([`FormedMarker`]),
 //! when the coordinator first saw the cluster formed. Every write carries it on, so after a full
 //! restart without persistence the next leader knows that the empty cluster it forms replaces
@@ -24,9 +28,11 @@ use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
 use tokio::sync::watch;
 use valkey_sidecar_core::lease::{Elector, LeaseAction, LeaseRecord, LeaseTimings};
+use valkey_sidecar_core::requests::{PAUSED, Requests, SWITCHOVER};
 use valkey_sidecar_core::time::Millis;
 
 use super::KubeError;
+use super::format::{FormatNotice, stamp};
 use super::owner::{LeaseOwner, for_write};
 use crate::clock::Clock;
 
@@ -81,6 +87,71 @@ impl FormedMarker {
     }
 }
 
+/// The operator's requests on the Lease (`core::requests`): learnt from every read and write,
+/// carried on by every write (a write replaces the object, and a pause must outlive holders),
+/// except a switchover request the coordinator has answered (`consume`).
+#[derive(Clone, Debug, Default)]
+pub struct RequestCell(Arc<Mutex<RequestState>>);
+
+#[derive(Debug, Default)]
+struct RequestState {
+    paused: Option<String>,
+    switchover: Option<String>,
+    /// The switchover value answered: dropped from the writes while the Lease still shows it.
+    consumed: Option<String>,
+}
+
+impl RequestCell {
+    fn lock(&self) -> std::sync::MutexGuard<'_, RequestState> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The requests as last seen on the Lease, a consumed switchover left out.
+    pub fn get(&self) -> Requests {
+        let s = self.lock();
+        let pending = s
+            .switchover
+            .as_deref()
+            .filter(|v| s.consumed.as_deref() != Some(*v));
+        Requests::from_annotations(|key| match key {
+            PAUSED => s.paused.as_deref(),
+            SWITCHOVER => pending,
+            _ => None,
+        })
+    }
+
+    /// The switchover request now pending has been answered.
+    pub fn consume(&self) {
+        let mut s = self.lock();
+        s.consumed = s.switchover.clone();
+    }
+
+    fn learn(&self, lease: &Lease) {
+        let annotations = lease.metadata.annotations.as_ref();
+        let get = |k: &str| annotations.and_then(|a| a.get(k)).cloned();
+        let mut s = self.lock();
+        s.paused = get(PAUSED);
+        s.switchover = get(SWITCHOVER);
+        if s.switchover.is_none() {
+            s.consumed = None;
+        }
+    }
+
+    fn carry(&self, out: &mut StatusAnnotations) {
+        let s = self.lock();
+        if let Some(p) = &s.paused {
+            out.insert(PAUSED.to_owned(), p.clone());
+        }
+        if let Some(v) = s
+            .switchover
+            .as_ref()
+            .filter(|v| s.consumed.as_ref() != Some(*v))
+        {
+            out.insert(SWITCHOVER.to_owned(), v.clone());
+        }
+    }
+}
+
 /// One Lease, read and written with optimistic concurrency.
 #[derive(Clone)]
 pub struct LeaseClient {
@@ -91,9 +162,23 @@ pub struct LeaseClient {
     /// Set on every write, so the Lease goes with its owner (`kube::owner`).
     owner: Option<LeaseOwner>,
     formed: FormedMarker,
+    requests: RequestCell,
+    notice: FormatNotice,
 }
 
 impl LeaseClient {
+    /// Where a Lease of an unknown format is told.
+    pub fn telling(mut self, notice: FormatNotice) -> LeaseClient {
+        self.notice = notice;
+        self
+    }
+
+    /// Shares the operator's requests with the coordinator.
+    pub fn asked(mut self, requests: RequestCell) -> LeaseClient {
+        self.requests = requests;
+        self
+    }
+
     /// The owner to put on the Lease.
     pub fn owned_by(mut self, owner: Option<LeaseOwner>) -> LeaseClient {
         self.owner = owner;
@@ -120,6 +205,8 @@ impl LeaseClient {
             status,
             owner: None,
             formed: FormedMarker::default(),
+            requests: RequestCell::default(),
+            notice: FormatNotice::default(),
         }
     }
 
@@ -130,11 +217,14 @@ impl LeaseClient {
         super::bounded(self.timeout, f).await
     }
 
-    /// The current record; `None` when the Lease does not exist.
+    /// The current record; `None` when the Lease does not exist. A Lease of a newer format is an
+    /// error, as an unreadable one: the election then neither takes it over nor renews it.
     pub async fn read(&self) -> Result<Option<LeaseRecord>, KubeError> {
         let lease = self.call(self.api.get_opt(&self.name)).await?;
         if let Some(l) = &lease {
+            self.notice.check(l, "coordinator")?;
             self.formed.learn(l);
+            self.requests.learn(l);
         }
         Ok(lease.as_ref().map(record_of))
     }
@@ -151,6 +241,7 @@ impl LeaseClient {
                 .await?
         };
         self.formed.learn(&written);
+        self.requests.learn(&written);
         Ok(record_of(&written))
     }
 
@@ -167,7 +258,9 @@ impl LeaseClient {
         if let Some(at) = self.formed.get() {
             out.insert(FormedMarker::ANNOTATION.to_owned(), at);
         }
-        (!out.is_empty()).then_some(out)
+        self.requests.carry(&mut out);
+        stamp(&mut out);
+        Some(out)
     }
 
     fn lease_of(&self, rec: &LeaseRecord, owner: Option<OwnerReference>) -> Lease {

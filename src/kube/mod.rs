@@ -1,6 +1,7 @@
 //! The Kubernetes adapter: the agent's own pod (labels, Events) and the Node it runs on.
 
 pub mod events;
+pub mod format;
 pub mod labeler;
 pub mod lease;
 pub mod members;
@@ -25,6 +26,11 @@ pub enum KubeError {
     Api(#[from] kube::Error),
     #[error("kubernetes API did not answer within {0:?}")]
     Timeout(std::time::Duration),
+    #[error("Lease {name}: {why}")]
+    Format {
+        name: String,
+        why: valkey_sidecar_core::format::Unreadable,
+    },
 }
 
 impl KubeError {
@@ -39,6 +45,7 @@ impl KubeError {
             KubeError::Api(kube::Error::Api(s)) if s.code >= 500 => "server",
             KubeError::Api(_) => "transport",
             KubeError::Timeout(_) => "timeout",
+            KubeError::Format { .. } => "unknown_format",
         }
     }
 }

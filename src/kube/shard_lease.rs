@@ -18,6 +18,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use valkey_sidecar_core::replication::ShardRecord;
 
 use super::KubeError;
+use super::format::{FormatNotice, stamp};
 use super::owner::{LeaseOwner, for_write};
 
 /// One shard's record, read and written with optimistic concurrency.
@@ -30,6 +31,7 @@ pub struct ShardLeaseClient {
     owner: Option<LeaseOwner>,
     timeout: Duration,
     lease_seconds: i32,
+    notice: FormatNotice,
 }
 
 impl ShardLeaseClient {
@@ -48,7 +50,14 @@ impl ShardLeaseClient {
             owner: None,
             timeout,
             lease_seconds: i32::try_from(lease.as_secs().max(1)).unwrap_or(i32::MAX),
+            notice: FormatNotice::default(),
         }
+    }
+
+    /// Where a record of an unknown format is told.
+    pub fn telling(mut self, notice: FormatNotice) -> ShardLeaseClient {
+        self.notice = notice;
+        self
     }
 
     /// The owner to put on the Lease.
@@ -80,9 +89,13 @@ impl ShardLeaseClient {
             .boxed()
     }
 
-    /// The record; `None` when the Lease does not exist.
+    /// The record; `None` when the Lease does not exist. A record of a newer format is an error,
+    /// as an unreadable one: nobody claims, renews or moves what it cannot read.
     pub async fn read(&self) -> Result<Option<ShardRecord>, KubeError> {
         let lease = self.call(self.api.get_opt(&self.name)).await?;
+        if let Some(l) = &lease {
+            self.notice.check(l, "shard")?;
+        }
         Ok(lease.as_ref().map(record_of))
     }
 
@@ -145,6 +158,7 @@ impl ShardLeaseClient {
         if let Some(p) = &rec.primary {
             annotations.insert(ShardRecord::PRIMARY_ANNOTATION.to_owned(), p.clone());
         }
+        stamp(&mut annotations);
         // Labelled so the coordinator can watch every record of its cluster with one selector.
         let labels = BTreeMap::from([
             (
