@@ -330,7 +330,7 @@ fn heartbeat(config: &Config, shared: &Shared) -> Option<Heartbeat> {
         pod: config.identity.pod_name.clone().unwrap_or_default(),
         mode: config.mode,
         policy,
-        password_file: config.valkey.password_file.clone(),
+        password: config.valkey.password.clone(),
         clock: shared.clock,
         bounds: config.bounds,
         state: shared.state.clone(),
@@ -536,7 +536,7 @@ fn connector(config: &Config) -> Result<Connector, StartError> {
         host: v.host.clone(),
         port: v.port,
         username: v.username.clone(),
-        password_file: v.password_file.clone(),
+        password: v.password.clone(),
         tls: v.tls.as_ref().map(tls::build).transpose()?,
         timeout: v.timeout,
     })

@@ -76,6 +76,11 @@ pub struct RawConfig {
     /// File holding the Valkey password (read at every connect, so rotation needs no restart).
     #[arg(long, env = "VALKEY_PASSWORD_FILE")]
     pub valkey_password_file: Option<String>,
+    /// The Valkey password itself, for a Secret passed as environment (`valueFrom.secretKeyRef`,
+    /// as valkey-operator passes its Secrets); not with VALKEY_PASSWORD_FILE. Never shown in
+    /// `--help`, errors or logs; prefer the variable to the flag (argv is world-readable).
+    #[arg(long, env = "VALKEY_PASSWORD", hide_env_values = true)]
+    pub valkey_password: Option<Secret>,
     /// Connect to Valkey over TLS.
     #[arg(long, env = "VALKEY_TLS", default_value = "false")]
     pub valkey_tls: String,
@@ -242,9 +247,35 @@ pub struct ValkeyConfig {
     pub host: String,
     pub port: u16,
     pub username: Option<String>,
-    pub password_file: Option<PathBuf>,
+    pub password: Option<Password>,
     pub tls: Option<TlsConfig>,
     pub timeout: Duration,
+}
+
+/// Where the Valkey password comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Password {
+    /// Read at every connect, so a rotated Secret volume needs no restart.
+    File(PathBuf),
+    /// From the environment: fixed for the life of the process (Kubernetes does not update a
+    /// running container's environment when its Secret changes).
+    Value(Secret),
+}
+
+/// A value that `{:?}` does not show (the raw and validated configs derive `Debug`).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(HIDDEN)
+    }
+}
+
+impl From<String> for Secret {
+    fn from(v: String) -> Self {
+        Secret(v)
+    }
 }
 
 /// TLS to Valkey; the files are read at start (to check them) and again for every connection.
@@ -309,6 +340,9 @@ pub struct Config {
     /// Features this configuration leaves off, and why (said at start, in `/status`).
     pub off: Vec<crate::features::Off>,
 }
+
+/// What an error shows for a secret's value.
+const HIDDEN: &str = "<hidden>";
 
 /// One bad variable.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -668,11 +702,7 @@ impl RawConfig {
             &self.valkey_addr,
             parse_host_port(&self.valkey_addr),
         );
-        let password_file = c.opt(
-            "VALKEY_PASSWORD_FILE",
-            &self.valkey_password_file,
-            readable_file,
-        );
+        let password = self.password(c);
         let username = c.opt("VALKEY_USERNAME", &self.valkey_username, parse_username);
         let timeout = c.check(
             "SIDECAR_VALKEY_TIMEOUT",
@@ -685,10 +715,31 @@ impl RawConfig {
             host,
             port,
             username,
-            password_file,
+            password: password?,
             tls: tls?,
             timeout: timeout?,
         })
+    }
+
+    /// VALKEY_PASSWORD_FILE or VALKEY_PASSWORD, not both (which would win is a guess an operator
+    /// should not have to make). An empty VALKEY_PASSWORD is unset, as the chart leaves variables
+    /// out. `Some(None)`: no password; `None`: a password variable was bad.
+    fn password(&self, c: &mut Checker) -> Option<Option<Password>> {
+        let value = self.valkey_password.as_ref().filter(|v| !v.0.is_empty());
+        match (&self.valkey_password_file, value) {
+            (Some(path), Some(_)) => {
+                let only_one = |other: &str| Err::<(), _>(format!("set together with {other}"));
+                c.check("VALKEY_PASSWORD_FILE", path, only_one("VALKEY_PASSWORD"));
+                c.check("VALKEY_PASSWORD", HIDDEN, only_one("VALKEY_PASSWORD_FILE"));
+                None
+            }
+            (Some(path), None) => {
+                let file = c.check("VALKEY_PASSWORD_FILE", path, readable_file(path))?;
+                Some(Some(Password::File(file)))
+            }
+            (None, Some(v)) => Some(Some(Password::Value(v.clone()))),
+            (None, None) => Some(None),
+        }
     }
 
     /// `Some(None)`: TLS off; `None`: a TLS variable was bad.
@@ -1082,6 +1133,60 @@ mod tests {
                 "SIDECAR_ADMIN_ADDR",
                 "SIDECAR_POLL_INTERVAL"
             ])
+        );
+    }
+
+    /// A raw config with VALKEY_PASSWORD and VALKEY_PASSWORD_FILE as given.
+    fn with_passwords(value: Option<&str>, file: Option<&str>) -> RawConfig {
+        let mut raw = Cli::parse_from(["valkey-sidecar"]).agent;
+        raw.valkey_password = value.map(|v| Secret(v.to_owned()));
+        raw.valkey_password_file = file.map(str::to_owned);
+        raw
+    }
+
+    #[test]
+    fn a_password_comes_from_the_environment_or_a_file() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let path = file.path().to_str().unwrap();
+        let password = |raw: RawConfig| raw.validate().map(|c| c.valkey.password);
+        assert_eq!(
+            password(with_passwords(Some("s3cret"), None)),
+            Ok(Some(Password::Value(Secret("s3cret".into()))))
+        );
+        assert_eq!(
+            password(with_passwords(None, Some(path))),
+            Ok(Some(Password::File(PathBuf::from(path))))
+        );
+        assert_eq!(password(with_passwords(None, None)), Ok(None));
+        // Empty is unset (the chart leaves variables out that way), so it conflicts with nothing.
+        assert_eq!(
+            password(with_passwords(Some(""), Some(path))),
+            Ok(Some(Password::File(PathBuf::from(path))))
+        );
+    }
+
+    #[test]
+    fn both_password_variables_are_an_error_naming_both_and_showing_neither_password() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let path = file.path().to_str().unwrap();
+        let err = with_passwords(Some("s3cret"), Some(path)).validate().err();
+        let vars = err
+            .as_ref()
+            .map(|e| e.0.iter().map(|i| i.var).collect::<Vec<_>>());
+        assert_eq!(vars, Some(vec!["VALKEY_PASSWORD_FILE", "VALKEY_PASSWORD"]));
+        let text = err.map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            text.contains("set together with VALKEY_PASSWORD_FILE"),
+            "{text}"
+        );
+        assert!(!text.contains("s3cret"), "{text}");
+        // Nor does a config's or a raw config's Debug (configs are logged that way).
+        let raw = with_passwords(Some("s3cret"), None);
+        assert!(!format!("{raw:?}").contains("s3cret"));
+        let config = raw.validate().map(|c| format!("{c:?}")).unwrap_or_default();
+        assert!(
+            config.contains("<hidden>") && !config.contains("s3cret"),
+            "{config}"
         );
     }
 

@@ -14,7 +14,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +31,7 @@ use valkey_sidecar_core::replication::Claim;
 use valkey_sidecar_core::time::Millis;
 
 use crate::clock::Clock;
+use crate::config::Password;
 use crate::keeper::RecordSeed;
 use crate::metrics::Metrics;
 
@@ -67,7 +67,7 @@ pub struct Heartbeat {
     pub pod: String,
     pub mode: Mode,
     pub policy: IsolationPolicy,
-    pub password_file: Option<PathBuf>,
+    pub password: Option<Password>,
     pub clock: Clock,
     pub bounds: Bounds,
     pub state: watch::Receiver<HealthState>,
@@ -122,7 +122,7 @@ impl Heartbeat {
         tracing::info!(addr = %self.bind, interval_ms = self.policy.interval_ms, fence_after_ms = self.policy.fence_after_ms, "peer heartbeats started");
         let mut beating = Beating {
             pinger: Pinger::starting_at(random_u64()),
-            keys: Keys::load(self.password_file.as_ref(), &self.cluster),
+            keys: Keys::load(self.password.as_ref(), &self.cluster),
             limits: Limits::new(self.clock.now()),
             targets: BTreeMap::new(),
             pinging_since: None,
@@ -138,7 +138,7 @@ impl Heartbeat {
                     Ok((n, from)) => self.received(&socket, &mut beating, n, from).await,
                     Err(e) => tracing::debug!(error = %e, "heartbeat receive failed"),
                 },
-                _ = refresh.tick() => beating.keys.refresh(self.password_file.as_ref(), &self.cluster),
+                _ = refresh.tick() => beating.keys.refresh(self.password.as_ref(), &self.cluster),
                 _ = shutdown.changed() => return,
             }
         }
@@ -366,8 +366,8 @@ struct Keys {
 }
 
 impl Keys {
-    fn load(file: Option<&PathBuf>, cluster: &str) -> Keys {
-        let secret = secret(file, cluster);
+    fn load(password: Option<&Password>, cluster: &str) -> Keys {
+        let secret = secret(password, cluster);
         Keys {
             current: key_of(&secret),
             previous: None,
@@ -375,8 +375,8 @@ impl Keys {
         }
     }
 
-    fn refresh(&mut self, file: Option<&PathBuf>, cluster: &str) {
-        let secret = secret(file, cluster);
+    fn refresh(&mut self, password: Option<&Password>, cluster: &str) {
+        let secret = secret(password, cluster);
         if secret != self.secret {
             tracing::info!("the agent password changed: heartbeats use the new key");
             let old = std::mem::replace(&mut self.current, key_of(&secret));
@@ -414,10 +414,14 @@ impl Keys {
 }
 
 /// The password the agents share, or (auth off: nothing to protect) the cluster's name.
-fn secret(file: Option<&PathBuf>, cluster: &str) -> Vec<u8> {
-    let password = file.and_then(|f| std::fs::read(f).ok());
+fn secret(password: Option<&Password>, cluster: &str) -> Vec<u8> {
+    let password = match password {
+        Some(Password::File(f)) => std::fs::read(f).ok().map(|p| trim_newline(&p).to_vec()),
+        Some(Password::Value(v)) => Some(v.0.clone().into_bytes()),
+        None => None,
+    };
     let mut s = b"valkey-sidecar heartbeat v1\0".to_vec();
-    s.extend_from_slice(password.as_deref().map_or(cluster.as_bytes(), trim_newline));
+    s.extend_from_slice(password.as_deref().unwrap_or(cluster.as_bytes()));
     s
 }
 
@@ -472,6 +476,7 @@ fn random_u64() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Secret;
 
     #[test]
     fn sealed_beats_open_and_tampering_is_refused() {
@@ -496,14 +501,31 @@ mod tests {
     #[test]
     fn a_rotated_key_still_opens_the_old_ones_beats() {
         let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("password");
-        std::fs::write(&file, "old\n").unwrap();
+        let path = dir.path().join("password");
+        std::fs::write(&path, "old\n").unwrap();
+        let file = Password::File(path.clone());
         let mut keys = Keys::load(Some(&file), "valkey");
         let old = keys.seal("VSHB1 ping valkey a 1 0 0");
-        std::fs::write(&file, "new").unwrap();
+        std::fs::write(&path, "new").unwrap();
         keys.refresh(Some(&file), "valkey");
         assert!(keys.open(&old).is_ok());
         assert!(Keys::load(Some(&file), "valkey").open(&old).is_err());
+    }
+
+    #[test]
+    fn a_password_from_the_environment_keys_like_the_same_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("password");
+        std::fs::write(&path, "pw\n").unwrap();
+        let file = Keys::load(Some(&Password::File(path)), "valkey");
+        let env = Keys::load(Some(&Password::Value(Secret("pw".into()))), "valkey");
+        let beat = file.seal("VSHB1 ping valkey a 1 0 0");
+        assert!(
+            env.open(&beat).is_ok(),
+            "agents of either form must hear each other"
+        );
+        let other = Keys::load(Some(&Password::Value(Secret("pw2".into()))), "valkey");
+        assert_eq!(other.open(&beat).err(), Some(Drop::Mac));
     }
 
     #[test]

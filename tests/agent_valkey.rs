@@ -266,6 +266,25 @@ fn wrong_password_is_a_clear_error_and_rotation_recovers() {
 }
 
 #[test]
+fn a_password_given_directly_authenticates_and_is_never_logged() {
+    let server = ValkeyServer::start(
+        ServerOptions::default()
+            .requirepass("right")
+            .user("sidecar on >agent-s3cret ~* &* +@all"),
+    )
+    .unwrap();
+    // The flag stands for VALKEY_PASSWORD here (the same setting; pods use the variable).
+    let agent = Sidecar::start(
+        sidecar(server.addr(), "replication")
+            .arg("--valkey-username", "sidecar")
+            .arg("--valkey-password", "agent-s3cret"),
+    )
+    .unwrap();
+    agent.wait_code("/readyz", 200, 10 * SECOND).unwrap();
+    assert!(!agent.log().contains("agent-s3cret"), "password leaked");
+}
+
+#[test]
 fn missing_password_shows_noauth() {
     let server = ValkeyServer::start(ServerOptions::default().requirepass("secret")).unwrap();
     let agent = Sidecar::start(sidecar(server.addr(), "replication")).unwrap();

@@ -14,7 +14,7 @@ fn connector(host: String, port: u16) -> Connector {
         host,
         port,
         username: None,
-        password_file: None,
+        password: None,
         tls: None,
         timeout: Duration::from_millis(500),
     }

@@ -115,6 +115,23 @@ fn missing_files() {
 }
 
 #[test]
+fn a_password_and_a_password_file_together_exit_64_without_showing_the_password() {
+    let file = std::env::current_exe().unwrap();
+    let env = [
+        ("VALKEY_PASSWORD", "hunter2-s3cret"),
+        ("VALKEY_PASSWORD_FILE", file.to_str().unwrap()),
+    ];
+    assert_rejected(&env, &["VALKEY_PASSWORD", "VALKEY_PASSWORD_FILE"]);
+    let out = run(&env, &[]);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("hunter2"));
+    // --help names the variable but never its value.
+    let out = run(&env[..1], &["--help"]);
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("[env: VALKEY_PASSWORD]"), "{help}");
+    assert!(!help.contains("hunter2"), "{help}");
+}
+
+#[test]
 fn tls_key_without_cert() {
     let key = std::env::current_exe().unwrap();
     let key = key.to_str().unwrap();
@@ -238,6 +255,7 @@ fn help_documents_every_variable() {
         "VALKEY_ADDR",
         "VALKEY_USERNAME",
         "VALKEY_PASSWORD_FILE",
+        "VALKEY_PASSWORD",
         "VALKEY_TLS",
         "VALKEY_TLS_CA_FILE",
         "VALKEY_TLS_CERT_FILE",

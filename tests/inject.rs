@@ -23,6 +23,7 @@ const CASES: &[(&str, &[&str])] = &[
     ("list", &[]),
     ("stream", &[]),
     ("valkeycluster", &[]),
+    ("valkeycluster-tls", &[]),
     (
         "pod",
         &[
@@ -306,6 +307,135 @@ fn warnings_say_what_was_adjusted() {
 }
 
 #[test]
+fn a_sentinel_workload_is_refused_unless_forced() {
+    let input = read(&fixture("sentinel.yaml"));
+    let out = inject(&[], &input);
+    assert_eq!(out.status.code(), Some(65), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "", "no partial output");
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(
+        err.contains("document 1 (StatefulSet cache-node): it runs Valkey Sentinel (container valkey sets VALKEY_SENTINEL_MASTER_NAME): Sentinel and the agent would both fail primaries over and fight; not injected (--force to inject anyway)"),
+        "{err}"
+    );
+    // --ignore-missing is for workloads without Valkey: it does not wave a Sentinel through.
+    assert_eq!(
+        inject(&["--ignore-missing"], &input).status.code(),
+        Some(65)
+    );
+    // Each sign alone is enough: the Sentinel container's image, once the env is gone.
+    let image_only = input.replace("VALKEY_SENTINEL_MASTER_NAME", "VALKEY_PRIMARY_NAME");
+    let err = stderr(&inject(&[], &image_only));
+    assert!(
+        err.contains("(container sentinel: image docker.io/bitnami/valkey-sentinel:8.1)"),
+        "{err}"
+    );
+    // Forced: injected, with a warning.
+    let out = inject(&["--force"], &input);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("name: valkey-sidecar"));
+    assert!(
+        stderr(&out).contains("warning: StatefulSet cache-node: it runs Valkey Sentinel"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_valkey_cluster_gets_the_operators_tls_its_own_login_and_defers_to_the_operator() {
+    let out = inject(&case_args(&[]), &read(&fixture("valkeycluster.yaml")));
+    let (text, err) = (stdout(&out), stderr(&out));
+    // Defers to the operator, by name.
+    assert!(text.contains("- name: SIDECAR_COORDINATION\n          value: operator\n"));
+    assert!(text.contains("- name: SIDECAR_OPERATOR_RESOURCE\n          value: orders\n"));
+    // No TLS on the CR: none for the agent.
+    assert!(!text.contains("VALKEY_TLS"), "{text}");
+    // A user of its own, its password from the operator's default Secret and key.
+    assert!(
+        text.contains(
+            "secretKeyRef:\n              name: orders-users\n              key: valkey-sidecar\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        err.contains("kubectl create secret generic orders-users --from-literal=valkey-sidecar="),
+        "{err}"
+    );
+    // The ServiceAccount it runs as, and the RBAC for it.
+    assert!(
+        err.contains("its pods run as the namespace's `default` ServiceAccount"),
+        "{err}"
+    );
+    assert!(err.contains("kubectl apply -n NAMESPACE -f -"), "{err}");
+    assert!(
+        err.contains("resources: [\"valkeyclusters\"]\n    verbs: [\"get\", \"list\", \"watch\"]"),
+        "{err}"
+    );
+    // Two clusters in one stream: the RBAC is printed once.
+    let two = format!(
+        "{}---\n{}",
+        read(&fixture("valkeycluster.yaml")),
+        read(&fixture("valkeycluster.yaml")).replace("name: orders", "name: carts")
+    );
+    let err = stderr(&inject(&case_args(&[]), &two));
+    assert_eq!(err.matches("kind: RoleBinding").count(), 1, "{err}");
+    // `--env` still wins over what inject sets.
+    let out = injected(
+        &["--env", "SIDECAR_COORDINATION=agent"],
+        &read(&fixture("valkeycluster.yaml")),
+    );
+    assert!(
+        out.contains("- name: SIDECAR_COORDINATION\n          value: agent\n"),
+        "{out}"
+    );
+    assert_eq!(out.matches("SIDECAR_COORDINATION").count(), 1);
+}
+
+#[test]
+fn the_agents_acl_user_has_the_charts_rules_without_formation() {
+    // The chart's agent user as rendered (cluster mode, forming its cluster).
+    let rendered =
+        read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/rendered/cluster-3x1.yaml"));
+    let start = rendered
+        .find("- valkey-sidecar\n")
+        .expect("the agent's user");
+    let chart: Vec<&str> = rendered[start..]
+        .lines()
+        .map(|l| l.trim().trim_start_matches("- "))
+        .skip_while(|w| !w.starts_with("resetkeys"))
+        .take_while(|w| w.starts_with(['+', '#']) || *w == "-@all" || w.starts_with("reset"))
+        .filter(|w| !w.starts_with('#'))
+        .collect();
+    let formation = [
+        "+cluster|set-config-epoch",
+        "+cluster|addslotsrange",
+        "+cluster|meet",
+        "+cluster|replicate",
+        "+cluster|forget",
+    ];
+    let expected: Vec<&str> = chart
+        .iter()
+        .copied()
+        .filter(|w| !formation.contains(w))
+        .collect();
+    assert!(expected.contains(&"+cluster|failover"), "{chart:?}");
+    let out = injected(&[], &read(&fixture("valkeycluster.yaml")));
+    let line = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("permissions:"))
+        .expect("permissions");
+    let ours: Vec<&str> = line
+        .split_once(':')
+        .unwrap()
+        .1
+        .trim()
+        .trim_matches('"')
+        .split(' ')
+        .collect();
+    assert_eq!(ours, expected);
+}
+
+#[test]
 fn the_valkey_container_can_be_named() {
     let pod = "kind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - {name: exporter, image: valkey-io/exporter}\n  - {name: db, image: example/kv, args: [--port, '7001']}\n";
     let out = injected(&["--container", "db"], pod);
@@ -359,7 +489,10 @@ async fn injected_manifests_pass_a_server_side_dry_run() {
     for account in ["valkey-sidecar", "valkey-agent"] {
         kubectl(&plane, &["create", "serviceaccount", account]).await;
     }
-    for (name, _) in CASES.iter().filter(|(n, _)| *n != "valkeycluster") {
+    for (name, _) in CASES
+        .iter()
+        .filter(|(n, _)| !n.starts_with("valkeycluster"))
+    {
         let path = golden(name);
         let out = kubectl(
             &plane,
@@ -448,8 +581,10 @@ fn token_handling(pod: &Value) -> (Value, Value, Vec<String>) {
     )
 }
 
-/// The ValkeyCluster against a stand-in CRD, then the containers it carries merged the way the
-/// operator merges them (`server` patched, the rest appended) and dry-run as a Pod.
+/// The ValkeyClusters against valkey-operator's published CRD with strict field validation (a field
+/// inject writes that the operator's API lacks fails), then the containers each carries merged the
+/// way the operator merges them (`server` patched, the rest appended) and dry-run as a Pod with the
+/// operator's volumes; the RBAC inject prints, applied and checked with `auth can-i`.
 async fn valkey_cluster_dry_run(plane: &ControlPlane) {
     let crd = fixture("valkeycluster-crd.yaml");
     kubectl(plane, &["apply", "-f", crd.to_str().unwrap()]).await;
@@ -463,44 +598,152 @@ async fn valkey_cluster_dry_run(plane: &ControlPlane) {
         ],
     )
     .await;
-    let path = golden("valkeycluster");
-    let json = kubectl(
-        plane,
-        &[
-            "create",
-            "--dry-run=server",
-            "-o",
-            "json",
-            "-f",
-            path.to_str().unwrap(),
-        ],
-    )
-    .await;
-    let cluster: Value = serde_json::from_str(&json).unwrap();
+    kubectl(plane, &["create", "namespace", "shop"]).await;
+    // The operator's pods run as `default` (no controller here makes it).
+    for ns in ["default", "shop"] {
+        kubectl(plane, &["create", "serviceaccount", "default", "-n", ns]).await;
+    }
+    for name in ["valkeycluster", "valkeycluster-tls"] {
+        let cluster = strict_dry_run(plane, &read(&golden(name)))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        operator_pod_dry_run(plane, name, &cluster).await;
+    }
+    a_field_the_crd_lacks_is_rejected(plane).await;
+    the_printed_rbac_grants_the_default_account(plane).await;
+}
+
+/// `kubectl create --dry-run=server --validate=strict` of `manifest`: the object as stored.
+async fn strict_dry_run(plane: &ControlPlane, manifest: &str) -> Result<Value, String> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("manifest.yaml");
+    std::fs::write(&path, manifest).unwrap();
+    let args = [
+        "create",
+        "--dry-run=server",
+        "--validate=strict",
+        "-o",
+        "json",
+    ];
+    let path = path.to_str().unwrap();
+    let json = plane
+        .kubectl(&[&args[..], &["-f", path]].concat())
+        .await
+        .map_err(|e| format!("{e:#}"))?;
+    serde_json::from_str(&json).map_err(|e| e.to_string())
+}
+
+/// The check can fail: the golden with one field the operator's types lack is refused, naming it.
+async fn a_field_the_crd_lacks_is_rejected(plane: &ControlPlane) {
+    let golden = read(&golden("valkeycluster-tls"));
+    let bogus = [
+        // In the agent's container (corev1.Container has no such field).
+        (
+            "      volumeMounts:\n",
+            "      restartPolicyy: Always\n      volumeMounts:\n",
+            "spec.containers[1].restartPolicyy",
+        ),
+        // In a user (UserAclSpec).
+        (
+            "        keys: [default]\n",
+            "        keys: [default]\n      password: plain\n",
+            "spec.users[0].password",
+        ),
+    ];
+    for (at, with, field) in bogus {
+        assert!(golden.contains(at), "{at:?} not in the golden");
+        let manifest = golden.replacen(at, with, 1);
+        let err = strict_dry_run(plane, &manifest).await.err();
+        let err = err.unwrap_or_else(|| panic!("{field} was accepted"));
+        assert!(
+            err.contains(&format!("unknown field \"{field}\"")),
+            "{field}: {err}"
+        );
+    }
+}
+
+/// The containers of a stored ValkeyCluster merged onto the operator's `server` container
+/// (internal/controller/valkeynode_resources.go: its image, command and volumes) and dry-run as
+/// a Pod.
+async fn operator_pod_dry_run(plane: &ControlPlane, name: &str, cluster: &Value) {
     let mut containers = cluster["spec"]["containers"].as_array().unwrap().clone();
     assert_eq!(containers[0]["name"], "server");
-    // The operator's server container: its image and command, our patch on top.
     containers[0]["image"] = json!("valkey/valkey:9.1.2");
     containers[0]["command"] = json!(["valkey-server", "/config/valkey.conf"]);
+    let mut volumes = vec![json!({ "name": "data", "emptyDir": {} })];
+    let tls = &cluster["spec"]["networking"]["tls"]["certificates"]["server"]["secretName"];
+    if let Some(secret) = tls.as_str() {
+        volumes.push(json!({ "name": "tls-certs", "secret": { "secretName": secret } }));
+    }
+    let namespace = cluster["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or("default");
     let pod = json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": { "name": "orders-0-0", "labels": { "valkey.io/cluster": "orders" } },
-        "spec": { "serviceAccountName": "valkey-sidecar", "containers": containers },
+        "metadata": {
+            "name": "node-0-0", "namespace": namespace,
+            "labels": { "valkey.io/cluster": cluster["metadata"]["name"] },
+        },
+        "spec": { "containers": containers, "volumes": volumes },
     });
+    let stored = strict_dry_run(plane, &pod.to_string())
+        .await
+        .unwrap_or_else(|e| panic!("{name} as a Pod: {e}"));
+    println!("{name}: merged into a Pod, accepted");
+    let agent = &stored["spec"]["containers"][1];
+    assert_eq!(agent["name"], "valkey-sidecar");
+}
+
+/// The RBAC printed on stderr, applied: the namespace's `default` ServiceAccount (the operator's
+/// pods' account) may do what the agent does, and nothing it does not.
+async fn the_printed_rbac_grants_the_default_account(plane: &ControlPlane) {
+    let out = inject(&case_args(&[]), &read(&fixture("valkeycluster-tls.yaml")));
+    let rbac = printed_rbac(&stderr(&out));
     let dir = tempfile::tempdir().unwrap();
-    let pod_path = dir.path().join("pod.json");
-    std::fs::write(&pod_path, pod.to_string()).unwrap();
-    let out = kubectl(
-        plane,
-        &[
-            "apply",
-            "--dry-run=server",
-            "-f",
-            pod_path.to_str().unwrap(),
-        ],
-    )
-    .await;
-    println!("valkeycluster: {}", out.trim());
+    let path = dir.path().join("rbac.yaml");
+    std::fs::write(&path, &rbac).unwrap();
+    kubectl(plane, &["apply", "-f", path.to_str().unwrap()]).await;
+    let can = |verb: &'static str, resource: &'static str| async move {
+        let args = [
+            "auth",
+            "can-i",
+            verb,
+            resource,
+            "-n",
+            "shop",
+            "--as",
+            "system:serviceaccount:shop:default",
+        ];
+        // `no` exits 1: the answer is on stdout either way.
+        match plane.kubectl(&args).await {
+            Ok(out) => out.trim().to_owned(),
+            Err(e) => format!("{e:#}"),
+        }
+    };
+    for (verb, resource) in [
+        ("watch", "valkeyclusters.valkey.io"),
+        ("get", "valkeyclusters.valkey.io"),
+        ("patch", "pods"),
+        ("update", "leases.coordination.k8s.io"),
+        ("create", "events"),
+        ("get", "serviceaccounts/default"),
+    ] {
+        assert_eq!(can(verb, resource).await, "yes", "{verb} {resource}");
+    }
+    for (verb, resource) in [("update", "valkeyclusters.valkey.io"), ("get", "secrets")] {
+        assert_ne!(can(verb, resource).await, "yes", "{verb} {resource}");
+    }
+}
+
+/// The YAML block inject printed on stderr (between its comment line and the next message).
+fn printed_rbac(stderr: &str) -> String {
+    let lines = stderr
+        .lines()
+        .skip_while(|l| !l.starts_with("# The valkey-sidecar agent's RBAC"))
+        .take_while(|l| !l.starts_with("valkey-sidecar inject:"));
+    let block: String = lines.map(|l| format!("{l}\n")).collect();
+    assert!(block.contains("kind: RoleBinding"), "no RBAC in: {stderr}");
+    block
 }
 
 /// Runs `valkey-sidecar inject` on `stdin` with its address space capped at 512 MiB, so an input

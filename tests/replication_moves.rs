@@ -72,7 +72,7 @@ impl Shard {
             host: n.host(),
             port: n.port(),
             username: None,
-            password_file: None,
+            password: None,
             tls: None,
             timeout: Duration::from_secs(1),
         };

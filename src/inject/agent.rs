@@ -29,6 +29,11 @@ pub struct Agent<'a> {
     /// Mounts its own API token ([`token_volume`], which the pod must carry); without it the
     /// agent uses the pod's automounted one.
     pub own_token: bool,
+    /// Environment entries after the generated ones (any form, e.g. `valueFrom`); `--env` still
+    /// wins over them.
+    pub extra_env: Vec<Node>,
+    /// Volume mounts besides the token's.
+    pub mounts: Vec<Node>,
 }
 
 impl<'a> Agent<'a> {
@@ -49,6 +54,8 @@ impl<'a> Agent<'a> {
             prestop: opts.classic.then_some(timeout),
             native: !opts.classic,
             own_token: true,
+            extra_env: Vec::new(),
+            mounts: Vec::new(),
         }
     }
 
@@ -72,13 +79,13 @@ impl<'a> Agent<'a> {
         ]);
         fields.push(("ports", Node::seq(vec![port, heartbeat])));
         fields.push(("env", self.env()));
+        let mut mounts = Vec::new();
         if self.own_token {
-            let mount = Node::map(vec![
-                ("name", Node::str(TOKEN_VOLUME)),
-                ("mountPath", Node::str(TOKEN_PATH)),
-                ("readOnly", Node::plain(true)),
-            ]);
-            fields.push(("volumeMounts", Node::seq(vec![mount])));
+            mounts.push(volume_mount(TOKEN_VOLUME, TOKEN_PATH));
+        }
+        mounts.extend(self.mounts.iter().cloned());
+        if !mounts.is_empty() {
+            fields.push(("volumeMounts", Node::seq(mounts)));
         }
         fields.push(("resources", resources()));
         fields.push(("securityContext", security_context()));
@@ -104,6 +111,7 @@ impl<'a> Agent<'a> {
             value("SIDECAR_MODE", self.mode.as_str()),
             value("SIDECAR_CLUSTER_NAME", self.cluster),
         ];
+        vars.extend(self.extra_env.iter().cloned());
         for (name, v) in self.env {
             // `--env` wins over a generated variable of the same name rather than duplicating it.
             vars.retain(|var| var.get("name").and_then(Node::as_str) != Some(name));
@@ -145,6 +153,27 @@ pub fn token_volume() -> Node {
         ("name", Node::str(TOKEN_VOLUME)),
         ("projected", Node::map(vec![("sources", sources)])),
     ])
+}
+
+/// A read-only mount of the pod's volume `name` at `path`.
+pub fn volume_mount(name: &str, path: &str) -> Node {
+    Node::map(vec![
+        ("name", Node::str(name)),
+        ("mountPath", Node::str(path)),
+        ("readOnly", Node::plain(true)),
+    ])
+}
+
+/// `name: value`.
+pub fn env_value(name: &str, value: &str) -> Node {
+    env_var(name, ("value", Node::str(value)))
+}
+
+/// `name` from `key` of the Secret `secret`.
+pub fn env_from_secret(name: &str, secret: &str, key: &str) -> Node {
+    let selector = Node::map(vec![("name", Node::str(secret)), ("key", Node::str(key))]);
+    let from = Node::map(vec![("secretKeyRef", selector)]);
+    env_var(name, ("valueFrom", from))
 }
 
 fn env_var(name: &str, source: (&str, Node)) -> Node {

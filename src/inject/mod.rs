@@ -14,6 +14,7 @@ pub mod agent;
 pub mod emit;
 pub mod operator;
 pub mod pod;
+pub mod sentinel;
 pub mod stream;
 pub mod workload;
 pub mod yaml;
@@ -69,6 +70,10 @@ pub struct InjectArgs {
     /// Write nothing; exit 1 when injection would change something (for CI).
     #[arg(long)]
     pub check: bool,
+    /// Inject into workloads that run Valkey Sentinel too (refused without it: Sentinel and the
+    /// agent would both fail over primaries), with a warning.
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// SIDECAR_MODE.
@@ -99,6 +104,7 @@ pub struct Options {
     pub service_account: Option<String>,
     pub replace_probes: bool,
     pub ignore_missing: bool,
+    pub force: bool,
 }
 
 impl From<&InjectArgs> for Options {
@@ -113,6 +119,7 @@ impl From<&InjectArgs> for Options {
             service_account: a.service_account.clone(),
             replace_probes: a.replace_probes,
             ignore_missing: a.ignore_missing,
+            force: a.force,
         }
     }
 }
@@ -126,7 +133,7 @@ pub enum Injection {
 }
 
 /// Why a workload cannot be injected.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Problem {
     #[error(
         "no Valkey container (none named `valkey`, `server` or by --container, no image containing \
@@ -135,6 +142,29 @@ pub enum Problem {
     NoValkey,
     #[error("no pod template (spec) to inject into")]
     NoPodSpec,
+    /// Sentinel fails primaries over by itself; a second failover authority would fight it.
+    #[error(
+        "it runs Valkey Sentinel ({0}): Sentinel and the agent would both fail primaries over \
+         and fight; not injected (--force to inject anyway)"
+    )]
+    Sentinel(String),
+}
+
+impl Problem {
+    /// Whether `--ignore-missing` passes the workload through: it has nothing to inject into.
+    /// A Sentinel workload has, and is refused for a reason of its own.
+    pub fn is_missing(&self) -> bool {
+        matches!(self, Problem::NoValkey | Problem::NoPodSpec)
+    }
+
+    /// What to add to the message of a failed document.
+    fn hint(&self) -> &'static str {
+        if self.is_missing() {
+            "; pass such documents through with --ignore-missing"
+        } else {
+            ""
+        }
+    }
 }
 
 /// Something that stops inject, and the input it is in (a file, or `stdin`).
@@ -153,9 +183,10 @@ pub enum InputProblem {
     #[error("{0}")]
     Syntax(yaml::SyntaxError),
     #[error(
-        "document {index} ({}): {}; pass such documents through with --ignore-missing",
+        "document {index} ({}): {}{}",
         failure.what,
-        failure.problem
+        failure.problem,
+        failure.problem.hint()
     )]
     Document {
         index: usize,
@@ -182,19 +213,33 @@ impl InjectError {
     }
 }
 
-/// Warnings for stderr, each once.
+/// Warnings for stderr, each once, and blocks of text to show after them (e.g. RBAC to apply).
 #[derive(Debug, Default)]
-pub struct Notes(Vec<String>);
+pub struct Notes {
+    warnings: Vec<String>,
+    blocks: Vec<String>,
+}
 
 impl Notes {
     pub fn warn(&mut self, note: String) {
-        if !self.0.contains(&note) {
-            self.0.push(note);
+        if !self.warnings.contains(&note) {
+            self.warnings.push(note);
+        }
+    }
+
+    /// A block shown as it is, once however many objects ask for it.
+    pub fn show(&mut self, block: String) {
+        if !self.blocks.contains(&block) {
+            self.blocks.push(block);
         }
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &String> {
-        self.0.iter()
+        self.warnings.iter()
+    }
+
+    pub fn blocks(&self) -> impl Iterator<Item = &String> {
+        self.blocks.iter()
     }
 }
 
@@ -294,6 +339,10 @@ pub fn run(args: &InjectArgs) -> i32 {
     let result = inject_inputs(&args.files, &Options::from(args), &mut notes);
     for note in notes.iter() {
         eprintln!("valkey-sidecar inject: warning: {note}");
+    }
+    // On stderr too: stdout is the manifests.
+    for block in notes.blocks() {
+        eprint!("{block}");
     }
     let (text, changed) = match result {
         Ok(out) => out,

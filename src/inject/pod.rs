@@ -4,7 +4,7 @@
 
 use super::agent::{self, Agent};
 use super::yaml::Node;
-use super::{Injection, Mode, Notes, Options, Problem};
+use super::{Injection, Mode, Notes, Options, Problem, sentinel};
 
 use crate::kube::pods::CLUSTER_LABEL;
 
@@ -28,6 +28,7 @@ pub fn inject(
     if has_agent(spec, &opts.image) {
         return Ok(Injection::AlreadyInjected);
     }
+    refuse_sentinel(pod, owner, opts, notes)?;
     let valkey = find_valkey(spec, opts)?;
     if opts.mode.is_none() && valkey.mode == Mode::Replication {
         notes.warn(format!(
@@ -51,6 +52,28 @@ pub fn inject(
     service_account(spec, opts, notes);
     label(pod, &cluster);
     Ok(Injection::Injected)
+}
+
+/// A Sentinel-managed pod is refused, or with `--force` injected with a warning.
+fn refuse_sentinel(
+    pod: &Node,
+    owner: &Owner<'_>,
+    opts: &Options,
+    notes: &mut Notes,
+) -> Result<(), Problem> {
+    let Some(why) = sentinel::detect(pod) else {
+        return Ok(());
+    };
+    if !opts.force {
+        return Err(Problem::Sentinel(why));
+    }
+    notes.warn(format!(
+        "{}: it runs Valkey Sentinel ({why}); injected anyway (--force): Sentinel and the \
+         agent's coordinator will both fail primaries over (--env SIDECAR_COORDINATOR=false \
+         keeps the agent out of the coordinator election)",
+        owner.what
+    ));
+    Ok(())
 }
 
 /// The Valkey container and what it says about the agent's settings.

@@ -34,7 +34,7 @@ fn object(
         return list(doc, &what, opts, notes);
     }
     match single(doc, &what, opts, notes) {
-        Err(problem) if opts.ignore_missing => {
+        Err(problem) if opts.ignore_missing && problem.is_missing() => {
             notes.warn(format!(
                 "{what}: {problem}; left unchanged (--ignore-missing)"
             ));

@@ -5,7 +5,6 @@
 //! exponential schedule (with jitter), so a crash-looping Valkey is not hammered and a restarted
 //! one is seen again within one delay.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use backon::ExponentialBackoff;
@@ -18,6 +17,7 @@ use valkey_sidecar_core::shards::ShardNode;
 
 use super::capped::{Capped, REPLY_CAP};
 use super::tls::Tls;
+use crate::config::Password;
 
 /// Why a tick got no answer from Valkey.
 #[derive(Debug, thiserror::Error)]
@@ -86,7 +86,7 @@ pub struct Connector {
     pub host: String,
     pub port: u16,
     pub username: Option<String>,
-    pub password_file: Option<PathBuf>,
+    pub password: Option<Password>,
     pub tls: Option<Tls>,
     pub timeout: Duration,
 }
@@ -185,15 +185,19 @@ impl Connector {
         if let Some(user) = &self.username {
             info = info.set_username(user);
         }
-        if let Some(path) = &self.password_file {
-            let text =
-                tokio::fs::read_to_string(path)
-                    .await
-                    .map_err(|source| ValkeyError::Password {
+        match &self.password {
+            Some(Password::File(path)) => {
+                let text = tokio::fs::read_to_string(path).await.map_err(|source| {
+                    ValkeyError::Password {
                         path: path.display().to_string(),
                         source,
-                    })?;
-            info = info.set_password(text.trim_end_matches(['\r', '\n']));
+                    }
+                })?;
+                info = info.set_password(text.trim_end_matches(['\r', '\n']));
+            }
+            // As given: valkey-operator hashes a Secret's bytes as they are, a final newline too.
+            Some(Password::Value(secret)) => info = info.set_password(secret.0.as_str()),
+            None => {}
         }
         Ok(info)
     }

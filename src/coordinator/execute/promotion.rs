@@ -235,7 +235,7 @@ mod tests {
             host: addr.ip().to_string(),
             port: addr.port(),
             username: None,
-            password_file: None,
+            password: None,
             tls: None,
             timeout: Duration::from_millis(150),
         };
