@@ -299,3 +299,118 @@ async fn replication_mode_switchover_and_a_shard_record_of_a_future_format() {
     );
     assert!(written.acked.len() > 100, "the shard takes writes again");
 }
+
+/// `coordination: operator` beside valkey-operator's `ValkeyCluster` (its published CRD, as
+/// `inject` targets it): while the resource is not Ready the coordinator makes no fail-back (the
+/// operator may be moving primaries itself); once Ready for its generation, it does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beside_an_operator_fail_back_waits_until_its_cluster_is_ready() {
+    let o = StageOptions::cluster("operator", 1, 1)
+        .env("SIDECAR_COORDINATION", "operator")
+        .env("SIDECAR_FAILBACK", "true")
+        .env("SIDECAR_QUIET_PERIOD", "2s")
+        .env("SIDECAR_MOVE_COOLDOWN", "1s");
+    let s = Stage::start(o).await.unwrap();
+    s.wait_settled(2, 1, 120 * SECOND).await.unwrap();
+    operator_resource(&s).await;
+    s.wait_coordinator(30 * SECOND).await.unwrap();
+    let (home, away) = ("valkey-0-0", "valkey-0-1");
+    let zone = |l: std::collections::BTreeMap<String, String>| {
+        l.get("topology.kubernetes.io/zone").cloned()
+    };
+    let zones = (
+        zone(s.labels(home).await.unwrap()),
+        zone(s.labels(away).await.unwrap()),
+    );
+    assert_ne!(zones.0, zones.1, "the chart spreads a shard over zones");
+    poll_until(
+        "the shard's primary at home",
+        30 * SECOND,
+        SECOND / 4,
+        || async { Ok(s.role(home).as_deref() == Some("master")) },
+    )
+    .await
+    .unwrap();
+    let out = cli(&s, &["switchover", "--shard", "0", "--to", away]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    tokio::time::sleep(8 * SECOND).await;
+    assert_eq!(
+        s.role(away).as_deref(),
+        Some("master"),
+        "a fail-back while the operator is at work"
+    );
+    assert_eq!(sum(&s, "valkey_sidecar_coordinator_operator_busy").await, 1);
+    let status = r#"{"status":{"conditions":[{"type":"Ready","status":"True","reason":"ClusterHealthy","message":"ok","lastTransitionTime":"2026-12-01T00:00:00Z","observedGeneration":1}]}}"#;
+    let ns = s.namespace.clone();
+    let patch = [
+        "patch",
+        "-n",
+        &ns,
+        "valkeycluster",
+        "valkey",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        status,
+    ];
+    s.plane.kubectl(&patch).await.unwrap();
+    let ready = Instant::now();
+    poll_until(
+        "the fail-back once the operator is Ready",
+        30 * SECOND,
+        SECOND / 4,
+        || async { Ok(s.role(home).as_deref() == Some("master")) },
+    )
+    .await
+    .unwrap();
+    println!(
+        "operator Ready → fail-back home after {:?}",
+        ready.elapsed()
+    );
+    assert_eq!(sum(&s, "valkey_sidecar_coordinator_operator_busy").await, 0);
+}
+
+/// valkey-operator's CRD, a `ValkeyCluster` named like the deployment, and the right to read it
+/// for the agents' ServiceAccount (`inject` prints the same rule).
+async fn operator_resource(s: &Stage) {
+    let crd = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/inject/valkeycluster-crd.yaml"
+    );
+    s.plane.kubectl(&["create", "-f", crd]).await.unwrap();
+    let established = [
+        "wait",
+        "--for=condition=Established",
+        "--timeout=30s",
+        "crd/valkeyclusters.valkey.io",
+    ];
+    s.plane.kubectl(&established).await.unwrap();
+    let ns = s.namespace.clone();
+    let role = [
+        "create",
+        "role",
+        "-n",
+        &ns,
+        "read-valkeyclusters",
+        "--verb=get,list,watch",
+        "--resource=valkeyclusters.valkey.io",
+    ];
+    s.plane.kubectl(&role).await.unwrap();
+    let sa = format!("--serviceaccount={ns}:valkey-sidecar");
+    let binding = [
+        "create",
+        "rolebinding",
+        "-n",
+        &ns,
+        "read-valkeyclusters",
+        "--role=read-valkeyclusters",
+        &sa,
+    ];
+    s.plane.kubectl(&binding).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("valkeycluster.yaml");
+    let resource = "apiVersion: valkey.io/v1alpha1\nkind: ValkeyCluster\nmetadata:\n  name: valkey\nspec:\n  shards: 1\n  replicas: 1\n";
+    std::fs::write(&path, resource).unwrap();
+    let create = ["create", "-n", &ns, "-f", path.to_str().unwrap()];
+    s.plane.kubectl(&create).await.unwrap();
+}
