@@ -22,7 +22,7 @@ VALKEY_SIDECAR_BIN="$(scripts/static-build.sh)"
 export VALKEY_SERVER VALKEY_TESTKIT_K8S_BIN_DIR HELM_BIN VALKEY_SIDECAR_BIN
 cargo build --release --locked -p valkey-sidecar-bench --bin bench
 # The chaos tests, built before anything is timed.
-chaos=(k8s_node_faults k8s_split_brain k8s_disruption k8s_rollout k8s_replication k8s_replication_coordinator k8s_coordinator k8s_chart k8s_labels k8s_full_restart)
+chaos=(k8s_node_faults k8s_split_brain k8s_disruption k8s_rollout k8s_replication k8s_replication_coordinator k8s_coordinator k8s_chart k8s_labels k8s_full_restart k8s_operate)
 cargo test --locked -p valkey-sidecar --no-run "${chaos[@]/#/--test=}"
 export BENCH_PLOTS_DIR="$PWD/docs/plots"
 # The build the report names (the summary block repeats it).

@@ -210,7 +210,7 @@ impl Metrics {
             observations => "observations": "Ticks of the observation loop";
             loop_seconds => "observation_duration_seconds": "Time one tick took";
             http_requests => "http_requests": "HTTP requests served, by path and status";
-            http_connections_closed => "http_connections_closed": "HTTP connections closed, by why: done, header_timeout (no request head in time), lifetime (open too long), per_source (its address held too many), evicted (the oldest, past the connection cap)";
+            http_connections_closed => "http_connections_closed": "HTTP connections closed, by why: done, header_timeout (no request head in time), lifetime (open too long), per_source (the oldest of an address that held too many), evicted (the oldest of all, past the connection cap)";
             label_writes => "label_writes": "Server-side applies of the pod labels, by result";
             label_write_seconds => "label_write_duration_seconds": "Time one label write took";
             events => "events": "Kubernetes Events, by reason and result";

@@ -42,7 +42,8 @@ pub struct Target {
 }
 
 impl Target {
-    fn lease_name(&self) -> String {
+    /// The coordinator Lease's name.
+    pub fn lease_name(&self) -> String {
         self.lease
             .clone()
             .unwrap_or_else(|| format!("{}-coordinator", self.cluster))

@@ -26,6 +26,7 @@ use crate::coordinator::world::revisions;
 use crate::exit;
 use crate::kube::KubeError;
 use crate::kube::pods::{SHARD_INDEX_LABEL, is_ready};
+use crate::operate::Target;
 
 /// How `status` prints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -38,15 +39,8 @@ pub enum Output {
 /// coordinator and its status, a roll in progress (uses KUBECONFIG or the in-cluster account).
 #[derive(Debug, Clone, Args)]
 pub struct StatusArgs {
-    /// The deployment's name (`valkey.io/cluster`; the chart's `clusterName`, else the release).
-    #[arg(long, default_value = "valkey")]
-    pub cluster: String,
-    /// Its namespace.
-    #[arg(long, short = 'n', env = "POD_NAMESPACE", default_value = "default")]
-    pub namespace: String,
-    /// The coordinator Lease (default `<cluster>-coordinator`).
-    #[arg(long)]
-    pub lease: Option<String>,
+    #[command(flatten)]
+    pub target: Target,
     #[command(flatten)]
     pub role: RoleLabelArgs,
     /// `table` or `json`.
@@ -69,21 +63,18 @@ pub fn main(matches: &ArgMatches) -> i32 {
 /// Asks the API: the pods, their StatefulSets, the coordinator Lease.
 async fn overview(args: &StatusArgs) -> Result<Overview, KubeError> {
     let client = crate::kube::client().await?;
-    let selector = format!("valkey.io/cluster={}", args.cluster);
+    let selector = format!("valkey.io/cluster={}", args.target.cluster);
     let params = ListParams::default().labels(&selector);
     let limit = Duration::from_secs(10);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &args.namespace);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &args.target.namespace);
     let pods = crate::kube::bounded(limit, pods.list(&params)).await?.items;
-    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &args.namespace);
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &args.target.namespace);
     // Pods of an operator or of `inject` may have no StatefulSet of this label: no revisions then.
     let sets = crate::kube::bounded(limit, sets.list(&params))
         .await
         .map(|l| l.items);
-    let leases: Api<Lease> = Api::namespaced(client, &args.namespace);
-    let name = args
-        .lease
-        .clone()
-        .unwrap_or_else(|| format!("{}-coordinator", args.cluster));
+    let leases: Api<Lease> = Api::namespaced(client, &args.target.namespace);
+    let name = args.target.lease_name();
     let lease = crate::kube::bounded(limit, leases.get_opt(&name)).await?;
     let pods: Vec<Arc<Pod>> = pods.into_iter().map(Arc::new).collect();
     let sets: Vec<Arc<StatefulSet>> = sets.unwrap_or_default().into_iter().map(Arc::new).collect();
@@ -96,7 +87,7 @@ async fn overview(args: &StatusArgs) -> Result<Overview, KubeError> {
     let (coordinator, status) = lease.as_ref().map(coordinator_of).unwrap_or_default();
     let paused = lease.as_ref().and_then(|l| annotation(l, PAUSED));
     Ok(Overview {
-        cluster: args.cluster.clone(),
+        cluster: args.target.cluster.clone(),
         pods: rows,
         coordinator,
         status,

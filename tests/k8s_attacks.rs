@@ -4,8 +4,6 @@
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -21,20 +19,32 @@ use valkey_sidecar_testkit::k8s::shard::record;
 use valkey_sidecar_testkit::k8s::{Stage, StageOptions, http_get, pod_is_ready, poll_until};
 
 const SECOND: Duration = Duration::from_secs(1);
-/// Idle connections the attacker keeps open (re-opening those the agent closes).
+/// Idle connections one hostile address keeps open (re-opening those the agent closes).
 const IDLE: usize = 5000;
-/// Connections that drip a request head one byte at a time.
+/// Connections that drip a request head one byte at a time, [`DRIPPING_PER_ADDRESS`] from each of
+/// several addresses: under the per-source limit and, with the agent's other connections, under
+/// its total cap, so only the request-head timeout can close them.
 const DRIPPING: usize = 200;
-/// Longer than the chart's liveness probe needs to restart Valkey (3 × 5 s) and its readiness
-/// probe to turn the pod unready (2 × 2 s).
-const ATTACK: Duration = Duration::from_secs(25);
+const DRIPPING_PER_ADDRESS: usize = 25;
+/// Other hostile addresses (pods of a compromised workload), each holding more than the agent's
+/// per-source limit (32): together far past its total cap (a quarter of the container's 1,024
+/// open files, 256).
+const SPREAD: u8 = 64;
+const PER_SPREAD: usize = 40;
+/// Idle connections from the kubelet's own address (a `hostNetwork` pod on the node).
+const BESIDE_KUBELET: usize = 500;
+/// Each attack lasts longer than the chart's liveness probe needs to restart Valkey (3 × 5 s)
+/// and its readiness probe to turn the pod unready (2 × 2 s).
+const ATTACK: Duration = Duration::from_secs(20);
 
 /// One attack at a time: the flood's figures are the attack's effect on a 2-core machine, not that
 /// of another test's stage starting beside it.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// The hostile pod's address (the kubelet's probes come from 127.0.0.1, its node's).
+/// The hostile pod's address.
 const HOSTILE: Ipv4Addr = Ipv4Addr::new(127, 0, 99, 66);
+/// The kubelet's probes come from its node's address.
+const KUBELET: Ipv4Addr = Ipv4Addr::LOCALHOST;
 
 async fn connect_from(source: Ipv4Addr, target: SocketAddr) -> std::io::Result<TcpStream> {
     let socket = TcpSocket::new_v4()?;
@@ -42,15 +52,14 @@ async fn connect_from(source: Ipv4Addr, target: SocketAddr) -> std::io::Result<T
     socket.connect(target).await
 }
 
-/// One attacker connection, re-opened whenever the agent closes it, until the task is aborted:
-/// idle (connect, then wait) or dripping (a request line, then a header byte every 500 ms).
-async fn hold(target: SocketAddr, drip: bool, open: Arc<AtomicUsize>, closed: Arc<AtomicUsize>) {
+/// One attacker connection, re-opened whenever the agent closes it, until the process ends: idle
+/// (connect, then wait) or dripping (a request line, then a header byte every 500 ms).
+async fn hold(source: Ipv4Addr, target: SocketAddr, drip: bool) {
     loop {
-        let Ok(mut stream) = connect_from(HOSTILE, target).await else {
+        let Ok(mut stream) = connect_from(source, target).await else {
             tokio::time::sleep(Duration::from_millis(20)).await;
             continue;
         };
-        open.fetch_add(1, Ordering::Relaxed);
         if drip {
             let _ = stream.write_all(b"GET /livez HTTP/1.1\r\nX-A: ").await;
             while stream.write_all(b"a").await.is_ok() {
@@ -64,8 +73,6 @@ async fn hold(target: SocketAddr, drip: bool, open: Arc<AtomicUsize>, closed: Ar
             // Returns once the agent closes the connection.
             while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
         }
-        open.fetch_sub(1, Ordering::Relaxed);
-        closed.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -97,15 +104,26 @@ fn restarts(pod: &Pod) -> i32 {
 /// What the defender saw during the attack.
 #[derive(Default)]
 struct Watched {
-    probes: usize,
+    /// Each probe's answer time.
+    took: Vec<Duration>,
     failed: Vec<String>,
-    slowest: Duration,
-    unready: usize,
+    unready: Vec<String>,
     peak_rss_kib: u64,
 }
 
-/// The kubelet's view during the attack, sampled: a `/livez` probe with its 1 s timeout every
-/// 250 ms, the pods' Ready condition and the agent's memory.
+impl Watched {
+    /// The `q` quantile of the probes' answer times.
+    fn quantile(&self, q: f64) -> Duration {
+        let mut took = self.took.clone();
+        took.sort();
+        let at = ((took.len() as f64 - 1.0) * q).round() as usize;
+        took.get(at).copied().unwrap_or_default()
+    }
+}
+
+/// The kubelet's view during the attack, sampled: a `/livez` probe from the kubelet's address
+/// with its 1 s timeout every 50 ms, and every fifth time the pods' Ready condition (with the
+/// agent's answer when one is not) and the agent's memory.
 async fn watch(s: &Stage, pod: &str, agent_pid: u32, until: Instant) -> Watched {
     let mut w = Watched::default();
     let agent = s.agent(pod).unwrap();
@@ -116,18 +134,141 @@ async fn watch(s: &Stage, pod: &str, agent_pid: u32, until: Instant) -> Watched 
             Ok((code, body)) => w.failed.push(format!("{code}: {body}")),
             Err(e) => w.failed.push(format!("{e:#}")),
         }
-        w.probes += 1;
-        w.slowest = w.slowest.max(at.elapsed());
-        let pods = s.pod_objects().await.unwrap();
-        w.unready += pods.iter().filter(|p| !pod_is_ready(p)).count();
-        w.peak_rss_kib = w.peak_rss_kib.max(rss_kib(agent_pid));
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        w.took.push(at.elapsed());
+        if w.took.len() % 5 == 0 {
+            for p in s
+                .pod_objects()
+                .await
+                .unwrap()
+                .iter()
+                .filter(|p| !pod_is_ready(p))
+            {
+                let name = p.metadata.name.clone().unwrap_or_default();
+                let why = http_get(s.agent(&name).unwrap(), "/readyz", SECOND).await;
+                w.unready.push(format!("{name}: {why:?}"));
+            }
+            w.peak_rss_kib = w.peak_rss_kib.max(rss_kib(agent_pid));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     w
 }
 
+/// The two floods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flood {
+    /// [`IDLE`] idle connections from one address, [`DRIPPING`] from a few others.
+    OneAddress,
+    /// [`SPREAD`] addresses past the total cap, and [`BESIDE_KUBELET`] from the kubelet's address.
+    Spread,
+}
+
+/// Who attacks in `flood`: (source, drips) per connection.
+fn attack_mix(flood: Flood) -> Vec<(Ipv4Addr, bool)> {
+    match flood {
+        Flood::OneAddress => {
+            let idle = (0..IDLE).map(|_| (HOSTILE, false));
+            let dripping = (0..DRIPPING).map(|k| {
+                let a = u8::try_from(1 + k / DRIPPING_PER_ADDRESS).unwrap();
+                (Ipv4Addr::new(127, 0, 98, a), true)
+            });
+            idle.chain(dripping).collect()
+        }
+        Flood::Spread => {
+            let spread = (1..=SPREAD)
+                .flat_map(|a| (0..PER_SPREAD).map(move |_| (Ipv4Addr::new(127, 0, 100, a), false)));
+            let beside = (0..BESIDE_KUBELET).map(|_| (KUBELET, false));
+            spread.chain(beside).collect()
+        }
+    }
+}
+
+/// The attacking pod's process (not the kubelet's, which the test process plays): started by the
+/// flood test with `FLOOD` and `FLOOD_TARGET`, killed by it; without them it does nothing.
+#[test]
+#[ignore = "the flood test's attacker process, started by that test"]
+fn attacker_process() {
+    let (Ok(flood), Ok(target)) = (std::env::var("FLOOD"), std::env::var("FLOOD_TARGET")) else {
+        return;
+    };
+    let flood = if flood == "spread" {
+        Flood::Spread
+    } else {
+        Flood::OneAddress
+    };
+    let target: SocketAddr = target.parse().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut attackers = JoinSet::new();
+        for (source, drip) in attack_mix(flood) {
+            attackers.spawn(hold(source, target, drip));
+        }
+        attackers.join_next().await;
+    });
+}
+
+/// Starts the attacker process for `flood` on `target`.
+fn start_attacker(flood: Flood, target: SocketAddr) -> tokio::process::Child {
+    let name = if flood == Flood::Spread {
+        "spread"
+    } else {
+        "one"
+    };
+    tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args(["attacker_process", "--exact", "--ignored", "--nocapture"])
+        .env("FLOOD", name)
+        .env("FLOOD_TARGET", target.to_string())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+/// The agent's count of connections it closed for `why`.
+async fn closed_for(s: &Stage, pod: &str, why: &str) -> u64 {
+    let name = format!("valkey_sidecar_http_connections_closed_total{{kind=\"{why}\"}}");
+    s.agent_counter(pod, &name).await.unwrap()
+}
+
+/// Runs `flood` for [`ATTACK`] against `pod`; what the kubelet saw and, by why, the connections
+/// the agent closed meanwhile (per source, past the cap, no request head in time).
+async fn attack(s: &Stage, pod: &str, agent_pid: u32, flood: Flood) -> (Watched, [u64; 3]) {
+    let whys = ["per_source", "evicted", "header_timeout"];
+    let mut before = [0; 3];
+    for (n, why) in before.iter_mut().zip(whys) {
+        *n = closed_for(s, pod, why).await;
+    }
+    let mut attacker = start_attacker(flood, s.agent(pod).unwrap());
+    let w = watch(s, pod, agent_pid, Instant::now() + ATTACK).await;
+    attacker.kill().await.unwrap();
+    let mut closed = [0; 3];
+    for ((n, why), b) in closed.iter_mut().zip(whys).zip(before) {
+        *n = closed_for(s, pod, why).await - b;
+    }
+    let [per_source, evicted, timed_out] = closed;
+    println!(
+        "{flood:?} flood, {ATTACK:?}: {} probes, {} failed, p50 {:?}, p99 {:?}, slowest {:?}; {} unready samples; \
+         agent RSS peak {} KiB; the agent closed {per_source} (their address held 32) + {evicted} (past the \
+         total cap) + {timed_out} (no request head in time)",
+        w.took.len(),
+        w.failed.len(),
+        w.quantile(0.5),
+        w.quantile(0.99),
+        w.quantile(1.0),
+        w.unready.len(),
+        w.peak_rss_kib,
+    );
+    (w, closed)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_idle_and_dripping_connections_to_the_probe_port_harms_nothing() {
+    // From one address (idle, and dripping from a few more), then from many past the total cap
+    // together with the kubelet's own address; the attacker in its own process, as a pod is.
     let _one = ONE_AT_A_TIME.lock().await;
     let s = Stage::start(StageOptions::replication("attack-flood", 1).lease("4s", "3s", "1s"))
         .await
@@ -153,59 +294,28 @@ async fn a_flood_of_idle_and_dripping_connections_to_the_probe_port_harms_nothin
         .container_pid(&s.namespace, pod, "valkey-sidecar")
         .unwrap();
     let rss_before = rss_kib(agent_pid);
+    println!("agent RSS before: {rss_before} KiB");
 
-    let target = s.agent(pod).unwrap();
-    let (open, closed) = (Arc::default(), Arc::<AtomicUsize>::default());
-    let mut attackers = JoinSet::new();
-    for k in 0..IDLE + DRIPPING {
-        attackers.spawn(hold(
-            target,
-            k >= IDLE,
-            Arc::clone(&open),
-            Arc::clone(&closed),
-        ));
+    let (one, [per_source, _, timed_out]) = attack(&s, pod, agent_pid, Flood::OneAddress).await;
+    let (spread, [_, evicted, _]) = attack(&s, pod, agent_pid, Flood::Spread).await;
+    for w in [&one, &spread] {
+        assert!(w.failed.is_empty(), "probes failed: {:?}", w.failed);
+        assert!(w.unready.is_empty(), "pods turned unready: {:?}", w.unready);
+        assert!(
+            w.peak_rss_kib < rss_before + 32 * 1024,
+            "the agent's memory grew from {rss_before} to {} KiB",
+            w.peak_rss_kib
+        );
     }
-    let started = Instant::now();
-    let w = watch(&s, pod, agent_pid, started + ATTACK).await;
-    let (open_at_end, reopened) = (open.load(Ordering::Relaxed), closed.load(Ordering::Relaxed));
-    attackers.abort_all();
-
-    let closed_for =
-        |why: &str| format!("valkey_sidecar_http_connections_closed_total{{kind=\"{why}\"}}");
-    let refused = s
-        .agent_counter(pod, &closed_for("per_source"))
-        .await
-        .unwrap();
-    let timed_out = s
-        .agent_counter(pod, &closed_for("header_timeout"))
-        .await
-        .unwrap();
-    println!(
-        "{ATTACK:?} of {IDLE} idle + {DRIPPING} dripping connections: {} probes, {} failed, slowest {:?}; \
-         unready samples {}; agent RSS {} → peak {} KiB; the agent closed {refused} (its source held too many) + \
-         {timed_out} (no request head in time), the attacker re-opened {reopened}, {open_at_end} open at the end",
-        w.probes,
-        w.failed.len(),
-        w.slowest,
-        w.unready,
-        rss_before,
-        w.peak_rss_kib,
-    );
-    assert!(w.failed.is_empty(), "probes failed: {:?}", w.failed);
-    assert_eq!(w.unready, 0, "a pod turned unready during the attack");
     let restarts_after: i32 = s.pod_objects().await.unwrap().iter().map(restarts).sum();
     assert_eq!(restarts_after, restarts_before, "a container was restarted");
     assert_eq!(record(&s, "0").await, before, "the record changed hands");
+    // The defences were what held: each limit closed connections in the flood aimed at it.
     assert!(
-        w.peak_rss_kib < rss_before + 32 * 1024,
-        "the agent's memory grew from {rss_before} to {} KiB",
-        w.peak_rss_kib
+        per_source > 0 && timed_out > 0,
+        "one address: {per_source} per source, {timed_out} timed out"
     );
-    // The defences were what held: connections were closed for both reasons.
-    assert!(
-        refused > 0 && timed_out > 0,
-        "{refused} refused, {timed_out} timed out"
-    );
+    assert!(evicted > 0, "many addresses: none closed past the cap");
 }
 
 /// Whether `container` (as the apiserver admitted the pod) mounts a ServiceAccount token at the

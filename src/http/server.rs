@@ -5,11 +5,14 @@
 //! So no client can hold on to the agent for long: each request head must arrive within
 //! [`HEADER_TIMEOUT`] (idle keep-alive connections included), a connection lives at most
 //! [`MAX_LIFETIME`], a request head is at most [`MAX_HEAD`] bytes, one source address holds at
-//! most [`PER_SOURCE`] connections (more are closed at once: a hostile pod cannot crowd out the
-//! kubelet, whose probes come from its node's address), and once [`Connections`] holds its cap the
-//! *oldest* connection is closed to make room, so memory stays bounded whoever connects.
+//! most [`PER_SOURCE`] connections, and [`Connections`] at most its cap. Past either limit the
+//! *oldest* connection (of that source, or of all) is closed to make room, never the new one: the
+//! kubelet opens a connection per probe and sends its request at once, so the newest connection is
+//! the one most likely to be a probe — also when a hostile pod shares the kubelet's address (a
+//! `hostNetwork` pod on the node). After each accept the loop yields, so the new connection's task
+//! reads and answers its request before a flood waiting in the backlog can push it out.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::convert::Infallible;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -49,11 +52,12 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, mut shutdown: watch::Re
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => match connections.admit(peer.ip()) {
-                    Some(admitted) => serve_one(stream, &app, &graceful, &connections, admitted),
-                    // Dropped: closed at once.
-                    None => connections.metrics.http_connection_closed("per_source"),
-                },
+                Ok((stream, peer)) => {
+                    let admitted = connections.admit(peer.ip());
+                    serve_one(stream, &app, &graceful, &connections, admitted);
+                    // The single-threaded runtime runs the new task before the next accept.
+                    tokio::task::yield_now().await;
+                }
                 // Out of file descriptors and the like: pause instead of spinning.
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
@@ -72,7 +76,7 @@ fn serve_one(
     app: &Arc<App>,
     graceful: &GracefulShutdown,
     connections: &Connections,
-    (id, evicted): (u64, oneshot::Receiver<()>),
+    (id, evicted): (u64, oneshot::Receiver<&'static str>),
 ) {
     let _ = stream.set_nodelay(true);
     let app = app.clone();
@@ -91,7 +95,7 @@ fn serve_one(
         // Dropping the connection closes its socket.
         let why = tokio::select! {
             done = conn => if done.is_err_and(|e| e.is_timeout()) { "header_timeout" } else { "done" },
-            _ = evicted => "evicted",
+            why = evicted => why.unwrap_or("evicted"),
             _ = tokio::time::sleep(MAX_LIFETIME) => "lifetime",
         };
         connections.close(id, why);
@@ -109,20 +113,34 @@ struct Connections {
 #[derive(Default)]
 struct Open {
     next: u64,
-    by_age: BTreeMap<u64, (IpAddr, oneshot::Sender<()>)>,
-    by_source: HashMap<IpAddr, usize>,
+    by_age: BTreeMap<u64, (IpAddr, oneshot::Sender<&'static str>)>,
+    /// Each source's connections, oldest first (ids grow with age).
+    by_source: HashMap<IpAddr, BTreeSet<u64>>,
 }
 
 impl Open {
-    fn remove(&mut self, id: u64) -> Option<oneshot::Sender<()>> {
+    fn remove(&mut self, id: u64) -> Option<oneshot::Sender<&'static str>> {
         let (source, close) = self.by_age.remove(&id)?;
-        if let Some(n) = self.by_source.get_mut(&source) {
-            *n -= 1;
-            if *n == 0 {
+        if let Some(ids) = self.by_source.get_mut(&source) {
+            ids.remove(&id);
+            if ids.is_empty() {
                 self.by_source.remove(&source);
             }
         }
         Some(close)
+    }
+
+    /// Closes connection `id`, telling its task `why`.
+    fn evict(&mut self, id: u64, why: &'static str) {
+        if let Some(close) = self.remove(id) {
+            let _ = close.send(why);
+        }
+    }
+
+    /// The oldest connection of `source` once it holds [`PER_SOURCE`].
+    fn oldest_of_full(&self, source: IpAddr) -> Option<u64> {
+        let ids = self.by_source.get(&source)?;
+        (ids.len() >= PER_SOURCE).then(|| ids.first().copied())?
     }
 }
 
@@ -135,27 +153,26 @@ impl Connections {
         }
     }
 
-    /// Registers a new connection from `source` and returns its id and the signal that closes it,
-    /// closing the oldest ones past the cap; `None` when `source` already holds [`PER_SOURCE`].
-    fn admit(&self, source: IpAddr) -> Option<(u64, oneshot::Receiver<()>)> {
+    /// Registers a new connection from `source` and returns its id and the signal that closes it
+    /// (with why), first closing the oldest of `source` if it holds [`PER_SOURCE`] and the oldest
+    /// of all past the cap.
+    fn admit(&self, source: IpAddr) -> (u64, oneshot::Receiver<&'static str>) {
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        if open.by_source.get(&source).copied().unwrap_or(0) >= PER_SOURCE {
-            return None;
+        if let Some(oldest) = open.oldest_of_full(source) {
+            open.evict(oldest, "per_source");
         }
         while open.by_age.len() >= self.cap {
             let Some(oldest) = open.by_age.keys().next().copied() else {
                 break;
             };
-            if let Some(close) = open.remove(oldest) {
-                let _ = close.send(());
-            }
+            open.evict(oldest, "evicted");
         }
         let (tx, rx) = oneshot::channel();
         let id = open.next;
         open.next += 1;
         open.by_age.insert(id, (source, tx));
-        *open.by_source.entry(source).or_default() += 1;
-        Some((id, rx))
+        open.by_source.entry(source).or_default().insert(id);
+        (id, rx)
     }
 
     /// Forgets a connection that ended, counting why.
@@ -219,12 +236,12 @@ mod tests {
     #[tokio::test]
     async fn past_the_cap_the_oldest_connection_is_closed() {
         let c = Connections::new(2, Arc::new(Metrics::new()));
-        let (a, mut a_closed) = c.admit(ip(1)).unwrap();
-        let (_, mut b_closed) = c.admit(ip(2)).unwrap();
+        let (a, mut a_closed) = c.admit(ip(1));
+        let (_, mut b_closed) = c.admit(ip(2));
         assert_eq!(c.len(), 2);
-        let (_, mut c_closed) = c.admit(ip(3)).unwrap();
+        let (_, mut c_closed) = c.admit(ip(3));
         assert_eq!(c.len(), 2);
-        assert!(a_closed.try_recv().is_ok(), "the oldest is closed");
+        assert_eq!(a_closed.try_recv(), Ok("evicted"), "the oldest is closed");
         assert!(b_closed.try_recv().is_err());
         assert!(c_closed.try_recv().is_err());
         // The evicted connection's task reports its end; nothing else is forgotten.
@@ -233,12 +250,19 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn one_source_holds_at_most_its_share() {
+    async fn one_source_holds_at_most_its_share_and_its_newest_wins() {
         let c = Connections::new(1000, Arc::new(Metrics::new()));
-        let mine: Vec<u64> = (0..PER_SOURCE).map(|_| c.admit(ip(1)).unwrap().0).collect();
-        assert!(c.admit(ip(1)).is_none(), "past its share");
-        assert!(c.admit(ip(2)).is_some(), "another source is served");
-        c.close(mine[0], "done");
-        assert!(c.admit(ip(1)).is_some(), "a closed one frees its place");
+        let mut mine: Vec<_> = (0..PER_SOURCE).map(|_| c.admit(ip(1))).collect();
+        let (_, mut other) = c.admit(ip(2));
+        // Past its share: its own oldest goes, not the new one, nor another source's.
+        let (_, mut newest) = c.admit(ip(1));
+        assert_eq!(mine[0].1.try_recv(), Ok("per_source"));
+        assert!(mine[1..].iter_mut().all(|(_, rx)| rx.try_recv().is_err()));
+        assert!(other.try_recv().is_err() && newest.try_recv().is_err());
+        assert_eq!(c.len(), PER_SOURCE + 1);
+        // A closed one frees its place: nothing is evicted for the next.
+        c.close(mine[1].0, "done");
+        let _ = c.admit(ip(1));
+        assert!(mine[2].1.try_recv().is_err());
     }
 }

@@ -11,7 +11,7 @@ use crate::report::percentile;
 use valkey_sidecar_testkit::faults::{self, Outcome, show};
 
 /// The test binaries with chaos scenarios, in the order the command runs them.
-pub const TESTS: [&str; 10] = [
+pub const TESTS: [&str; 11] = [
     "k8s_node_faults",
     "k8s_split_brain",
     "k8s_disruption",
@@ -22,6 +22,7 @@ pub const TESTS: [&str; 10] = [
     "k8s_chart",
     "k8s_labels",
     "k8s_full_restart",
+    "k8s_operate",
 ];
 
 /// `bench faults <log>`: the table of the outcomes in `log`.
@@ -218,7 +219,7 @@ mod tests {
     fn faults_section_has_the_heading_the_command_and_the_table() {
         let md = markdown(&sample());
         assert!(md.starts_with("### Fault table ("), "{md}");
-        let command = "`VALKEY_TESTKIT_FAULT_LOG=<log> cargo test --locked -p valkey-sidecar --test k8s_node_faults --test k8s_split_brain --test k8s_disruption --test k8s_rollout --test k8s_replication --test k8s_replication_coordinator --test k8s_coordinator --test k8s_chart --test k8s_labels --test k8s_full_restart -- --test-threads 1` and, for the baselines beside them (StatefulSet's `RollingUpdate` beside the supervised roll), `cargo test --locked -p valkey-sidecar --test k8s_rollout -- --ignored --test-threads 1`, then `target/release/bench faults <log>`";
+        let command = "`VALKEY_TESTKIT_FAULT_LOG=<log> cargo test --locked -p valkey-sidecar --test k8s_node_faults --test k8s_split_brain --test k8s_disruption --test k8s_rollout --test k8s_replication --test k8s_replication_coordinator --test k8s_coordinator --test k8s_chart --test k8s_labels --test k8s_full_restart --test k8s_operate -- --test-threads 1` and, for the baselines beside them (StatefulSet's `RollingUpdate` beside the supervised roll), `cargo test --locked -p valkey-sidecar --test k8s_rollout -- --ignored --test-threads 1`, then `target/release/bench faults <log>`";
         assert!(md.contains(command), "{md}");
         let table: Vec<&str> = md.lines().filter(|l| l.starts_with('|')).collect();
         assert_eq!(table.len(), 2 + 3, "{md}");
