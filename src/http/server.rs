@@ -10,13 +10,16 @@
 //! kubelet opens a connection per probe and sends its request at once, so the newest connection is
 //! the one most likely to be a probe — also when a hostile pod shares the kubelet's address (a
 //! `hostNetwork` pod on the node). After each accept the loop yields, so the new connection's task
-//! reads and answers its request before a flood waiting in the backlog can push it out.
+//! reads and answers its request before a flood waiting in the backlog can push it out. Past the
+//! total cap, connections from addresses that sent a whole request within [`ANSWERED_FOR`] (the
+//! kubelet's, every probe period) go last: a flood of silent connections from many addresses
+//! turns over the others, not the probes'.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::convert::Infallible;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hyper::Request;
 use hyper::body::Incoming;
@@ -44,6 +47,10 @@ const MAX_HEAD: usize = 8192;
 const MAX_CONNECTIONS: usize = 1024;
 /// Open connections at most from one address: the kubelet needs one per probe at a time.
 const PER_SOURCE: usize = 32;
+/// How long an address that sent a whole request keeps its precedence past the total cap.
+const ANSWERED_FOR: Duration = Duration::from_secs(60);
+/// Addresses remembered as answered, at most (the kubelet's, a scraper's, a few peers').
+const ANSWERED_MAX: usize = 64;
 
 /// Serves `app` on `listener` until `shutdown` turns true.
 pub async fn serve(listener: TcpListener, app: Arc<App>, mut shutdown: watch::Receiver<bool>) {
@@ -53,8 +60,8 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, mut shutdown: watch::Re
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    let admitted = connections.admit(peer.ip());
-                    serve_one(stream, &app, &graceful, &connections, admitted);
+                    let admitted = connections.admit(peer.ip(), Instant::now());
+                    serve_one((stream, peer.ip()), &app, &graceful, &connections, admitted);
                     // The single-threaded runtime runs the new task before the next accept.
                     tokio::task::yield_now().await;
                 }
@@ -72,7 +79,7 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, mut shutdown: watch::Re
 
 /// Runs one connection in its own task until it ends, is evicted or outlives [`MAX_LIFETIME`].
 fn serve_one(
-    stream: TcpStream,
+    (stream, source): (TcpStream, IpAddr),
     app: &Arc<App>,
     graceful: &GracefulShutdown,
     connections: &Connections,
@@ -80,8 +87,10 @@ fn serve_one(
 ) {
     let _ = stream.set_nodelay(true);
     let app = app.clone();
+    let answering = connections.clone();
     let service = service_fn(move |req: Request<Incoming>| {
         let app = app.clone();
+        answering.answered(source, Instant::now());
         async move { Ok::<_, Infallible>(app.respond(req).await) }
     });
     let conn = http1::Builder::new()
@@ -116,6 +125,8 @@ struct Open {
     by_age: BTreeMap<u64, (IpAddr, oneshot::Sender<&'static str>)>,
     /// Each source's connections, oldest first (ids grow with age).
     by_source: HashMap<IpAddr, BTreeSet<u64>>,
+    /// When each address last sent a whole request.
+    answered: HashMap<IpAddr, Instant>,
 }
 
 impl Open {
@@ -137,6 +148,21 @@ impl Open {
         }
     }
 
+    fn is_answered(&self, source: IpAddr, now: Instant) -> bool {
+        let at = self.answered.get(&source);
+        at.is_some_and(|at| now.saturating_duration_since(*at) < ANSWERED_FOR)
+    }
+
+    /// The connection to close past the total cap: the oldest from an address not answered
+    /// lately, else the oldest.
+    fn to_evict(&self, now: Instant) -> Option<u64> {
+        let mut ids = self.by_age.iter();
+        let silent = ids.find(|(_, (source, _))| !self.is_answered(*source, now));
+        silent
+            .or_else(|| self.by_age.iter().next())
+            .map(|(id, _)| *id)
+    }
+
     /// The oldest connection of `source` once it holds [`PER_SOURCE`].
     fn oldest_of_full(&self, source: IpAddr) -> Option<u64> {
         let ids = self.by_source.get(&source)?;
@@ -156,16 +182,16 @@ impl Connections {
     /// Registers a new connection from `source` and returns its id and the signal that closes it
     /// (with why), first closing the oldest of `source` if it holds [`PER_SOURCE`] and the oldest
     /// of all past the cap.
-    fn admit(&self, source: IpAddr) -> (u64, oneshot::Receiver<&'static str>) {
+    fn admit(&self, source: IpAddr, now: Instant) -> (u64, oneshot::Receiver<&'static str>) {
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(oldest) = open.oldest_of_full(source) {
             open.evict(oldest, "per_source");
         }
         while open.by_age.len() >= self.cap {
-            let Some(oldest) = open.by_age.keys().next().copied() else {
+            let Some(victim) = open.to_evict(now) else {
                 break;
             };
-            open.evict(oldest, "evicted");
+            open.evict(victim, "evicted");
         }
         let (tx, rx) = oneshot::channel();
         let id = open.next;
@@ -173,6 +199,21 @@ impl Connections {
         open.by_age.insert(id, (source, tx));
         open.by_source.entry(source).or_default().insert(id);
         (id, rx)
+    }
+
+    /// Remembers that `source` sent a whole request at `now`; a full table takes no new address
+    /// until its entries age out, so a flood of requests from many addresses cannot push out the
+    /// kubelet's, which it refreshes every probe period.
+    fn answered(&self, source: IpAddr, now: Instant) {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        if !open.answered.contains_key(&source) && open.answered.len() >= ANSWERED_MAX {
+            open.answered
+                .retain(|_, at| now.saturating_duration_since(*at) < ANSWERED_FOR);
+            if open.answered.len() >= ANSWERED_MAX {
+                return;
+            }
+        }
+        open.answered.insert(source, now);
     }
 
     /// Forgets a connection that ended, counting why.
@@ -233,13 +274,53 @@ mod tests {
         IpAddr::from([10, 0, 0, last])
     }
 
+    fn t0() -> Instant {
+        static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *T0.get_or_init(Instant::now)
+    }
+
+    #[tokio::test]
+    async fn past_the_cap_an_address_that_sent_requests_goes_last() {
+        let c = Connections::new(2, Arc::new(Metrics::new()));
+        c.answered(ip(1), t0());
+        let (_, mut kubelet) = c.admit(ip(1), t0());
+        let (_, mut silent) = c.admit(ip(2), t0());
+        let (_, mut newer) = c.admit(ip(3), t0());
+        assert_eq!(
+            silent.try_recv(),
+            Ok("evicted"),
+            "the silent one goes first"
+        );
+        assert!(
+            kubelet.try_recv().is_err(),
+            "though older, the answered one stays"
+        );
+        // Once all that is left answered, the oldest goes; an answer a minute old counts no more.
+        c.answered(ip(3), t0());
+        let _ = c.admit(ip(4), t0());
+        assert_eq!(kubelet.try_recv(), Ok("evicted"));
+        let later = t0() + ANSWERED_FOR;
+        let _ = c.admit(ip(5), later);
+        assert_eq!(newer.try_recv(), Ok("evicted"));
+    }
+
+    #[tokio::test]
+    async fn the_answered_table_keeps_whom_it_has_when_full() {
+        let c = Connections::new(8, Arc::new(Metrics::new()));
+        (0..ANSWERED_MAX).for_each(|k| c.answered(IpAddr::from([10, 1, 0, k as u8]), t0()));
+        c.answered(ip(1), t0());
+        let open = c.open.lock().unwrap();
+        assert!(!open.is_answered(ip(1), t0()), "no room for a new address");
+        assert!(open.is_answered(IpAddr::from([10, 1, 0, 0]), t0()));
+    }
+
     #[tokio::test]
     async fn past_the_cap_the_oldest_connection_is_closed() {
         let c = Connections::new(2, Arc::new(Metrics::new()));
-        let (a, mut a_closed) = c.admit(ip(1));
-        let (_, mut b_closed) = c.admit(ip(2));
+        let (a, mut a_closed) = c.admit(ip(1), t0());
+        let (_, mut b_closed) = c.admit(ip(2), t0());
         assert_eq!(c.len(), 2);
-        let (_, mut c_closed) = c.admit(ip(3));
+        let (_, mut c_closed) = c.admit(ip(3), t0());
         assert_eq!(c.len(), 2);
         assert_eq!(a_closed.try_recv(), Ok("evicted"), "the oldest is closed");
         assert!(b_closed.try_recv().is_err());
@@ -252,17 +333,17 @@ mod tests {
     #[tokio::test]
     async fn one_source_holds_at_most_its_share_and_its_newest_wins() {
         let c = Connections::new(1000, Arc::new(Metrics::new()));
-        let mut mine: Vec<_> = (0..PER_SOURCE).map(|_| c.admit(ip(1))).collect();
-        let (_, mut other) = c.admit(ip(2));
+        let mut mine: Vec<_> = (0..PER_SOURCE).map(|_| c.admit(ip(1), t0())).collect();
+        let (_, mut other) = c.admit(ip(2), t0());
         // Past its share: its own oldest goes, not the new one, nor another source's.
-        let (_, mut newest) = c.admit(ip(1));
+        let (_, mut newest) = c.admit(ip(1), t0());
         assert_eq!(mine[0].1.try_recv(), Ok("per_source"));
         assert!(mine[1..].iter_mut().all(|(_, rx)| rx.try_recv().is_err()));
         assert!(other.try_recv().is_err() && newest.try_recv().is_err());
         assert_eq!(c.len(), PER_SOURCE + 1);
         // A closed one frees its place: nothing is evicted for the next.
         c.close(mine[1].0, "done");
-        let _ = c.admit(ip(1));
+        let _ = c.admit(ip(1), t0());
         assert!(mine[2].1.try_recv().is_err());
     }
 }

@@ -225,6 +225,7 @@ impl LeaseClient {
             self.notice.check(l, "coordinator")?;
             self.formed.learn(l);
             self.requests.learn(l);
+            self.owner.iter().for_each(|o| o.learn(l));
         }
         Ok(lease.as_ref().map(record_of))
     }

@@ -7,11 +7,15 @@
 //!
 //! The owner's uid is looked up again whenever a Lease is created: an owner deleted and created
 //! anew (a GitOps tool re-syncing it) has a new uid, and a Lease created with the old one would be
-//! deleted by the garbage collector right away, again and again.
+//! deleted by the garbage collector right away, again and again. A replace carries the owner the
+//! Lease was read with (learnt from every read): an agent that only renews or takes over never
+//! looked the owner up again, and writing its stale one back would hand the Lease, just created
+//! under the new owner by another agent, to the collector.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{Api, Resource};
@@ -59,7 +63,23 @@ impl LeaseOwner {
         owner
     }
 
-    /// The owner as last looked up.
+    /// Takes the owner `lease` was written with, when it is of the anchor's kind: what the
+    /// writer before looked up, at least as recent as this agent's own lookup.
+    pub fn learn(&self, lease: &Lease) {
+        let kind = match &self.anchor {
+            Anchor::ConfigMap(_) => "ConfigMap",
+            Anchor::ServiceAccountOf(_) => "ServiceAccount",
+        };
+        let refs = lease.metadata.owner_references.iter().flatten();
+        let Some(found) = refs.into_iter().find(|o| o.kind == kind) else {
+            return;
+        };
+        if let Ok(mut cached) = self.cached.lock() {
+            *cached = Some(found.clone());
+        }
+    }
+
+    /// The owner as last looked up or learnt.
     pub fn current(&self) -> Option<OwnerReference> {
         self.cached.lock().map(|o| o.clone()).unwrap_or_default()
     }

@@ -95,6 +95,7 @@ impl ShardLeaseClient {
         let lease = self.call(self.api.get_opt(&self.name)).await?;
         if let Some(l) = &lease {
             self.notice.check(l, "shard")?;
+            self.owner.iter().for_each(|o| o.learn(l));
         }
         Ok(lease.as_ref().map(record_of))
     }
