@@ -271,6 +271,9 @@ async fn deleting_the_primary_pod_switches_over_without_losing_a_write() {
     bootstrapped(&s).await;
     let writer = s.writer(addrs(&s), "w");
     tokio::time::sleep(SECOND).await;
+    // Taken before the deletion: by the time the new primary is seen, the StatefulSet may have
+    // created the next valkey-0-0 already.
+    let uid = s.pod_uid("valkey-0-0").await.unwrap().unwrap();
     let deleted = Instant::now();
     s.api()
         .delete("valkey-0-0", &Default::default())
@@ -278,7 +281,9 @@ async fn deleting_the_primary_pod_switches_over_without_losing_a_write() {
         .unwrap();
     let promoted = new_primary(&s, "valkey-0-0", 20 * SECOND).await.unwrap();
     let took = deleted.elapsed();
-    s.wait_gone("valkey-0-0", 40 * SECOND).await.unwrap();
+    s.wait_uid_gone("valkey-0-0", &uid, 40 * SECOND)
+        .await
+        .unwrap();
     tokio::time::sleep(SECOND).await;
     let w = writer.stop().unwrap();
     let missing = s.lost(&promoted, "w", &w.acked).unwrap();

@@ -511,11 +511,22 @@ impl Stage {
     /// Waits until the pod object as it is now is gone (its containers stopped and the kubelet
     /// removed it): the name may come back at once, the StatefulSet's new pod of the same name.
     pub async fn wait_gone(&self, pod: &str, timeout: Duration) -> Result<()> {
-        let api = self.api();
-        let Some(uid) = api.get_opt(pod).await?.and_then(|p| p.metadata.uid) else {
+        let Some(uid) = self.pod_uid(pod).await? else {
             return Ok(());
         };
-        let gone = |p: Option<Pod>| p.is_none_or(|p| p.metadata.uid.as_deref() != Some(&uid));
+        self.wait_uid_gone(pod, &uid, timeout).await
+    }
+
+    /// The uid of `pod` now; `None` when there is no such pod.
+    pub async fn pod_uid(&self, pod: &str) -> Result<Option<String>> {
+        Ok(self.api().get_opt(pod).await?.and_then(|p| p.metadata.uid))
+    }
+
+    /// Waits until the pod named `pod` with `uid` is gone: absent, or replaced by its
+    /// StatefulSet's next pod of the same name (which may already be there when this is called).
+    pub async fn wait_uid_gone(&self, pod: &str, uid: &str, timeout: Duration) -> Result<()> {
+        let api = self.api();
+        let gone = |p: Option<Pod>| p.is_none_or(|p| p.metadata.uid.as_deref() != Some(uid));
         poll_until(
             &format!("{pod} is gone"),
             timeout,
