@@ -51,6 +51,9 @@ const PER_SOURCE: usize = 32;
 const ANSWERED_FOR: Duration = Duration::from_secs(60);
 /// Addresses remembered as answered, at most (the kubelet's, a scraper's, a few peers').
 const ANSWERED_MAX: usize = 64;
+/// How many of the oldest connections are searched for one from a silent address: past the
+/// kubelet's own (at most [`PER_SOURCE`]) and a scraper's.
+const EVICTION_SCAN: usize = 2 * PER_SOURCE + 1;
 
 /// Serves `app` on `listener` until `shutdown` turns true.
 pub async fn serve(listener: TcpListener, app: Arc<App>, mut shutdown: watch::Receiver<bool>) {
@@ -154,9 +157,10 @@ impl Open {
     }
 
     /// The connection to close past the total cap: the oldest from an address not answered
-    /// lately, else the oldest.
+    /// lately among the [`EVICTION_SCAN`] oldest, else the oldest. Bounded, so addresses that
+    /// made themselves answered cannot turn each accept into a walk over every connection.
     fn to_evict(&self, now: Instant) -> Option<u64> {
-        let mut ids = self.by_age.iter();
+        let mut ids = self.by_age.iter().take(EVICTION_SCAN);
         let silent = ids.find(|(_, (source, _))| !self.is_answered(*source, now));
         silent
             .or_else(|| self.by_age.iter().next())
