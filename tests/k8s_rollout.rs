@@ -284,6 +284,22 @@ async fn valkey_9_0_to_9_1_in_replication_mode_rolls_and_loses_nothing() {
     assert!(older.contains("to an older major version"), "{older}");
 }
 
+/// The benchmark's other two version rows, so that both versions roll in both modes: 9.0.0 → 9.1.2
+/// in cluster mode and 8.0.1 → 9.1.2 in replication mode (a 9.1 replica of an 8.0 primary).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the benchmark's row; the test command rolls 9.0 in replication mode, 8.0 in cluster mode"]
+async fn valkey_9_0_to_9_1_in_cluster_mode_rolls_and_loses_nothing() {
+    let opts = StageOptions::example("v90c", "cluster-3x1").set("valkey.image.tag=9.0.0");
+    roll(opts, (3, 3), true, "valkey.image.tag=9.1.2").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the benchmark's row; the test command rolls 9.0 in replication mode, 8.0 in cluster mode"]
+async fn valkey_8_0_to_9_1_in_replication_mode_rolls_with_mixed_versions_and_loses_nothing() {
+    let opts = StageOptions::replication("v80r", 2).set("valkey.image.tag=8.0.1");
+    roll(opts, (1, 3), false, "valkey.image.tag=9.1.2").await;
+}
+
 /// The baseline the benchmark sets beside the supervised roll, same install, same writers:
 /// StatefulSet's `RollingUpdate`. Only recorded (its figures are what they are); not part of the
 /// test command. `scripts/bench.sh` runs the ignored tests of this file: this baseline, and the
@@ -294,5 +310,15 @@ async fn baseline_rolling_update_of_the_same_cluster_install() {
     let opts = StageOptions::example("rollbase", "cluster-3x1");
     let upgrade = ("RollingUpdate", SETTING);
     let (_stage, f) = upgrade_under_writers(opts, (3, 3), true, upgrade).await;
+    assert!(f.written.iter().all(|w| w.acked > 100), "{:?}", f.written);
+}
+
+/// The same baseline in replication mode: 1 shard × 3 pods rolled by `RollingUpdate`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark baseline: scripts/bench.sh runs it with --ignored"]
+async fn baseline_rolling_update_of_the_same_replication_install() {
+    let opts = StageOptions::replication("rollbaser", 2);
+    let upgrade = ("RollingUpdate", SETTING);
+    let (_stage, f) = upgrade_under_writers(opts, (1, 3), false, upgrade).await;
     assert!(f.written.iter().all(|w| w.acked > 100), "{:?}", f.written);
 }
