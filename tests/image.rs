@@ -20,6 +20,8 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 use std::time::Instant;
 
+use valkey_sidecar_testkit::as_from_a_shell;
+
 /// The packaging target for the image.
 const MAX_IMAGE_BYTES: u64 = 10 * 1024 * 1024;
 const MIB: f64 = 1024.0 * 1024.0;
@@ -155,7 +157,7 @@ fn static_binary() -> &'static Path {
 fn build_static_binary() -> PathBuf {
     let script = root().join("scripts/static-build.sh");
     let started = Instant::now();
-    let out = Command::new(&script)
+    let out = as_from_a_shell(&mut Command::new(&script))
         .output()
         .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
     let stderr = String::from_utf8_lossy(&out.stderr);

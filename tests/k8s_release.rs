@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 use valkey_sidecar_testkit::k8s::{Stage, StageOptions, sidecar_bin};
-use valkey_sidecar_testkit::{ServerOptions, Sidecar, SidecarOptions, ValkeyServer, free_port};
+use valkey_sidecar_testkit::{
+    ServerOptions, Sidecar, SidecarOptions, ValkeyServer, as_from_a_shell, free_port,
+};
 
 const SECOND: Duration = Duration::from_secs(1);
 const BUDGET: u64 = 10 * 1024 * 1024;
@@ -26,7 +28,7 @@ fn root() -> &'static Path {
 
 /// Runs a repository script and returns the last line it printed (a path).
 fn script(name: &str, args: &[&str]) -> String {
-    let out = Command::new(root().join("scripts").join(name))
+    let out = as_from_a_shell(&mut Command::new(root().join("scripts").join(name)))
         .args(args)
         .stderr(Stdio::inherit())
         .output()
@@ -170,7 +172,7 @@ fn crane_json(args: &[&str]) -> Value {
 
 /// `release.sh`'s `key=value` lines.
 fn release(prefix: &str) -> std::collections::BTreeMap<String, String> {
-    let out = Command::new(root().join("scripts/release.sh"))
+    let out = as_from_a_shell(&mut Command::new(root().join("scripts/release.sh")))
         .arg(prefix)
         .stderr(Stdio::inherit())
         .output()

@@ -82,7 +82,7 @@ pub use binaries::{
 pub use cluster::{CLUSTER_SLOTS, ClusterOptions, ValkeyCluster};
 pub use info::info_field;
 pub use net::{free_port, lock, loopback_ip, wait_for, wait_until};
-pub use process::KEEP_DIRS_ENV;
+pub use process::{KEEP_DIRS_ENV, as_from_a_shell};
 pub use replication::{ReplicationOptions, ReplicationSet};
 pub use server::{
     DEFAULT_CLUSTER_NODE_TIMEOUT_MS, POLL, ServerOptions, ValkeyServer, cached_query,

@@ -29,6 +29,38 @@ use crate::net::lock;
 /// Set to keep the temp dirs (data, logs, certs) of dropped servers for a post-mortem.
 pub const KEEP_DIRS_ENV: &str = "VALKEY_TESTKIT_KEEP_DIRS";
 
+/// What `cargo test` and rustup add to a test's environment (the package's `CARGO_*` facts, the
+/// test's library path, the toolchain rustup picked) and a user's shell does not have.
+const CARGO_TEST_ENV: &[&str] = &[
+    "CARGO",
+    "CARGO_MANIFEST_DIR",
+    "CARGO_MANIFEST_PATH",
+    "CARGO_CRATE_NAME",
+    "CARGO_PRIMARY_PACKAGE",
+    "CARGO_TARGET_TMPDIR",
+    "LD_LIBRARY_PATH",
+    "OUT_DIR",
+    "RUSTUP_TOOLCHAIN",
+    "RUSTUP_TOOLCHAIN_SOURCE",
+    "RUST_RECURSION_COUNT",
+];
+
+/// `cmd` with the environment a shell would give it, not the one `cargo test` gave this test: a
+/// script that runs `cargo build` (the static binaries) then finds the build the test command
+/// made fresh instead of rebuilding it, LTO and all, for a changed environment.
+pub fn as_from_a_shell(cmd: &mut std::process::Command) -> &mut std::process::Command {
+    for (key, _) in std::env::vars_os() {
+        let name = key.to_string_lossy();
+        let added = CARGO_TEST_ENV.contains(&name.as_ref())
+            || name.starts_with("CARGO_PKG_")
+            || name.starts_with("CARGO_BIN_EXE_");
+        if added {
+            cmd.env_remove(&key);
+        }
+    }
+    cmd
+}
+
 /// How many log lines a panicking test prints per server while tearing it down.
 const PANIC_TAIL_LINES: usize = 25;
 
