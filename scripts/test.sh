@@ -22,6 +22,7 @@ export VALKEY_SIDECAR_BIN="$(scripts/static-build.sh)"
 export VALKEY_SIDECAR_BIN_AARCH64="$(scripts/static-build.sh aarch64)"
 export CRANE_BIN="$(scripts/go-tool-bin.sh crane)"
 export ACTIONLINT_BIN="$(scripts/go-tool-bin.sh actionlint)"
+export CHECKOV_BIN="$(scripts/checkov-bin.sh)"
 # Licenses, bans and sources of every dependency (deny.toml), offline once the crates are fetched.
 cargo fetch --locked
 "$(scripts/cargo-deny-bin.sh)" --offline check licenses bans sources

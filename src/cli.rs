@@ -1,6 +1,6 @@
 //! The binary's command line as one [`Command`]: the agent (the default, or `run`) with its
 //! settings, or one of the tools — `inject`, `drain-check`, `await`, `install`, `credentials`,
-//! `valkey-auth`, `check`, `status`, `pause`, `resume`, `switchover` — each with its own arguments and exit codes ([`crate::exit`]).
+//! `valkey-config`, `check`, `status`, `pause`, `resume`, `switchover` — each with its own arguments and exit codes ([`crate::exit`]).
 
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches};
 
@@ -12,7 +12,7 @@ use crate::drain::DrainArgs;
 use crate::inject::InjectArgs;
 use crate::operate::{PauseArgs, ResumeArgs, SwitchoverArgs};
 use crate::status::StatusArgs;
-use crate::valkey_auth::ValkeyAuthArgs;
+use crate::valkey_config::ValkeyConfigArgs;
 
 /// What the command line asks for.
 #[derive(Debug)]
@@ -31,7 +31,7 @@ pub enum Tool {
     Await,
     Install,
     Credentials,
-    ValkeyAuth,
+    ValkeyConfig,
     Check,
     Status,
     Pause,
@@ -48,7 +48,7 @@ impl Tool {
             Tool::Await => crate::await_start::main(args),
             Tool::Install => crate::await_start::install(args),
             Tool::Credentials => crate::credentials::main(args),
-            Tool::ValkeyAuth => crate::valkey_auth::main(args),
+            Tool::ValkeyConfig => crate::valkey_config::main(args),
             Tool::Check => crate::check::main(args),
             Tool::Status => crate::status::main(args),
             Tool::Pause => crate::operate::pause(args),
@@ -127,10 +127,13 @@ pub fn command() -> clap::Command {
                 .about("Make or update the chart's auth Secret in the cluster (the chart's Job)"),
         )
         .subcommand(
-            ValkeyAuthArgs::augment_args(clap::Command::new("valkey-auth")).about(
-                "Write the authentication file Valkey includes: password hashes, the replication \
-                 user (the chart's init container)",
-            ),
+            ValkeyConfigArgs::augment_args(clap::Command::new("valkey-config"))
+                // The name before `maxmemory` joined: manifests rendered by older charts use it.
+                .alias("valkey-auth")
+                .about(
+                    "Write the file Valkey includes: password hashes, the replication user, \
+                     maxmemory from the memory limit (the chart's init container)",
+                ),
         )
         .subcommand(
             StatusArgs::augment_args(clap::Command::new("status")).about(
@@ -171,7 +174,7 @@ fn from(matches: ArgMatches) -> Result<Command, clap::Error> {
         Some(("await", args)) => Some((Tool::Await, args)),
         Some(("install", args)) => Some((Tool::Install, args)),
         Some(("credentials", args)) => Some((Tool::Credentials, args)),
-        Some(("valkey-auth", args)) => Some((Tool::ValkeyAuth, args)),
+        Some(("valkey-config", args)) => Some((Tool::ValkeyConfig, args)),
         Some(("check", args)) => Some((Tool::Check, args)),
         Some(("status", args)) => Some((Tool::Status, args)),
         Some(("pause", args)) => Some((Tool::Pause, args)),

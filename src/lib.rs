@@ -57,4 +57,4 @@ pub mod status;
 pub mod supervise;
 pub mod telemetry;
 pub mod valkey;
-pub mod valkey_auth;
+pub mod valkey_config;

@@ -478,11 +478,11 @@ async fn rendered_objects_pass_a_server_side_dry_run() {
     assert!(tls_args.contains("\"--tls-cluster\",\"yes\""), "{tls_args}");
     assert!(tls_args.contains("\"--port\",\"0\""), "{tls_args}");
     let classic = pod_spec(&sts("classic-sidecar")[0]).clone();
-    // Classic mode: the agent is a regular container; the init containers write Valkey's
-    // authentication file and install `await`, and finish.
+    // Classic mode: the agent is a regular container; the init containers write the file Valkey
+    // includes and install `await`, and finish.
     let inits = classic["initContainers"].as_array().unwrap();
     let names: Vec<&Value> = inits.iter().map(|c| &c["name"]).collect();
-    assert_eq!(names, [&json!("valkey-auth"), &json!("install-await")]);
+    assert_eq!(names, [&json!("valkey-config"), &json!("install-await")]);
     let caps = pod_spec(&sts("spread-caps")[0]).clone();
     assert_eq!(caps["topologySpreadConstraints"][0]["minDomains"], 5);
     assert_eq!(caps["topologySpreadConstraints"][0]["maxSkew"], 2);
@@ -702,8 +702,8 @@ fn check_pods(name: &str, objects: &[Value]) {
         if auth {
             // Auth: the agent's password from a file only it mounts; Valkey gets its hash, and
             // the default password's hash and the replication login from the file the
-            // valkey-auth init container writes (only it mounts the default password).
-            check_valkey_auth(name, spec, valkey);
+            // valkey-config init container writes (only it mounts the default password).
+            check_valkey_config(name, spec, valkey);
             assert_eq!(
                 env["VALKEY_PASSWORD_FILE"]["value"],
                 "/etc/valkey-sidecar/auth/password"
@@ -730,9 +730,9 @@ fn check_pods(name: &str, objects: &[Value]) {
     }
 }
 
-/// The default password is mounted by the valkey-auth init container only; Valkey includes the
+/// The default password is mounted by the valkey-config init container only; Valkey includes the
 /// file it writes, from a memory volume.
-fn check_valkey_auth(name: &str, spec: &Value, valkey: &Value) {
+fn check_valkey_config(name: &str, spec: &Value, valkey: &Value) {
     let mounts = |c: &Value| -> Vec<String> {
         let list = c["volumeMounts"].as_array().cloned().unwrap_or_default();
         list.iter()
@@ -740,22 +740,28 @@ fn check_valkey_auth(name: &str, spec: &Value, valkey: &Value) {
             .collect()
     };
     let inits = spec["initContainers"].as_array().unwrap();
-    let writer = inits.iter().find(|c| c["name"] == "valkey-auth").unwrap();
-    assert_eq!(writer["args"][0], "valkey-auth", "{name}");
+    let writer = inits.iter().find(|c| c["name"] == "valkey-config").unwrap();
+    assert_eq!(writer["args"][0], "valkey-config", "{name}");
     assert!(
         mounts(writer).contains(&"valkey-passwords".to_owned()),
         "{name}"
     );
     let containers = spec["containers"].as_array().unwrap().iter();
-    for c in containers.chain(inits.iter().filter(|c| c["name"] != "valkey-auth")) {
+    for c in containers.chain(inits.iter().filter(|c| c["name"] != "valkey-config")) {
         assert!(
             !mounts(c).contains(&"valkey-passwords".to_owned()),
             "{name}: {c}"
         );
     }
-    assert!(mounts(valkey).contains(&"valkey-auth".to_owned()), "{name}");
+    assert!(
+        mounts(valkey).contains(&"valkey-config".to_owned()),
+        "{name}"
+    );
     let volumes = spec["volumes"].as_array().unwrap();
-    let conf = volumes.iter().find(|v| v["name"] == "valkey-auth").unwrap();
+    let conf = volumes
+        .iter()
+        .find(|v| v["name"] == "valkey-config")
+        .unwrap();
     assert_eq!(conf["emptyDir"]["medium"], "Memory", "{name}");
 }
 
@@ -1089,15 +1095,19 @@ async fn matches_inject(plane: &ControlPlane, dir: &Path, sts: &Value) {
         assert_eq!(ours[key], theirs[key], "Valkey's {key}");
     }
     let their_agent = container(&injected, "valkey-sidecar");
-    for key in [
-        "ports",
-        "securityContext",
-        "resources",
-        "restartPolicy",
-        "lifecycle",
-    ] {
+    for key in ["ports", "resources", "restartPolicy", "lifecycle"] {
         assert_eq!(agent[key], their_agent[key], "the agent's {key}");
     }
+    // The same lock-down; only the chart fixes the image's user id (outside its restricted
+    // profile), which a platform assigning ids would refuse from `inject`.
+    let mut ours = agent["securityContext"].clone();
+    let fixed = ours.as_object_mut().unwrap();
+    assert_eq!(fixed.remove("runAsUser"), Some(json!(65532)));
+    assert_eq!(fixed.remove("runAsGroup"), Some(json!(65532)));
+    assert_eq!(
+        ours, their_agent["securityContext"],
+        "the agent's securityContext"
+    );
     let our_env = agent["env"].as_array().unwrap();
     for var in their_agent["env"].as_array().unwrap() {
         assert!(our_env.contains(var), "the chart's agent lacks {var}");

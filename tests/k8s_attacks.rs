@@ -354,7 +354,7 @@ fn mounts_api_token(pod: &Pod, container: &str) -> bool {
 }
 
 /// The chart's auth Secret: the one the `valkey-passwords` volume (the default password, for the
-/// valkey-auth init container) comes from.
+/// valkey-config init container) comes from.
 fn auth_secret_of(pod: &Pod) -> String {
     let spec = pod.spec.as_ref().unwrap();
     let mut volumes = spec.volumes.iter().flatten();
@@ -399,9 +399,9 @@ fn as_user(addr: SocketAddr, user: &str, password: &str, args: &[&str]) -> Resul
 fn replication_login_can_only_replicate(s: &Stage, from: &str, target: &str, default: &str) {
     let dir = s
         .kubelet
-        .volume_dir(&s.namespace, from, "valkey-auth")
+        .volume_dir(&s.namespace, from, "valkey-config")
         .unwrap();
-    let conf = std::fs::read_to_string(dir.join("valkey-auth.conf")).unwrap();
+    let conf = std::fs::read_to_string(dir.join("valkey.conf")).unwrap();
     assert!(
         !conf.contains(default),
         "{from}: the default password in {conf}"

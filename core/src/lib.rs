@@ -36,6 +36,7 @@
 //! - [`check`]: whether a deployment is healthy, shard by shard (`valkey-sidecar check`, `helm test`).
 //! - [`credentials`]: which passwords the chart's Secret needs made or moved
 //!   (`valkey-sidecar credentials`), password rotation included.
+//! - [`memory`]: Valkey's `maxmemory` as a share of its container's memory limit.
 #![warn(clippy::too_many_lines, unreachable_pub)]
 // The length limit holds the shipped code's shape; a table test may run long.
 #![cfg_attr(test, allow(clippy::too_many_lines))]
@@ -51,6 +52,7 @@ pub mod heartbeat;
 pub mod info;
 pub mod labels;
 pub mod lease;
+pub mod memory;
 pub mod moves;
 pub mod observation;
 pub mod operator;

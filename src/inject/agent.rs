@@ -180,17 +180,21 @@ fn env_var(name: &str, source: (&str, Node)) -> Node {
     Node::map(vec![("name", Node::str(name)), source])
 }
 
-/// Enough for a 250 ms poll loop and a few connections; no limits, so a burst is never throttled
-/// into a missed probe.
+/// Enough for a 250 ms poll loop and a few connections (the chart's defaults): a memory limit
+/// keeps a leak from starving Valkey; no CPU limit, so a burst is never throttled into a missed
+/// probe.
 fn resources() -> Node {
     let requests = Node::map(vec![
         ("cpu", Node::str("10m")),
         ("memory", Node::str("32Mi")),
     ]);
-    Node::map(vec![("requests", requests)])
+    let limits = Node::map(vec![("memory", Node::str("128Mi"))]);
+    Node::map(vec![("requests", requests), ("limits", limits)])
 }
 
-/// The image runs as 65532 from scratch and writes nothing: everything can be locked down.
+/// The image runs as 65532 from scratch and writes nothing: everything can be locked down. No
+/// fixed user id (the chart sets 65532 outside its `restricted` profile): a platform that assigns
+/// ids (OpenShift's restricted-v2) refuses a fixed one, and `inject` cannot tell which it is.
 fn security_context() -> Node {
     let drop = Node::map(vec![("drop", Node::seq(vec![Node::str("ALL")]))]);
     let seccomp = Node::map(vec![("type", Node::str("RuntimeDefault"))]);

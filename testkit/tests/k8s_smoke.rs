@@ -74,8 +74,8 @@ async fn the_charts_pod_is_scheduled_runs_becomes_ready_and_stops_gracefully() {
     let containers = status.container_statuses.as_ref().unwrap();
     let inits = status.init_container_statuses.as_ref().unwrap();
     assert_eq!((containers.len(), inits.len()), (1, 2));
-    // valkey-auth wrote Valkey's authentication file and exited 0; the agent runs beside Valkey.
-    let (done, sidecars): (Vec<_>, Vec<_>) = inits.iter().partition(|c| c.name == "valkey-auth");
+    // valkey-config wrote the file Valkey includes and exited 0; the agent runs beside Valkey.
+    let (done, sidecars): (Vec<_>, Vec<_>) = inits.iter().partition(|c| c.name == "valkey-config");
     let exit = done[0].state.as_ref().and_then(|s| s.terminated.as_ref());
     assert_eq!(exit.map(|t| t.exit_code), Some(0), "{done:?}");
     assert!(

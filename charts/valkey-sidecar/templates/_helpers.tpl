@@ -265,12 +265,21 @@ config file, so the pod needs no init step; secrets come in through `$(VAR)` fro
 {{- end }}
 - --dir
 - /data
-{{- if $v.auth.enabled }}
-# The default user and the replication user by their passwords' SHA-256 only, and the replicas'
-# login (the replication user: PSYNC, REPLCONF, PING only), written by the valkey-auth init
-# container: no password that can write reaches this container.
+{{- if include "valkey-sidecar.valkeyConfig" .root }}
+# Written by the valkey-config init container: the default user and the replication user by their
+# passwords' SHA-256 only, and the replicas' login (the replication user: PSYNC, REPLCONF, PING
+# only), so no password that can write reaches this container; maxmemory from the memory limit.
 - --include
-- /etc/valkey/auth/valkey-auth.conf
+- /etc/valkey/config/valkey.conf
+{{- end }}
+{{- with $v.valkey.maxmemory }}
+- --maxmemory
+- {{ . | quote }}
+{{- end }}
+# At maxmemory: refuse writes (noeviction) or evict, as valkey.maxmemoryPolicy says.
+- --maxmemory-policy
+- {{ $v.valkey.maxmemoryPolicy | quote }}
+{{- if $v.auth.enabled }}
 # The agent's ACL user: only the commands it sends. ACLs cannot narrow CONFIG SET to one
 # parameter; the agent sets only availability-zone.
 - --user
@@ -514,6 +523,19 @@ readinessProbe:
   # until the hand-over is done.
   lifecycle:
     {{- include "valkey-sidecar.prestop" $root | nindent 4 }}
+  # A regular container, so probed as one: restarted only when its own HTTP server stops
+  # answering (its metrics, whatever Valkey's state) for a minute.
+  livenessProbe:
+    httpGet:
+      path: /metrics
+      port: 9736
+    periodSeconds: 10
+    timeoutSeconds: 5
+    failureThreshold: 6
+  readinessProbe:
+    tcpSocket:
+      port: 9736
+    periodSeconds: 10
   {{- end }}
   {{- with $v.sidecar.resources }}
   resources:

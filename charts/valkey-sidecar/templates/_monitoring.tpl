@@ -48,6 +48,18 @@ monitors (as `valkey_io_cluster`, `valkey_io_shard_index`). */ -}}
   ports:
     - name: exporter
       containerPort: 9121
+  # The exporter's own `/health` (it answers while Valkey is down too: a restart would not help).
+  livenessProbe:
+    httpGet:
+      path: /health
+      port: 9121
+    periodSeconds: 10
+    failureThreshold: 3
+  readinessProbe:
+    httpGet:
+      path: /health
+      port: 9121
+    periodSeconds: 10
   {{- with $e.resources }}
   resources:
     {{- toYaml . | nindent 4 }}

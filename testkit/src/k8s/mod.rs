@@ -41,7 +41,7 @@ pub use chart::helm_bin;
 pub use control_plane::{
     ADMIN_USER, ControlPlane, ControlPlaneOptions, LIMITED_USER, SERVICE_CIDR, StartTimings,
 };
-pub use kubelet::{HookRun, Kubelet, KubeletOptions, StartRecord, StopRecord};
+pub use kubelet::{HookRun, Kubelet, KubeletOptions, MemoryUse, StartRecord, StopRecord};
 pub use nodes::{FakeNode, FakeNodes, FakeNodesOptions, HOSTNAME_LABEL, REGION_LABEL, ZONE_LABEL};
 pub use stage::{ROLE_LABEL, RoleWatch, Stage, StageOptions, holder_pod};
 pub use util::{http_get, poll_until, process_alive};

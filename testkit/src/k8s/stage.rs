@@ -1033,7 +1033,7 @@ fn shard_of(set: &StatefulSet) -> Option<usize> {
 }
 
 /// The Secret name and key of the default password: the chart's `valkey-passwords` volume, its
-/// `default` item (only the `valkey-auth` init container mounts it).
+/// `default` item (only the `valkey-config` init container mounts it).
 fn password_ref(set: &StatefulSet) -> Option<(String, String)> {
     let template = set.spec.template.spec.as_ref()?;
     let mut volumes = template.volumes.iter().flatten();

@@ -13,7 +13,8 @@ use k8s_openapi::api::core::v1::Container;
 use k8s_openapi::jiff::Timestamp;
 
 use super::backoff::CrashLoop;
-use super::probe::{Action, ProbeKind, Prober, in_cgroup};
+use super::memory::{MemoryCgroup, peak_of_process};
+use super::probe::{Action, ProbeKind, Prober, in_cgroups};
 use super::spec::{Kind, command_line, split_wrapper, valkey_args};
 use crate::Result;
 use crate::net::lock;
@@ -94,6 +95,8 @@ pub(crate) struct ContainerState {
     pub probers: Vec<Prober>,
     /// The pid of the latest run, for `containerID`.
     pub last_pid: Option<u32>,
+    /// The memory cgroup's OOM kills counted so far: one more at an exit makes it `OOMKilled`.
+    pub oom_kills: u64,
 }
 
 impl ContainerState {
@@ -115,6 +118,17 @@ impl ContainerState {
     }
 }
 
+/// A container's memory use (see [`ContainerRuntime::memory_use`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryUse {
+    /// The most it used at once, in bytes.
+    pub peak: u64,
+    /// Its enforced limit, when the harness enforces one.
+    pub limit: Option<u64>,
+    /// How many of its processes the kernel killed for the limit.
+    pub oom_kills: u64,
+}
+
 /// What a container is made of, once its environment and volume paths are resolved.
 pub(crate) struct Setup {
     /// The spec with volume paths rewritten (see [`super::volume::Mounts`]).
@@ -128,6 +142,8 @@ pub(crate) struct Setup {
     pub program: Option<PathBuf>,
     /// The pod cgroup's `cgroup.procs`: the process joins it before it execs.
     pub cgroup: Option<PathBuf>,
+    /// The container's memory cgroup, with `resources.limits.memory` (see [`super::memory`]).
+    pub memory: Option<MemoryCgroup>,
 }
 
 /// A probe run the sync pass hands to its own task.
@@ -151,6 +167,7 @@ pub(crate) struct ContainerRuntime {
     /// `None`: the harness cannot run this image (see [`Kind`]).
     program: Option<PathBuf>,
     cgroup: Option<PathBuf>,
+    memory: Option<MemoryCgroup>,
     ip: Ipv4Addr,
     process: Mutex<Option<Arc<ServerProcess>>>,
     pub state: Mutex<ContainerState>,
@@ -166,6 +183,7 @@ impl ContainerRuntime {
             label,
             program,
             cgroup,
+            memory,
         } = setup;
         let mut probers = Vec::new();
         let probes = [
@@ -192,6 +210,7 @@ impl ContainerRuntime {
             label,
             program,
             cgroup,
+            memory,
             ip,
             process: Mutex::new(None),
             state: Mutex::new(state),
@@ -304,11 +323,14 @@ impl ContainerRuntime {
                 (program, args, dir.path().join("output.log"))
             }
         };
-        let (program, args) = in_cgroup(
-            self.cgroup.as_deref(),
-            "env".into(),
-            env_args(&self.env, &program, args),
-        );
+        let cgroups: Vec<PathBuf> = self
+            .cgroup
+            .iter()
+            .cloned()
+            .chain(self.memory.as_ref().map(MemoryCgroup::procs))
+            .collect();
+        let (program, args) =
+            in_cgroups(&cgroups, "env".into(), env_args(&self.env, &program, args));
         let mut limited: Vec<OsString> = vec![OPEN_FILES.into(), "--".into(), program];
         limited.extend(args);
         let spec = ProcessSpec {
@@ -326,6 +348,14 @@ impl ContainerRuntime {
         state.running_since?;
         let status = process.exit_status()?;
         let mut terminated = terminated(status, state.running_since.take());
+        // As the kubelet reports it: killed by the kernel for the container's memory limit.
+        if let Some(memory) = &self.memory {
+            let kills = memory.oom_kills();
+            if kills > state.oom_kills && terminated.signal == Some(9) {
+                terminated.reason = "OOMKilled".into();
+            }
+            state.oom_kills = kills;
+        }
         // As the kubelet does: a failed container's last output is its message when it asks.
         let fallback =
             self.spec.termination_message_policy.as_deref() == Some("FallbackToLogsOnError");
@@ -340,6 +370,24 @@ impl ContainerRuntime {
     /// The pod cgroup's `cgroup.procs`, when pods have cgroups.
     pub fn cgroup(&self) -> Option<&Path> {
         self.cgroup.as_deref()
+    }
+
+    /// The container's memory use: its cgroup's peak and limit where limits are enforced, else
+    /// the running process's peak resident set.
+    pub fn memory_use(&self) -> Option<MemoryUse> {
+        if let Some(memory) = &self.memory {
+            return Some(MemoryUse {
+                peak: memory.peak()?,
+                limit: Some(memory.limit()),
+                oom_kills: memory.oom_kills(),
+            });
+        }
+        let peak = peak_of_process(self.pid()?)?;
+        Some(MemoryUse {
+            peak,
+            limit: None,
+            oom_kills: 0,
+        })
     }
 
     /// The pid while the process runs.

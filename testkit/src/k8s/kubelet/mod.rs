@@ -79,8 +79,9 @@
 //!   loopback; container paths under a volume's `mountPath` are rewritten to the volume's host
 //!   directory, and `127.0.0.1`/`localhost` in environment values and exec arguments to the pod
 //!   IP (pod-local loopback, see [`spec`]). A process that connects to `127.0.0.1` by other
-//!   means reaches the host. No resource requests or limits are enforced, no users, no
-//!   capabilities, no `readOnly` mounts.
+//!   means reaches the host. Memory limits are enforced with a memory cgroup per container
+//!   (OOM-killed past the limit, reported `OOMKilled`; see [`memory`]); CPU limits, users,
+//!   capabilities and `readOnly` mounts are not.
 //! - *Valkey*: the harness forces `bind`, `bind-source-addr` (the pod IP), `dir`, `logfile` and
 //!   `daemonize` over the pod's arguments, because every pod shares the host; everything else
 //!   is what the pod says. The config-file argument is skipped.
@@ -97,7 +98,8 @@
 //!   time out (connections to its pod IPs stay silent). A frozen node's kernel still completes
 //!   TCP handshakes and ACKs data for its stopped processes (only the processes stop, not the
 //!   machine).
-//! - *Not supported*: `envFrom`, `resourceFieldRef`, volume types other than the five above (they
+//! - *Not supported*: `envFrom`, a `resourceFieldRef` to a resource the container does not set
+//!   (a kubelet gives the node's allocatable), volume types other than the five above (they
 //!   are empty directories), ephemeral containers, `kubectl exec` through the API (see
 //!   [`Kubelet::exec`] for a harness-side equivalent), logs through the API, events.
 
@@ -105,6 +107,7 @@ mod backoff;
 mod container;
 mod faults;
 mod ips;
+mod memory;
 mod pod;
 mod probe;
 pub(crate) mod spec;
@@ -127,6 +130,7 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+pub use self::container::MemoryUse;
 use self::pod::PodRuntime;
 use self::probe::{ExecIn, exec_command};
 use super::control_plane::ControlPlane;
@@ -569,6 +573,17 @@ impl Kubelet {
         self.shared
             .find(namespace, name)
             .map(|p| p.volumes.dir(volume))
+    }
+
+    /// A container's memory use: its peak against its limit, where the harness enforces memory
+    /// limits (see [`memory`]); else the running process's peak resident set.
+    pub fn memory_use(&self, namespace: &str, name: &str, container: &str) -> Option<MemoryUse> {
+        self.shared
+            .find(namespace, name)?
+            .containers()
+            .into_iter()
+            .find(|c| c.name == container)?
+            .memory_use()
     }
 
     /// The kubeconfig the pod's entitled containers get (`KUBECONFIG`): the pod's ServiceAccount token.

@@ -19,6 +19,7 @@ use tempfile::TempDir;
 use tokio::sync::watch;
 
 use super::container::{Class, ContainerRuntime, Setup};
+use super::memory::{MemoryCgroup, quantity};
 use super::probe::{Action, ExecIn};
 use super::spec::{Kind, PodFacts, api_credentials, harness_env, kind_of, pod_env};
 use super::status::{PodView, Transitions, status_patch};
@@ -310,6 +311,10 @@ async fn setup(
     let env = harness_env(own.collect(), facts, kind, kubeconfig.as_deref());
     let mut spec = container.clone();
     mounts.rewrite_spec(&mut spec);
+    let memory = match memory_limit(container)? {
+        Some(limit) => MemoryCgroup::create(&pod.uid, &container.name, limit)?,
+        None => None,
+    };
     Ok(Setup {
         spec,
         class,
@@ -318,7 +323,20 @@ async fn setup(
         label: format!("{}/{}/{}", pod.namespace, pod.name, container.name),
         program,
         cgroup: pod.cgroup.clone(),
+        memory,
     })
+}
+
+/// The container's `resources.limits.memory` in bytes.
+fn memory_limit(container: &Container) -> Result<Option<u64>> {
+    let limit = container
+        .resources
+        .as_ref()
+        .and_then(|r| r.limits.as_ref())
+        .and_then(|l| l.get("memory"));
+    let Some(q) = limit else { return Ok(None) };
+    // Whole bytes, as the kubelet rounds a limit up.
+    Ok(Some(quantity(&q.0)?.ceil() as u64))
 }
 
 /// Requests a token for the pod's ServiceAccount bound to the pod (TokenRequest API, default

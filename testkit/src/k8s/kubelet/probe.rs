@@ -170,15 +170,26 @@ pub(crate) fn in_cgroup(
     program: OsString,
     args: Vec<OsString>,
 ) -> (OsString, Vec<OsString>) {
-    let Some(procs) = procs else {
+    let procs: Vec<PathBuf> = procs.map(Path::to_path_buf).into_iter().collect();
+    in_cgroups(&procs, program, args)
+}
+
+/// [`in_cgroup`] for several cgroups at once (the pod's, and a container's memory cgroup of
+/// another hierarchy): the shell joins each, then execs.
+pub(crate) fn in_cgroups(
+    procs: &[PathBuf],
+    program: OsString,
+    args: Vec<OsString>,
+) -> (OsString, Vec<OsString>) {
+    if procs.is_empty() {
         return (program, args);
-    };
-    let mut wrapped: Vec<OsString> = vec![
-        "-c".into(),
-        r#"echo $$ > "$0" && exec "$@""#.into(),
-        procs.into(),
-        program,
-    ];
+    }
+    // `$0` is how many `cgroup.procs` files follow, then the command.
+    let script = r#"n=$0; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 126; shift; n=$((n - 1)); done; exec "$@""#;
+    let mut wrapped: Vec<OsString> =
+        vec!["-c".into(), script.into(), procs.len().to_string().into()];
+    wrapped.extend(procs.iter().map(|p| p.as_os_str().to_owned()));
+    wrapped.push(program);
     wrapped.extend(args);
     ("sh".into(), wrapped)
 }

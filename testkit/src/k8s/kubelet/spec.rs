@@ -19,8 +19,8 @@
 //! - **Environment.** `value` (with `$(VAR)` expansion of earlier variables), and `valueFrom`:
 //!   `fieldRef` (`metadata.name|namespace|uid`, `metadata.labels['k']`,
 //!   `metadata.annotations['k']`, `spec.nodeName`, `spec.serviceAccountName`, `status.podIP`,
-//!   `status.podIPs`, `status.hostIP`), `secretKeyRef` and `configMapKeyRef` (read through the
-//!   API). `envFrom` and `resourceFieldRef` are not supported. The process gets only this
+//!   `status.podIPs`, `status.hostIP`), `resourceFieldRef` (a request or limit the pod sets),
+//!   `secretKeyRef` and `configMapKeyRef` (read through the API). `envFrom` is not supported. The process gets only this
 //!   environment plus `PATH` (and `RUST_LOG`/`RUST_BACKTRACE` from the harness if the pod does not
 //!   set them) and, for a container that mounts the pod's ServiceAccount token at the in-cluster
 //!   path ([`api_credentials`]), `KUBECONFIG` with that token: a container without the mount (the
@@ -42,10 +42,13 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
-use k8s_openapi::api::core::v1::{ConfigMap, Container, EnvVar, Pod, Secret};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, EnvVar, Pod, ResourceFieldSelector, Secret,
+};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Api, Client};
 
+use super::memory::quantity;
 use crate::Result;
 
 /// What the kubelet runs for a container.
@@ -204,7 +207,7 @@ pub(crate) async fn pod_env(
 ) -> Result<Vec<(String, String)>> {
     let mut env: Vec<(String, String)> = Vec::new();
     for var in container.env.iter().flatten() {
-        let value = env_value(client, facts, var, &env)
+        let value = env_value(client, facts, container, var, &env)
             .await
             .with_context(|| format!("env {} of container {}", var.name, container.name))?;
         env.push((var.name.clone(), localize(&value, facts.ip)));
@@ -268,6 +271,7 @@ pub(crate) fn harness_env(
 async fn env_value(
     client: &Client,
     facts: &PodFacts<'_>,
+    container: &Container,
     var: &EnvVar,
     earlier: &[(String, String)],
 ) -> Result<String> {
@@ -280,6 +284,9 @@ async fn env_value(
     let namespace = facts.pod.metadata.namespace.as_deref().unwrap_or("default");
     if let Some(field) = &from.field_ref {
         return field_ref(facts, &field.field_path);
+    }
+    if let Some(field) = &from.resource_field_ref {
+        return resource_field(facts.pod, &container.name, field);
     }
     if let Some(key) = &from.secret_key_ref {
         let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
@@ -307,7 +314,7 @@ async fn env_value(
             &format!("configmap {}/{}", key.name, key.key),
         );
     }
-    bail!("only value, fieldRef, secretKeyRef and configMapKeyRef are supported")
+    bail!("only value, fieldRef, resourceFieldRef, secretKeyRef and configMapKeyRef are supported")
 }
 
 fn optional(value: Option<String>, optional: Option<bool>, what: &str) -> Result<String> {
@@ -345,6 +352,44 @@ pub(crate) fn field_ref(facts: &PodFacts<'_>, path: &str) -> Result<String> {
         "status.hostIP" | "status.hostIPs" => facts.host_ip.clone(),
         other => bail!("fieldRef {other} is not supported"),
     })
+}
+
+/// The downward API's `resourceFieldRef`: a container's (this one's unless named) request or
+/// limit in `divisor` units, rounded up as the kubelet rounds. A real kubelet gives the node's
+/// allocatable for a limit the container does not set; the harness refuses that case rather than
+/// invent a figure.
+pub(crate) fn resource_field(
+    pod: &Pod,
+    own: &str,
+    field: &ResourceFieldSelector,
+) -> Result<String> {
+    let name = field
+        .container_name
+        .as_deref()
+        .filter(|n| !n.is_empty())
+        .unwrap_or(own);
+    let spec = pod.spec.as_ref().context("a pod without spec")?;
+    let container = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .find(|c| c.name == name)
+        .with_context(|| format!("resourceFieldRef: no container {name}"))?;
+    let resources = container.resources.as_ref();
+    let set = match field.resource.split_once('.') {
+        Some(("limits", key)) => resources.and_then(|r| r.limits.as_ref()?.get(key)),
+        Some(("requests", key)) => resources.and_then(|r| r.requests.as_ref()?.get(key)),
+        _ => bail!("resourceFieldRef {}: not supported", field.resource),
+    };
+    let value = set.with_context(|| {
+        format!(
+            "resourceFieldRef {}: container {name} sets none",
+            field.resource
+        )
+    })?;
+    let divisor = field.divisor.as_ref().map_or("1", |d| d.0.as_str());
+    let units = quantity(&value.0)? / quantity(divisor)?;
+    Ok(format!("{}", units.ceil()))
 }
 
 /// `metadata.labels['key']` → `key`.
@@ -391,6 +436,36 @@ pub(crate) fn host_program(name: &str, binaries: &HashMap<&'static str, PathBuf>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resource_fields_are_another_containers_limits_in_divisor_units_rounded_up() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {
+                "initContainers": [{"name": "init"}],
+                "containers": [{"name": "valkey", "resources": {
+                    "limits": {"memory": "256Mi"}, "requests": {"cpu": "250m"}}}],
+            },
+        }))
+        .unwrap();
+        let field = |container: &str, resource: &str, divisor: Option<&str>| {
+            let f: ResourceFieldSelector = serde_json::from_value(serde_json::json!({
+                "containerName": container, "resource": resource, "divisor": divisor,
+            }))
+            .unwrap();
+            resource_field(&pod, "init", &f)
+        };
+        assert_eq!(field("valkey", "limits.memory", None).unwrap(), "268435456");
+        assert_eq!(
+            field("valkey", "limits.memory", Some("1Mi")).unwrap(),
+            "256"
+        );
+        assert_eq!(field("valkey", "limits.memory", Some("1Gi")).unwrap(), "1");
+        assert_eq!(field("valkey", "requests.cpu", Some("1m")).unwrap(), "250");
+        assert_eq!(field("valkey", "requests.cpu", None).unwrap(), "1");
+        assert!(field("init", "limits.memory", None).is_err());
+        assert!(field("nope", "limits.memory", None).is_err());
+    }
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs

@@ -193,6 +193,7 @@ mod tests {
             label: name.into(),
             program: None,
             cgroup: None,
+            memory: None,
         };
         Arc::new(ContainerRuntime::new(setup, Ipv4Addr::LOCALHOST).unwrap())
     }

@@ -1,14 +1,20 @@
-//! `valkey-sidecar valkey-auth`: the chart's init container that writes the authentication file
-//! Valkey includes (`--include`), so that the Valkey container never holds a password that can
-//! write. It reads the default user's passwords from a Secret volume only it mounts, and writes
-//! their SHA-256, the replication user (derived password, `core::credentials::REPLICATION_RULES`)
-//! and the replicas' login into a memory-backed volume shared with Valkey.
+//! `valkey-sidecar valkey-config` (formerly `valkey-auth`, still accepted): the chart's init
+//! container that writes the file Valkey includes (`--include`) into a memory-backed volume shared
+//! with Valkey. Two parts, each only when asked for:
+//! - authentication, so that the Valkey container never holds a password that can write: it reads
+//!   the default user's passwords from a Secret volume only it mounts, and writes their SHA-256,
+//!   the replication user (derived password, `core::credentials::REPLICATION_RULES`) and the
+//!   replicas' login;
+//! - `maxmemory`, a share of the Valkey container's memory limit (`core::memory`), which the
+//!   downward API hands in: a Valkey argument cannot compute a share, and the limit is what the
+//!   pod really got (a LimitRange or a resize included), not what the chart asked for.
 //!
 //! The replication password is derived from the default one (HMAC-SHA256), so an existing Secret
 //! needs no new key and a rotation of the default password rotates it too; it cannot be turned
 //! back into the default password.
 //!
-//! Exit codes: 0 written, 64 bad usage, 66 no default password, 74 the file could not be written.
+//! Exit codes: 0 written, 64 bad usage (a bad limit or share too), 66 no default password, 74 the
+//! file could not be written.
 
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -18,17 +24,25 @@ use clap::{ArgMatches, Args, FromArgMatches};
 use valkey_sidecar_core::credentials::{
     ReplicaLogin, ValkeyAuth, valid_user_name, valkey_auth_conf,
 };
+use valkey_sidecar_core::memory;
 
 use crate::credentials::{hex, sha256_hex};
 use crate::exit;
 
-/// `valkey-sidecar valkey-auth`.
+/// `valkey-sidecar valkey-config`.
 #[derive(Debug, Args)]
-pub struct ValkeyAuthArgs {
+pub struct ValkeyConfigArgs {
     /// A directory with the default user's password in `default` and, during a rotation, the
-    /// next one in `next-default` (a Secret volume).
+    /// next one in `next-default` (a Secret volume). Without it: no authentication lines.
     #[arg(long)]
-    pub passwords: PathBuf,
+    pub passwords: Option<PathBuf>,
+    /// The Valkey container's memory limit in bytes (the downward API's `limits.memory`).
+    /// Without it: no `maxmemory` line.
+    #[arg(long)]
+    pub memory_limit: Option<String>,
+    /// The share of the memory limit Valkey's `maxmemory` gets, in percent (10 to 95).
+    #[arg(long, default_value_t = memory::DEFAULT_PERCENT)]
+    pub maxmemory_percent: u8,
     /// The file to write (in a volume the Valkey container mounts).
     #[arg(long)]
     pub out: PathBuf,
@@ -43,57 +57,84 @@ pub struct ValkeyAuthArgs {
 
 /// Why the file was not written.
 #[derive(Debug, thiserror::Error)]
-pub enum ValkeyAuthError {
+pub enum ValkeyConfigError {
     #[error("{0}: {1}")]
     NoPassword(PathBuf, std::io::Error),
     #[error("--replication-user {0:?}: letters, digits, `.`, `_` and `-` only, not `default`")]
     UserName(String),
+    #[error("--memory-limit: {0}")]
+    MemoryLimit(String),
+    #[error("--maxmemory-percent {0}: between 10 and 95")]
+    Percent(u8),
     #[error("{0}: {1}")]
     Write(PathBuf, std::io::Error),
 }
 
-impl ValkeyAuthError {
+impl ValkeyConfigError {
     fn code(&self) -> i32 {
         match self {
-            ValkeyAuthError::NoPassword(..) => exit::NO_INPUT,
-            ValkeyAuthError::UserName(_) => exit::CONFIG,
-            ValkeyAuthError::Write(..) => exit::IO,
+            ValkeyConfigError::NoPassword(..) => exit::NO_INPUT,
+            ValkeyConfigError::UserName(_)
+            | ValkeyConfigError::MemoryLimit(_)
+            | ValkeyConfigError::Percent(_) => exit::CONFIG,
+            ValkeyConfigError::Write(..) => exit::IO,
         }
     }
 }
 
-/// `valkey-sidecar valkey-auth`; returns the exit code.
+/// `valkey-sidecar valkey-config`; returns the exit code.
 pub fn main(matches: &ArgMatches) -> i32 {
-    let args = match ValkeyAuthArgs::from_arg_matches(matches) {
+    let args = match ValkeyConfigArgs::from_arg_matches(matches) {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("valkey-sidecar valkey-auth: {e}");
+            eprintln!("valkey-sidecar valkey-config: {e}");
             return exit::CONFIG;
         }
     };
     match write(&args) {
         Ok(()) => exit::OK,
         Err(e) => {
-            eprintln!("valkey-sidecar valkey-auth: {e}");
+            eprintln!("valkey-sidecar valkey-config: {e}");
             e.code()
         }
     }
 }
 
-fn write(args: &ValkeyAuthArgs) -> Result<(), ValkeyAuthError> {
+/// Everything is checked and read before anything is written: a bad argument leaves no file.
+fn write(args: &ValkeyConfigArgs) -> Result<(), ValkeyConfigError> {
+    let mut conf = auth_conf(args)?;
+    conf.push_str(&memory_conf(args)?);
+    write_private(&args.out, conf.as_bytes())
+        .map_err(|e| ValkeyConfigError::Write(args.out.clone(), e))
+}
+
+fn auth_conf(args: &ValkeyConfigArgs) -> Result<String, ValkeyConfigError> {
+    let Some(dir) = &args.passwords else {
+        return Ok(String::new());
+    };
     if !valid_user_name(&args.replication_user) {
-        return Err(ValkeyAuthError::UserName(args.replication_user.clone()));
+        return Err(ValkeyConfigError::UserName(args.replication_user.clone()));
     }
-    let current = read(&args.passwords.join("default"))?;
-    let next = read_optional(&args.passwords.join("next-default"))?;
-    let auth = settings(args, &current, next.as_deref());
-    write_private(&args.out, valkey_auth_conf(&auth).as_bytes())
-        .map_err(|e| ValkeyAuthError::Write(args.out.clone(), e))
+    let current = read(&dir.join("default"))?;
+    let next = read_optional(&dir.join("next-default"))?;
+    Ok(valkey_auth_conf(&settings(args, &current, next.as_deref())))
+}
+
+fn memory_conf(args: &ValkeyConfigArgs) -> Result<String, ValkeyConfigError> {
+    let percent = args.maxmemory_percent;
+    if !memory::PERCENT_RANGE.contains(&percent) {
+        return Err(ValkeyConfigError::Percent(percent));
+    }
+    let Some(text) = &args.memory_limit else {
+        return Ok(String::new());
+    };
+    let limit = memory::parse_limit(text).map_err(ValkeyConfigError::MemoryLimit)?;
+    Ok(memory::maxmemory_conf(memory::maxmemory(limit, percent)))
 }
 
 /// The settings from the current (and next) default password. Bytes as the Secret holds them:
 /// the hash must match what clients send, trailing newline included.
-fn settings(args: &ValkeyAuthArgs, current: &[u8], next: Option<&[u8]>) -> ValkeyAuth {
+fn settings(args: &ValkeyConfigArgs, current: &[u8], next: Option<&[u8]>) -> ValkeyAuth {
     let passwords: Vec<&[u8]> = std::iter::once(current).chain(next).collect();
     let masterauth = match args.replica_login {
         ReplicaLogin::Replication => replication_password(current).into_bytes(),
@@ -117,15 +158,15 @@ pub fn replication_password(default_password: &[u8]) -> String {
     hex(ring::hmac::sign(&key, b"valkey-sidecar replication user").as_ref())
 }
 
-fn read(path: &Path) -> Result<Vec<u8>, ValkeyAuthError> {
-    std::fs::read(path).map_err(|e| ValkeyAuthError::NoPassword(path.to_owned(), e))
+fn read(path: &Path) -> Result<Vec<u8>, ValkeyConfigError> {
+    std::fs::read(path).map_err(|e| ValkeyConfigError::NoPassword(path.to_owned(), e))
 }
 
-fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, ValkeyAuthError> {
+fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, ValkeyConfigError> {
     match std::fs::read(path) {
         Ok(v) => Ok(Some(v)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(ValkeyAuthError::NoPassword(path.to_owned(), e)),
+        Err(e) => Err(ValkeyConfigError::NoPassword(path.to_owned(), e)),
     }
 }
 
@@ -159,10 +200,10 @@ mod tests {
     #[derive(Parser)]
     struct Cli {
         #[command(flatten)]
-        args: ValkeyAuthArgs,
+        args: ValkeyConfigArgs,
     }
 
-    fn args(extra: &[&str]) -> ValkeyAuthArgs {
+    fn args(extra: &[&str]) -> ValkeyConfigArgs {
         let mut argv = vec!["x", "--passwords", "/p", "--out", "/o"];
         argv.extend(extra);
         Cli::try_parse_from(argv).unwrap().args
@@ -203,7 +244,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("vs-auth-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let mut a = args(&[]);
-        a.passwords = dir.clone();
+        a.passwords = Some(dir.clone());
         a.out = dir.join("auth.conf");
         assert_eq!(write(&a).unwrap_err().code(), exit::NO_INPUT);
         std::fs::write(dir.join("default"), "pw").unwrap();
@@ -212,6 +253,28 @@ mod tests {
         assert_eq!(mode & 0o777, 0o440);
         a.replication_user = "default".into();
         assert_eq!(write(&a).unwrap_err().code(), exit::CONFIG);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn maxmemory_is_a_share_of_the_limit_and_a_bad_limit_writes_nothing() {
+        let dir = std::env::temp_dir().join(format!("vs-memory-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("valkey.conf");
+        let mut a = args(&["--memory-limit", "268435456", "--maxmemory-percent", "50"]);
+        a.passwords = None;
+        a.out = out.clone();
+        write(&a).unwrap();
+        let conf = std::fs::read_to_string(&out).unwrap();
+        assert_eq!(conf, "maxmemory 134217728\n");
+        std::fs::remove_file(&out).unwrap();
+        for bad in [["--memory-limit", "256Mi"], ["--maxmemory-percent", "99"]] {
+            let mut a = args(&bad);
+            a.passwords = None;
+            a.out = out.clone();
+            assert_eq!(write(&a).unwrap_err().code(), exit::CONFIG, "{bad:?}");
+            assert!(!out.exists());
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
