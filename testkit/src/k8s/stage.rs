@@ -489,6 +489,21 @@ impl Stage {
         cmd_as(addr, self.password.as_deref(), args)
     }
 
+    /// Empties every primary (`FLUSHALL SYNC`, which their replicas follow): a benchmark's runs
+    /// start from the same empty dataset instead of one that grows run after run past the chart's
+    /// `maxmemory`. Pods that do not answer as a master are left alone.
+    pub fn flush_primaries(&self) -> Result<()> {
+        for pod in self
+            .pods
+            .iter()
+            .filter(|p| self.role(p).as_deref() == Some("master"))
+        {
+            self.cmd(pod, &["FLUSHALL", "SYNC"])
+                .with_context(|| format!("FLUSHALL on {pod}"))?;
+        }
+        Ok(())
+    }
+
     /// `master` / `slave` as Valkey's `ROLE` says, `None` when it does not answer.
     pub fn role(&self, pod: &str) -> Option<String> {
         let redis::Value::Array(items) = self.cmd(pod, &["ROLE"]).ok()? else {

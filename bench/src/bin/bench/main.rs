@@ -194,6 +194,7 @@ async fn agent_runs(
     let stage = failover::stage(bin, env).await?;
     let mut results = Vec::new();
     for i in 0..runs {
+        stage.flush_primaries()?;
         let r = failover::run(&stage, fault).await?;
         eprintln!(
             "agent failover {}/{runs}: writable {:?}, labelled {:?}, {} acked, {} lost, {} by a deposed primary",

@@ -238,6 +238,7 @@ async fn fences(s: &Stage, pod: &str, mode: Mode) -> Result<u64> {
 
 /// One partition of the node of shard 0's primary (see the module docs).
 async fn agent_cut(s: &Stage, mode: Mode, i: usize) -> Result<AgentCut> {
+    s.flush_primaries()?;
     let old = steady(s, mode).await?;
     let members = s.shard_pods(0).to_vec();
     let node = s.node_of(&old).await?;
@@ -323,6 +324,7 @@ fn every_pod(s: &Stage) -> Result<Vec<std::net::SocketAddr>> {
 async fn healthy_windows(s: &Stage, mode: Mode, windows: usize) -> Result<Vec<Healthy>> {
     let mut out = Vec::new();
     for i in 0..windows {
+        s.flush_primaries()?;
         steady(s, mode).await?;
         let before = all_fences(s, mode).await?;
         let addrs = every_pod(s)?;
@@ -352,6 +354,7 @@ async fn healthy_windows(s: &Stage, mode: Mode, windows: usize) -> Result<Vec<He
 
 /// The apiserver stopped (SIGSTOP) for `length` under a writer, then continued.
 async fn apiserver_outage(s: &Stage, length: Duration) -> Result<Outage> {
+    s.flush_primaries()?;
     let primary = steady(s, Mode::Replication).await?;
     let before = all_fences(s, Mode::Replication).await?;
     let writer = s.writer(every_pod(s)?, &format!("o{}", crate::rand_tag()));
@@ -487,7 +490,7 @@ fn report(agents: &[AgentMeasured], baselines: &[Baseline]) {
         "### A primary's node partitioned, a client on its side still writing (real kube-apiserver; baselines on loopback, cut by address)\n"
     );
     println!(
-        "Command: `BENCH_PARTITIONS={} target/release/bench partition`. Each run cuts the node of shard 0's primary from the other nodes and the apiserver (its processes run on) while a client bound to the node's address writes to the old primary and a writer on the majority side writes to whichever member accepts (clients with 1 s timeouts). *Last ack on the cut side*: the cut → the old primary's last acknowledgement to its side's client (0 when none came after the cut); what that side acknowledged is lost once the partition heals. *Writable*: the cut → the first write the majority side's new primary accepted (agent: also labelled primary). *Deposed*: writes another member acknowledged after the final primary's first. Baselines: the same valkey-server binary on loopback, every node on its own address, a sentinel beside each Valkey; the partition drops every packet between the cut side's addresses and the rest.\n",
+        "Command: `BENCH_PARTITIONS={} target/release/bench partition`. Every run of the agents starts from an empty dataset (`FLUSHALL` on the primaries, which the replicas follow), so the chart's default `maxmemory` (768 MiB of the `small` preset's 1Gi) is never reached over the runs. Each run cuts the node of shard 0's primary from the other nodes and the apiserver (its processes run on) while a client bound to the node's address writes to the old primary and a writer on the majority side writes to whichever member accepts (clients with 1 s timeouts). *Last ack on the cut side*: the cut → the old primary's last acknowledgement to its side's client (0 when none came after the cut); what that side acknowledged is lost once the partition heals. *Writable*: the cut → the first write the majority side's new primary accepted (agent: also labelled primary). *Deposed*: writes another member acknowledged after the final primary's first. Baselines: the same valkey-server binary on loopback, every node on its own address, a sentinel beside each Valkey; the partition drops every packet between the cut side's addresses and the rest.\n",
         agents.first().map_or(0, |a| a.cuts.len())
     );
     println!(

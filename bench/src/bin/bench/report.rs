@@ -163,7 +163,7 @@ pub fn failover(killed: &[Run], cuts: &[Cut], measured: &[Measured]) {
     let runs = |i: usize| measured.get(i).map_or(0, |m| m.crash.len());
     println!("### Unplanned failover: the agent against Sentinel, measured in one run\n");
     println!(
-        "Command: `BENCH_FAILOVERS={} BENCH_POD_CUTS={} BENCH_SENTINEL_RUNS={} BENCH_SENTINEL_DEFAULT_RUNS={} target/release/bench failover`. {FAILOVER_METHOD} With at most 50 runs p99 is the maximum.\n",
+        "Command: `BENCH_FAILOVERS={} BENCH_POD_CUTS={} BENCH_SENTINEL_RUNS={} BENCH_SENTINEL_DEFAULT_RUNS={} target/release/bench failover`. Every run of the agents starts from an empty dataset (`FLUSHALL` on the primaries, which the replicas follow), so the chart's default `maxmemory` (768 MiB of the `small` preset's 1Gi) is never reached over the runs. {FAILOVER_METHOD} With at most 50 runs p99 is the maximum.\n",
         killed.len(),
         cuts.first().map_or(0, |c| c.runs.len()),
         runs(0),
