@@ -24,11 +24,13 @@ struct Fill {
     first_refused_at: Option<u64>,
 }
 
-/// Writes `fill:<n>` until `refusals` writes in a row were refused with Valkey's OOM error.
-fn fill(conn: &mut Conn, refusals: u64) -> Fill {
+/// Writes `fill:<n>` from `n = from` (new keys only: an overwrite of the same size would not grow
+/// the dataset) until `refusals` writes in a row were refused with Valkey's OOM error; `acked`
+/// counts on from `from`.
+fn fill(conn: &mut Conn, from: u64, refusals: u64) -> Fill {
     let value = "v".repeat(VALUE_BYTES);
     let mut f = Fill {
-        acked: 0,
+        acked: from,
         refused: 0,
         first_refused_at: None,
     };
@@ -124,7 +126,7 @@ async fn a_full_valkey_refuses_writes_at_maxmemory_loses_nothing_and_is_never_oo
     }
 
     let start = Instant::now();
-    let filled = fill(&mut p, 500);
+    let filled = fill(&mut p, 0, 500);
     println!(
         "filled: {} acknowledged ({} MiB of values) in {:?}, {} refused, the first at {:?}",
         filled.acked,
@@ -169,8 +171,10 @@ async fn a_full_valkey_refuses_writes_at_maxmemory_loses_nothing_and_is_never_oo
     wait_in_sync(&mut p, &mut r).await;
     println!("resynced in {:?}", start.elapsed());
     assert_eq!(present(&mut r, filled.acked), filled.acked);
-    let more = fill(&mut p, 50);
-    assert_eq!(more.acked, filled.acked, "writes accepted past maxmemory");
+    // Still full: a few writes may fit where buffers were freed, no more.
+    let more = fill(&mut p, filled.acked, 50);
+    let extra = more.acked - filled.acked;
+    assert!(extra < 64, "{extra} writes accepted past maxmemory");
 
     for pod in [&primary, &replica] {
         let m = memory(&stage, pod);
