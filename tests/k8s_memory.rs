@@ -122,7 +122,7 @@ async fn a_full_valkey_refuses_writes_at_maxmemory_loses_nothing_and_is_never_oo
     for conn in [&mut p, &mut r] {
         let max = conn.call(&["CONFIG", "GET", "maxmemory"]).unwrap();
         let max = max.as_array().unwrap()[1].text().unwrap();
-        assert_eq!(max, (LIMIT / 100 * 75).to_string());
+        assert_eq!(max, (LIMIT * 75 / 100).to_string());
     }
 
     let start = Instant::now();
@@ -140,7 +140,7 @@ async fn a_full_valkey_refuses_writes_at_maxmemory_loses_nothing_and_is_never_oo
         "refused too early"
     );
     let used: u64 = info_field(&mut p, "memory", "used_memory").parse().unwrap();
-    assert!(used <= LIMIT / 100 * 75 + (1 << 20), "used_memory {used}");
+    assert!(used <= LIMIT * 75 / 100 + (1 << 20), "used_memory {used}");
 
     // Nothing acknowledged is lost, on the primary and on its replica.
     wait_in_sync(&mut p, &mut r).await;

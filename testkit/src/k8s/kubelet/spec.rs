@@ -387,8 +387,12 @@ pub(crate) fn resource_field(
             field.resource
         )
     })?;
-    let divisor = field.divisor.as_ref().map_or("1", |d| d.0.as_str());
-    let units = quantity(&value.0)? / quantity(divisor)?;
+    // The apiserver stores an unset divisor as "0"; the kubelet reads zero as 1.
+    let divisor = match field.divisor.as_ref().map(|d| quantity(&d.0)).transpose()? {
+        Some(d) if d > 0.0 => d,
+        _ => 1.0,
+    };
+    let units = quantity(&value.0)? / divisor;
     Ok(format!("{}", units.ceil()))
 }
 
@@ -463,6 +467,7 @@ mod tests {
         assert_eq!(field("valkey", "limits.memory", Some("1Gi")).unwrap(), "1");
         assert_eq!(field("valkey", "requests.cpu", Some("1m")).unwrap(), "250");
         assert_eq!(field("valkey", "requests.cpu", None).unwrap(), "1");
+        assert_eq!(field("valkey", "limits.memory", Some("0")).unwrap(), "268435456");
         assert!(field("init", "limits.memory", None).is_err());
         assert!(field("nope", "limits.memory", None).is_err());
     }
