@@ -698,7 +698,8 @@ fn check_pods(name: &str, objects: &[Value]) {
             .map(|e| (e["name"].as_str().unwrap(), e))
             .collect();
         assert_eq!(env["SIDECAR_CLUSTER_NAME"]["value"], "valkey");
-        let auth = args.iter().any(|a| a == "--include");
+        // `--include` alone is not auth: without it the file still carries maxmemory.
+        let auth = args.iter().any(|a| a == "#$(VALKEY_AGENT_PASSWORD_SHA256)");
         if auth {
             // Auth: the agent's password from a file only it mounts; Valkey gets its hash, and
             // the default password's hash and the replication login from the file the

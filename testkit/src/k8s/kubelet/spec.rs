@@ -467,7 +467,10 @@ mod tests {
         assert_eq!(field("valkey", "limits.memory", Some("1Gi")).unwrap(), "1");
         assert_eq!(field("valkey", "requests.cpu", Some("1m")).unwrap(), "250");
         assert_eq!(field("valkey", "requests.cpu", None).unwrap(), "1");
-        assert_eq!(field("valkey", "limits.memory", Some("0")).unwrap(), "268435456");
+        assert_eq!(
+            field("valkey", "limits.memory", Some("0")).unwrap(),
+            "268435456"
+        );
         assert!(field("init", "limits.memory", None).is_err());
         assert!(field("nope", "limits.memory", None).is_err());
     }
