@@ -237,9 +237,26 @@ async fn new_primary(s: &Stage, shard: &Shard, timeout: Duration) -> String {
     )
     .await;
     if let Err(e) = waited {
-        panic!("{e:#}\n{}", s.describe().await);
+        let events = s.events().await.unwrap_or_default();
+        let why = decisions(s, &shard.members);
+        panic!("{e:#}\n{}\n{why}\n{events}", s.describe().await);
     }
     found.into_inner().unwrap().unwrap()
+}
+
+/// The last decisions each member's agent logged (coordinator, keeper, heartbeat), so a failover
+/// that did not happen says why in the panic message itself (CI keeps only its start).
+fn decisions(s: &Stage, members: &[String]) -> String {
+    let mut out = String::new();
+    for pod in members {
+        let log = s
+            .kubelet
+            .container_log(&s.namespace, pod, "valkey-sidecar", 400);
+        let lines: Vec<&str> = log.lines().collect();
+        let last = &lines[lines.len().saturating_sub(12)..];
+        out += &format!("--- {pod} agent, last decisions\n{}\n", last.join("\n"));
+    }
+    out
 }
 
 /// Whether `pod`'s Valkey acknowledges a write of a key in the shard's slots now (from the
