@@ -2,8 +2,13 @@
 # The benchmark command: builds the release agent, runs every benchmark and the chaos tests on
 # the local control plane, and regenerates docs/benchmarks.md (headline summary first, the
 # figures that got worse since the previous report last), its plots (docs/plots/*.svg) and the
-# README's seven rows of the summary. About 150 minutes on 2 cores; BENCH_* variables shorten it (see
+# README's seven rows of the summary. About 175 minutes on 2 cores; BENCH_* variables shorten it (see
 # each section's command).
+#
+# Resumable: each section keeps its output under target/bench-run/<commit>/ and a run at the same
+# clean commit skips the sections already done, so an interrupted run loses only the section it
+# was in (a dirty tree, or BENCH_FRESH=1, starts over). BENCH_SECTIONS="probes labels ..." runs
+# only those; the report is written once every section is done, all at the one commit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The commit measured, named before anything is built or written: uncommitted changes to
@@ -12,6 +17,15 @@ commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 if ! git diff --quiet HEAD -- 2>/dev/null; then
   commit="$commit-dirty"
 fi
+state="target/bench-run/$commit"
+# Only a clean commit's sections may be reused: a dirty tree can change between two runs.
+case "$commit" in
+  *-dirty | unknown) rm -rf "$state" ;;
+esac
+if [ -n "${BENCH_FRESH:-}" ]; then
+  rm -rf "$state"
+fi
+mkdir -p "$state/plots"
 scripts/install-deps.sh
 # Assigned before exported: `export X="$(cmd)"` hides a failing build from `set -e`.
 VALKEY_SERVER="$(scripts/valkey-bin.sh)"
@@ -24,38 +38,41 @@ cargo build --release --locked -p valkey-sidecar-bench --bin bench
 # The chaos tests, built before anything is timed.
 chaos=(k8s_node_faults k8s_split_brain k8s_disruption k8s_rollout k8s_replication k8s_replication_coordinator k8s_coordinator k8s_chart k8s_labels k8s_full_restart k8s_operate)
 cargo test --locked -p valkey-sidecar --no-run "${chaos[@]/#/--test=}"
-export BENCH_PLOTS_DIR="$PWD/docs/plots"
+export BENCH_PLOTS_DIR="$PWD/$state/plots"
 # The build the report names (the summary block repeats it).
-export BENCH_BUILD="commit \`$commit\`, \`$("$VALKEY_SIDECAR_BIN" --version)\`, the image's static binary (\`scripts/static-build.sh\`: release profile, musl)"
-# Every benchmark configuration and chaos scenario appends its outcome here: the fault table.
-export VALKEY_TESTKIT_FAULT_LOG="$(mktemp)"
-# Every headline figure appends its row here: the summary.
-export BENCH_SUMMARY_LOG="$(mktemp)"
-out=docs/benchmarks.md
-# The report being replaced, kept for the comparison at the end of the new one.
-previous=$(mktemp)
-if [ -f "$out" ]; then
-  cat "$out" > "$previous"
-fi
-body=$(mktemp)
-summary=$(mktemp)
-report=$(mktemp)
-compared=$(mktemp)
-chaos_out=$(mktemp)
-{
+BENCH_BUILD="commit \`$commit\`, \`$("$VALKEY_SIDECAR_BIN" --version)\`, the image's static binary (\`scripts/static-build.sh\`: release profile, musl)"
+export BENCH_BUILD
+
+# The sections, in the report's order. Each writes its part of the report to stdout; the fault
+# table's rows and the summary's rows go to its own logs.
+sections=(probes labels api handover failover partition planner chaos)
+
+probes() {
   echo "## Probes and footprint"
   echo
   target/release/bench probes
   target/release/bench footprint
+}
+
+labels() {
   echo "## Live labels"
   echo
   BENCH_FLIPS="${BENCH_FLIPS:-30}" target/release/bench labels
+}
+
+api() {
   echo "## Kubernetes API usage"
   echo
   target/release/bench api
+}
+
+handover() {
   echo "## Cluster mode: hand-over and crash, with the agents and without"
   echo
   BENCH_HANDOVERS="${BENCH_HANDOVERS:-20}" target/release/bench handover
+}
+
+failover() {
   echo "## Replication mode: unplanned failover against Sentinel, planned switchover against FAILOVER TO"
   echo
   # The agent: 20 kills (~5 s each), 2 × 20 node cuts (~10 s each); Sentinel tuned, with the
@@ -65,53 +82,126 @@ chaos_out=$(mktemp)
     BENCH_SENTINEL_RUNS="${BENCH_SENTINEL_RUNS:-20}" BENCH_SENTINEL_DEFAULT_RUNS="${BENCH_SENTINEL_DEFAULT_RUNS:-10}" \
     target/release/bench failover
   BENCH_SWITCHOVERS="${BENCH_SWITCHOVERS:-20}" target/release/bench switchover
+}
+
+partition() {
   echo "## Partitions and apiserver outages"
   echo
   # 20 partitions per configuration (the agent in both modes ~30 s each at the chart's 15 s
   # lease; Valkey Cluster alone and Sentinel at two lags, ~15 s each), 20 healthy windows of
-  # 10 s per mode, the apiserver stopped for 5 minutes. About 50 minutes.
+  # 10 s per mode, the apiserver stopped for 5 minutes. About 70 minutes.
   BENCH_PARTITIONS="${BENCH_PARTITIONS:-20}" BENCH_HEALTHY_WINDOWS="${BENCH_HEALTHY_WINDOWS:-20}" \
     BENCH_OUTAGE_SECONDS="${BENCH_OUTAGE_SECONDS:-300}" target/release/bench partition
+}
+
+planner() {
   echo "## Planner cost"
   echo
   target/release/bench planner
-  echo "## Faults"
-  echo
+}
+
+# The chaos tests' rows go to the fault table (rendered when the report is assembled, with the
+# benchmarks' rows); what this section prints is what failed. About 45 minutes.
+chaos() {
+  local out="$state/chaos.log"
   # A failing chaos test is reported in the table's section, not hidden by aborting the run.
-  status=0
+  local status=0
   cargo test --locked -p valkey-sidecar --no-fail-fast "${chaos[@]/#/--test=}" -- --test-threads 1 \
-    >"$chaos_out" 2>&1 || status=$?
+    >"$out" 2>&1 || status=$?
   # The baselines beside them (StatefulSet's RollingUpdate beside the supervised roll).
   cargo test --locked -p valkey-sidecar --test k8s_rollout -- --ignored --test-threads 1 \
-    >>"$chaos_out" 2>&1 || status=$?
-  target/release/bench faults "$VALKEY_TESTKIT_FAULT_LOG"
+    >>"$out" 2>&1 || status=$?
   if [ "$status" -ne 0 ]; then
     echo "**The chaos tests failed in this run** (exit $status); their rows above are missing or partial:"
     echo
-    grep -E '^test .* FAILED$' "$chaos_out" | sed 's/^/- /' || true
+    grep -E '^test .* FAILED$' "$out" | sed 's/^/- /' || true
     echo
     echo "What each failure said (the whole output: \`target/bench-chaos.log\`):"
     echo
     echo '```'
-    grep -E -A4 'panicked at' "$chaos_out" | cut -c1-400 | head -60 || true
+    grep -E -A4 'panicked at' "$out" | cut -c1-400 | head -60 || true
     echo '```'
     echo
   fi
-  # Kept for whoever reads a failure above.
-  cp "$chaos_out" target/bench-chaos.log
-} > "$body"
-# Kept, like the chaos log: the summary and the README's block can be rendered again from it
-# (`bench summary` / `bench summary-readme target/bench-summary.log`).
-cp "$BENCH_SUMMARY_LOG" target/bench-summary.log
+}
+
+# Runs section $1 unless it is done already or not asked for; its files are replaced whole, and
+# it counts as done only once it has finished.
+run_section() {
+  local name=$1
+  if [ -f "$state/$name.done" ]; then
+    echo "bench: $name: done on $(cat "$state/$name.done") at $commit, kept" >&2
+    return
+  fi
+  if [ -n "${BENCH_SECTIONS:-}" ] && [[ " $BENCH_SECTIONS " != *" $name "* ]]; then
+    echo "bench: $name: not in BENCH_SECTIONS, left for a later run" >&2
+    return
+  fi
+  echo "bench: $name: started $(date -u '+%F %T')" >&2
+  : >"$state/$name.faults"
+  : >"$state/$name.summary"
+  (
+    export VALKEY_TESTKIT_FAULT_LOG="$PWD/$state/$name.faults"
+    export BENCH_SUMMARY_LOG="$PWD/$state/$name.summary"
+    "$name"
+  ) >"$state/$name.md"
+  date -u +%Y-%m-%d >"$state/$name.done"
+  echo "bench: $name: finished $(date -u '+%F %T')" >&2
+}
+
+for name in "${sections[@]}"; do
+  run_section "$name"
+done
+left=()
+for name in "${sections[@]}"; do
+  [ -f "$state/$name.done" ] || left+=("$name")
+done
+if [ "${#left[@]}" -gt 0 ]; then
+  echo "bench: not done yet at $commit: ${left[*]}; run scripts/bench.sh again to finish (the report is unchanged)" >&2
+  exit 0
+fi
+
+# Every section is done: the report, from the sections' parts in order.
+faults_log="$state/all.faults"
+summary_log="$state/all.summary"
+body="$state/body.md"
+: >"$faults_log"
+: >"$summary_log"
+: >"$body"
+for name in "${sections[@]}"; do
+  cat "$state/$name.faults" >>"$faults_log"
+  cat "$state/$name.summary" >>"$summary_log"
+  [ "$name" = chaos ] || cat "$state/$name.md" >>"$body"
+done
+{
+  echo "## Faults"
+  echo
+  target/release/bench faults "$faults_log"
+  cat "$state/chaos.md"
+} >>"$body"
+dates=$(cat "$state"/*.done | sort -u | paste -sd, - | sed 's/,/, /g')
+# The report being replaced, kept for the comparison at the end of the new one.
+out=docs/benchmarks.md
+previous=$(mktemp)
+if [ -f "$out" ]; then
+  cat "$out" > "$previous"
+fi
+summary=$(mktemp)
+report=$(mktemp)
+compared=$(mktemp)
+# Kept for whoever reads a failure in the report, and so the summary and the README's block can
+# be rendered again (`bench summary` / `bench summary-readme target/bench-summary.log`).
+cp "$state/chaos.log" target/bench-chaos.log
+cp "$summary_log" target/bench-summary.log
 # The headline block, from the rows the sections logged: the same text goes into the README.
-target/release/bench summary "$BENCH_SUMMARY_LOG" > "$summary"
+target/release/bench summary "$summary_log" > "$summary"
 # The README's shape of it: seven rows, without the alternatives' configurations.
 readme_summary=$(mktemp)
-target/release/bench summary-readme "$BENCH_SUMMARY_LOG" > "$readme_summary"
+target/release/bench summary-readme "$summary_log" > "$readme_summary"
 {
   echo "# Benchmarks"
   echo
-  echo "Generated by \`scripts/bench.sh\` on $(date -u +%Y-%m-%d) ($(nproc) cores, $(uname -m)) from $BENCH_BUILD; numbers from one run on a shared machine. Plots are SVG files in \`docs/plots/\`: each bar is a p50, its whisker reaches the p99."
+  echo "Generated by \`scripts/bench.sh\` on $dates ($(nproc) cores, $(uname -m)) from $BENCH_BUILD; numbers from one run on a shared machine. Plots are SVG files in \`docs/plots/\`: each bar is a p50, its whisker reaches the p99."
   echo
   echo "## Summary"
   echo
@@ -127,6 +217,8 @@ target/release/bench compare "$previous" "$report" > "$compared"
   echo
   cat "$compared"
 } > "$out"
+# The plots of this run replace the old ones (cp keeps the repository's files and their modes).
+find "$state/plots" -name '*.svg' -exec cp {} docs/plots/ \;
 target/release/bench readme "$readme_summary" README.md
-rm -f "$previous" "$body" "$summary" "$readme_summary" "$report" "$compared" "$chaos_out" "$VALKEY_TESTKIT_FAULT_LOG" "$BENCH_SUMMARY_LOG"
+rm -f "$previous" "$summary" "$readme_summary" "$report" "$compared"
 cat "$out"
