@@ -33,7 +33,10 @@ VALKEY_TESTKIT_K8S_BIN_DIR="$(scripts/k8s-bins.sh)"
 HELM_BIN="$(scripts/helm-bin.sh)"
 # The agent measured is the image's binary (static, musl, release: the Dockerfile's build).
 VALKEY_SIDECAR_BIN="$(scripts/static-build.sh)"
-export VALKEY_SERVER VALKEY_TESTKIT_K8S_BIN_DIR HELM_BIN VALKEY_SIDECAR_BIN
+# The older Valkeys the roll rows start from (the chaos section's tests/k8s_rollout.rs).
+VALKEY_SERVER_9_0_0="$(VALKEY_VERSION=9.0.0 scripts/valkey-bin.sh)"
+VALKEY_SERVER_8_0_1="$(scripts/valkey-src-bin.sh)"
+export VALKEY_SERVER VALKEY_TESTKIT_K8S_BIN_DIR HELM_BIN VALKEY_SIDECAR_BIN VALKEY_SERVER_9_0_0 VALKEY_SERVER_8_0_1
 cargo build --release --locked -p valkey-sidecar-bench --bin bench
 # The chaos tests, built before anything is timed.
 chaos=(k8s_node_faults k8s_split_brain k8s_disruption k8s_rollout k8s_replication k8s_replication_coordinator k8s_coordinator k8s_chart k8s_labels k8s_full_restart k8s_operate)
