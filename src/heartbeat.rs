@@ -9,8 +9,8 @@
 //!
 //! Every datagram carries an HMAC-SHA256 over its text, keyed from the agents' Valkey password
 //! (which only the agents hold); unauthenticated, malformed or excess datagrams are dropped and
-//! counted. Each source address may send [`PER_SOURCE_PER_S`] datagrams per second, all sources
-//! together [`ALL_PER_S`].
+//! counted. Each source address may send `PER_SOURCE_PER_S` datagrams per second, all sources
+//! together `ALL_PER_S`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};

@@ -26,7 +26,7 @@ pub struct Observer {
     pub metrics: Arc<Metrics>,
     /// Where the pod is; its zone is pushed into Valkey's `availability-zone`.
     pub placement: watch::Receiver<Placement>,
-    /// While true, tick every [`HURRIED`] instead of every interval (a promotion is due).
+    /// While true, tick every `HURRIED` instead of every interval (a promotion is due).
     pub hurry: watch::Receiver<bool>,
     /// Cluster mode: pauses writes while this primary hears only a minority of primaries.
     pub quorum: Option<QuorumFence>,

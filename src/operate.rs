@@ -302,10 +302,11 @@ impl Coordinator {
     async fn wait_for(&self, done: impl Fn(&Lease) -> bool) -> Option<Lease> {
         let deadline = tokio::time::Instant::now() + CALL;
         while tokio::time::Instant::now() < deadline {
-            if let Ok(Some(lease)) = self.get().await {
-                if holder(&lease).is_some() && done(&lease) {
-                    return Some(lease);
-                }
+            if let Ok(Some(lease)) = self.get().await
+                && holder(&lease).is_some()
+                && done(&lease)
+            {
+                return Some(lease);
             }
             tokio::time::sleep(POLL).await;
         }

@@ -26,7 +26,7 @@
 //! - [`replication`]: replication mode's shard record, fencing, promotion and switchover.
 //! - [`operator`]: `coordination: operator` — whether the operator beside the agent is settled.
 //! - [`requests`]: what an operator asks of the coordinator (pause, switchover) on its Lease.
-//! - [`format`]: the record format agents write and read (skew between agent versions).
+//! - [`mod@format`]: the record format agents write and read (skew between agent versions).
 //! - [`formation`]: forming a fresh Valkey Cluster from the pods, and re-adding replaced pods.
 //! - [`crash`]: cluster mode's failover of a primary whose Valkey died, before the node timeout.
 //! - [`restart`]: whether a stopped Valkey may start again (a primary waits for a replica to take

@@ -238,12 +238,15 @@ fn kind(reply: &Reply) -> &'static str {
 
 /// ROLE is authoritative; INFO's `role` is the fallback when ROLE is denied by ACL.
 fn role_of(role: Option<&Reply>, info: &Info) -> Role {
-    let from_role = role
-        .and_then(Reply::as_array)
-        .and_then(|items| items.first())
-        .and_then(Reply::as_text)
-        .map(Role::from_wire);
+    let from_role = role.and_then(role_reply);
     from_role.unwrap_or_else(|| info.get("role").map_or(Role::Unknown, Role::from_wire))
+}
+
+/// The one reading of a `ROLE` reply (its first element); `None` when it is not one (an error,
+/// e.g. denied by ACL).
+pub fn role_reply(reply: &Reply) -> Option<Role> {
+    let first = reply.as_array()?.first()?;
+    first.as_text().map(Role::from_wire)
 }
 
 fn link_of(info: &Info) -> PrimaryLink {
@@ -349,10 +352,6 @@ impl Observation {
         self.role == Role::Replica && self.link.as_ref().is_some_and(|l| !l.up && l.ever_up)
     }
 
-    /// How many bytes this replica is behind its primary, when the primary's offset is known.
-    ///
-    /// In cluster mode the primary's offset comes from gossip (`CLUSTER SHARDS`) and may be a
-    /// little old, which can only make the lag look smaller by that much, never negative.
     /// Nothing anyone wrote is on it: no keys, offset 0, and (a replica) never completed a sync.
     /// Offset 0 alone is not enough: a replica fresh from a completed sync of an empty primary
     /// stays at offset 0 until its primary streams to it, yet it holds all there was.
@@ -372,6 +371,16 @@ impl Observation {
         self.fresh() || (self.role == Role::Replica && self.link.as_ref().is_some_and(never))
     }
 
+    /// A master holding something (keys, or a replication stream that moved): bootstrapping a
+    /// shard beside it would throw that away.
+    pub fn master_with_data(&self) -> bool {
+        self.role == Role::Primary && !self.fresh()
+    }
+
+    /// How many bytes this replica is behind its primary, when the primary's offset is known.
+    ///
+    /// In cluster mode the primary's offset comes from gossip (`CLUSTER SHARDS`) and may be a
+    /// little old, which can only make the lag look smaller by that much, never negative.
     pub fn lag_bytes(&self, primary_offset: Option<u64>) -> Option<u64> {
         let link = self.link.as_ref()?;
         let from_shard = || self.my_shard()?.primary().map(|p| p.replication_offset);
@@ -449,5 +458,27 @@ mod tests {
                 .unwrap()
                 .fresh()
         );
+    }
+
+    #[test]
+    fn a_master_has_data_once_it_holds_keys_or_its_stream_moved() {
+        let master = |offset: u64, keys: &str| {
+            let text = format!(
+                "# Replication\r\nrole:master\r\nmaster_repl_offset:{offset}\r\n# Keyspace\r\n{keys}"
+            );
+            observe(&info(&text), Mode::Replication)
+                .unwrap()
+                .master_with_data()
+        };
+        assert!(!master(0, ""));
+        assert!(master(0, "db0:keys=1,expires=0,avg_ttl=0\r\n"));
+        assert!(
+            master(42, ""),
+            "written, then flushed: its replicas still follow that stream"
+        );
+        let replica =
+            "# Replication\r\nrole:slave\r\nslave_repl_offset:9\r\n# Keyspace\r\ndb0:keys=3\r\n";
+        let replica = observe(&info(replica), Mode::Replication).unwrap();
+        assert!(!replica.master_with_data());
     }
 }

@@ -396,3 +396,32 @@ fn a_master_whose_shard_owns_no_slots_is_no_primary_to_advertise() {
         None
     );
 }
+
+/// The one `ROLE` parser (the coordinator's read-back of a promotion uses it too) reads every
+/// captured `ROLE` reply as its first word says, and nothing else as a role.
+#[test]
+fn every_captured_role_reply_reads_as_its_first_word() {
+    use valkey_sidecar_core::observation::role_reply;
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        let Some(state) = name.strip_suffix(".role.json") else {
+            continue;
+        };
+        let reply = load(&name).unwrap();
+        let first = reply.as_array().unwrap()[0].as_text().unwrap().to_owned();
+        let want = if first == "master" {
+            Role::Primary
+        } else {
+            Role::Replica
+        };
+        assert_eq!(role_reply(&reply), Some(want), "{state}");
+        seen += 1;
+    }
+    assert!(seen >= 10, "only {seen} ROLE fixtures");
+    assert_eq!(role_reply(&Reply::Error("NOPERM".into())), None);
+    assert_eq!(role_reply(&Reply::Array(vec![])), None);
+    let sentinel = Reply::Array(vec![Reply::Text("sentinel".into())]);
+    assert_eq!(role_reply(&sentinel), Some(Role::Unknown));
+}

@@ -4,7 +4,7 @@
 //!
 //! It runs while the local node's `CLUSTER SHARDS` misses one of the pods (by IP, among the nodes
 //! not marked failed), after a round that sent steps or met a silent pod, and otherwise every
-//! [`RECHECK_MS`] (other nodes' own views show only in theirs) — at most once a second, which leaves
+//! [`RECHECK_MS`](valkey_sidecar_core::formation::RECHECK_MS) (other nodes' own views show only in theirs) — at most once a second, which leaves
 //! gossip time to spread a `CLUSTER MEET` between rounds.
 
 use std::sync::Arc;

@@ -274,10 +274,10 @@ fn label(pod: &mut Node, cluster: &str) {
     let labels = pod
         .entry("metadata", || Node::map(vec![]))
         .and_then(|m| m.entry("labels", || Node::map(vec![])));
-    if let Some(labels) = labels {
-        if labels.get(CLUSTER_LABEL).is_none() {
-            labels.set(CLUSTER_LABEL, Node::str(cluster));
-        }
+    if let Some(labels) = labels
+        && labels.get(CLUSTER_LABEL).is_none()
+    {
+        labels.set(CLUSTER_LABEL, Node::str(cluster));
     }
 }
 

@@ -102,7 +102,7 @@ pub(super) async fn other_master_with_data(keeper: &Keeper, selector: &str) -> b
 
 async fn has_data_as_master(keeper: &Keeper, ip: String) -> bool {
     match look_at(keeper, ip, keeper.connector.port).await {
-        Some(obs) => obs.role == Role::Primary && (obs.keys > 0 || obs.repl_offset > 0),
+        Some(obs) => obs.master_with_data(),
         // A pod that does not answer holds nothing we could lose by bootstrapping.
         None => false,
     }

@@ -61,6 +61,8 @@
 //! # }
 //! ```
 #![forbid(unsafe_code)]
+// Testkit and bench are read and changed as often as the agent: the same length limit.
+#![warn(clippy::too_many_lines)]
 
 mod binaries;
 mod cluster;

@@ -534,7 +534,7 @@ fn superseded_primary(view: &LocalView, v: &LocalValkey, successor: &str) -> Loc
     }
 }
 
-/// The start of every reason [`may_follow`] gives for not following (the adapter raises an
+/// The start of every reason `may_follow` gives for not following (the adapter raises an
 /// Event on it).
 pub const NOT_FOLLOWING: &str = "not following the record";
 
@@ -597,15 +597,16 @@ fn restarted_alike(s: &History, mine: &History) -> Option<String> {
     if s.replid == mine.replid {
         return None;
     }
-    if let (Some(theirs), Some(ours)) = (&s.replid2, &mine.replid2) {
-        if theirs == ours && s.second_offset >= mine.second_offset {
-            let shared_end = mine.second_offset.unwrap_or(1).saturating_sub(1);
-            return Some(format!(
-                "restarted from stream {ours} at least as far as I did; the {} bytes I took \
-                 since are discarded",
-                mine.offset.saturating_sub(shared_end)
-            ));
-        }
+    if let (Some(theirs), Some(ours)) = (&s.replid2, &mine.replid2)
+        && theirs == ours
+        && s.second_offset >= mine.second_offset
+    {
+        let shared_end = mine.second_offset.unwrap_or(1).saturating_sub(1);
+        return Some(format!(
+            "restarted from stream {ours} at least as far as I did; the {} bytes I took \
+             since are discarded",
+            mine.offset.saturating_sub(shared_end)
+        ));
     }
     let positionless = mine.offset == 0 && mine.replid2.is_none();
     (positionless && s.replid2.is_none() && s.keys >= mine.keys).then(|| {

@@ -27,7 +27,7 @@
 //! - *Only the coordinator promotes.* No local action makes a Valkey primary: agents renew what
 //!   the record already says, and create the record only when none exists
 //!   ([`LocalAction::Bootstrap`]).
-//! - Every interval is judged on the local monotonic clock ([`Millis`]); `renewTime` is never read.
+//! - Every interval is judged on the local monotonic clock ([`Millis`](crate::time::Millis)); `renewTime` is never read.
 //!
 //! # Layout
 //! - [`record`]: the [`ShardRecord`] and [`SeenRecord`];

@@ -74,7 +74,7 @@ impl Default for FailoverPolicy {
 ///    old primary whose agent is gone stops taking writes before the new one starts;
 /// 3. `REPLICAOF NO ONE` on `target`;
 /// 4. `REPLICAOF <target>` on every pod in `repoint`, best effort — each agent's own
-///    [`LocalAction::Demote`] / [`LocalAction::Repoint`] is the backstop.
+///    [`LocalAction::Demote`](super::LocalAction::Demote) / [`LocalAction::Repoint`](super::LocalAction::Repoint) is the backstop.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Promotion {
     pub target: String,

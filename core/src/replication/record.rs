@@ -17,7 +17,7 @@ pub struct ShardRecord {
     /// `resourceVersion`: every write changes it, so it tells a renewal from a stale read.
     pub version: String,
     /// The lease duration its last writer set (`leaseDurationSeconds`, in ms): the holder's own.
-    /// Expiry is judged by the longer of it and the judge's own (see [`judged_lease_ms`]).
+    /// Expiry is judged by the longer of it and the judge's own (see [`judged_lease_ms`](crate::lease::judged_lease_ms)).
     pub lease_ms: Option<u64>,
 }
 

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use tokio::time::Instant;
+use valkey_sidecar_core::observation::{Role, role_reply};
 use valkey_sidecar_core::plan::Action;
 use valkey_sidecar_core::shards::parse_shards;
 
@@ -116,7 +117,10 @@ async fn knows(session: &mut Session, id: &str) -> Option<bool> {
 }
 
 async fn is_primary(session: &mut Session) -> bool {
-    matches!(session.command(&redis::cmd("ROLE")).await, Ok(redis::Value::Array(items)) if is_master(items.first()))
+    let Ok(value) = session.command(&redis::cmd("ROLE")).await else {
+        return false;
+    };
+    role_reply(&observe::reply(value)) == Some(Role::Primary)
 }
 
 async fn wait_primary(session: &mut Session, deadline: Instant) -> Result<(), String> {
@@ -128,13 +132,5 @@ async fn wait_primary(session: &mut Session, deadline: Instant) -> Result<(), St
             return Err("the target did not become primary in time".into());
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-fn is_master(v: Option<&redis::Value>) -> bool {
-    match v {
-        Some(redis::Value::BulkString(b)) => b == b"master",
-        Some(redis::Value::SimpleString(s)) => s == "master",
-        _ => false,
     }
 }

@@ -1,14 +1,14 @@
-//! Carries out one move, one protocol a file: [`failover`] (cluster mode's coordinated
-//! `CLUSTER FAILOVER`), [`switchover`] (replication mode's planned move), [`promotion`]
+//! Carries out one move, one protocol a file: [`mod@failover`] (cluster mode's coordinated
+//! `CLUSTER FAILOVER`), [`mod@switchover`] (replication mode's planned move), [`promotion`]
 //! (replication mode's unplanned failover). This file holds what they share: the [`MoveOutcome`], the
 //! [`Links`] to a shard's members, and the commands more than one of them sends.
 //!
-//! - Cluster mode, [`failover`]: once every reachable member of the shard knows the target
+//! - Cluster mode, [`mod@failover`]: once every reachable member of the shard knows the target
 //!   (gossip), a coordinated `CLUSTER FAILOVER` sent to the target replica, then a wait until the
 //!   target reports itself primary. Never `FORCE` or `TAKEOVER`: a planned move must lose
 //!   nothing, and a coordinated failover makes the target catch up with the primary (which
 //!   pauses its clients) before it switches.
-//! - Replication mode, [`switchover`]: a planned move, driven by `core::replication::step` —
+//! - Replication mode, [`mod@switchover`]: a planned move, driven by `core::replication::step` —
 //!   pause the old primary, wait for the target to catch up, move the record, promote, repoint,
 //!   unpause (or unpause and leave everything as it was).
 //! - Replication mode, [`promote`]: an unplanned failover (`core::replication::Promotion`) in its

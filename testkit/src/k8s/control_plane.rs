@@ -673,7 +673,6 @@ where
     Fut: std::future::Future<Output = Result<bool>>,
 {
     let deadline = Instant::now() + timeout;
-    let mut last = anyhow!("not checked yet");
     loop {
         if let Some(status) = process.exit_status() {
             let output = process.diagnostics(TAIL);
@@ -685,11 +684,11 @@ where
                 process.label()
             );
         }
-        match check().await {
+        let last = match check().await {
             Ok(true) => return Ok(true),
-            Ok(false) => last = anyhow!("not ready yet"),
-            Err(e) => last = e,
-        }
+            Ok(false) => anyhow!("not ready yet"),
+            Err(e) => e,
+        };
         if Instant::now() >= deadline {
             bail!(
                 "{} not ready after {timeout:?} (last check: {last:#})\n{}",

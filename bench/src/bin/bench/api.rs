@@ -48,48 +48,19 @@ pub async fn run(bin: &Path) -> Result<()> {
     if stage.coordinator_holder().await?.as_deref() != Some(leader.as_str()) {
         bail!("the Lease changed hands during the measurement");
     }
-    let agents = |moved: bool| -> Vec<(String, String)> {
-        let role = |p: &String| {
-            let base = if *p == leader { "leader" } else { "follower" };
-            match p {
-                p if moved && *p == primary => format!("{base}, old primary"),
-                p if moved && *p == replica => format!("{base}, new primary"),
-                _ => base.to_owned(),
-            }
-        };
-        let who = |p: &String| pod_identity(&stage.namespace, p);
-        stage
-            .pods
-            .iter()
-            .map(|p| (format!("{p} ({})", role(p)), who(p)))
-            .collect()
+    let roles = Roles {
+        leader: &leader,
+        primary: &primary,
+        replica: &replica,
     };
-    println!("### API requests per agent (real kube-apiserver v1.37.2, from its audit log)\n");
-    println!(
-        "Requests per minute by verb, 3 shards × 2 members, coordinator on with the default Lease timings (retry period 2 s). Agents are told apart by the pod their bound ServiceAccount token names (`user.extra[\"authentication.kubernetes.io/pod-name\"]` of each audit event); they also send `User-Agent: valkey-sidecar/<version>`. Command: `target/release/bench api`.\n"
-    );
-    println!("#### Steady state ({} s window)\n", STEADY.as_secs());
-    println!("{}", steady.verb_table(&agents(false)));
-    let followers = stage.pods.iter().filter(|p| **p != leader);
-    let follower_writes = followers
-        .map(|p| steady.writes(&pod_identity(&stage.namespace, p)))
-        .max()
-        .unwrap_or(0);
-    let me = pod_identity(&stage.namespace, &leader);
-    println!(
-        "Writes per minute: leader {:.1}, of which Lease renewals (`update leases`) {:.1}; followers at most {:.1}. The whole apiserver served {:.0} requests per minute in the window (the harness kubelet, node heartbeats, scheduler and controller-manager included).\n",
-        steady.per_minute(steady.writes(&me)),
-        steady.per_minute(steady.get(&me, "update", "leases")),
-        steady.per_minute(follower_writes),
-        steady.per_minute(all_requests(&steady)),
-    );
+    print_steady(&stage, &roles, &steady, STEADY);
     println!(
         "#### During a hand-over ({} s window from cordoning the node of a primary)\n",
         HANDOVER.as_secs()
     );
-    println!("{}", moving.verb_table(&agents(true)));
+    println!("{}", moving.verb_table(&roles.agents(&stage, true)));
     println!("By resource, requests in the window:\n");
-    println!("{}", moving.detail_table(&agents(true)));
+    println!("{}", moving.detail_table(&roles.agents(&stage, true)));
     let ids: Vec<String> = stage
         .pods
         .iter()
@@ -104,6 +75,64 @@ pub async fn run(bin: &Path) -> Result<()> {
     ];
     cross_check(&windows);
     Ok(())
+}
+
+/// Who the measured agents are: the coordinator, and the primary that is handed over to the replica.
+struct Roles<'a> {
+    leader: &'a str,
+    primary: &'a str,
+    replica: &'a str,
+}
+
+impl Roles<'_> {
+    /// Each agent's row name (pod and role, `moved`: during the hand-over) and audit identity.
+    fn agents(&self, stage: &Stage, moved: bool) -> Vec<(String, String)> {
+        let role = |p: &str| {
+            let base = if p == self.leader {
+                "leader"
+            } else {
+                "follower"
+            };
+            match p {
+                p if moved && p == self.primary => format!("{base}, old primary"),
+                p if moved && p == self.replica => format!("{base}, new primary"),
+                _ => base.to_owned(),
+            }
+        };
+        stage
+            .pods
+            .iter()
+            .map(|p| {
+                (
+                    format!("{p} ({})", role(p)),
+                    pod_identity(&stage.namespace, p),
+                )
+            })
+            .collect()
+    }
+}
+
+/// The section's heading and its steady-state window.
+fn print_steady(stage: &Stage, roles: &Roles, steady: &Usage, window: Duration) {
+    println!("### API requests per agent (real kube-apiserver v1.37.2, from its audit log)\n");
+    println!(
+        "Requests per minute by verb, 3 shards × 2 members, coordinator on with the default Lease timings (retry period 2 s). Agents are told apart by the pod their bound ServiceAccount token names (`user.extra[\"authentication.kubernetes.io/pod-name\"]` of each audit event); they also send `User-Agent: valkey-sidecar/<version>`. Command: `target/release/bench api`.\n"
+    );
+    println!("#### Steady state ({} s window)\n", window.as_secs());
+    println!("{}", steady.verb_table(&roles.agents(stage, false)));
+    let followers = stage.pods.iter().filter(|p| p.as_str() != roles.leader);
+    let follower_writes = followers
+        .map(|p| steady.writes(&pod_identity(&stage.namespace, p)))
+        .max()
+        .unwrap_or(0);
+    let me = pod_identity(&stage.namespace, roles.leader);
+    println!(
+        "Writes per minute: leader {:.1}, of which Lease renewals (`update leases`) {:.1}; followers at most {:.1}. The whole apiserver served {:.0} requests per minute in the window (the harness kubelet, node heartbeats, scheduler and controller-manager included).\n",
+        steady.per_minute(steady.writes(&me)),
+        steady.per_minute(steady.get(&me, "update", "leases")),
+        steady.per_minute(follower_writes),
+        steady.per_minute(all_requests(steady)),
+    );
 }
 
 /// What the drain window counted.

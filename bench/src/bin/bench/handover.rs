@@ -261,39 +261,10 @@ async fn crash(stage: &Stage, shard: usize) -> Result<Crash> {
     stage
         .kubelet
         .crash_container(&stage.namespace, &primary, "valkey")?;
-    let taker = std::sync::Mutex::new(None);
-    poll_until(
-        "a member of the shard takes writes",
-        Duration::from_secs(30),
-        Duration::from_millis(5),
-        || async {
-            let writable = members
-                .iter()
-                .find(|p| stage.cmd(p, &["SET", &probe, "1"]).is_ok());
-            *crate::lock(&taker) = writable.cloned();
-            Ok(writable.is_some())
-        },
-    )
-    .await?;
+    let taker = first_writable(stage, &members, &probe).await?;
     let writable = at.elapsed();
-    let taker = crate::lock(&taker)
-        .clone()
-        .context("no member took the write")?;
-    let labelled = poll_until(
-        "the writable member is labelled primary",
-        Duration::from_secs(30),
-        Duration::from_millis(5),
-        || async {
-            Ok(stage
-                .labels(&taker)
-                .await?
-                .get(ROLE_LABEL)
-                .map(String::as_str)
-                == Some("primary"))
-        },
-    )
-    .await
-    .map(|_| at.elapsed())?;
+    labelled_primary(stage, &taker).await?;
+    let labelled = at.elapsed();
     rejoined(stage, &members).await?;
     let tag = writer.tag.clone();
     let written = writer.stop()?;
@@ -316,6 +287,41 @@ async fn crash(stage: &Stage, shard: usize) -> Result<Crash> {
         lost: missing.len(),
         lost_outside_tail,
     })
+}
+
+/// The first member that takes a write of `probe` (offered every 5 ms, for up to 30 s).
+async fn first_writable(stage: &Stage, members: &[String], probe: &str) -> Result<String> {
+    let taker = std::sync::Mutex::new(None);
+    poll_until(
+        "a member of the shard takes writes",
+        Duration::from_secs(30),
+        Duration::from_millis(5),
+        || async {
+            let writable = members
+                .iter()
+                .find(|p| stage.cmd(p, &["SET", probe, "1"]).is_ok());
+            *crate::lock(&taker) = writable.cloned();
+            Ok(writable.is_some())
+        },
+    )
+    .await?;
+    let taker = crate::lock(&taker).clone();
+    taker.context("no member took the write")
+}
+
+/// Waits (polling every 5 ms, up to 30 s) until `pod` carries the primary label.
+async fn labelled_primary(stage: &Stage, pod: &str) -> Result<()> {
+    poll_until(
+        "the writable member is labelled primary",
+        Duration::from_secs(30),
+        Duration::from_millis(5),
+        || async {
+            let labels = stage.labels(pod).await?;
+            Ok(labels.get(ROLE_LABEL).map(String::as_str) == Some("primary"))
+        },
+    )
+    .await
+    .map(|_| ())
 }
 
 /// The shard is whole again: every member Ready, one labelled primary and the others replica —
@@ -351,13 +357,7 @@ fn print_crashes(ours: &[Crash], baselines: &crate::alone::Baselines) {
     use crate::alone::{FAST_NODE_TIMEOUT_MS, Stop, shutdown_setting};
     let alone = &baselines.crash;
     use crate::report::duration_row;
-    let runs = ours.len();
-    println!(
-        "### Cluster mode, unplanned: a primary's Valkey crashes, with the agents and on its own\n"
-    );
-    println!(
-        "Command: `BENCH_HANDOVERS={runs} target/release/bench handover`. With the agents: the stage above, SIGKILL of the primary's Valkey container (its agent lives; the kubelet restarts Valkey at once, empty), shards in turn, a writer on the shard; *writable*: a member of the shard accepts a `SET` again (offered every 5 ms, the restarted one included), *labelled*: it also carries `{ROLE_LABEL}=primary`; acknowledged writes are read back once the crashed pod is back and the shard whole. Every run is a container's first crash, as a crash in production is: the pod crashed in the run before is deleted and recreated by its StatefulSet first (a container that crashed before restarts only after the kubelet's crash-loop back-off, by which time Valkey Cluster has failed over). Valkey alone: the loopback cluster of the next section, SIGKILL of a primary and a restart at once, at the chart's node timeout and again at 2 s (a setting users pick to fail over sooner without an agent). The agents: the coordinator holds an idle connection to every primary; it sees this one close and refuse a new dial, reads each replica's offset from the replica and sends the highest `CLUSTER FAILOVER FORCE` (Valkey's election among the primaries still runs; never `TAKEOVER`); the restarted container's `valkey-sidecar await` holds `valkey-server` until a replica has taken over, so the empty node rejoins as its replica. Valkey alone elects a replica only after `cluster-node-timeout`, and a node restarted before that keeps its slots. With at most 50 runs p99 is the maximum.\n"
-    );
+    print_crash_method(ours.len());
     println!("| measure | settings | runs | p50 ms | p99 ms | max ms | acknowledged | lost |");
     println!("|---|---|---|---|---|---|---|---|");
     let writable = ours.iter().map(|c| c.writable).collect();
@@ -402,12 +402,33 @@ fn print_crashes(ours: &[Crash], baselines: &crate::alone::Baselines) {
         "\nThe agents' lost writes: {lost}, of them {outside} acknowledged outside the {} ms before the kill (the stream a replica may not have received when its primary died is lost by asynchronous replication; anything older would be what an empty restart wiped).\n",
         TAIL.as_millis()
     );
+    print_crash_ratios(alone, theirs, fast_times, &labelled);
+}
+
+/// How the crash rows are measured (the section's text).
+fn print_crash_method(runs: usize) {
+    println!(
+        "### Cluster mode, unplanned: a primary's Valkey crashes, with the agents and on its own\n"
+    );
+    println!(
+        "Command: `BENCH_HANDOVERS={runs} target/release/bench handover`. With the agents: the stage above, SIGKILL of the primary's Valkey container (its agent lives; the kubelet restarts Valkey at once, empty), shards in turn, a writer on the shard; *writable*: a member of the shard accepts a `SET` again (offered every 5 ms, the restarted one included), *labelled*: it also carries `{ROLE_LABEL}=primary`; acknowledged writes are read back once the crashed pod is back and the shard whole. Every run is a container's first crash, as a crash in production is: the pod crashed in the run before is deleted and recreated by its StatefulSet first (a container that crashed before restarts only after the kubelet's crash-loop back-off, by which time Valkey Cluster has failed over). Valkey alone: the loopback cluster of the next section, SIGKILL of a primary and a restart at once, at the chart's node timeout and again at 2 s (a setting users pick to fail over sooner without an agent). The agents: the coordinator holds an idle connection to every primary; it sees this one close and refuse a new dial, reads each replica's offset from the replica and sends the highest `CLUSTER FAILOVER FORCE` (Valkey's election among the primaries still runs; never `TAKEOVER`); the restarted container's `valkey-sidecar await` holds `valkey-server` until a replica has taken over, so the empty node rejoins as its replica. Valkey alone elects a replica only after `cluster-node-timeout`, and a node restarted before that keeps its slots. With at most 50 runs p99 is the maximum.\n"
+    );
+}
+
+/// Valkey alone's times over the agents' (writable and labelled), at p50 and p99; and why, where
+/// the agent does not win.
+fn print_crash_ratios(
+    alone: &[crate::alone::Stopped],
+    theirs: Vec<Duration>,
+    fast_times: Vec<Duration>,
+    labelled: &[Duration],
+) {
     for (name, theirs) in [
         ("Valkey alone", theirs),
         ("Valkey alone at a 2 s node timeout", fast_times),
     ] {
         let theirs = sorted(theirs);
-        let r = |p: f64| crate::report::ratio(percentile(&theirs, p), percentile(&labelled, p));
+        let r = |p: f64| crate::report::ratio(percentile(&theirs, p), percentile(labelled, p));
         println!(
             "Ratio ({name} to writable ÷ the agents' to writable and labelled; above 1 the agent is faster): p50 {}, p99 {}.\n",
             r(0.5),
@@ -415,7 +436,7 @@ fn print_crashes(ours: &[Crash], baselines: &crate::alone::Baselines) {
         );
     }
     let theirs: Vec<Duration> = sorted(alone.iter().map(|s| s.writable).collect());
-    if percentile(&theirs, 0.5) < percentile(&labelled, 0.5) {
+    if percentile(&theirs, 0.5) < percentile(labelled, 0.5) {
         println!("Where the agent does not win on time: {CRASH_WHY}.\n");
     }
 }

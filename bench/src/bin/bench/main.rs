@@ -13,6 +13,8 @@
 //! and helm (`scripts/k8s-bins.sh`, `scripts/helm-bin.sh`). With `VALKEY_TESTKIT_FAULT_LOG` set,
 //! each configuration's runs are also logged as rows of the fault table; with
 //! `BENCH_SUMMARY_LOG` set, the headline figures as rows of the summary.
+// Testkit and bench are read and changed as often as the agent: the same length limit.
+#![warn(clippy::too_many_lines)]
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -13,6 +13,8 @@
 //! `--seconds N`: run for N seconds, then tear down. The agent binary comes from
 //! `$VALKEY_SIDECAR_BIN`, else from next to this binary (`cargo build --bin valkey-sidecar`).
 #![forbid(unsafe_code)]
+// Testkit and bench are read and changed as often as the agent: the same length limit.
+#![warn(clippy::too_many_lines)]
 
 mod table;
 

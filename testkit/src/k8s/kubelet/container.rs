@@ -118,7 +118,7 @@ impl ContainerState {
     }
 }
 
-/// A container's memory use (see [`ContainerRuntime::memory_use`]).
+/// A container's memory use (see `ContainerRuntime::memory_use`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemoryUse {
     /// The most it used at once, in bytes.

@@ -576,7 +576,7 @@ impl Kubelet {
     }
 
     /// A container's memory use: its peak against its limit, where the harness enforces memory
-    /// limits (see [`memory`]); else the running process's peak resident set.
+    /// limits (see the kubelet's `memory` module); else the running process's peak resident set.
     pub fn memory_use(&self, namespace: &str, name: &str, container: &str) -> Option<MemoryUse> {
         self.shared
             .find(namespace, name)?
