@@ -8,8 +8,81 @@
 //! the dead primary, but still Valkey's election among the primaries, so config epochs keep it
 //! safe (`TAKEOVER`, which skips the election, is never used).
 
+use crate::moves::Ledger;
 use crate::observation::{Observation, Role};
 use crate::shards::{NodeHealth, Shard, ShardNode};
+use crate::time::Millis;
+
+/// A primary that died is failed over once; the same node dying again is acted on only after
+/// this long (its socket keeps refusing while the failover runs, and a view that still shows it
+/// serving slots lags the failover just sent).
+pub const CRASH_REPEAT_MS: u64 = 10_000;
+
+/// What the coordinator knows when a primary's socket says it died.
+#[derive(Debug, Clone, Copy)]
+pub struct Death<'a> {
+    pub now: Millis,
+    /// The dead node's id.
+    pub node: &'a str,
+    /// The coordinator's view of the cluster (`CLUSTER SHARDS`, fresh).
+    pub shards: &'a [Shard],
+    /// When a death of this node was last acted on (or left to a hand-over).
+    pub last_handled: Option<Millis>,
+    /// Its pod is being deleted (`deletionTimestamp` set).
+    pub terminating: bool,
+}
+
+/// What a primary's death calls for ([`on_death`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeathVerdict<'a> {
+    /// The view shows it serving no slots as primary: already failed over, or never a primary.
+    NotServing,
+    /// A death of this node was handled less than [`CRASH_REPEAT_MS`] ago.
+    Repeated,
+    /// Its pod is going away: the planned hand-over's (its preStop holds Valkey until then);
+    /// after it the view can lag, and forcing a replica then could depose the primary the
+    /// hand-over just made.
+    LeftToHandover,
+    /// A move of its shard is running or settling.
+    Busy,
+    /// Read the offsets of these replicas (from each replica itself), then [`choose`].
+    ReadOffsets {
+        shard: &'a Shard,
+        candidates: Vec<&'a ShardNode>,
+    },
+}
+
+impl DeathVerdict<'_> {
+    /// Whether the death counts as handled now (the repeat window starts).
+    pub fn handled(&self) -> bool {
+        matches!(
+            self,
+            DeathVerdict::LeftToHandover | DeathVerdict::ReadOffsets { .. }
+        )
+    }
+}
+
+/// The one entry point for a primary's death: whether to fail its shard over, before any offset
+/// is read. In this order: not serving, repeated, its pod terminating, its shard busy.
+pub fn on_death<'a>(death: &Death<'a>, moves: &Ledger) -> DeathVerdict<'a> {
+    let Some(shard) = crashed_shard(death.shards, death.node) else {
+        return DeathVerdict::NotServing;
+    };
+    let repeated = death
+        .last_handled
+        .is_some_and(|at| death.now.since(at) < CRASH_REPEAT_MS);
+    if repeated {
+        return DeathVerdict::Repeated;
+    }
+    if death.terminating {
+        return DeathVerdict::LeftToHandover;
+    }
+    if moves.is_busy(&shard.id) {
+        return DeathVerdict::Busy;
+    }
+    let candidates = candidates(shard, death.node).collect();
+    DeathVerdict::ReadOffsets { shard, candidates }
+}
 
 /// A replica as read from the replica itself (`offset` `None`: it did not answer).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -202,5 +275,56 @@ mod tests {
             choose(&shard(), "p", &linked).is_err(),
             "its primary answers it: not dead"
         );
+    }
+
+    /// The adapter's former checks, as one table: each case, its verdict, whether it books the
+    /// death (the repeat window starts).
+    #[test]
+    fn a_death_is_failed_over_once_unless_its_pod_goes_or_its_shard_moves() {
+        use crate::moves::Started;
+        let shards = [shard()];
+        let now = Millis(100_000);
+        let death = |node, last: Option<u64>, terminating| Death {
+            now,
+            node,
+            shards: &shards,
+            last_handled: last.map(Millis),
+            terminating,
+        };
+        let idle = Ledger::default();
+        let mut moving = Ledger::default();
+        moving.start("s1", Started::Unplanned, Millis(99_000));
+        let kind = |v: &DeathVerdict| match v {
+            DeathVerdict::NotServing => "not serving",
+            DeathVerdict::Repeated => "repeated",
+            DeathVerdict::LeftToHandover => "hand-over",
+            DeathVerdict::Busy => "busy",
+            DeathVerdict::ReadOffsets { .. } => "read offsets",
+        };
+        let cases = [
+            (death("p", None, false), &idle, "read offsets", true),
+            (death("r1", None, false), &idle, "not serving", false),
+            (death("p", Some(90_001), false), &idle, "repeated", false),
+            (death("p", Some(90_000), false), &idle, "read offsets", true),
+            (death("p", Some(95_000), true), &idle, "repeated", false),
+            (death("p", None, true), &idle, "hand-over", true),
+            (death("p", None, true), &moving, "hand-over", true),
+            (death("p", None, false), &moving, "busy", false),
+        ];
+        for (d, moves, want, handled) in cases {
+            let v = on_death(&d, moves);
+            let case = format!(
+                "{} last {:?} terminating {}",
+                d.node, d.last_handled, d.terminating
+            );
+            assert_eq!((kind(&v), v.handled()), (want, handled), "{case}");
+        }
+        let DeathVerdict::ReadOffsets { shard, candidates } =
+            on_death(&death("p", None, false), &idle)
+        else {
+            unreachable!()
+        };
+        let ids: Vec<&str> = candidates.iter().map(|n| n.id.as_str()).collect();
+        assert_eq!((shard.id.as_str(), ids), ("s1", vec!["r1", "r2"]));
     }
 }

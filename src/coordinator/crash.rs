@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout};
 use valkey_sidecar_core::crash as core_crash;
-use valkey_sidecar_core::crash::ReplicaOffset;
+use valkey_sidecar_core::crash::{DeathVerdict, ReplicaOffset};
 use valkey_sidecar_core::moves::Started;
 use valkey_sidecar_core::observation::{self, Mode, Observation, Replies};
 use valkey_sidecar_core::shards::{Shard, ShardNode};
@@ -30,10 +30,6 @@ use super::execute::{MoveOutcome, fail_over_to};
 use super::{Coordinator, Finished, LeaderMemory, Move, spawn_move};
 use crate::kube::events::EventType;
 use crate::valkey::{Connector, observe};
-
-/// A primary that died is failed over once; it is watched again (and, still refusing while it
-/// serves slots, failed over again) only after this long.
-const CRASH_REPEAT_MS: u64 = 10_000;
 
 /// A primary whose socket refused a connection right after its connection closed.
 #[derive(Debug, Clone)]
@@ -221,32 +217,31 @@ impl Coordinator {
             tracing::warn!(node = %death.node, "a primary died; no fresh view of the cluster to fail it over from");
             return;
         };
-        let Some(shard) = core_crash::crashed_shard(&shards, &death.node) else {
-            return;
-        };
-        let repeated = memory
-            .crashes
-            .get(&death.node)
-            .is_some_and(|at| now.since(*at) < CRASH_REPEAT_MS);
-        if repeated {
-            return;
-        }
-        // A pod going away is the planned hand-over's (its preStop holds Valkey until then);
-        // after it, the coordinator's view can lag, and forcing a replica then could depose the
-        // primary the hand-over just made.
         let pod = pods.and_then(|p| self.pod_of(&death.node, &shards, p));
-        if pod.is_some_and(|p| p.metadata.deletion_timestamp.is_some()) {
-            tracing::info!(node = %death.node, "a primary's Valkey stopped with its pod: left to the hand-over");
+        let seen = core_crash::Death {
+            now,
+            node: &death.node,
+            shards: &shards,
+            last_handled: memory.crashes.get(&death.node).copied(),
+            terminating: pod.is_some_and(|p| p.metadata.deletion_timestamp.is_some()),
+        };
+        let verdict = core_crash::on_death(&seen, &memory.moves);
+        if verdict.handled() {
             memory.crashes.insert(death.node.clone(), now);
-            return;
         }
-        if memory.moves.is_busy(&shard.id) {
-            tracing::debug!(node = %death.node, "a primary died; its shard is already being moved");
-            return;
-        }
-        memory.crashes.insert(death.node.clone(), now);
-        let candidates = core_crash::candidates(shard, &death.node);
-        let offsets = offsets(candidates, &self.connector).await;
+        let (shard, candidates) = match verdict {
+            DeathVerdict::ReadOffsets { shard, candidates } => (shard, candidates),
+            DeathVerdict::LeftToHandover => {
+                tracing::info!(node = %death.node, "a primary's Valkey stopped with its pod: left to the hand-over");
+                return;
+            }
+            DeathVerdict::Busy => {
+                tracing::debug!(node = %death.node, "a primary died; its shard is already being moved");
+                return;
+            }
+            DeathVerdict::NotServing | DeathVerdict::Repeated => return,
+        };
+        let offsets = offsets(candidates.into_iter(), &self.connector).await;
         match core_crash::choose(shard, &death.node, &offsets) {
             Ok(chosen) => self.force(chosen, &shards, pods, memory, done),
             Err(why) => {
