@@ -682,7 +682,17 @@ proptest! {
                 prop_assert!(!reason.is_empty());
             }
         }
-        if s.finished() {
+        if let Phase::GaveUp { .. } = s.phase {
+            // Given up with the write's outcome unknown: never before the first pause would have
+            // run out, nothing promoted, the last pause (however late the steps came) left to
+            // expire rather than lifted.
+            prop_assert!(now >= s.started.plus(s.pause_ms()));
+            let promoted = all.iter().any(|c| matches!(c, Command::PromoteNoOne { .. }));
+            prop_assert!(!promoted, "{:?}", all);
+            let last_pause = all.iter().rposition(|c| matches!(c, Command::Pause { .. }));
+            let last_unpause = all.iter().rposition(|c| matches!(c, Command::Unpause { .. }));
+            prop_assert!(last_unpause.is_none() || last_unpause < last_pause, "{:?}", all);
+        } else if s.finished() {
             let last_pause = all.iter().rposition(|c| matches!(c, Command::Pause { .. }));
             let last_unpause = all.iter().rposition(|c| matches!(c, Command::Unpause { .. }));
             prop_assert!(last_unpause > last_pause, "{:?}", all);

@@ -5,7 +5,9 @@
 mod support;
 
 use support::*;
-use valkey_sidecar_core::replication::{Command, Phase, Switchover, WriteOutcome, step};
+use valkey_sidecar_core::replication::{
+    CATCH_UP_POLL_MS, Command, Phase, Switchover, SwitchoverEnd, WRITE_RETRY_MS, WriteOutcome, step,
+};
 use valkey_sidecar_core::time::Millis;
 
 // ------------------------------------------------------------------------------------------
@@ -133,6 +135,83 @@ fn an_unresolved_write_keeps_the_old_primary_paused() {
     );
     let (_, c) = step(&s, &obs(None, None, None), Millis(9_000));
     assert!(c.is_empty());
+}
+
+#[test]
+fn an_unresolved_write_is_given_up_once_the_first_pause_would_have_run_out() {
+    let s = Switchover::new(plan(), Millis(0));
+    let (s, _) = step(&s, &obs(None, None, None), Millis(0));
+    let (s, _) = step(&s, &obs(Some(100), Some(100), None), Millis(10));
+    let (s, c) = step(&s, &obs(None, None, None), Millis(5_010));
+    assert_eq!((s.phase.clone(), c.len()), (Phase::Writing, 1), "{c:?}");
+    // pause_ms = 2 × 5 s: at 10 s the write is given up, and the last pause (sent at 5 010 ms)
+    // is left to expire — no unpause: the write may have landed.
+    let (s, c) = step(&s, &obs(None, None, None), Millis(10_000));
+    assert!(matches!(s.phase, Phase::GaveUp { .. }), "{:?}", s.phase);
+    assert!(c.is_empty(), "{c:?}");
+    assert!(s.finished());
+    let Some(SwitchoverEnd::Failed(why)) = s.end(&[]) else {
+        panic!("{:?}", s.end(&[]));
+    };
+    assert!(why.contains("unknown"), "{why}");
+    assert_eq!(step(&s, &obs(None, None, None), Millis(20_000)).1, vec![]);
+}
+
+#[test]
+fn a_refused_write_read_back_is_ours_only_at_our_holder_and_epoch() {
+    let cases = [
+        (
+            Some(record(Some("pod-1"), Some("pod-1"), 6)),
+            WriteOutcome::Written,
+        ),
+        (
+            Some(record(Some("pod-1"), Some("pod-1"), 7)),
+            WriteOutcome::Refused,
+        ),
+        (
+            Some(record(Some("pod-2"), Some("pod-2"), 6)),
+            WriteOutcome::Refused,
+        ),
+        (Some(record(None, Some("pod-1"), 6)), WriteOutcome::Refused),
+        (None, WriteOutcome::Refused),
+    ];
+    for (read, want) in cases {
+        let got = WriteOutcome::read_back(read.as_ref(), "pod-1", 6);
+        assert_eq!(got, want, "{read:?}");
+    }
+}
+
+#[test]
+fn a_done_switchover_fails_on_a_failed_promotion_and_keeps_an_undemoted_pod_paused() {
+    let s = Switchover::new(plan(), Millis(0));
+    let (s, _) = step(&s, &obs(None, None, None), Millis(0));
+    let (s, _) = step(&s, &obs(Some(1), Some(1), None), Millis(1));
+    let not_demoted = vec!["pod-0".to_owned()];
+    assert!(!s.keeps_paused("pod-0", &not_demoted), "not committed yet");
+    let (s, _) = step(&s, &obs(None, None, Some(WriteOutcome::Written)), Millis(2));
+    assert_eq!(s.end(&[]), Some(SwitchoverEnd::Done));
+    let failed = vec!["REPLICAOF NO ONE on pod-1: timed out".to_owned()];
+    assert_eq!(
+        s.end(&failed),
+        Some(SwitchoverEnd::Failed(failed[0].clone()))
+    );
+    assert!(s.keeps_paused("pod-0", &not_demoted));
+    assert!(!s.keeps_paused("pod-0", &[]));
+    assert!(!s.keeps_paused("pod-2", &not_demoted));
+}
+
+#[test]
+fn the_executor_polls_the_catch_up_steps_at_once_when_caught_up_and_paces_write_retries() {
+    let s = Switchover::new(plan(), Millis(0));
+    let (s, _) = step(&s, &obs(None, None, None), Millis(0));
+    assert_eq!(s.wait_ms(&obs(None, None, None)), CATCH_UP_POLL_MS);
+    assert_eq!(s.wait_ms(&obs(Some(10), Some(9), None)), CATCH_UP_POLL_MS);
+    assert_eq!(s.wait_ms(&obs(Some(10), Some(10), None)), 0);
+    let (s, _) = step(&s, &obs(Some(10), Some(10), None), Millis(1));
+    assert_eq!(s.phase, Phase::Writing);
+    assert_eq!(s.wait_ms(&obs(None, None, None)), WRITE_RETRY_MS);
+    let written = obs(None, None, Some(WriteOutcome::Written));
+    assert_eq!(s.wait_ms(&written), 0);
 }
 
 #[test]

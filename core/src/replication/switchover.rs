@@ -1,7 +1,18 @@
 //! A planned move of a shard's primary as a step machine ([`Switchover`]): pause, catch up, write
-//! the record, promote, repoint, unpause.
+//! the record, promote, repoint, unpause. The executor sends the commands and reports what it
+//! saw; when to give up on an unanswered record write, how to read an answer back, which pause
+//! to keep and what the move's end is are decided here.
 
+use super::record::ShardRecord;
 use crate::time::Millis;
+
+/// Pause between tries of a record write whose outcome is unknown (the same write is sent again:
+/// it is a compare-and-swap, so a try that landed earlier makes the next one read back).
+pub const WRITE_RETRY_MS: u64 = 100;
+
+/// How often a switchover looks at the target's offset while it catches up: usually well under
+/// a millisecond, and every look is one `INFO` on one replica.
+pub const CATCH_UP_POLL_MS: u64 = 2;
 
 /// A command for the switchover's executor, as data.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,6 +68,29 @@ pub enum WriteOutcome {
     Refused,
 }
 
+impl WriteOutcome {
+    /// A refused compare-and-swap, read back: an earlier try whose answer was lost may be what
+    /// moved the record. Written when the record names `holder` at `epoch`.
+    pub fn read_back(record: Option<&ShardRecord>, holder: &str, epoch: u64) -> WriteOutcome {
+        let ours = record.is_some_and(|r| r.holder() == Some(holder) && r.epoch == epoch);
+        if ours {
+            WriteOutcome::Written
+        } else {
+            WriteOutcome::Refused
+        }
+    }
+}
+
+/// How a switchover ended ([`Switchover::end`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SwitchoverEnd {
+    Done,
+    /// Over, but not as planned (the reason says what failed or was given up).
+    Failed(String),
+    /// Writes resumed on the old primary; the record was not changed by this switchover.
+    RolledBack(String),
+}
+
 /// What a switchover is asked to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SwitchoverPlan {
@@ -90,6 +124,9 @@ pub enum Phase {
     Done,
     /// Writes resumed on the old primary; the record was not changed by this switchover.
     RolledBack { reason: String },
+    /// The record write's outcome stayed unknown past the first pause's length: nothing better
+    /// can be done without an answer from the apiserver than to let the last pause expire.
+    GaveUp { reason: String },
 }
 
 /// A planned switchover: pause the old primary, wait for the target to catch up, move the
@@ -136,9 +173,46 @@ impl Switchover {
         self.started.plus(self.plan.timeout_ms)
     }
 
-    /// Whether the switchover is over (done or rolled back).
+    /// Whether the switchover is over (done, rolled back or given up).
     pub fn finished(&self) -> bool {
-        matches!(self.phase, Phase::Done | Phase::RolledBack { .. })
+        matches!(
+            self.phase,
+            Phase::Done | Phase::RolledBack { .. } | Phase::GaveUp { .. }
+        )
+    }
+
+    /// How it ended, once it has; `failures`: what the executor could not do in the commit
+    /// (promoting the target), which makes a done switchover a failed one.
+    pub fn end(&self, failures: &[String]) -> Option<SwitchoverEnd> {
+        match &self.phase {
+            Phase::Done if failures.is_empty() => Some(SwitchoverEnd::Done),
+            Phase::Done => Some(SwitchoverEnd::Failed(failures.join("; "))),
+            Phase::RolledBack { reason } => Some(SwitchoverEnd::RolledBack(reason.clone())),
+            Phase::GaveUp { reason } => Some(SwitchoverEnd::Failed(reason.clone())),
+            _ => None,
+        }
+    }
+
+    /// Whether `pod` keeps its pause instead of the commit's unpause: after a commit, a pod that
+    /// could not be made a replica (`not_demoted`) would take writes while the record names
+    /// another; it stays paused until the pause expires or its agent demotes it.
+    pub fn keeps_paused(&self, pod: &str, not_demoted: &[String]) -> bool {
+        self.phase == Phase::Done && not_demoted.iter().any(|p| p == pod)
+    }
+
+    /// How long the executor waits before the next step, given what it saw: none once the
+    /// target has caught up (the old primary is paused meanwhile), a short poll while it
+    /// catches up, the retry pause while the record write's outcome is unknown.
+    pub fn wait_ms(&self, obs: &SwitchoverObservation) -> u64 {
+        match self.phase {
+            Phase::Pausing | Phase::CatchingUp { .. } => {
+                let caught_up =
+                    matches!((obs.target_offset, obs.paused_offset), (Some(t), Some(p)) if t >= p);
+                if caught_up { 0 } else { CATCH_UP_POLL_MS }
+            }
+            Phase::Writing if obs.write.is_none() => WRITE_RETRY_MS,
+            _ => 0,
+        }
     }
 
     fn with(&self, phase: Phase) -> Switchover {
@@ -161,7 +235,7 @@ pub fn step(
         Phase::Pausing => pausing(s, obs, now),
         Phase::CatchingUp { offset } => catching_up(s, obs, *offset, now),
         Phase::Writing => writing(s, obs, now),
-        Phase::Done | Phase::RolledBack { .. } => (s.clone(), Vec::new()),
+        Phase::Done | Phase::RolledBack { .. } | Phase::GaveUp { .. } => (s.clone(), Vec::new()),
     }
 }
 
@@ -230,8 +304,20 @@ fn writing(s: &Switchover, obs: &SwitchoverObservation, now: Millis) -> (Switcho
     match obs.write {
         Some(WriteOutcome::Written) => commit(s),
         Some(WriteOutcome::Refused) => rollback(s, "the record moved under the switchover"),
+        None if now >= s.started.plus(s.pause_ms()) => give_up(s),
         None => keep_paused(s, now),
     }
+}
+
+/// The write's outcome is still unknown once the first pause would have run out: the last pause
+/// (refreshed at most half a pause ago) is left to expire, so the old primary takes writes again
+/// only if its agent does not fence it on a record that did move.
+fn give_up(s: &Switchover) -> (Switchover, Vec<Command>) {
+    let reason = "the record write's outcome stayed unknown: the old primary stays paused until its pause expires";
+    let next = s.with(Phase::GaveUp {
+        reason: reason.to_owned(),
+    });
+    (next, Vec::new())
 }
 
 /// Refreshes the pause while the write's outcome is unknown: it may have landed, and the old

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use valkey_sidecar_core::replication::{
-    Command, Phase, Switchover, SwitchoverObservation, SwitchoverPlan, WriteOutcome, step,
+    Command, Phase, Switchover, SwitchoverEnd, SwitchoverObservation, SwitchoverPlan, WriteOutcome,
+    step,
 };
 use valkey_sidecar_core::time::Millis;
 
@@ -15,13 +16,6 @@ use super::{
 };
 use crate::clock::Clock;
 use crate::kube::shard_lease::ShardLeaseClient;
-
-/// How often a running switchover looks at the target's offset: the catch-up usually takes well
-/// under a millisecond, and every poll is one `INFO` on one replica.
-const CATCH_UP_POLL: Duration = Duration::from_millis(2);
-
-/// Pause between attempts of a record write whose outcome was unknown.
-const WRITE_RETRY: Duration = Duration::from_millis(100);
 
 /// One switchover in progress.
 struct Run {
@@ -84,12 +78,14 @@ impl Run {
             }
             self.execute(command).await;
         }
-        let unknown = "the record write's outcome stayed unknown: the old primary stays paused until its pause expires";
-        let given_up = || {
-            self.given_up(clock)
-                .then(|| MoveOutcome::Failed(unknown.into()))
-        };
-        self.outcome(started).or_else(given_up)
+        let end = self.s.end(&self.failures)?;
+        Some(match end {
+            SwitchoverEnd::Done => MoveOutcome::Done {
+                took: started.elapsed(),
+            },
+            SwitchoverEnd::Failed(why) => MoveOutcome::Failed(why),
+            SwitchoverEnd::RolledBack(why) => MoveOutcome::RolledBack(why),
+        })
     }
 
     async fn execute(&mut self, command: &Command) {
@@ -117,7 +113,7 @@ impl Run {
     /// After a commit, a pod that could not be made a replica keeps its pause (until it expires,
     /// or its agent demotes it): unpaused, it would take writes while the record names another.
     async fn unpause(&mut self, pod: &str) {
-        if self.s.phase == Phase::Done && self.not_demoted.iter().any(|p| p == pod) {
+        if self.s.keeps_paused(pod, &self.not_demoted) {
             tracing::warn!(pod, "left paused: it could not be made a replica");
             return;
         }
@@ -169,48 +165,27 @@ impl Run {
 
     async fn landed(&self, holder: &str, epoch: u64) -> Option<WriteOutcome> {
         let record = self.record.read().await.ok()?;
-        let ours = record.is_some_and(|r| r.holder() == Some(holder) && r.epoch == epoch);
-        Some(if ours {
-            WriteOutcome::Written
-        } else {
-            WriteOutcome::Refused
-        })
+        Some(WriteOutcome::read_back(record.as_ref(), holder, epoch))
     }
 
-    fn outcome(&self, started: Instant) -> Option<MoveOutcome> {
-        match &self.s.phase {
-            Phase::Done if self.failures.is_empty() => Some(MoveOutcome::Done {
-                took: started.elapsed(),
-            }),
-            Phase::Done => Some(MoveOutcome::Failed(self.failures.join("; "))),
-            Phase::RolledBack { reason } => Some(MoveOutcome::RolledBack(reason.clone())),
-            _ => None,
-        }
-    }
-
-    /// A write whose outcome stays unknown is given up once the first pause would have run out:
-    /// without an answer from the apiserver nothing better can be done than letting it expire.
-    fn given_up(&self, clock: Clock) -> bool {
-        let writing = self.s.phase == Phase::Writing && self.obs.write.is_none();
-        writing && clock.now() >= self.s.started.plus(self.s.pause_ms())
-    }
-
-    /// What the next step needs: the target's offset while catching up, the write's outcome while
-    /// it is unknown.
+    /// What the next step needs, with the wait `core` asks for: the target's offset while
+    /// catching up (no wait once it has), the write's outcome (the same write again, after the
+    /// retry pause) while it is unknown.
     async fn observe(&mut self, may_act: &impl Fn() -> bool) {
         match self.s.phase {
             Phase::Pausing | Phase::CatchingUp { .. } => {
                 let to = self.s.plan.to.clone();
                 let info = self.links.command(&to, &info_replication()).await;
                 self.obs.target_offset = info.ok().as_ref().and_then(info_u64("slave_repl_offset"));
-                // Caught up: step at once, the old primary is paused meanwhile.
-                let (target, paused) = (self.obs.target_offset, self.obs.paused_offset);
-                if !matches!((target, paused), (Some(t), Some(p)) if t >= p) {
-                    tokio::time::sleep(CATCH_UP_POLL).await;
+                // Caught up: step at once (a zero sleep would still wait for the timer's tick).
+                let wait = self.s.wait_ms(&self.obs);
+                if wait > 0 {
+                    tokio::time::sleep(Duration::from_millis(wait)).await;
                 }
             }
             Phase::Writing if self.obs.write.is_none() => {
-                tokio::time::sleep(WRITE_RETRY).await;
+                let wait = self.s.wait_ms(&self.obs);
+                tokio::time::sleep(Duration::from_millis(wait)).await;
                 if may_act() {
                     self.obs.write = self.try_write().await;
                 }
