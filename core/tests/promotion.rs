@@ -5,9 +5,10 @@
 mod support;
 
 use support::*;
-use valkey_sidecar_core::observation::Role;
+use valkey_sidecar_core::observation::{Observation, PrimaryLink, Role};
 use valkey_sidecar_core::replication::{
-    FailoverPolicy, HoldKind, SeenRecord, ShardMember, ShardRecord, ShardView, promote,
+    FailoverPolicy, HoldKind, MemberValkey, SeenRecord, ShardMember, ShardRecord, ShardView,
+    promote,
 };
 use valkey_sidecar_core::time::Millis;
 
@@ -337,4 +338,66 @@ fn a_record_naming_a_replica_gives_way_to_the_master_with_the_data() {
     v.members[1].valkey = None;
     v.members[0].valkey.as_mut().unwrap().offset = 5_000;
     assert_eq!(promote(&v, &policy).unwrap().target, "pod-2");
+}
+
+// A member as one observation shows it (`MemberValkey::of`).
+
+fn replica(offset: u64, up: bool, keys: u64) -> Observation {
+    Observation {
+        role: Role::Replica,
+        repl_offset: offset,
+        link: Some(PrimaryLink {
+            up,
+            offset,
+            ever_up: up,
+            ..PrimaryLink::default()
+        }),
+        keys,
+        ..Observation::default()
+    }
+}
+
+#[test]
+fn a_member_is_fresh_only_empty_at_offset_zero_and_never_linked() {
+    let never_synced = MemberValkey::of(&replica(0, false, 0));
+    assert!(never_synced.fresh && !never_synced.link_up);
+    let synced = MemberValkey::of(&replica(14, true, 0));
+    assert!(!synced.fresh, "a completed sync moves the offset");
+    assert_eq!((synced.role, synced.offset), (Role::Replica, 14));
+    // Synced from an empty primary that died before streaming anything to it.
+    let mut linked_once = replica(0, false, 0);
+    if let Some(l) = linked_once.link.as_mut() {
+        l.ever_up = true;
+    }
+    let orphan = MemberValkey::of(&linked_once);
+    assert!(!orphan.fresh, "it holds all its primary had");
+    let linked_at_zero = MemberValkey::of(&replica(0, true, 0));
+    assert!(!linked_at_zero.fresh);
+    let restarted_with_data = Observation {
+        role: Role::Primary,
+        keys: 3,
+        ..Observation::default()
+    };
+    assert!(!MemberValkey::of(&restarted_with_data).fresh);
+    let empty_master = Observation {
+        role: Role::Primary,
+        ..Observation::default()
+    };
+    assert!(MemberValkey::of(&empty_master).fresh);
+}
+
+#[test]
+fn a_primary_reports_its_own_offset_and_a_loading_node_no_role() {
+    let primary = Observation {
+        role: Role::Primary,
+        repl_offset: 500,
+        keys: 1,
+        ..Observation::default()
+    };
+    assert_eq!(MemberValkey::of(&primary).offset, 500);
+    let loading = Observation {
+        loading: true,
+        ..primary
+    };
+    assert_eq!(MemberValkey::of(&loading).role, Role::Unknown);
 }

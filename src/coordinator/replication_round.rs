@@ -229,7 +229,7 @@ async fn observe_members(
 async fn observe_member(session: &mut Session, pipe: &redis::Pipeline) -> Option<MemberValkey> {
     let replies = observe::replies(session.query(pipe).await.ok()?);
     let obs = observation::observe(&replies, Mode::Replication).ok()?;
-    Some(world::member_valkey(&obs))
+    Some(MemberValkey::of(&obs))
 }
 
 /// One shard as this round sees it.

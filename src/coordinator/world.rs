@@ -8,7 +8,7 @@ use std::sync::Arc;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::core::DynamicObject;
-use valkey_sidecar_core::observation::{Observation, Role};
+use valkey_sidecar_core::observation::Role;
 use valkey_sidecar_core::operator::{OperatorCondition, settled};
 use valkey_sidecar_core::placement::ZONE_LABEL;
 use valkey_sidecar_core::plan::{Member, NodeInfo, Pending, PodInfo};
@@ -176,26 +176,6 @@ pub fn group(pods: &[Arc<Pod>]) -> BTreeMap<String, Vec<Arc<Pod>>> {
     shards
 }
 
-/// A member's Valkey as one observation shows it. `fresh` ("empty, never synced") is
-/// [`Observation::fresh`]: promoting a replica that synced an empty primary loses nothing, while
-/// calling it fresh would leave the shard without a candidate.
-pub fn member_valkey(obs: &Observation) -> MemberValkey {
-    // A loading node reports `role:master` even as a replica: it counts as unknown.
-    let role = if obs.loading { Role::Unknown } else { obs.role };
-    let offset = match (&obs.link, role) {
-        (Some(link), Role::Replica) => link.offset,
-        _ => obs.repl_offset,
-    };
-    let link_up = obs.link.as_ref().is_some_and(|l| l.up);
-    MemberValkey {
-        role,
-        offset,
-        link_up,
-        fresh: obs.unsynced(),
-        keys: obs.keys,
-    }
-}
-
 /// A pod of a shard as `core::replication::promote` sees it; node facts from the watched nodes.
 pub fn shard_member(
     p: &Pod,
@@ -259,7 +239,6 @@ fn health(role: Role, valkey: Option<&MemberValkey>) -> NodeHealth {
 mod tests {
     use k8s_openapi::api::core::v1::{PodSpec, PodStatus};
     use kube::api::ObjectMeta;
-    use valkey_sidecar_core::observation::PrimaryLink;
 
     use super::*;
 
@@ -297,66 +276,6 @@ mod tests {
         assert_eq!(shards.keys().collect::<Vec<_>>(), ["0", "1"]);
         assert_eq!(names(&shards["0"]), ["v-0-0", "v-0-1"]);
         assert_eq!(names(&shards["1"]), ["v-1-0", "v-1-1"]);
-    }
-
-    fn replica(offset: u64, up: bool, keys: u64) -> Observation {
-        Observation {
-            role: Role::Replica,
-            repl_offset: offset,
-            link: Some(PrimaryLink {
-                up,
-                offset,
-                ever_up: up,
-                ..PrimaryLink::default()
-            }),
-            keys,
-            ..Observation::default()
-        }
-    }
-
-    #[test]
-    fn a_member_is_fresh_only_empty_at_offset_zero_and_never_linked() {
-        let never_synced = member_valkey(&replica(0, false, 0));
-        assert!(never_synced.fresh && !never_synced.link_up);
-        let synced = member_valkey(&replica(14, true, 0));
-        assert!(!synced.fresh, "a completed sync moves the offset");
-        assert_eq!((synced.role, synced.offset), (Role::Replica, 14));
-        // Synced from an empty primary that died before streaming anything to it.
-        let mut linked_once = replica(0, false, 0);
-        if let Some(l) = linked_once.link.as_mut() {
-            l.ever_up = true;
-        }
-        let orphan = member_valkey(&linked_once);
-        assert!(!orphan.fresh, "it holds all its primary had");
-        let linked_at_zero = member_valkey(&replica(0, true, 0));
-        assert!(!linked_at_zero.fresh);
-        let restarted_with_data = Observation {
-            role: Role::Primary,
-            keys: 3,
-            ..Observation::default()
-        };
-        assert!(!member_valkey(&restarted_with_data).fresh);
-        let empty_master = Observation {
-            role: Role::Primary,
-            ..Observation::default()
-        };
-        assert!(member_valkey(&empty_master).fresh);
-    }
-
-    #[test]
-    fn a_primary_reports_its_own_offset_and_a_loading_node_no_role() {
-        let primary = Observation {
-            role: Role::Primary,
-            repl_offset: 500,
-            keys: 1,
-            ..Observation::default()
-        };
-        assert_eq!(member_valkey(&primary).offset, 500);
-        let loading = Observation {
-            loading: true,
-            ..primary
-        };
-        assert_eq!(member_valkey(&loading).role, Role::Unknown);
     }
 
     fn valkey(role: Role, offset: u64, link_up: bool) -> MemberValkey {

@@ -5,7 +5,7 @@ use std::cmp::Reverse;
 
 use super::record::{SeenRecord, ShardRecord};
 use crate::lease::judged_lease_ms;
-use crate::observation::Role;
+use crate::observation::{Observation, Role};
 use crate::time::Millis;
 
 /// One pod of the shard as the coordinator sees it.
@@ -33,6 +33,28 @@ pub struct MemberValkey {
     pub fresh: bool,
     /// Keys in its dataset.
     pub keys: u64,
+}
+
+impl MemberValkey {
+    /// A member's Valkey as one observation shows it. `fresh` is [`Observation::unsynced`]: a
+    /// replica that synced an empty primary holds all there was and may be promoted (calling it
+    /// fresh would leave the shard without a candidate), while one whose link never came up holds
+    /// nothing of the shard's.
+    pub fn of(obs: &Observation) -> MemberValkey {
+        // A loading node reports `role:master` even as a replica: it counts as unknown.
+        let role = if obs.loading { Role::Unknown } else { obs.role };
+        let offset = match (&obs.link, role) {
+            (Some(link), Role::Replica) => link.offset,
+            _ => obs.repl_offset,
+        };
+        MemberValkey {
+            role,
+            offset,
+            link_up: obs.link.as_ref().is_some_and(|l| l.up),
+            fresh: obs.unsynced(),
+            keys: obs.keys,
+        }
+    }
 }
 
 /// Everything the coordinator looks at to decide on a failover of one shard.
