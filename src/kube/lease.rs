@@ -24,8 +24,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
-use kube::Api;
-use kube::api::{ObjectMeta, PostParams};
+use kube::api::ObjectMeta;
 use tokio::sync::watch;
 use valkey_sidecar_core::lease::{Elector, LeaseAction, LeaseRecord, LeaseTimings};
 use valkey_sidecar_core::requests::{PAUSED, Requests, SWITCHOVER};
@@ -33,7 +32,8 @@ use valkey_sidecar_core::time::Millis;
 
 use super::KubeError;
 use super::format::{FormatNotice, stamp};
-use super::owner::{LeaseOwner, for_write};
+use super::lease_object::LeaseObject;
+use super::owner::LeaseOwner;
 use crate::clock::Clock;
 
 /// Who leads, as this agent knows it.
@@ -152,24 +152,19 @@ impl RequestCell {
     }
 }
 
-/// One Lease, read and written with optimistic concurrency.
+/// The coordinator's Lease, read and written with optimistic concurrency ([`LeaseObject`]).
 #[derive(Clone)]
 pub struct LeaseClient {
-    api: Api<Lease>,
-    name: String,
-    timeout: Duration,
+    lease: LeaseObject,
     status: watch::Receiver<StatusAnnotations>,
-    /// Set on every write, so the Lease goes with its owner (`kube::owner`).
-    owner: Option<LeaseOwner>,
     formed: FormedMarker,
     requests: RequestCell,
-    notice: FormatNotice,
 }
 
 impl LeaseClient {
     /// Where a Lease of an unknown format is told.
     pub fn telling(mut self, notice: FormatNotice) -> LeaseClient {
-        self.notice = notice;
+        self.lease.set_notice(notice);
         self
     }
 
@@ -181,7 +176,7 @@ impl LeaseClient {
 
     /// The owner to put on the Lease.
     pub fn owned_by(mut self, owner: Option<LeaseOwner>) -> LeaseClient {
-        self.owner = owner;
+        self.lease.set_owner(owner);
         self
     }
 
@@ -199,48 +194,30 @@ impl LeaseClient {
         status: watch::Receiver<StatusAnnotations>,
     ) -> LeaseClient {
         LeaseClient {
-            api: Api::namespaced(client, namespace),
-            name: name.to_owned(),
-            timeout,
+            lease: LeaseObject::new(client, namespace, name.to_owned(), timeout, "coordinator"),
             status,
-            owner: None,
             formed: FormedMarker::default(),
             requests: RequestCell::default(),
-            notice: FormatNotice::default(),
         }
-    }
-
-    async fn call<T>(
-        &self,
-        f: impl std::future::Future<Output = Result<T, kube::Error>>,
-    ) -> Result<T, KubeError> {
-        super::bounded(self.timeout, f).await
     }
 
     /// The current record; `None` when the Lease does not exist. A Lease of a newer format is an
     /// error, as an unreadable one: the election then neither takes it over nor renews it.
     pub async fn read(&self) -> Result<Option<LeaseRecord>, KubeError> {
-        let lease = self.call(self.api.get_opt(&self.name)).await?;
+        let lease = self.lease.get().await?;
         if let Some(l) = &lease {
-            self.notice.check(l, "coordinator")?;
             self.formed.learn(l);
             self.requests.learn(l);
-            self.owner.iter().for_each(|o| o.learn(l));
         }
         Ok(lease.as_ref().map(record_of))
     }
 
     /// Creates the Lease, or replaces it if it exists (409 when someone wrote in between).
     pub async fn write(&self, rec: &LeaseRecord, exists: bool) -> Result<LeaseRecord, KubeError> {
-        let owner = for_write(self.owner.as_ref(), !exists, self.timeout).await;
-        let lease = self.lease_of(rec, owner);
-        let written = if exists {
-            self.call(self.api.replace(&self.name, &PostParams::default(), &lease))
-                .await?
-        } else {
-            self.call(self.api.create(&PostParams::default(), &lease))
-                .await?
-        };
+        let written = self
+            .lease
+            .put(!exists, |owner| self.lease_of(rec, owner))
+            .await?;
         self.formed.learn(&written);
         self.requests.learn(&written);
         Ok(record_of(&written))
@@ -269,7 +246,7 @@ impl LeaseClient {
         let version = Some(rec.version.clone()).filter(|v| !v.is_empty());
         Lease {
             metadata: ObjectMeta {
-                name: Some(self.name.clone()),
+                name: Some(self.lease.name().to_owned()),
                 resource_version: version,
                 annotations: self.annotations(rec),
                 owner_references: owner.map(|o| vec![o]),

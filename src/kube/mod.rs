@@ -4,6 +4,7 @@ pub mod events;
 pub mod format;
 pub mod labeler;
 pub mod lease;
+pub mod lease_object;
 pub mod members;
 pub mod owner;
 pub mod pods;

@@ -12,26 +12,21 @@ use std::time::Duration;
 use futures::stream::{BoxStream, StreamExt};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
-use kube::Api;
-use kube::api::{ObjectMeta, PostParams};
+use kube::api::ObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};
 use valkey_sidecar_core::replication::ShardRecord;
 
 use super::KubeError;
 use super::format::{FormatNotice, stamp};
-use super::owner::{LeaseOwner, for_write};
+use super::lease_object::LeaseObject;
+use super::owner::LeaseOwner;
 
-/// One shard's record, read and written with optimistic concurrency.
+/// One shard's record, read and written with optimistic concurrency ([`LeaseObject`]).
 #[derive(Clone)]
 pub struct ShardLeaseClient {
-    api: Api<Lease>,
-    name: String,
+    lease: LeaseObject,
     cluster: String,
-    /// Set on every write, so the Lease goes with its owner (`kube::owner`).
-    owner: Option<LeaseOwner>,
-    timeout: Duration,
     lease_seconds: i32,
-    notice: FormatNotice,
 }
 
 impl ShardLeaseClient {
@@ -43,46 +38,36 @@ impl ShardLeaseClient {
         timeout: Duration,
         lease: Duration,
     ) -> ShardLeaseClient {
+        let name = ShardRecord::lease_name(cluster, shard);
         ShardLeaseClient {
-            api: Api::namespaced(client, namespace),
-            name: ShardRecord::lease_name(cluster, shard),
+            lease: LeaseObject::new(client, namespace, name, timeout, "shard"),
             cluster: cluster.to_owned(),
-            owner: None,
-            timeout,
             lease_seconds: i32::try_from(lease.as_secs().max(1)).unwrap_or(i32::MAX),
-            notice: FormatNotice::default(),
         }
     }
 
     /// Where a record of an unknown format is told.
     pub fn telling(mut self, notice: FormatNotice) -> ShardLeaseClient {
-        self.notice = notice;
+        self.lease.set_notice(notice);
         self
     }
 
     /// The owner to put on the Lease.
     pub fn owned_by(mut self, owner: Option<LeaseOwner>) -> ShardLeaseClient {
-        self.owner = owner;
+        self.lease.set_owner(owner);
         self
     }
 
     pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    async fn call<T>(
-        &self,
-        f: impl std::future::Future<Output = Result<T, kube::Error>>,
-    ) -> Result<T, KubeError> {
-        super::bounded(self.timeout, f).await
+        self.lease.name()
     }
 
     /// The record each time the Lease changes (from a watch, re-established with backoff), or the
     /// watch's error. Only a hint that something changed: a watch may lag, so decisions read the
     /// record first.
     pub fn watch(&self) -> BoxStream<'static, Result<ShardRecord, watcher::Error>> {
-        let config = watcher::Config::default().fields(&format!("metadata.name={}", self.name));
-        watcher(self.api.clone(), config)
+        let config = watcher::Config::default().fields(&format!("metadata.name={}", self.name()));
+        watcher(self.lease.api().clone(), config)
             .default_backoff()
             .applied_objects()
             .map(|lease| lease.map(|l| record_of(&l)))
@@ -92,11 +77,7 @@ impl ShardLeaseClient {
     /// The record; `None` when the Lease does not exist. A record of a newer format is an error,
     /// as an unreadable one: nobody claims, renews or moves what it cannot read.
     pub async fn read(&self) -> Result<Option<ShardRecord>, KubeError> {
-        let lease = self.call(self.api.get_opt(&self.name)).await?;
-        if let Some(l) = &lease {
-            self.notice.check(l, "shard")?;
-            self.owner.iter().for_each(|o| o.learn(l));
-        }
+        let lease = self.lease.get().await?;
         Ok(lease.as_ref().map(record_of))
     }
 
@@ -104,15 +85,10 @@ impl ShardLeaseClient {
     /// `rec` was read at (409 if it changed since). Returns the record as written.
     pub async fn write(&self, rec: &ShardRecord) -> Result<ShardRecord, KubeError> {
         let creating = rec.version.is_empty();
-        let owner = for_write(self.owner.as_ref(), creating, self.timeout).await;
-        let lease = self.lease_of(rec, owner);
-        let written = if creating {
-            self.call(self.api.create(&PostParams::default(), &lease))
-                .await?
-        } else {
-            self.call(self.api.replace(&self.name, &PostParams::default(), &lease))
-                .await?
-        };
+        let written = self
+            .lease
+            .put(creating, |owner| self.lease_of(rec, owner))
+            .await?;
         Ok(record_of(&written))
     }
 
@@ -170,7 +146,7 @@ impl ShardLeaseClient {
         ]);
         Lease {
             metadata: ObjectMeta {
-                name: Some(self.name.clone()),
+                name: Some(self.name().to_owned()),
                 labels: Some(labels),
                 owner_references: owner.map(|o| vec![o]),
                 resource_version: Some(rec.version.clone()).filter(|v| !v.is_empty()),

@@ -1,0 +1,100 @@
+//! One `coordination.k8s.io/v1` Lease read and written with optimistic concurrency: what the
+//! coordinator's Lease (`kube::lease`) and the shard records (`kube::shard_lease`) share. Reads
+//! refuse a Lease of a newer format and learn the owner's UID; writes set the owner (so the Lease
+//! goes with it, `kube::owner`), create when there is nothing to replace, and replace only the
+//! `resourceVersion` they were based on (409 when someone wrote in between). Every call is
+//! bounded by the configured timeout.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::Api;
+use kube::api::PostParams;
+
+use super::KubeError;
+use super::format::FormatNotice;
+use super::owner::{LeaseOwner, for_write};
+
+/// The Lease object behind a client.
+#[derive(Clone)]
+pub struct LeaseObject {
+    api: Api<Lease>,
+    name: String,
+    timeout: Duration,
+    /// What the format notice calls it ("coordinator", "shard").
+    kind: &'static str,
+    owner: Option<LeaseOwner>,
+    notice: FormatNotice,
+}
+
+impl LeaseObject {
+    pub fn new(
+        client: kube::Client,
+        namespace: &str,
+        name: String,
+        timeout: Duration,
+        kind: &'static str,
+    ) -> LeaseObject {
+        LeaseObject {
+            api: Api::namespaced(client, namespace),
+            name,
+            timeout,
+            kind,
+            owner: None,
+            notice: FormatNotice::default(),
+        }
+    }
+
+    pub fn set_notice(&mut self, notice: FormatNotice) {
+        self.notice = notice;
+    }
+
+    pub fn set_owner(&mut self, owner: Option<LeaseOwner>) {
+        self.owner = owner;
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn api(&self) -> &Api<Lease> {
+        &self.api
+    }
+
+    async fn call<T>(
+        &self,
+        f: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, KubeError> {
+        super::bounded(self.timeout, f).await
+    }
+
+    /// The Lease; `None` when it does not exist. One of a newer format is an error, as an
+    /// unreadable one: nobody takes over, renews or moves what it cannot read.
+    pub async fn get(&self) -> Result<Option<Lease>, KubeError> {
+        let lease = self.call(self.api.get_opt(&self.name)).await?;
+        if let Some(l) = &lease {
+            self.notice.check(l, self.kind)?;
+            self.owner.iter().for_each(|o| o.learn(l));
+        }
+        Ok(lease)
+    }
+
+    /// Creates (`creating`) or replaces the Lease `build` makes, given the owner reference to
+    /// carry; returns it as written.
+    pub async fn put(
+        &self,
+        creating: bool,
+        build: impl FnOnce(Option<OwnerReference>) -> Lease,
+    ) -> Result<Lease, KubeError> {
+        let owner = for_write(self.owner.as_ref(), creating, self.timeout).await;
+        let lease = build(owner);
+        let params = PostParams::default();
+        if creating {
+            self.call(self.api.create(&params, &lease)).await
+        } else {
+            self.call(self.api.replace(&self.name, &params, &lease))
+                .await
+        }
+    }
+}
