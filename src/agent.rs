@@ -25,15 +25,15 @@ use crate::coordinator::Coordinator;
 use crate::features::{self, Off};
 use crate::heartbeat::{Heartbeat, ShardLinks};
 use crate::http::{self, App};
-use crate::keeper::{Keeper, KeeperBeats, RecordSeed};
-use crate::kube::events::{Recorder, Reporter, pod_reference};
-use crate::kube::format::FormatNotice;
-use crate::kube::labeler::Labeler;
-use crate::kube::lease::{
+use crate::k8s::events::{Recorder, Reporter, pod_reference};
+use crate::k8s::format::FormatNotice;
+use crate::k8s::labeler::Labeler;
+use crate::k8s::lease::{
     self, FormedMarker, Leadership, LeaseClient, RequestCell, StatusAnnotations,
 };
-use crate::kube::owner::{Anchor, LeaseOwner};
-use crate::kube::{FIELD_MANAGER, KubeError};
+use crate::k8s::owner::{Anchor, LeaseOwner};
+use crate::k8s::{FIELD_MANAGER, KubeError};
+use crate::keeper::{Keeper, KeeperBeats, RecordSeed};
 use crate::metrics::Metrics;
 use crate::observer::Observer;
 use crate::quorum::QuorumFence;
@@ -121,7 +121,7 @@ impl Beats {
 
 type Task = LocalBoxFuture<'static, ()>;
 
-/// The Leases' owner (`kube::owner`), awaited by every task that writes a Lease.
+/// The Leases' owner (`k8s::owner`), awaited by every task that writes a Lease.
 type Owner = future::Shared<BoxFuture<'static, LeaseOwner>>;
 
 /// Runs the agent until SIGTERM/SIGINT.
@@ -237,7 +237,7 @@ async fn kube_tasks(
     shared: &Shared,
     placement: watch::Sender<Placement>,
 ) -> Result<Vec<Task>, StartError> {
-    let client = crate::kube::client().await?;
+    let client = crate::k8s::client().await?;
     // The Leases' owner for the keeper, the Lease runner and the coordinator: looked up at start,
     // and again whenever one of them creates a Lease.
     let anchor = match &kube.lease_owner {
@@ -285,7 +285,7 @@ async fn kube_tasks(
 async fn check_nodes(client: kube::Client, off: watch::Sender<Vec<Off>>) {
     let mut delays = crate::retry::few(Duration::from_secs(2), 5);
     loop {
-        match crate::kube::nodes_forbidden(&client, Duration::from_secs(5)).await {
+        match crate::k8s::nodes_forbidden(&client, Duration::from_secs(5)).await {
             Some(true) => break,
             Some(false) => return,
             None => match delays.next() {

@@ -18,8 +18,8 @@ use valkey_sidecar_core::labels::LabelPolicy;
 
 use crate::cli::RoleLabelArgs;
 use crate::exit;
-use crate::kube::KubeError;
-use crate::kube::pods::{SHARD_INDEX_LABEL, is_ready};
+use crate::k8s::KubeError;
+use crate::k8s::pods::{SHARD_INDEX_LABEL, is_ready};
 
 /// Check a Valkey deployment: one labelled primary per shard, every pod Ready, the coordinator
 /// Lease held and renewed (uses KUBECONFIG or the in-cluster account).
@@ -84,11 +84,11 @@ fn report(args: &CheckArgs, view: &CheckView) -> i32 {
 
 /// Asks the API.
 async fn view(args: &CheckArgs) -> Result<CheckView, KubeError> {
-    let client = crate::kube::client().await?;
+    let client = crate::k8s::client().await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &args.namespace);
     let selector = format!("valkey.io/cluster={}", args.cluster);
     let params = ListParams::default().labels(&selector);
-    let list = crate::kube::bounded(Duration::from_secs(10), pods.list(&params)).await?;
+    let list = crate::k8s::bounded(Duration::from_secs(10), pods.list(&params)).await?;
     let policy = args.role.policy();
     let leases: Api<Lease> = Api::namespaced(client, &args.namespace);
     Ok(CheckView {
@@ -105,7 +105,7 @@ async fn view(args: &CheckArgs) -> Result<CheckView, KubeError> {
 }
 
 fn facts(p: &Pod, policy: &LabelPolicy) -> Option<PodFacts> {
-    let labels = crate::kube::labels_of(&p.metadata);
+    let labels = crate::k8s::labels_of(&p.metadata);
     Some(PodFacts {
         name: p.metadata.name.clone()?,
         shard: labels.get(SHARD_INDEX_LABEL).cloned(),
@@ -122,7 +122,7 @@ async fn watch_lease(
     name: &str,
     cap: u64,
 ) -> Result<Option<LeaseFacts>, KubeError> {
-    let read = || crate::kube::bounded(Duration::from_secs(10), leases.get_opt(name));
+    let read = || crate::k8s::bounded(Duration::from_secs(10), leases.get_opt(name));
     let Some(first) = read().await? else {
         return Ok(None);
     };

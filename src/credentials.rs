@@ -20,7 +20,7 @@ use ring::rand::{SecureRandom, SystemRandom};
 use valkey_sidecar_core::credentials::{Refusal, Rotation, Slot, Source, plan};
 
 use crate::exit;
-use crate::kube::KubeError;
+use crate::k8s::KubeError;
 
 /// Make or update the chart's auth Secret: passwords generated once, in the cluster.
 #[derive(Debug, Clone, Args)]
@@ -117,7 +117,7 @@ pub fn main(matches: &ArgMatches) -> i32 {
 
 /// Retries API failures (a conflict with a concurrent run included) for about two minutes.
 async fn ensure_with_retries(args: &CredentialsArgs) -> Result<String, CredentialsError> {
-    let client = crate::kube::client().await?;
+    let client = crate::k8s::client().await?;
     let mut delays = crate::retry::exponential(Duration::from_millis(200), Duration::from_secs(10));
     let started = tokio::time::Instant::now();
     loop {
@@ -136,7 +136,7 @@ async fn ensure_with_retries(args: &CredentialsArgs) -> Result<String, Credentia
 async fn ensure(client: &kube::Client, args: &CredentialsArgs) -> Result<String, CredentialsError> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &args.namespace);
     let limit = Duration::from_secs(10);
-    let existing = crate::kube::bounded(limit, secrets.get_opt(&args.secret)).await?;
+    let existing = crate::k8s::bounded(limit, secrets.get_opt(&args.secret)).await?;
     let data = existing
         .as_ref()
         .and_then(|s| s.data.clone())
@@ -154,13 +154,13 @@ async fn ensure(client: &kube::Client, args: &CredentialsArgs) -> Result<String,
         Some(mut secret) => {
             secret.data = Some(wanted);
             let call = secrets.replace(&args.secret, &params, &secret);
-            crate::kube::bounded(limit, call).await?;
+            crate::k8s::bounded(limit, call).await?;
         }
         None => {
             let owner = owner_of(client, args).await?;
             let secret = new_secret(args, wanted, owner);
             let call = secrets.create(&params, &secret);
-            crate::kube::bounded(limit, call).await?;
+            crate::k8s::bounded(limit, call).await?;
         }
     }
     Ok(said)
@@ -248,7 +248,7 @@ async fn owner_of(
     };
     let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &args.namespace);
     for _ in 0..30 {
-        let found = crate::kube::bounded(Duration::from_secs(10), maps.get_opt(name)).await?;
+        let found = crate::k8s::bounded(Duration::from_secs(10), maps.get_opt(name)).await?;
         if let Some(uid) = found.and_then(|m| m.metadata.uid) {
             return Ok(Some(OwnerReference {
                 api_version: "v1".into(),

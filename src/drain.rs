@@ -18,8 +18,8 @@ use valkey_sidecar_core::labels::LabelPolicy;
 use crate::cli::RoleLabelArgs;
 
 use crate::exit;
-use crate::kube::KubeError;
-use crate::kube::pods::{SHARD_INDEX_LABEL, cordoned, is_ready, node_ready};
+use crate::k8s::KubeError;
+use crate::k8s::pods::{SHARD_INDEX_LABEL, cordoned, is_ready, node_ready};
 
 /// Tell whether a node can be drained now without a shard losing its primary or its last
 /// in-sync copy (read-only; uses KUBECONFIG or the in-cluster account).
@@ -47,7 +47,7 @@ pub fn main(matches: &ArgMatches) -> i32 {
 
 /// Asks the API and judges.
 pub async fn check(args: &DrainArgs) -> Result<NodeVerdict, KubeError> {
-    let client = crate::kube::client().await?;
+    let client = crate::k8s::client().await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &args.namespace);
     let list = pods
         .list(&ListParams::default().labels(&args.selector))

@@ -50,7 +50,7 @@ const SEPARATOR: u8 = b'\n';
 /// Replication mode's inputs from the keeper.
 #[derive(Clone)]
 pub struct ShardLinks {
-    /// The shard's members, name → pod IP (`kube::members`), this pod included.
+    /// The shard's members, name → pod IP (`k8s::members`), this pod included.
     pub members: watch::Receiver<BTreeMap<String, IpAddr>>,
     /// The epoch this agent holds and from when it asks for promises (`replication::claim`).
     pub claim: watch::Receiver<Option<Claim>>,

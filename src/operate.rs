@@ -19,7 +19,7 @@ use valkey_sidecar_core::requests::{
 use valkey_sidecar_core::status::{PAUSED as PAUSED_CONDITION, PREFIX};
 
 use crate::exit;
-use crate::kube::KubeError;
+use crate::k8s::KubeError;
 use crate::status::annotation;
 
 /// One API call may take this long.
@@ -198,7 +198,7 @@ struct Coordinator {
 impl Coordinator {
     /// The Lease must exist: without it no agent coordinates, and a request would go unread.
     async fn open(target: &Target) -> Result<Coordinator, Stop> {
-        let client = crate::kube::client().await?;
+        let client = crate::k8s::client().await?;
         let c = Coordinator {
             api: Api::namespaced(client, &target.namespace),
             name: target.lease_name(),
@@ -214,7 +214,7 @@ impl Coordinator {
     }
 
     async fn get(&self) -> Result<Option<Lease>, KubeError> {
-        crate::kube::bounded(CALL, self.api.get_opt(&self.name)).await
+        crate::k8s::bounded(CALL, self.api.get_opt(&self.name)).await
     }
 
     /// Sets (or with `None` removes) one annotation; with `version`, only on that
@@ -232,7 +232,7 @@ impl Coordinator {
         let patch = Patch::Merge(json!({ "metadata": metadata }));
         let params = PatchParams::default();
         let call = self.api.patch(&self.name, &params, &patch);
-        crate::kube::bounded(CALL, call).await.map(|_| ())
+        crate::k8s::bounded(CALL, call).await.map(|_| ())
     }
 
     /// Writes the switchover request, unless one is pending or no agent holds the Lease.

@@ -24,8 +24,8 @@ use valkey_sidecar_core::status::PREFIX;
 use crate::cli::RoleLabelArgs;
 use crate::coordinator::world::revisions;
 use crate::exit;
-use crate::kube::KubeError;
-use crate::kube::pods::{SHARD_INDEX_LABEL, is_ready};
+use crate::k8s::KubeError;
+use crate::k8s::pods::{SHARD_INDEX_LABEL, is_ready};
 use crate::operate::Target;
 
 /// How `status` prints.
@@ -62,20 +62,20 @@ pub fn main(matches: &ArgMatches) -> i32 {
 
 /// Asks the API: the pods, their StatefulSets, the coordinator Lease.
 async fn overview(args: &StatusArgs) -> Result<Overview, KubeError> {
-    let client = crate::kube::client().await?;
+    let client = crate::k8s::client().await?;
     let selector = format!("valkey.io/cluster={}", args.target.cluster);
     let params = ListParams::default().labels(&selector);
     let limit = Duration::from_secs(10);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &args.target.namespace);
-    let pods = crate::kube::bounded(limit, pods.list(&params)).await?.items;
+    let pods = crate::k8s::bounded(limit, pods.list(&params)).await?.items;
     let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &args.target.namespace);
     // Pods of an operator or of `inject` may have no StatefulSet of this label: no revisions then.
-    let sets = crate::kube::bounded(limit, sets.list(&params))
+    let sets = crate::k8s::bounded(limit, sets.list(&params))
         .await
         .map(|l| l.items);
     let leases: Api<Lease> = Api::namespaced(client, &args.target.namespace);
     let name = args.target.lease_name();
-    let lease = crate::kube::bounded(limit, leases.get_opt(&name)).await?;
+    let lease = crate::k8s::bounded(limit, leases.get_opt(&name)).await?;
     let pods: Vec<Arc<Pod>> = pods.into_iter().map(Arc::new).collect();
     let sets: Vec<Arc<StatefulSet>> = sets.unwrap_or_default().into_iter().map(Arc::new).collect();
     let updated = revisions(&pods, &sets);
@@ -100,7 +100,7 @@ fn row(
     policy: &LabelPolicy,
     updated: &std::collections::BTreeMap<String, bool>,
 ) -> Option<PodRow> {
-    let labels = crate::kube::labels_of(&p.metadata);
+    let labels = crate::k8s::labels_of(&p.metadata);
     let name = p.metadata.name.clone()?;
     Some(PodRow {
         shard: labels

@@ -186,6 +186,79 @@ fn the_readme_map_names_real_paths() {
     assert!(checked >= 8, "the table was not read");
 }
 
+/// Every file or directory the architecture document and the contributor's guide name in code
+/// spans (`src/k8s/lease.rs`, `core/tests/`, `scripts/bench.sh`) exists, and every module of the
+/// crate map's `src/` rows (`k8s::{labeler, lease}`) is a file or directory of `src/`: a move that
+/// forgets the map fails here.
+#[test]
+fn the_architecture_and_the_guide_name_real_paths() {
+    let roots = [
+        "src/",
+        "core/",
+        "tests/",
+        "testkit/",
+        "bench/",
+        "scripts/",
+        "charts/",
+        "docs/",
+        "examples/",
+    ];
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut checked = 0;
+    for doc in ["docs/architecture.md", "CONTRIBUTING.md"] {
+        let text = read(doc);
+        let spans = text.split('`').skip(1).step_by(2);
+        let paths = spans.filter(|p| roots.iter().any(|r| p.starts_with(r)));
+        // Patterns and placeholders (`tests/k8s_<concern>.rs`, `docs/plots/*.svg`) name no file.
+        let plain = paths.filter(|p| !p.contains(['<', '*', ' ', '{']));
+        for path in plain {
+            let path = path.trim_end_matches([':', ',', '.', ')']);
+            assert!(
+                root.join(path).exists(),
+                "{doc} names {path}, which does not exist"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 20, "only {checked} paths read");
+    let map = read("docs/architecture.md");
+    let (_, core) = map
+        .split_once("**`core/` (`valkey-sidecar-core`)**")
+        .expect("core's map");
+    let (core, agent) = core
+        .split_once("**root (`valkey-sidecar`)**")
+        .expect("the agent's map");
+    let modules = crate_map_modules(core, &root.join("core/src"))
+        + crate_map_modules(agent, &root.join("src"));
+    assert!(modules >= 8, "only {modules} modules of the crate map read");
+}
+
+/// Checks the first column of one crate map's table (`a`, `b::{c, d}`, `e` (`mod`)) against
+/// the files under `src`; how many modules it named.
+fn crate_map_modules(map: &str, src: &Path) -> usize {
+    let table = map
+        .split("\n\n")
+        .find(|t| t.contains("| Module |"))
+        .expect("a table");
+    let mut modules = 0;
+    for row in table.lines().filter(|l| l.starts_with("| `")) {
+        let first = row.split(" | ").next().unwrap_or_default();
+        for span in first.split('`').skip(1).step_by(2).filter(|s| *s != "mod") {
+            let (dir, names) = match span.split_once("::{") {
+                Some((dir, list)) => (dir.replace("::", "/"), list.trim_end_matches('}')),
+                None => (String::new(), span),
+            };
+            for name in names.split(", ") {
+                let base = src.join(&dir).join(name);
+                let found = base.with_extension("rs").exists() || base.is_dir();
+                assert!(found, "the crate map names {span}: no {}", base.display());
+                modules += 1;
+            }
+        }
+    }
+    modules
+}
+
 /// A template without the upgrade guards' `define`: the one place that reads the cluster, to refuse
 /// an upgrade (`fail`) and never to change what is rendered — so `helm template` (no cluster)
 /// renders the same as an install. Every line of it is a template action, none emits text.

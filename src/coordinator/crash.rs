@@ -28,7 +28,7 @@ use valkey_sidecar_core::shards::{Shard, ShardNode};
 
 use super::execute::{MoveOutcome, fail_over_to};
 use super::{Coordinator, Finished, LeaderMemory, Move, spawn_move};
-use crate::kube::events::EventType;
+use crate::k8s::events::EventType;
 use crate::valkey::{Connector, observe};
 
 /// A primary whose socket refused a connection right after its connection closed.

@@ -18,8 +18,8 @@ use valkey_sidecar_core::observation::{self, Mode};
 use valkey_sidecar_core::time::Millis;
 
 use super::Coordinator;
-use crate::kube::events::EventType;
-use crate::kube::pods::{SHARD_INDEX_LABEL, node_index, pod_ip};
+use crate::k8s::events::EventType;
+use crate::k8s::pods::{SHARD_INDEX_LABEL, node_index, pod_ip};
 use crate::valkey::{Connector, Session, observe};
 
 /// How long one pod's observation may take in a formation round.

@@ -42,10 +42,10 @@ use valkey_sidecar_core::status::{Decision, Status};
 use valkey_sidecar_core::time::Millis;
 
 use crate::clock::Clock;
-use crate::kube::events::Recorder;
-use crate::kube::format::FormatNotice;
-use crate::kube::lease::{FormedMarker, Leadership, RequestCell, StatusAnnotations};
-use crate::kube::owner::LeaseOwner;
+use crate::k8s::events::Recorder;
+use crate::k8s::format::FormatNotice;
+use crate::k8s::lease::{FormedMarker, Leadership, RequestCell, StatusAnnotations};
+use crate::k8s::owner::LeaseOwner;
 use crate::metrics::Metrics;
 use crate::valkey::Connector;
 use cleanup::Retries;
@@ -91,11 +91,11 @@ pub struct Coordinator {
     pub formation_shards: Option<u32>,
     /// When the cluster was first seen formed, shared with the Lease writer.
     pub formed: FormedMarker,
-    /// Set on the shard records this agent writes (`kube::owner`).
+    /// Set on the shard records this agent writes (`k8s::owner`).
     pub lease_owner: Option<LeaseOwner>,
     /// The operator's requests on the coordinator Lease, shared with the Lease writer.
     pub requests: RequestCell,
-    /// Where a shard record of an unknown format is told (`kube::format`).
+    /// Where a shard record of an unknown format is told (`k8s::format`).
     pub notice: FormatNotice,
     /// With `coordination: operator`: the operator's resource whose readiness holds fail-back
     /// and balance (`watches`, `core::operator`).

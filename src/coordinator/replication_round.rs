@@ -46,10 +46,10 @@ use super::execute::{self, Links};
 use super::watches::Facts;
 use super::{Coordinator, Finished, LeaderMemory, Move, spawn_move, world};
 use crate::clock::Clock;
+use crate::k8s::events::EventType;
+use crate::k8s::pods::pod_ip;
+use crate::k8s::shard_lease::ShardLeaseClient;
 use crate::keeper::RecordSeed;
-use crate::kube::events::EventType;
-use crate::kube::pods::pod_ip;
-use crate::kube::shard_lease::ShardLeaseClient;
 use crate::metrics::Metrics;
 use crate::valkey::{Connector, Session, observe};
 

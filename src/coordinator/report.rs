@@ -12,8 +12,8 @@ use valkey_sidecar_core::status::{self, Condition, Decision, Status};
 
 use super::execute::MoveOutcome;
 use super::{Coordinator, LeaderMemory, Move, replication_round};
-use crate::kube::events::{Event, EventType};
-use crate::kube::lease::StatusAnnotations;
+use crate::k8s::events::{Event, EventType};
+use crate::k8s::lease::StatusAnnotations;
 
 /// Wall-clock time for the status: humans read it, no decision does.
 pub(super) fn wall_clock() -> String {

@@ -16,7 +16,7 @@ use valkey_sidecar_core::plan::{Plan, Replacement, World};
 use valkey_sidecar_core::time::Millis;
 
 use super::{Coordinator, LeaderMemory};
-use crate::kube::events::EventType;
+use crate::k8s::events::EventType;
 
 /// How long a deleted pod's shard stays out of the roll at most, should its successor never
 /// appear (a StatefulSet scaled down, a quota): then the roll judges it by its pods again.
@@ -109,7 +109,7 @@ impl Coordinator {
         };
         // Bounded: a hanging apiserver must not stall the coordinator's rounds.
         let limit = std::time::Duration::from_secs(5);
-        let result = crate::kube::bounded(limit, api.evict(&d.pod, &params)).await;
+        let result = crate::k8s::bounded(limit, api.evict(&d.pod, &params)).await;
         self.metrics.roll_eviction(result.is_ok());
         let reference = Some(pod.object_ref(&()));
         match result {

@@ -19,8 +19,8 @@ use super::execute::MoveOutcome;
 use super::report::{completion, ended, wall_clock};
 use super::watches::Facts;
 use super::{Coordinator, Finished, LeaderMemory, Move, execute, spawn_move, world};
-use crate::kube::events::EventType;
-use crate::kube::pods::pod_ip;
+use crate::k8s::events::EventType;
+use crate::k8s::pods::pod_ip;
 use crate::valkey::Connector;
 
 impl Coordinator {

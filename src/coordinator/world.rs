@@ -15,7 +15,7 @@ use valkey_sidecar_core::plan::{Member, NodeInfo, Pending, PodInfo};
 use valkey_sidecar_core::replication::{MemberValkey, ShardMember, ShardRecord};
 use valkey_sidecar_core::shards::{NodeHealth, Shard};
 
-use crate::kube::pods::{
+use crate::k8s::pods::{
     DEFAULT_SHARD, SHARD_INDEX_LABEL, cordoned, is_ready, node_index, node_ready, pod_ip,
 };
 

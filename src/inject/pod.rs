@@ -6,7 +6,7 @@ use super::agent::{self, Agent};
 use super::yaml::Node;
 use super::{Injection, Mode, Notes, Options, Problem, sentinel};
 
-use crate::kube::pods::CLUSTER_LABEL;
+use crate::k8s::pods::CLUSTER_LABEL;
 
 /// Kubernetes' default `terminationGracePeriodSeconds`.
 pub const DEFAULT_GRACE: i64 = 30;

@@ -12,7 +12,7 @@ use kube::Api;
 use valkey_sidecar_core::replication::{LocalAction, LocalView, NOT_FOLLOWING, ShardRecord};
 
 use super::Keeper;
-use crate::kube::events::{Event, EventType};
+use crate::k8s::events::{Event, EventType};
 
 /// The Event's reason.
 pub(super) const REASON: &str = "ForeignShardRecord";
@@ -27,7 +27,7 @@ impl Keeper {
         }
         // A pod that does not exist is most likely being recreated: nothing to report.
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
-        let Ok(Some(_)) = crate::kube::bounded(self.api_limit(), pods.get_opt(pod)).await else {
+        let Ok(Some(_)) = crate::k8s::bounded(self.api_limit(), pods.get_opt(pod)).await else {
             return;
         };
         *reported = Some(pod.to_owned());
@@ -86,7 +86,7 @@ impl Keeper {
         };
         let reference = self.own_reference();
         let sent = recorder.publish(&event, &reference);
-        let result = match crate::kube::bounded(self.api_limit(), sent).await {
+        let result = match crate::k8s::bounded(self.api_limit(), sent).await {
             Ok(()) => "ok",
             Err(e) => {
                 tracing::warn!(error = %e, "event not published");
@@ -98,6 +98,6 @@ impl Keeper {
 
     /// This agent's pod, which the Events are about.
     pub(super) fn own_reference(&self) -> ObjectReference {
-        crate::kube::events::pod_reference(&self.pod, &self.namespace, self.pod_uid.clone())
+        crate::k8s::events::pod_reference(&self.pod, &self.namespace, self.pod_uid.clone())
     }
 }

@@ -30,11 +30,11 @@ use valkey_sidecar_core::replication::{
 use valkey_sidecar_core::time::Millis;
 
 use crate::clock::Clock;
-use crate::kube::KubeError;
-use crate::kube::format::FormatNotice;
-use crate::kube::owner::LeaseOwner;
-use crate::kube::pods::{DEFAULT_SHARD, SHARD_INDEX_LABEL, node_index};
-use crate::kube::shard_lease::ShardLeaseClient;
+use crate::k8s::KubeError;
+use crate::k8s::format::FormatNotice;
+use crate::k8s::owner::LeaseOwner;
+use crate::k8s::pods::{DEFAULT_SHARD, SHARD_INDEX_LABEL, node_index};
+use crate::k8s::shard_lease::ShardLeaseClient;
 use crate::metrics::Metrics;
 use crate::valkey::{Connector, Session};
 
@@ -61,10 +61,10 @@ pub struct Keeper {
     /// Set while a promotion of the local Valkey is due (`core::replication::awaiting_promotion`):
     /// the observer then polls fast, so the promoted node is advertised within milliseconds.
     pub hurry: watch::Sender<bool>,
-    /// Set on the record when this agent writes it (`kube::owner`).
+    /// Set on the record when this agent writes it (`k8s::owner`).
     pub owner: Option<LeaseOwner>,
     /// Events on this agent's pod (`SIDECAR_EVENTS`): a record naming a pod outside the shard.
-    pub recorder: Option<crate::kube::events::Recorder>,
+    pub recorder: Option<crate::k8s::events::Recorder>,
     /// This pod's UID (`POD_UID`), for the Events' reference.
     pub pod_uid: Option<String>,
     /// This pod's shard and its record as the keeper last read it, for the coordinator of the
@@ -227,7 +227,7 @@ impl Keeper {
     /// Starts the watch of the shard's members for the heartbeats; it ends with the returned guard.
     fn follow_members(&self, seat: &Seat) -> Option<AbortOnDrop> {
         let beats = self.beats.as_ref()?;
-        let task = crate::kube::members::follow(
+        let task = crate::k8s::members::follow(
             self.client.clone(),
             self.namespace.clone(),
             self.members_of(seat),
@@ -514,7 +514,7 @@ impl Keeper {
         let params = ListParams::default()
             .labels(&self.members_of(seat))
             .fields(&format!("metadata.name={pod}"));
-        let got = crate::kube::bounded(self.api_limit(), pods.list(&params)).await?;
+        let got = crate::k8s::bounded(self.api_limit(), pods.list(&params)).await?;
         let member = got.items.into_iter().next();
         if member.is_none() {
             // Also while the pod is being recreated: no warning for every step of that.
@@ -843,7 +843,7 @@ fn local_role(obs: &Observation) -> Option<LocalRole> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kube::pods::{NODE_INDEX_LABEL, POD_INDEX_LABEL};
+    use crate::k8s::pods::{NODE_INDEX_LABEL, POD_INDEX_LABEL};
     use valkey_sidecar_core::observation::PrimaryLink;
 
     #[test]

@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use valkey_sidecar_core::info::Info;
 
-use crate::kube::KubeError;
+use crate::k8s::KubeError;
 use crate::valkey::{Connector, Session};
 
 pub use failover::{fail_over_to, failover};

@@ -12,7 +12,7 @@ use valkey_sidecar_core::replication::{
 
 use super::{Links, MoveOutcome, not_applied, replicaof_no_one, repoint, unpause};
 use crate::clock::Clock;
-use crate::kube::shard_lease::ShardLeaseClient;
+use crate::k8s::shard_lease::ShardLeaseClient;
 
 /// Where a promotion's commands go: the shard's members and its record.
 pub(super) trait Target {

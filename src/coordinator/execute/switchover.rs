@@ -15,7 +15,7 @@ use super::{
     Links, MoveOutcome, info_replication, info_u64, not_applied, replicaof_no_one, repoint, unpause,
 };
 use crate::clock::Clock;
-use crate::kube::shard_lease::ShardLeaseClient;
+use crate::k8s::shard_lease::ShardLeaseClient;
 
 /// One switchover in progress.
 struct Run {

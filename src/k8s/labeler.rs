@@ -26,7 +26,7 @@ use valkey_sidecar_core::ratelimit::TokenBucket;
 use super::{FIELD_MANAGER, KubeError, labels_of, node_labels};
 use crate::clock::Clock;
 use crate::config::{Identity, KubeConfig};
-use crate::kube::events::{Event, EventType, Recorder, Reporter};
+use crate::k8s::events::{Event, EventType, Recorder, Reporter};
 use crate::metrics::Metrics;
 
 /// How long one API call may take before it counts as failed.
