@@ -259,7 +259,7 @@ async fn a_promotion_writes_the_record_first_promotes_and_repoints_and_stops_on_
     // The holder renewed since the decision: nothing happens.
     let renewed = shard.record.read().await.unwrap().unwrap();
     shard.record.write(&renewed).await.unwrap();
-    let stale = execute::promote(
+    let stale = execute::run_promotion(
         &promotion(&version),
         shard.links(),
         &shard.record,
@@ -277,7 +277,7 @@ async fn a_promotion_writes_the_record_first_promotes_and_repoints_and_stops_on_
 
     // Without the Lease, nothing happens either.
     let current = shard.record.read().await.unwrap().unwrap().version;
-    let no_lease = execute::promote(
+    let no_lease = execute::run_promotion(
         &promotion(&current),
         shard.links(),
         &shard.record,
@@ -295,7 +295,7 @@ async fn a_promotion_writes_the_record_first_promotes_and_repoints_and_stops_on_
     // The target's agent takes the record once it names it (its consent), as a keeper does.
     let agent = consent_when_named(shard.record.clone(), POD[1]);
     let t = Instant::now();
-    let done = execute::promote(
+    let done = execute::run_promotion(
         &promotion(&current),
         shard.links(),
         &shard.record,

@@ -11,7 +11,7 @@
 //!    or node is going away, fail-back, balance — each carried out as a switchover
 //!    (`execute::switchover`, the `core::replication::Switchover` step machine);
 //! 4. for every other shard asks `core::replication::promote` whether the primary is lost, and
-//!    carries a promotion out (`execute::promote`, the `core::replication::PromotionRun` step machine).
+//!    carries a promotion out (`execute::run_promotion`, the `core::replication::PromotionRun` step machine).
 //!
 //! Record reads (`core::replication::next_read` and `calm`): a shard whose holder's Valkey answers as primary, with nothing in flight, is
 //! read once per retry period (the holder's own renewal period); any other shard — never read,
@@ -504,7 +504,7 @@ impl Coordinator {
         let (lead, clock) = (self.leadership.clone(), self.clock);
         let run = async move {
             let may_act = || lead.borrow().may_act(clock.now());
-            execute::promote(&p, links, &record, waits, clock, may_act).await
+            execute::run_promotion(&p, links, &record, waits, clock, may_act).await
         };
         spawn_move(started, run, done);
     }

@@ -33,20 +33,20 @@
 //! - [`record`]: the [`ShardRecord`] and [`SeenRecord`];
 //! - [`keeper`]: every agent's [`local`] rules;
 //! - [`promotion`]: the coordinator's [`promote`];
-//! - [`promoting`]: a decided promotion carried out step by step ([`PromotionRun`]);
+//! - [`promotion_run`]: a decided promotion carried out step by step ([`PromotionRun`]);
 //! - [`switchover`]: the planned [`Switchover`].
 
 pub mod keeper;
-pub mod promoting;
 pub mod promotion;
+pub mod promotion_run;
 pub mod record;
 pub mod switchover;
 
 pub use crate::lease::{MAX_LEASE_MS, judged_lease_ms};
 pub use keeper::*;
-pub use promoting::{
+pub use promotion::*;
+pub use promotion_run::{
     PromotionAnswer, PromotionCommand, PromotionRun, PromotionStep, PromotionStop, WithoutLease,
 };
-pub use promotion::*;
 pub use record::*;
 pub use switchover::*;

@@ -11,7 +11,7 @@
 //! - Replication mode, [`mod@switchover`]: a planned move, driven by `core::replication::step` —
 //!   pause the old primary, wait for the target to catch up, move the record, promote, repoint,
 //!   unpause (or unpause and leave everything as it was).
-//! - Replication mode, [`promote`]: an unplanned failover (`core::replication::Promotion`) in its
+//! - Replication mode, [`run_promotion`]: an unplanned failover (`core::replication::Promotion`) in its
 //!   documented order: record first, then fence, promote, repoint.
 //!
 //! Every command that changes anything is preceded by a check of the cluster Lease's acting
@@ -33,7 +33,7 @@ use crate::k8s::KubeError;
 use crate::valkey::{Connector, Session};
 
 pub use failover::{fail_over_to, failover};
-pub use promotion::{Waits, promote};
+pub use promotion::{Waits, run_promotion};
 pub use switchover::switchover;
 
 /// How one move ended.

@@ -37,7 +37,7 @@ pub struct Waits {
 }
 
 /// Makes `p.target` the primary (`core::replication::PromotionRun`).
-pub async fn promote(
+pub async fn run_promotion(
     p: &Promotion,
     links: Links,
     record: &ShardLeaseClient,
