@@ -19,11 +19,9 @@ use valkey_sidecar_core::replication::Claim;
 use valkey_sidecar_core::replication::FailoverPolicy;
 use valkey_sidecar_core::restart::{self, Permit};
 
-use crate::clock::Clock;
-use crate::config::{Config, CoordinatorConfig, KubeConfig};
+use crate::cli::config::{Config, CoordinatorConfig, KubeConfig};
+use crate::cli::features::{self, Off};
 use crate::coordinator::Coordinator;
-use crate::features::{self, Off};
-use crate::heartbeat::{Heartbeat, ShardLinks};
 use crate::http::{self, App};
 use crate::k8s::events::{Recorder, Reporter, pod_reference};
 use crate::k8s::format::FormatNotice;
@@ -34,11 +32,13 @@ use crate::k8s::lease::{
 use crate::k8s::owner::{Anchor, LeaseOwner};
 use crate::k8s::{FIELD_MANAGER, KubeError};
 use crate::keeper::{Keeper, KeeperBeats, RecordSeed};
-use crate::metrics::Metrics;
 use crate::observer::Observer;
-use crate::quorum::QuorumFence;
-use crate::start_guard::StartGuard;
-use crate::supervise::{RESTARTS, supervised};
+use crate::peers::heartbeat::{Heartbeat, ShardLinks};
+use crate::peers::quorum::QuorumFence;
+use crate::restart::guard::StartGuard;
+use crate::runtime::clock::Clock;
+use crate::runtime::metrics::Metrics;
+use crate::runtime::supervise::{RESTARTS, supervised};
 use crate::valkey::{Connector, tls};
 
 /// Why the agent could not start.
@@ -61,8 +61,8 @@ impl StartError {
     /// Exit code: 64 for configuration the user must fix, 69 (`EX_UNAVAILABLE`) otherwise.
     pub fn exit_code(&self) -> i32 {
         match self {
-            StartError::Tls(_) | StartError::Kube(_) => crate::exit::CONFIG,
-            _ => crate::exit::UNAVAILABLE,
+            StartError::Tls(_) | StartError::Kube(_) => crate::cli::exit::CONFIG,
+            _ => crate::cli::exit::UNAVAILABLE,
         }
     }
 }
@@ -89,7 +89,7 @@ struct Shared {
     beats: Option<Beats>,
 }
 
-/// What the heartbeat task shares with the fences (`crate::heartbeat`).
+/// What the heartbeat task shares with the fences (`crate::peers::heartbeat`).
 #[derive(Clone)]
 struct Beats {
     sight: watch::Sender<Option<PeerSight>>,
@@ -126,7 +126,7 @@ type Owner = future::Shared<BoxFuture<'static, LeaseOwner>>;
 
 /// Runs the agent until SIGTERM/SIGINT.
 pub async fn run(config: Config) -> Result<(), StartError> {
-    let shutdown = crate::lifecycle::shutdown_on_signals().map_err(StartError::Signals)?;
+    let shutdown = crate::runtime::lifecycle::shutdown_on_signals().map_err(StartError::Signals)?;
     let clock = Clock::start();
     let (state_tx, state) = watch::channel(HealthState::new(clock.now()));
     let configured = Placement {
@@ -283,7 +283,7 @@ async fn kube_tasks(
 /// Asks the API once whether Nodes may be read (a few tries while it does not answer) and, if
 /// not, says what that turns off: the namespace profile's agents run without them.
 async fn check_nodes(client: kube::Client, off: watch::Sender<Vec<Off>>) {
-    let mut delays = crate::retry::few(Duration::from_secs(2), 5);
+    let mut delays = crate::runtime::retry::few(Duration::from_secs(2), 5);
     loop {
         match crate::k8s::nodes_forbidden(&client, Duration::from_secs(5)).await {
             Some(true) => break,

@@ -3,9 +3,9 @@
 
 use std::process::ExitCode;
 
+use valkey_sidecar::cli::config::RawConfig;
+use valkey_sidecar::cli::exit::{CONFIG, SOFTWARE};
 use valkey_sidecar::cli::{self, Command};
-use valkey_sidecar::config::RawConfig;
-use valkey_sidecar::exit::{CONFIG, SOFTWARE};
 
 fn main() -> ExitCode {
     match cli::parse() {
@@ -34,7 +34,7 @@ fn run(raw: RawConfig) -> ExitCode {
             return exit(CONFIG);
         }
     };
-    valkey_sidecar::telemetry::init(config.log_format);
+    valkey_sidecar::runtime::telemetry::init(config.log_format);
     // One thread: the agent's work is small and latency-bound, and a single-threaded runtime
     // keeps its memory footprint low. Nothing here blocks the thread (file reads use tokio::fs).
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -9,9 +9,9 @@ use valkey_sidecar_core::health::{Bounds, HealthState, Outcome};
 use valkey_sidecar_core::observation::{Mode, Observation, Role};
 use valkey_sidecar_core::placement::{Placement, zone_to_push};
 
-use crate::clock::Clock;
-use crate::metrics::Metrics;
-use crate::quorum::QuorumFence;
+use crate::peers::quorum::QuorumFence;
+use crate::runtime::clock::Clock;
+use crate::runtime::metrics::Metrics;
 use crate::valkey::{Connector, Session, ValkeyError, observe};
 
 /// Everything the loop needs.

@@ -109,7 +109,7 @@ fn ratios_are_recognised() {
 fn the_configuration_table_is_the_agents_settings() {
     use clap::CommandFactory;
     let documented = settings_table(&read("docs/configuration.md"));
-    let command = valkey_sidecar::config::Cli::command();
+    let command = valkey_sidecar::cli::config::Cli::command();
     let mut from_clap = Vec::new();
     for arg in command.get_arguments() {
         let Some(env) = arg.get_env() else { continue };
@@ -233,7 +233,7 @@ fn the_architecture_and_the_guide_name_real_paths() {
     assert!(modules >= 8, "only {modules} modules of the crate map read");
 }
 
-/// Checks the first column of one crate map's table (`a`, `b::{c, d}`, `e` (`mod`)) against
+/// Checks the first column of one crate map's table (`a`, `b::c`, `d::{e, f}`, `g` (`mod`)) against
 /// the files under `src`; how many modules it named.
 fn crate_map_modules(map: &str, src: &Path) -> usize {
     let table = map
@@ -246,7 +246,10 @@ fn crate_map_modules(map: &str, src: &Path) -> usize {
         for span in first.split('`').skip(1).step_by(2).filter(|s| *s != "mod") {
             let (dir, names) = match span.split_once("::{") {
                 Some((dir, list)) => (dir.replace("::", "/"), list.trim_end_matches('}')),
-                None => (String::new(), span),
+                None => match span.rsplit_once("::") {
+                    Some((dir, name)) => (dir.replace("::", "/"), name),
+                    None => (String::new(), span),
+                },
             };
             for name in names.split(", ") {
                 let base = src.join(&dir).join(name);

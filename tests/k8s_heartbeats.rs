@@ -1,4 +1,4 @@
-//! Peer heartbeats (`core::heartbeat`, `src/heartbeat.rs`) on the chart's pods: a healthy shard
+//! Peer heartbeats (`core::heartbeat`, `src/peers/heartbeat.rs`) on the chart's pods: a healthy shard
 //! under a writer's load is never fenced by them (a false positive stops writes for nothing), in
 //! both modes, with what they cost printed; forged and flooding datagrams are dropped and counted.
 //! The partitions they exist for are in `k8s_node_faults` (`*_partitioned*`).

@@ -19,7 +19,7 @@ use monitoring::{
     missing_names, yaml,
 };
 use serde_json::Value;
-use valkey_sidecar::metrics::Metrics;
+use valkey_sidecar::runtime::metrics::Metrics;
 use valkey_sidecar_core::health::{Bounds, HealthState};
 use valkey_sidecar_core::time::Millis;
 

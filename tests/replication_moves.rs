@@ -7,9 +7,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use valkey_sidecar::clock::Clock;
 use valkey_sidecar::coordinator::execute::{self, Links, MoveOutcome};
 use valkey_sidecar::k8s::shard_lease::ShardLeaseClient;
+use valkey_sidecar::runtime::clock::Clock;
 use valkey_sidecar::valkey::Connector;
 use valkey_sidecar_core::replication::{Promotion, ShardRecord, SwitchoverPlan};
 use valkey_sidecar_testkit::k8s::writer::{Writer, lost};

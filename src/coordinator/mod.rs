@@ -41,12 +41,12 @@ use valkey_sidecar_core::replication::FailoverPolicy;
 use valkey_sidecar_core::status::{Decision, Status};
 use valkey_sidecar_core::time::Millis;
 
-use crate::clock::Clock;
 use crate::k8s::events::Recorder;
 use crate::k8s::format::FormatNotice;
 use crate::k8s::lease::{FormedMarker, Leadership, RequestCell, StatusAnnotations};
 use crate::k8s::owner::LeaseOwner;
-use crate::metrics::Metrics;
+use crate::runtime::clock::Clock;
+use crate::runtime::metrics::Metrics;
 use crate::valkey::Connector;
 use cleanup::Retries;
 use execute::MoveOutcome;

@@ -45,12 +45,12 @@ use valkey_sidecar_core::time::Millis;
 use super::execute::{self, Links};
 use super::watches::Facts;
 use super::{Coordinator, Finished, LeaderMemory, Move, spawn_move, world};
-use crate::clock::Clock;
 use crate::k8s::events::EventType;
 use crate::k8s::pods::pod_ip;
 use crate::k8s::shard_lease::ShardLeaseClient;
 use crate::keeper::RecordSeed;
-use crate::metrics::Metrics;
+use crate::runtime::clock::Clock;
+use crate::runtime::metrics::Metrics;
 use crate::valkey::{Connector, Session, observe};
 
 /// How long one member's observation may take: a round waits for its slowest member, and a

@@ -14,9 +14,9 @@ use valkey_sidecar_core::observation::{Mode, Role};
 use valkey_sidecar_core::restart::{self, Permit};
 
 use super::status;
-use crate::clock::Clock;
-use crate::config::Identity;
-use crate::metrics::Metrics;
+use crate::cli::config::Identity;
+use crate::runtime::clock::Clock;
+use crate::runtime::metrics::Metrics;
 
 /// What the handlers read.
 pub struct App {
@@ -33,7 +33,7 @@ pub struct App {
     /// `/valkey-start` and `/livez`.
     pub start: Option<watch::Receiver<Permit>>,
     /// Features that are off, and why (`/status`).
-    pub off: watch::Receiver<Vec<crate::features::Off>>,
+    pub off: watch::Receiver<Vec<crate::cli::features::Off>>,
 }
 
 type Body = Full<Bytes>;
@@ -178,7 +178,7 @@ fn duration_param(query: Option<&str>, name: &str, default: Duration) -> Result<
         return Ok(default);
     };
     let max = u64::try_from(MAX_PRESTOP_WAIT.as_millis()).unwrap_or(u64::MAX);
-    crate::config::parse_duration_in(v, 0, max).map_err(|e| format!("{name}: {e}\n"))
+    crate::cli::config::parse_duration_in(v, 0, max).map_err(|e| format!("{name}: {e}\n"))
 }
 
 fn lag_param(query: Option<&str>) -> Result<Option<u64>, String> {

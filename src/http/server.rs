@@ -32,7 +32,7 @@ use tokio::sync::{oneshot, watch};
 
 use super::App;
 use super::routes::MAX_PRESTOP_WAIT;
-use crate::metrics::Metrics;
+use crate::runtime::metrics::Metrics;
 
 /// How long open connections get to finish once shutdown starts.
 const DRAIN: Duration = Duration::from_secs(2);

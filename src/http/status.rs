@@ -6,7 +6,7 @@ use valkey_sidecar_core::observation::{Mode, Observation};
 use valkey_sidecar_core::time::Millis;
 
 use super::routes::App;
-use crate::features::Off;
+use crate::cli::features::Off;
 
 #[derive(Serialize)]
 struct Status<'a> {

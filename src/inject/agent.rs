@@ -3,7 +3,7 @@
 
 use super::yaml::Node;
 use super::{Mode, Options};
-use crate::config::DEFAULT_PROBE_PORT;
+use crate::cli::config::DEFAULT_PROBE_PORT;
 
 /// Name of the injected container; also how a second run recognises it.
 pub const AGENT_NAME: &str = "valkey-sidecar";
@@ -71,7 +71,7 @@ impl<'a> Agent<'a> {
             ("name", Node::str("probe")),
             ("containerPort", Node::plain(DEFAULT_PROBE_PORT)),
         ]);
-        // The peer heartbeats (`crate::heartbeat`) share the port number over UDP.
+        // The peer heartbeats (`crate::peers::heartbeat`) share the port number over UDP.
         let heartbeat = Node::map(vec![
             ("name", Node::str("heartbeat")),
             ("containerPort", Node::plain(DEFAULT_PROBE_PORT)),

@@ -24,7 +24,7 @@ use std::path::PathBuf;
 
 use clap::{ArgMatches, Args, FromArgMatches, ValueEnum};
 
-use crate::exit;
+use crate::cli::exit;
 
 /// The image injected by default: this very version.
 pub const DEFAULT_IMAGE: &str = concat!(

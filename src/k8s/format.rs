@@ -10,7 +10,7 @@ use valkey_sidecar_core::format::{self, Unreadable};
 
 use super::KubeError;
 use super::events::{Event, EventType, Recorder};
-use crate::metrics::Metrics;
+use crate::runtime::metrics::Metrics;
 
 /// Where a refusal is told. The default tells only the log.
 #[derive(Clone, Default)]

@@ -24,10 +24,10 @@ use valkey_sidecar_core::placement::{Placement, resolve};
 use valkey_sidecar_core::ratelimit::TokenBucket;
 
 use super::{FIELD_MANAGER, KubeError, labels_of, node_labels};
-use crate::clock::Clock;
-use crate::config::{Identity, KubeConfig};
+use crate::cli::config::{Identity, KubeConfig};
 use crate::k8s::events::{Event, EventType, Recorder, Reporter};
-use crate::metrics::Metrics;
+use crate::runtime::clock::Clock;
+use crate::runtime::metrics::Metrics;
 
 /// How long one API call may take before it counts as failed.
 const API_TIMEOUT: Duration = Duration::from_secs(5);
@@ -97,7 +97,7 @@ fn version_of(pod: &Pod) -> Option<u64> {
 }
 
 fn backoff() -> ExponentialBackoff {
-    crate::retry::exponential(Duration::from_millis(100), Duration::from_secs(10))
+    crate::runtime::retry::exponential(Duration::from_millis(100), Duration::from_secs(10))
 }
 
 impl Labeler {

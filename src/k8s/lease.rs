@@ -34,7 +34,7 @@ use super::KubeError;
 use super::format::{FormatNotice, stamp};
 use super::lease_object::LeaseObject;
 use super::owner::LeaseOwner;
-use crate::clock::Clock;
+use crate::runtime::clock::Clock;
 
 /// Who leads, as this agent knows it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -15,7 +15,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 
 use super::pods::pod_ip;
-use crate::metrics::Metrics;
+use crate::runtime::metrics::Metrics;
 
 /// Keeps `out` equal to the pods `selector` selects (name → IP, pods without an IP left out)
 /// until the task is aborted.

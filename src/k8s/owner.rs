@@ -56,7 +56,7 @@ impl LeaseOwner {
             cached: Arc::new(Mutex::new(None)),
         };
         let mut wait =
-            crate::retry::exponential(Duration::from_millis(200), Duration::from_secs(5));
+            crate::runtime::retry::exponential(Duration::from_millis(200), Duration::from_secs(5));
         while !owner.refresh().await {
             tokio::time::sleep(wait.next().unwrap_or(Duration::from_secs(5))).await;
         }

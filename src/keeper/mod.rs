@@ -29,13 +29,13 @@ use valkey_sidecar_core::replication::{
 };
 use valkey_sidecar_core::time::Millis;
 
-use crate::clock::Clock;
 use crate::k8s::KubeError;
 use crate::k8s::format::FormatNotice;
 use crate::k8s::owner::LeaseOwner;
 use crate::k8s::pods::{DEFAULT_SHARD, SHARD_INDEX_LABEL, node_index};
 use crate::k8s::shard_lease::ShardLeaseClient;
-use crate::metrics::Metrics;
+use crate::runtime::clock::Clock;
+use crate::runtime::metrics::Metrics;
 use crate::valkey::{Connector, Session};
 
 /// Everything the keeper needs.
@@ -76,7 +76,7 @@ pub struct Keeper {
     pub beats: Option<KeeperBeats>,
 }
 
-/// What the keeper and the heartbeat task (`crate::heartbeat`) tell each other.
+/// What the keeper and the heartbeat task (`crate::peers::heartbeat`) tell each other.
 #[derive(Clone)]
 pub struct KeeperBeats {
     /// The shard's members (filled by a watch the keeper starts once it knows its shard).
@@ -182,7 +182,7 @@ impl Keeper {
     async fn seat(&self, shutdown: &mut watch::Receiver<bool>) -> Option<Seat> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
         let mut wait =
-            crate::retry::exponential(Duration::from_millis(200), Duration::from_secs(5));
+            crate::runtime::retry::exponential(Duration::from_millis(200), Duration::from_secs(5));
         loop {
             match tokio::time::timeout(Duration::from_secs(5), pods.get(&self.pod)).await {
                 Ok(Ok(pod)) => return Some(seat_of(&pod)),

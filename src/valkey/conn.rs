@@ -17,7 +17,7 @@ use valkey_sidecar_core::shards::ShardNode;
 
 use super::capped::{Capped, REPLY_CAP};
 use super::tls::Tls;
-use crate::config::Password;
+use crate::cli::config::Password;
 
 /// Why a tick got no answer from Valkey.
 #[derive(Debug, thiserror::Error)]
@@ -221,7 +221,7 @@ pub struct Session {
 /// restarted Valkey must be seen within a poll or two (in replication mode its agent has to
 /// release the record before the restarted, empty primary can feed its replicas).
 fn backoff() -> ExponentialBackoff {
-    crate::retry::exponential(Duration::from_millis(50), Duration::from_millis(500))
+    crate::runtime::retry::exponential(Duration::from_millis(50), Duration::from_millis(500))
 }
 
 impl Session {

@@ -12,7 +12,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio_rustls::TlsConnector;
 
-use crate::config::TlsConfig;
+use crate::cli::config::TlsConfig;
 
 /// A TLS setup that failed; names the file or setting at fault.
 #[derive(Debug, thiserror::Error)]

@@ -11,8 +11,8 @@ use valkey_sidecar_core::replication::{
 };
 
 use super::{Links, MoveOutcome, not_applied, replicaof_no_one, repoint, unpause};
-use crate::clock::Clock;
 use crate::k8s::shard_lease::ShardLeaseClient;
+use crate::runtime::clock::Clock;
 
 /// Where a promotion's commands go: the shard's members and its record.
 pub(super) trait Target {

@@ -14,8 +14,8 @@ use valkey_sidecar_core::time::Millis;
 use super::{
     Links, MoveOutcome, info_replication, info_u64, not_applied, replicaof_no_one, repoint, unpause,
 };
-use crate::clock::Clock;
 use crate::k8s::shard_lease::ShardLeaseClient;
+use crate::runtime::clock::Clock;
 
 /// One switchover in progress.
 struct Run {

@@ -9,7 +9,7 @@ use crate::failover::MIN_REPLICAS;
 /// The chart's values, as the stage installs them (no overrides for the Valkey settings).
 const VALUES: &str = include_str!("../../../../charts/valkey-sidecar/values.yaml");
 /// The agent's flags and their defaults.
-const AGENT_FLAGS: &str = include_str!("../../../../src/config.rs");
+const AGENT_FLAGS: &str = include_str!("../../../../src/cli/config.rs");
 
 /// A scalar of `values.yaml` by its path of keys (`["valkey", "clusterNodeTimeout"]`); only as
 /// much YAML as the chart's own file needs: nested maps by indentation, comments, plain scalars.

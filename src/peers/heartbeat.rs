@@ -30,10 +30,10 @@ use valkey_sidecar_core::ratelimit::TokenBucket;
 use valkey_sidecar_core::replication::Claim;
 use valkey_sidecar_core::time::Millis;
 
-use crate::clock::Clock;
-use crate::config::Password;
+use crate::cli::config::Password;
 use crate::keeper::RecordSeed;
-use crate::metrics::Metrics;
+use crate::runtime::clock::Clock;
+use crate::runtime::metrics::Metrics;
 
 /// Datagrams one source address may send per second (a primary pings 10 a second).
 const PER_SOURCE_PER_S: u32 = 50;
@@ -476,7 +476,7 @@ fn random_u64() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Secret;
+    use crate::cli::config::Secret;
 
     #[test]
     fn sealed_beats_open_and_tampering_is_refused() {

@@ -1,18 +1,22 @@
 //! The binary's command line as one [`Command`]: the agent (the default, or `run`) with its
 //! settings, or one of the tools — `inject`, `drain-check`, `await`, `install`, `credentials`,
-//! `valkey-config`, `check`, `status`, `pause`, `resume`, `switchover` — each with its own arguments and exit codes ([`crate::exit`]).
+//! `valkey-config`, `check`, `status`, `pause`, `resume`, `switchover` — each with its own arguments and exit codes ([`crate::cli::exit`]).
+
+pub mod config;
+pub mod exit;
+pub mod features;
 
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches};
 
-use crate::await_start::{AwaitArgs, InstallArgs};
-use crate::check::CheckArgs;
-use crate::config::{Cli, RawConfig};
-use crate::credentials::CredentialsArgs;
-use crate::drain::DrainArgs;
+use crate::cli::config::{Cli, RawConfig};
+use crate::commands::check::CheckArgs;
+use crate::commands::credentials::CredentialsArgs;
+use crate::commands::drain::DrainArgs;
+use crate::commands::operate::{PauseArgs, ResumeArgs, SwitchoverArgs};
+use crate::commands::status::StatusArgs;
+use crate::commands::valkey_config::ValkeyConfigArgs;
 use crate::inject::InjectArgs;
-use crate::operate::{PauseArgs, ResumeArgs, SwitchoverArgs};
-use crate::status::StatusArgs;
-use crate::valkey_config::ValkeyConfigArgs;
+use crate::restart::await_start::{AwaitArgs, InstallArgs};
 
 /// What the command line asks for.
 #[derive(Debug)]
@@ -44,16 +48,16 @@ impl Tool {
     pub fn run(self, args: &ArgMatches) -> i32 {
         match self {
             Tool::Inject => crate::inject::main(args),
-            Tool::DrainCheck => crate::drain::main(args),
-            Tool::Await => crate::await_start::main(args),
-            Tool::Install => crate::await_start::install(args),
-            Tool::Credentials => crate::credentials::main(args),
-            Tool::ValkeyConfig => crate::valkey_config::main(args),
-            Tool::Check => crate::check::main(args),
-            Tool::Status => crate::status::main(args),
-            Tool::Pause => crate::operate::pause(args),
-            Tool::Resume => crate::operate::resume(args),
-            Tool::Switchover => crate::operate::switchover(args),
+            Tool::DrainCheck => crate::commands::drain::main(args),
+            Tool::Await => crate::restart::await_start::main(args),
+            Tool::Install => crate::restart::await_start::install(args),
+            Tool::Credentials => crate::commands::credentials::main(args),
+            Tool::ValkeyConfig => crate::commands::valkey_config::main(args),
+            Tool::Check => crate::commands::check::main(args),
+            Tool::Status => crate::commands::status::main(args),
+            Tool::Pause => crate::commands::operate::pause(args),
+            Tool::Resume => crate::commands::operate::resume(args),
+            Tool::Switchover => crate::commands::operate::switchover(args),
         }
     }
 }
@@ -65,7 +69,7 @@ pub struct RoleLabelArgs {
     #[arg(long, default_value = "valkey.io/role")]
     pub role_label: String,
     /// Its values, `<primary>,<replica>` (the agents' `SIDECAR_ROLE_VALUES`).
-    #[arg(long, default_value = "primary,replica", value_parser = crate::config::parse_role_values)]
+    #[arg(long, default_value = "primary,replica", value_parser = crate::cli::config::parse_role_values)]
     pub role_values: (String, String),
 }
 
@@ -94,7 +98,7 @@ where
         Ok(args) => args,
         Err(e) => {
             let _ = e.print();
-            return crate::exit::CONFIG;
+            return crate::cli::exit::CONFIG;
         }
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -106,7 +110,7 @@ where
     };
     outcome.unwrap_or_else(|e| {
         eprintln!("valkey-sidecar {name}: {e}");
-        crate::exit::UNAVAILABLE
+        crate::cli::exit::UNAVAILABLE
     })
 }
 

@@ -14,7 +14,7 @@ pub fn shutdown_on_signals() -> std::io::Result<watch::Receiver<bool>> {
         let _ = tx.send(true);
         tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
         tracing::warn!("second signal: aborting");
-        std::process::exit(crate::exit::ABORTED);
+        std::process::exit(crate::cli::exit::ABORTED);
     });
     Ok(rx)
 }

@@ -5,7 +5,7 @@
 use serde::Serialize;
 use valkey_sidecar_core::observation::Mode;
 
-use crate::config::Config;
+use crate::cli::config::Config;
 
 /// One feature that is off.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -99,7 +99,7 @@ pub fn announce(off: &[Off]) {
 mod tests {
     use clap::Parser;
 
-    use crate::config::Cli;
+    use crate::cli::config::Cli;
 
     /// What a configuration from these flags leaves off: (feature, why) pairs.
     fn off(args: &[&str]) -> Vec<(String, String)> {

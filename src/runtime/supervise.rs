@@ -17,7 +17,7 @@ use futures::future::LocalBoxFuture;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::metrics::Metrics;
+use crate::runtime::metrics::Metrics;
 
 /// The back-off between restarts of a panicking task.
 #[derive(Debug, Clone, Copy)]
@@ -45,7 +45,7 @@ pub async fn supervised<F>(
     F: Fn() -> LocalBoxFuture<'static, ()>,
 {
     metrics.task_supervised(name);
-    let schedule = || crate::retry::exponential(restarts.first, restarts.max);
+    let schedule = || crate::runtime::retry::exponential(restarts.first, restarts.max);
     let mut delays = schedule();
     loop {
         let started = Instant::now();

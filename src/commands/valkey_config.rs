@@ -26,8 +26,8 @@ use valkey_sidecar_core::credentials::{
 };
 use valkey_sidecar_core::memory;
 
-use crate::credentials::{hex, sha256_hex};
-use crate::exit;
+use crate::cli::exit;
+use crate::commands::credentials::{hex, sha256_hex};
 
 /// `valkey-sidecar valkey-config`.
 #[derive(Debug, Args)]

@@ -16,7 +16,7 @@ use tokio::net::TcpStream;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::exit;
+use crate::cli::exit;
 
 /// `valkey-sidecar await`.
 #[derive(Debug, Args)]

@@ -19,7 +19,7 @@ use kube::api::PostParams;
 use ring::rand::{SecureRandom, SystemRandom};
 use valkey_sidecar_core::credentials::{Refusal, Rotation, Slot, Source, plan};
 
-use crate::exit;
+use crate::cli::exit;
 use crate::k8s::KubeError;
 
 /// Make or update the chart's auth Secret: passwords generated once, in the cluster.
@@ -118,7 +118,8 @@ pub fn main(matches: &ArgMatches) -> i32 {
 /// Retries API failures (a conflict with a concurrent run included) for about two minutes.
 async fn ensure_with_retries(args: &CredentialsArgs) -> Result<String, CredentialsError> {
     let client = crate::k8s::client().await?;
-    let mut delays = crate::retry::exponential(Duration::from_millis(200), Duration::from_secs(10));
+    let mut delays =
+        crate::runtime::retry::exponential(Duration::from_millis(200), Duration::from_secs(10));
     let started = tokio::time::Instant::now();
     loop {
         match ensure(&client, args).await {

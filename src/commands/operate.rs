@@ -18,9 +18,9 @@ use valkey_sidecar_core::requests::{
 };
 use valkey_sidecar_core::status::{PAUSED as PAUSED_CONDITION, PREFIX};
 
-use crate::exit;
+use crate::cli::exit;
+use crate::commands::status::annotation;
 use crate::k8s::KubeError;
-use crate::status::annotation;
 
 /// One API call may take this long.
 const CALL: Duration = Duration::from_secs(10);
@@ -93,7 +93,7 @@ pub struct SwitchoverArgs {
 
 /// `--timeout`: 1 s to 1 h, with a unit.
 fn timeout(v: &str) -> Result<Duration, String> {
-    crate::config::parse_duration_in(v, 1_000, 3_600_000)
+    crate::cli::config::parse_duration_in(v, 1_000, 3_600_000)
 }
 
 /// What stopped a request, with its exit code.

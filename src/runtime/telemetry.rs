@@ -6,7 +6,7 @@ use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
-use crate::config::LogFormat;
+use crate::cli::config::LogFormat;
 
 /// Installs the global subscriber; `RUST_LOG` filters (default `info`).
 ///

@@ -22,11 +22,11 @@ use valkey_sidecar_core::requests::PAUSED;
 use valkey_sidecar_core::status::PREFIX;
 
 use crate::cli::RoleLabelArgs;
+use crate::cli::exit;
+use crate::commands::operate::Target;
 use crate::coordinator::world::revisions;
-use crate::exit;
 use crate::k8s::KubeError;
 use crate::k8s::pods::{SHARD_INDEX_LABEL, is_ready};
-use crate::operate::Target;
 
 /// How `status` prints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -11,7 +11,7 @@ use valkey_sidecar_core::health::HealthState;
 use valkey_sidecar_core::restart::{self, Permit};
 use valkey_sidecar_core::shards::{Shard, ShardNode, parse_shards};
 
-use crate::metrics::Metrics;
+use crate::runtime::metrics::Metrics;
 use crate::valkey::{Connector, observe};
 
 /// How often the replicas are asked while a start is held: the start follows a takeover by

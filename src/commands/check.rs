@@ -17,7 +17,7 @@ use valkey_sidecar_core::check::{CheckView, LeaseFacts, PodFacts, assess};
 use valkey_sidecar_core::labels::LabelPolicy;
 
 use crate::cli::RoleLabelArgs;
-use crate::exit;
+use crate::cli::exit;
 use crate::k8s::KubeError;
 use crate::k8s::pods::{SHARD_INDEX_LABEL, is_ready};
 

@@ -10,9 +10,9 @@ use valkey_sidecar_core::heartbeat::{PeerSight, cluster_sight};
 use valkey_sidecar_core::observation::Observation;
 use valkey_sidecar_core::quorum::{Guard, QuorumPolicy, Sight, guard_after_gap};
 
-use crate::clock::Clock;
+use crate::runtime::clock::Clock;
 
-use crate::metrics::Metrics;
+use crate::runtime::metrics::Metrics;
 use crate::valkey::Session;
 
 /// The fence's memory: until when the last `CLIENT PAUSE` holds, by the local monotonic clock.
@@ -25,7 +25,7 @@ pub struct QuorumFence {
     last: Option<Instant>,
     /// Logged once: Valkey would not show `CLUSTER NODES` (an ACL without `cluster|nodes`).
     blind_logged: bool,
-    /// What the peer heartbeats say (`crate::heartbeat`), with the clock they are timed by.
+    /// What the peer heartbeats say (`crate::peers::heartbeat`), with the clock they are timed by.
     beats: Option<(watch::Receiver<Option<PeerSight>>, Clock)>,
 }
 

@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::features::Cause;
+use crate::cli::features::Cause;
 use clap::{Args, Parser, Subcommand};
 use valkey_sidecar_core::health::Bounds;
 use valkey_sidecar_core::heartbeat::IsolationPolicy;
@@ -338,7 +338,7 @@ pub struct Config {
     pub isolation: Option<IsolationPolicy>,
     pub log_format: LogFormat,
     /// Features this configuration leaves off, and why (said at start, in `/status`).
-    pub off: Vec<crate::features::Off>,
+    pub off: Vec<crate::cli::features::Off>,
 }
 
 /// What an error shows for a secret's value.
@@ -449,7 +449,7 @@ impl RawConfig {
             log_format: log?,
             off: Vec::new(),
         };
-        config.off = crate::features::off(&config, self.cause_of_off(&config));
+        config.off = crate::cli::features::off(&config, self.cause_of_off(&config));
         Some(config)
     }
 

@@ -1,0 +1,11 @@
+//! The agent's plumbing: its metrics ([`metrics`]), logs ([`telemetry`]), signals and
+//! shutdown ([`lifecycle`]), the monotonic clock every rule is fed ([`clock`]), retries with
+//! backoff ([`retry`]), and tasks restarted after a panic instead of losing the agent
+//! ([`supervise`]).
+
+pub mod clock;
+pub mod lifecycle;
+pub mod metrics;
+pub mod retry;
+pub mod supervise;
+pub mod telemetry;
