@@ -321,7 +321,7 @@ fn heartbeat(config: &Config, shared: &Shared) -> Option<Heartbeat> {
     let shard = (config.mode == Mode::Replication).then(|| ShardLinks {
         members: beats.members.subscribe(),
         claim: beats.claim.subscribe(),
-        record: shared.seed.1.clone(),
+        seed: shared.seed.1.clone(),
     });
     let co = config.kube.as_ref().and_then(|k| k.coordinator.as_ref());
     Some(Heartbeat {
@@ -380,14 +380,14 @@ fn keeper(
         connector: shared.connector.clone(),
         poll: config.poll_interval,
         metrics: shared.metrics.clone(),
-        holding: claim_tx,
+        claim: claim_tx,
         owner: None,
         hurry: shared.hurry.0.clone(),
         recorder: kube
             .events
             .then(|| Recorder::new(client.clone(), reporter(kube))),
         pod_uid: config.identity.pod_uid.clone(),
-        seen: shared.seed.0.clone(),
+        seed: shared.seed.0.clone(),
         beats: shared.beats.as_ref().map(Beats::keeper),
     };
     Some((keeper, claim_rx))

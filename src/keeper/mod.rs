@@ -57,7 +57,7 @@ pub struct Keeper {
     pub metrics: Arc<Metrics>,
     /// Whether this agent holds a valid renewal of a record naming it: the labeler and `/primary`
     /// claim `primary` only then, so a fenced master is never advertised.
-    pub holding: watch::Sender<bool>,
+    pub claim: watch::Sender<bool>,
     /// Set while a promotion of the local Valkey is due (`core::replication::awaiting_promotion`):
     /// the observer then polls fast, so the promoted node is advertised within milliseconds.
     pub hurry: watch::Sender<bool>,
@@ -71,7 +71,7 @@ pub struct Keeper {
     /// same agent (same monotonic clock): a new leader starts judging expiry from it instead of
     /// from its own first read, so losing the primary and the coordinator together costs one
     /// lease, not two.
-    pub seen: watch::Sender<RecordSeed>,
+    pub seed: watch::Sender<RecordSeed>,
     /// The keeper's side of the peer heartbeats; `None`: they are off.
     pub beats: Option<KeeperBeats>,
 }
@@ -135,7 +135,7 @@ impl Keeper {
     /// the coordinator can promote at once instead of waiting for the record to expire.
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
         // A keeper started afresh (after a panic of the last one) holds nothing until it renews.
-        self.holding.send_replace(false);
+        self.claim.send_replace(false);
         let Some(seat) = self.seat(&mut shutdown).await else {
             return;
         };
@@ -702,7 +702,7 @@ impl Keeper {
     /// observer whether a promotion is due, and the coordinator what the record looked like.
     fn publish(&self, shard: &str, view: &LocalView, memory: &KeeperMemory) {
         let seed = memory.seen.clone().map(|s| (shard.to_owned(), s));
-        self.seen
+        self.seed
             .send_if_modified(|s| std::mem::replace(s, seed.clone()) != seed);
         let view = LocalView {
             holding: memory.holding.clone(),
@@ -712,7 +712,7 @@ impl Keeper {
         let valid = may_advertise(&view);
         let fenced = memory.fenced_until.is_some_and(|until| until > view.now);
         self.metrics.fenced(fenced);
-        self.holding
+        self.claim
             .send_if_modified(|h| std::mem::replace(h, valid) != valid);
         let due = awaiting_promotion(&view);
         self.hurry

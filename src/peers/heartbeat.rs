@@ -55,7 +55,7 @@ pub struct ShardLinks {
     /// The epoch this agent holds and from when it asks for promises (`replication::claim`).
     pub claim: watch::Receiver<Option<Claim>>,
     /// The shard record as the keeper last read it (what a vouch is about).
-    pub record: watch::Receiver<RecordSeed>,
+    pub seed: watch::Receiver<RecordSeed>,
 }
 
 /// Everything the heartbeat task needs.
@@ -296,7 +296,7 @@ impl Heartbeat {
     fn responder(&self, obs: Option<&Observation>) -> (String, OwnedView) {
         match (&self.mode, &self.shard, obs) {
             (Mode::Replication, Some(links), Some(obs)) => {
-                let holder = links.record.borrow().as_ref().and_then(|(_, seen)| {
+                let holder = links.seed.borrow().as_ref().and_then(|(_, seen)| {
                     let r = seen.record.as_ref()?;
                     Some((r.holder()?.to_owned(), r.epoch))
                 });
