@@ -28,7 +28,8 @@
 //! - Everything waits while any pod of the deployment does not answer: a decision from a partial
 //!   view could assign slots twice.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{DefaultHasher, Hash, Hasher};
 
 use crate::observation::{Observation, Role};
 use crate::shards::{NodeHealth, Shard};
@@ -65,7 +66,64 @@ pub struct ClusterNode {
     /// The node ids it marks failed.
     pub failed: BTreeSet<String>,
     /// Node id → the IP it lists that node at (itself included); empty when not read.
-    pub addrs: BTreeMap<String, String>,
+    pub addrs: Listing,
+}
+
+/// Node id → IP, as one node lists the cluster, with a digest of the whole kept up to date: a
+/// node whose listing equals the pods' current addresses (the digests agree) is not searched
+/// entry by entry, so a formed cluster costs a round O(nodes), not O(nodes²).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Listing {
+    map: BTreeMap<String, String>,
+    digest: u64,
+}
+
+impl Listing {
+    pub fn get(&self, id: &str) -> Option<&str> {
+        self.map.get(id).map(String::as_str)
+    }
+
+    pub fn insert(&mut self, id: String, ip: String) {
+        self.map.insert(id, ip);
+        self.digest = digest(self.map.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.map.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Whether it lists exactly `others`' entries (equal digests and lengths).
+    fn same_as(&self, others: &Listing) -> bool {
+        self.digest == others.digest && self.map.len() == others.map.len()
+    }
+}
+
+impl FromIterator<(String, String)> for Listing {
+    fn from_iter<I: IntoIterator<Item = (String, String)>>(entries: I) -> Listing {
+        Listing::from(entries.into_iter().collect::<BTreeMap<_, _>>())
+    }
+}
+
+impl From<BTreeMap<String, String>> for Listing {
+    fn from(map: BTreeMap<String, String>) -> Listing {
+        let digest = digest(map.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        Listing { map, digest }
+    }
+}
+
+/// A digest of entries in id order (`DefaultHasher`'s fixed keys: equal listings, equal digests).
+fn digest<'a>(entries: impl Iterator<Item = (&'a str, &'a str)>) -> u64 {
+    let mut h = DefaultHasher::new();
+    entries.for_each(|e| e.hash(&mut h));
+    h.finish()
 }
 
 impl ClusterNode {
@@ -277,14 +335,15 @@ fn primaries<'a>(
     view: &FormationView,
     nodes: &[(&'a Seat, &'a ClusterNode)],
 ) -> Result<Vec<&'a Seat>, u32> {
+    let mut first: BTreeMap<u32, &Seat> = BTreeMap::new();
+    let intended = nodes.iter().filter(|(s, _)| s.index == Some(0));
+    for (seat, _) in intended {
+        if let Some(shard) = seat.shard {
+            first.entry(shard).or_insert(seat);
+        }
+    }
     (0..view.shards)
-        .map(|shard| {
-            nodes
-                .iter()
-                .map(|(s, _)| *s)
-                .find(|s| s.shard == Some(shard) && s.index == Some(0))
-                .ok_or(shard)
-        })
+        .map(|shard| first.get(&shard).copied().ok_or(shard))
         .collect()
 }
 
@@ -402,17 +461,13 @@ pub const MAX_PAIR_MEETS: usize = 256;
 /// another node meets `via` if it lists itself at an old one. Then every other node meets the
 /// peers it still lists at an old address, up to [`MAX_PAIR_MEETS`].
 pub fn readdress(via: &Seat, nodes: &[(&Seat, &ClusterNode)]) -> Vec<Step> {
-    let current: BTreeMap<&str, &str> = nodes
+    let current: HashMap<&str, &str> = nodes
         .iter()
         .filter_map(|(s, n)| Some((n.id.as_str(), s.addr.as_ref()?.0.as_str())))
         .collect();
     let stale = |lister: &ClusterNode, id: &str| {
-        let listed = lister.addrs.get(id).map(String::as_str);
-        listed.is_some()
-            && current
-                .get(id)
-                .copied()
-                .is_some_and(|ip| Some(ip) != listed)
+        let listed = lister.addrs.get(id);
+        listed.is_some() && current.get(id).is_some_and(|ip| Some(*ip) != listed)
     };
     let Some((_, anchor)) = nodes.iter().find(|(s, _)| s.pod == via.pod) else {
         return Vec::new();
@@ -428,17 +483,19 @@ pub fn readdress(via: &Seat, nodes: &[(&Seat, &ClusterNode)]) -> Vec<Step> {
         let other = nodes.iter().find(|(s, _)| s.pod != via.pod);
         steps.extend(other.and_then(|(s, _)| meet(s, via)));
     }
-    let by_id: BTreeMap<&str, &Seat> = nodes.iter().map(|(s, n)| (n.id.as_str(), *s)).collect();
+    let now: Listing = current
+        .iter()
+        .map(|(id, ip)| ((*id).to_owned(), (*ip).to_owned()))
+        .collect();
+    let by_id: HashMap<&str, &Seat> = nodes.iter().map(|(s, n)| (n.id.as_str(), *s)).collect();
     let pairs = nodes
         .iter()
-        .filter(|(s, _)| s.pod != via.pod)
+        .filter(|(s, n)| s.pod != via.pod && !n.addrs.same_as(&now))
         .flat_map(|(s, n)| {
-            let targets = n
-                .addrs
-                .keys()
-                .filter(|id| **id != n.id && **id != anchor.id);
+            let listed = n.addrs.iter().map(|(id, _)| id);
+            let targets = listed.filter(|id| *id != n.id && *id != anchor.id);
             let targets = targets.filter(|id| stale(n, id));
-            targets.filter_map(|id| meet(s, by_id.get(id.as_str())?))
+            targets.filter_map(|id| meet(s, by_id.get(id)?))
         });
     steps.extend(pairs.take(MAX_PAIR_MEETS));
     steps

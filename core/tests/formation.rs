@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 use valkey_sidecar_core::formation::{
-    ClusterNode, FormationView, MAX_PAIR_MEETS, PERIOD_MS, RECHECK_MS, SLOTS, Seat, Step,
+    ClusterNode, FormationView, Listing, MAX_PAIR_MEETS, PERIOD_MS, RECHECK_MS, SLOTS, Seat, Step,
     incomplete, plan, round_due,
 };
 use valkey_sidecar_core::observation::Role;
@@ -29,7 +29,7 @@ fn seat(shard: u32, index: u32) -> Seat {
             primary: None,
             knows: BTreeSet::from([id.clone()]),
             failed: BTreeSet::new(),
-            addrs: BTreeMap::from([(id, ip)]),
+            addrs: BTreeMap::from([(id, ip)]).into(),
         }),
     }
 }
@@ -61,7 +61,7 @@ fn formed(shards: u32, replicas: u32) -> FormationView {
         let primary = format!("n{}0", s.shard.unwrap());
         let n = s.node.as_mut().unwrap();
         n.knows = all.clone();
-        n.addrs = addrs.clone();
+        n.addrs = addrs.clone().into();
         if s.index == Some(0) {
             n.owns_slots = true;
         } else {
@@ -215,7 +215,7 @@ fn a_replaced_pod_that_came_back_empty_is_introduced_again() {
         primary: None,
         knows: BTreeSet::from(["fresh".into()]),
         failed: BTreeSet::new(),
-        addrs: BTreeMap::new(),
+        addrs: Listing::default(),
     };
     let f = plan(&v);
     assert_eq!(
@@ -337,7 +337,7 @@ fn a_node_that_lists_only_itself_at_an_old_address_is_met_by_the_anchor_or_the_a
     let mut v = restarted(formed(2, 1));
     let current = current_addrs(&v);
     for s in &mut v.seats {
-        s.node.as_mut().unwrap().addrs = current.clone();
+        s.node.as_mut().unwrap().addrs = current.clone().into();
     }
     // Everybody else has learned n11's new address, but n11 still names itself by the old one
     // (Valkey learns its own address only from a MEET it receives).
@@ -461,7 +461,7 @@ fn a_formation_round_runs_at_most_every_period_and_at_least_every_recheck() {
     );
 }
 
-fn listed(knows: &BTreeSet<String>, me: &str, stale: bool) -> BTreeMap<String, String> {
+fn listed(knows: &BTreeSet<String>, me: &str, stale: bool) -> Listing {
     let net = if stale { "10.9" } else { "10.0" };
     let ip = |id: &str| format!("{net}.{}.{}", &id[1..2], &id[2..3]);
     knows

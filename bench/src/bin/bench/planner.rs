@@ -96,7 +96,7 @@ fn formation_view(shards: usize) -> FormationView {
                 primary: (i > 0).then(|| format!("n{s}-0")),
                 knows: ids.clone(),
                 failed: BTreeSet::new(),
-                addrs: addrs.clone(),
+                addrs: addrs.clone().into(),
             }),
         })
         .collect();
