@@ -100,6 +100,9 @@ pub struct Elector {
     /// When we last tried a write, and last read: each is paced by the retry period.
     last_write: Option<Millis>,
     last_read: Option<Millis>,
+    /// A watch on the Lease delivers its changes ([`Elector::set_watching`]): a follower then
+    /// reads nothing while another holds it and judges expiry from the last change delivered.
+    watching: bool,
 }
 
 impl Elector {
@@ -112,7 +115,25 @@ impl Elector {
             renewed_at: None,
             last_write: None,
             last_read: None,
+            watching: false,
         }
+    }
+
+    /// Whether a watch on the Lease is established (its initial list done) and delivering every
+    /// change to [`Elector::observe`]. While it is, a follower stops polling: the holder's
+    /// renewals arrive as changes, and expiry is judged from the last one on the local clock as
+    /// before. A watch that stalls without breaking only makes a follower try to acquire with a
+    /// stale `resourceVersion`, which the apiserver refuses (409); the read that follows shows the
+    /// renewals it missed. A broken watch (`false`) falls back to a read every retry period.
+    pub fn set_watching(&mut self, watching: bool) {
+        self.watching = watching;
+    }
+
+    /// Whether changes should be fed from a watch now: only a follower's view needs them (a
+    /// holder knows its own writes, and a late event of an older renewal would only cost it a
+    /// conflict).
+    pub fn wants_changes(&self) -> bool {
+        self.renewed_at.is_none()
     }
 
     /// Records a read of the Lease (`None`: it does not exist).
@@ -206,6 +227,9 @@ impl Elector {
                 let expires = seen_at.plus(lease);
                 if now >= expires {
                     (acquire(), "another's, unchanged for a lease duration")
+                } else if self.watching {
+                    let wait = LeaseAction::Wait { until: expires };
+                    (wait, "another's, renewed within the lease (watched)")
                 } else {
                     let read = at_or_wait(LeaseAction::Read, now, read_at.min(expires));
                     (read, "another's, renewed within the lease")
@@ -360,6 +384,35 @@ mod tests {
         e.observe(Some(held_by("a", "2")), Millis(20_000));
         assert_eq!(e.decide(Millis(25_000)), LeaseAction::Acquire);
         assert_eq!(e.record_to_write().transitions, 1);
+    }
+
+    /// A watching follower reads nothing while the holder renews; it takes over a full lease
+    /// after the last change delivered, as a polling one does; a broken watch polls again.
+    #[test]
+    fn a_watching_follower_reads_nothing_and_takes_over_on_the_same_clock() {
+        let mut e = Elector::new("b", T);
+        e.set_watching(true);
+        assert_eq!(e.decide(Millis(0)), LeaseAction::Read, "nothing known yet");
+        e.observe(Some(held_by("a", "1")), Millis(0));
+        let wait = |until| LeaseAction::Wait {
+            until: Millis(until),
+        };
+        assert_eq!(e.decide(Millis(1_000)), wait(15_000));
+        // A renewal delivered by the watch at 2 s moves expiry to 17 s.
+        e.observe(Some(held_by("a", "2")), Millis(2_000));
+        assert_eq!(e.decide(Millis(14_999)), wait(17_000));
+        assert_eq!(e.decide(Millis(17_000)), LeaseAction::Acquire);
+        // A release delivered by the watch is taken at once.
+        e.observe(Some(LeaseRecord::default()), Millis(3_000));
+        assert_eq!(e.decide(Millis(3_000)), LeaseAction::Acquire);
+        // The watch broke: back to a read every retry period.
+        e.observe(Some(held_by("a", "3")), Millis(4_000));
+        e.set_watching(false);
+        assert_eq!(e.decide(Millis(5_000)), wait(6_000));
+        assert_eq!(e.decide(Millis(6_000)), LeaseAction::Read);
+        assert!(e.wants_changes());
+        e.written(held_by("b", "4"), Millis(6_000));
+        assert!(!e.wants_changes(), "a holder needs no watch");
     }
 
     #[test]

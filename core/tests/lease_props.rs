@@ -33,12 +33,16 @@ enum Step {
     Act { i: usize, dt: u64, cut: bool },
     /// Candidate `i` shuts down gracefully and releases (if it leads).
     Release { i: usize },
+    /// Candidate `i`'s watch delivers the record as it is now (a watching candidate otherwise
+    /// hears nothing: a watch that lags or stalls is a run without this step).
+    Notify { i: usize },
 }
 
 fn steps(n: usize) -> impl Strategy<Value = Vec<Step>> {
     let step = prop_oneof![
         20 => (0..n, 0u64..4_000, prop::bool::weighted(0.3)).prop_map(|(i, dt, cut)| Step::Act { i, dt, cut }),
         1 => (0..n).prop_map(|i| Step::Release { i }),
+        8 => (0..n).prop_map(|i| Step::Notify { i }),
     ];
     prop::collection::vec(step, 1..300)
 }
@@ -69,10 +73,14 @@ fn release(e: &mut Elector, store: &mut Store, now: Millis) {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000)))]
 
+    /// Each candidate either polls or follows a watch (`watching`), as its watch is up or not.
     #[test]
-    fn never_two_leaders(steps in steps(3)) {
+    fn never_two_leaders(steps in steps(3), watching in prop::collection::vec(any::<bool>(), 3)) {
         let timings = LeaseTimings::default();
         let mut electors: Vec<Elector> = (0..3).map(|i| Elector::new(format!("pod-{i}"), timings)).collect();
+        for (e, w) in electors.iter_mut().zip(watching) {
+            e.set_watching(w);
+        }
         let mut store = Store::default();
         let mut now = Millis(0);
         for step in steps {
@@ -82,6 +90,11 @@ proptest! {
                     act(&mut electors[i], &mut store, now, cut);
                 }
                 Step::Release { i } => release(&mut electors[i], &mut store, now),
+                // As the adapter does: only a follower's view takes the watch's changes.
+                Step::Notify { i } if electors[i].wants_changes() => {
+                    electors[i].observe(store.record.clone(), now);
+                }
+                Step::Notify { .. } => {}
             }
             let leaders: Vec<&Elector> = electors.iter().filter(|e| e.is_leader(now)).collect();
             prop_assert!(leaders.len() <= 1, "two leaders at {:?}", now);

@@ -22,9 +22,11 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use futures::stream::{BoxStream, StreamExt};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
 use kube::api::ObjectMeta;
+use kube::runtime::watcher;
 use tokio::sync::watch;
 use valkey_sidecar_core::lease::{Elector, LeaseAction, LeaseRecord, LeaseTimings};
 use valkey_sidecar_core::requests::{PAUSED, Requests, SWITCHOVER};
@@ -206,10 +208,27 @@ impl LeaseClient {
     pub async fn read(&self) -> Result<Option<LeaseRecord>, KubeError> {
         let lease = self.lease.get().await?;
         if let Some(l) = &lease {
-            self.formed.learn(l);
-            self.requests.learn(l);
+            self.learn(l);
         }
         Ok(lease.as_ref().map(record_of))
+    }
+
+    /// A Lease a watch delivered, taken as a read takes it (format checked, marker, requests and
+    /// owner learnt).
+    pub fn absorb(&self, lease: &Lease) -> Result<LeaseRecord, KubeError> {
+        self.lease.accept(lease)?;
+        self.learn(lease);
+        Ok(record_of(lease))
+    }
+
+    fn learn(&self, lease: &Lease) {
+        self.formed.learn(lease);
+        self.requests.learn(lease);
+    }
+
+    /// The Lease's changes ([`LeaseObject::changes`]).
+    pub fn changes(&self) -> BoxStream<'static, Result<watcher::Event<Lease>, watcher::Error>> {
+        self.lease.changes()
     }
 
     /// Creates the Lease, or replaces it if it exists (409 when someone wrote in between).
@@ -292,6 +311,7 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut e = Elector::new(identity, timings);
+    let mut follow = Follow::new(lease.changes());
     loop {
         let now = clock.now();
         let (action, why) = e.next(now);
@@ -311,6 +331,7 @@ pub async fn run(
                 tokio::select! {
                     _ = tokio::time::sleep(sleep) => {}
                     _ = shutdown.changed() => break,
+                    change = follow.next() => follow.apply(change, &lease, &mut e, &clock),
                 }
             }
         }
@@ -318,6 +339,93 @@ pub async fn run(
     }
     release(&lease, &mut e, &clock).await;
     publish(&tx, &e, clock.now());
+}
+
+/// A follower's watch on the Lease: its changes fed to the election in place of a read every
+/// retry period (`Elector::set_watching`), from its initial list on; any error or a Lease of an
+/// unknown format falls back to reads until the watch is listed again.
+struct Follow {
+    changes: BoxStream<'static, Result<watcher::Event<Lease>, watcher::Error>>,
+    /// What the current initial list delivered so far.
+    listed: Option<Lease>,
+    /// The stream ended (it does not, with backoff; should it, reads go on).
+    ended: bool,
+}
+
+impl Follow {
+    fn new(changes: BoxStream<'static, Result<watcher::Event<Lease>, watcher::Error>>) -> Follow {
+        Follow {
+            changes,
+            listed: None,
+            ended: false,
+        }
+    }
+
+    /// The next change; never, once the stream has ended.
+    async fn next(&mut self) -> Option<Result<watcher::Event<Lease>, watcher::Error>> {
+        if self.ended {
+            return std::future::pending().await;
+        }
+        self.changes.next().await
+    }
+
+    fn apply(
+        &mut self,
+        change: Option<Result<watcher::Event<Lease>, watcher::Error>>,
+        lease: &LeaseClient,
+        e: &mut Elector,
+        clock: &Clock,
+    ) {
+        let event = match change {
+            Some(Ok(event)) => event,
+            Some(Err(err)) => {
+                tracing::debug!(error = %err, "coordinator lease watch: reading instead");
+                return e.set_watching(false);
+            }
+            None => {
+                self.ended = true;
+                return e.set_watching(false);
+            }
+        };
+        match event {
+            watcher::Event::Init => {
+                self.listed = None;
+                e.set_watching(false);
+            }
+            watcher::Event::InitApply(l) => self.listed = Some(l),
+            watcher::Event::InitDone => {
+                let listed = self.listed.take();
+                let seen = Self::seen(listed.as_ref(), lease, e, clock);
+                e.set_watching(seen);
+            }
+            watcher::Event::Apply(l) => {
+                if !Self::seen(Some(&l), lease, e, clock) {
+                    e.set_watching(false);
+                }
+            }
+            watcher::Event::Delete(_) => {
+                Self::seen(None, lease, e, clock);
+            }
+        }
+    }
+
+    /// Feeds the Lease as it is now (`None`: gone) to a follower's election; false when it
+    /// cannot be read (a newer format: the reads then report it).
+    fn seen(l: Option<&Lease>, lease: &LeaseClient, e: &mut Elector, clock: &Clock) -> bool {
+        if !e.wants_changes() {
+            return true;
+        }
+        match l.map(|l| lease.absorb(l)).transpose() {
+            Ok(record) => {
+                e.observe(record, clock.now());
+                true
+            }
+            Err(err) => {
+                tracing::debug!(error = %err, "coordinator lease watch: reading instead");
+                false
+            }
+        }
+    }
 }
 
 fn publish(tx: &watch::Sender<Leadership>, e: &Elector, now: Millis) {

@@ -7,10 +7,12 @@
 
 use std::time::Duration;
 
+use futures::stream::{BoxStream, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Api;
 use kube::api::PostParams;
+use kube::runtime::{WatchStreamExt, watcher};
 
 use super::KubeError;
 use super::format::FormatNotice;
@@ -74,10 +76,25 @@ impl LeaseObject {
     pub async fn get(&self) -> Result<Option<Lease>, KubeError> {
         let lease = self.call(self.api.get_opt(&self.name)).await?;
         if let Some(l) = &lease {
-            self.notice.check(l, self.kind)?;
-            self.owner.iter().for_each(|o| o.learn(l));
+            self.accept(l)?;
         }
         Ok(lease)
+    }
+
+    /// What every Lease read or delivered by a watch goes through: refused when of a newer
+    /// format, and its owner's UID learnt.
+    pub fn accept(&self, lease: &Lease) -> Result<(), KubeError> {
+        self.notice.check(lease, self.kind)?;
+        self.owner.iter().for_each(|o| o.learn(lease));
+        Ok(())
+    }
+
+    /// The Lease's changes from a watch on its name (one object, so a follower costs the
+    /// apiserver a watch, not a read every retry period), re-established with backoff; errors
+    /// are items, so the caller knows when it is not watching.
+    pub fn changes(&self) -> BoxStream<'static, Result<watcher::Event<Lease>, watcher::Error>> {
+        let config = watcher::Config::default().fields(&format!("metadata.name={}", self.name));
+        watcher(self.api.clone(), config).default_backoff().boxed()
     }
 
     /// Creates (`creating`) or replaces the Lease `build` makes, given the owner reference to

@@ -66,9 +66,8 @@ impl ShardLeaseClient {
     /// watch's error. Only a hint that something changed: a watch may lag, so decisions read the
     /// record first.
     pub fn watch(&self) -> BoxStream<'static, Result<ShardRecord, watcher::Error>> {
-        let config = watcher::Config::default().fields(&format!("metadata.name={}", self.name()));
-        watcher(self.lease.api().clone(), config)
-            .default_backoff()
+        self.lease
+            .changes()
             .applied_objects()
             .map(|lease| lease.map(|l| record_of(&l)))
             .boxed()

@@ -310,8 +310,10 @@ fn since(after: &Totals, before: &Totals) -> Totals {
 }
 
 /// The resources and verbs the agents use (watches are long-running and counted when they end).
-const AGENT_CALLS: [(&str, &str); 6] = [
+const AGENT_CALLS: [(&str, &str); 8] = [
     ("get", "leases"),
+    ("list", "leases"),
+    ("watch", "leases"),
     ("update", "leases"),
     ("create", "leases"),
     ("patch", "pods"),
