@@ -1,4 +1,4 @@
-//! The cluster-mode executor (`coordinator::execute::failover`) against real Valkey Cluster nodes
+//! The cluster-mode executor (`coordinator::execute::handover`) against real Valkey Cluster nodes
 //! on loopback: a hand-over waits until the shard's peers know the target, and only then sends
 //! `CLUSTER FAILOVER`.
 
@@ -47,7 +47,7 @@ async fn a_handover_waits_for_every_peer_to_know_the_target_then_fails_over() {
     let action = handover(&cluster);
     let peers = vec![of(primary), of(&stranger)];
     let t = Instant::now();
-    let out = execute::failover(
+    let out = execute::handover(
         &action,
         of(replica),
         peers,
@@ -70,7 +70,7 @@ async fn a_handover_waits_for_every_peer_to_know_the_target_then_fails_over() {
     // A peer that does not answer is not waited for; the primary knows the target: it moves.
     let gone = connector("127.0.0.1".into(), 1);
     let peers = vec![of(primary), gone];
-    let out = execute::failover(
+    let out = execute::handover(
         &action,
         of(replica),
         peers,

@@ -28,6 +28,8 @@
 //! - [`requests`]: what an operator asks of the coordinator (pause, switchover) on its Lease.
 //! - [`mod@format`]: the record format agents write and read (skew between agent versions).
 //! - [`formation`]: forming a fresh Valkey Cluster from the pods, and re-adding replaced pods.
+//! - [`handover`]: cluster mode's move of a primary to a replica (planned, or forced after a
+//!   crash) as a step machine.
 //! - [`crash`]: cluster mode's failover of a primary whose Valkey died, before the node timeout.
 //! - [`restart`]: whether a stopped Valkey may start again (a primary waits for a replica to take
 //!   over its slots).
@@ -47,6 +49,7 @@ pub mod credentials;
 pub mod drain;
 pub mod format;
 pub mod formation;
+pub mod handover;
 pub mod health;
 pub mod heartbeat;
 pub mod info;

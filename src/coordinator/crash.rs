@@ -19,14 +19,14 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use tokio::time::{Instant, sleep, timeout};
+use tokio::time::{sleep, timeout};
 use valkey_sidecar_core::crash as core_crash;
 use valkey_sidecar_core::crash::{DeathVerdict, ReplicaOffset};
 use valkey_sidecar_core::moves::Started;
 use valkey_sidecar_core::observation::{self, Mode, Observation, Replies};
 use valkey_sidecar_core::shards::{Shard, ShardNode};
 
-use super::execute::{MoveOutcome, fail_over_to};
+use super::execute;
 use super::{Coordinator, Finished, LeaderMemory, Move, spawn_move};
 use crate::k8s::events::EventType;
 use crate::valkey::{Connector, observe};
@@ -190,15 +190,6 @@ async fn observe_replica(connector: &Connector) -> Option<Observation> {
     observation::observe(&replies, Mode::Replication).ok()
 }
 
-/// Sends `CLUSTER FAILOVER FORCE` to `target` (checking the Lease right before) and waits until
-/// it reports itself primary.
-pub async fn force(target: Connector, may_act: impl Fn() -> bool, limit: Duration) -> MoveOutcome {
-    let started = Instant::now();
-    let mut cmd = redis::cmd("CLUSTER");
-    cmd.arg("FAILOVER").arg("FORCE");
-    fail_over_to(target, &cmd, may_act, started, started + limit).await
-}
-
 impl Coordinator {
     /// A primary's Valkey died (`crash`): the leader fails its shard over at once to the replica
     /// with the highest offset, once per death, unless a move of that shard is under way.
@@ -278,6 +269,7 @@ impl Coordinator {
             "CrashFailoverStarted",
             format!("{} → {}: {}", chosen.dead, chosen.to, chosen.reason),
         );
+        let to = chosen.to.clone();
         let started = Move {
             shard: chosen.shard,
             to: chosen.to,
@@ -289,7 +281,7 @@ impl Coordinator {
         let (lead, clock, limit) = (self.leadership.clone(), self.clock, self.handover_timeout);
         let run = async move {
             let may_act = || lead.borrow().may_act(clock.now());
-            force(target, may_act, limit).await
+            execute::force(&to, target, may_act, limit).await
         };
         spawn_move(started, run, done);
     }

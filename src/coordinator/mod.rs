@@ -4,7 +4,7 @@
 //! of pods whose Valkey the cluster marks failed.
 //!
 //! Every agent runs it; only the Lease holder acts, and it checks its acting deadline again right
-//! before each command it sends (`execute::failover`), so an agent that lost the Lease while
+//! before each command it sends (`execute::handover`), so an agent that lost the Lease while
 //! planning never acts.
 //!
 //! While leading it also publishes its status (`core::status`: conditions and the last decision)

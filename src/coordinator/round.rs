@@ -157,7 +157,7 @@ impl Coordinator {
         let (lead, clock, limit) = (self.leadership.clone(), self.clock, self.handover_timeout);
         let run = async move {
             let may_act = || lead.borrow().may_act(clock.now());
-            execute::failover(&action, target, peers, may_act, limit).await
+            execute::handover(&action, target, peers, may_act, limit).await
         };
         spawn_move(started, run, done);
     }

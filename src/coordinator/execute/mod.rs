@@ -1,13 +1,14 @@
-//! Carries out one move, one protocol a file: [`mod@failover`] (cluster mode's coordinated
-//! `CLUSTER FAILOVER`), [`mod@switchover`] (replication mode's planned move), [`promotion`]
-//! (replication mode's unplanned failover). This file holds what they share: the [`MoveOutcome`], the
-//! [`Links`] to a shard's members, and the commands more than one of them sends.
+//! Carries out one move, one protocol a file: [`mod@handover`] (cluster mode's coordinated
+//! `CLUSTER FAILOVER`, and a crash's forced one), [`mod@switchover`] (replication mode's planned
+//! move), [`promotion`] (replication mode's unplanned failover). This file holds what they share:
+//! the [`MoveOutcome`], the [`Links`] to a shard's members, and the commands more than one of
+//! them sends.
 //!
-//! - Cluster mode, [`mod@failover`]: once every reachable member of the shard knows the target
-//!   (gossip), a coordinated `CLUSTER FAILOVER` sent to the target replica, then a wait until the
-//!   target reports itself primary. Never `FORCE` or `TAKEOVER`: a planned move must lose
-//!   nothing, and a coordinated failover makes the target catch up with the primary (which
-//!   pauses its clients) before it switches.
+//! - Cluster mode, [`mod@handover`]: driven by `core::handover::HandoverRun` — once every
+//!   reachable member of the shard knows the target (gossip), a coordinated `CLUSTER FAILOVER`
+//!   sent to the target replica, then a wait until the target reports itself primary. Never
+//!   `FORCE` or `TAKEOVER` for a planned move: it must lose nothing, and a coordinated failover
+//!   makes the target catch up with the primary (which pauses its clients) before it switches.
 //! - Replication mode, [`mod@switchover`]: a planned move, driven by `core::replication::step` —
 //!   pause the old primary, wait for the target to catch up, move the record, promote, repoint,
 //!   unpause (or unpause and leave everything as it was).
@@ -20,7 +21,7 @@
 //! timeout): lifting it without the Lease could undo the pause of a successor coordinator's own
 //! switchover, and every agent's keeper resolves the rest from the record.
 
-pub mod failover;
+pub mod handover;
 pub mod promotion;
 pub mod switchover;
 
@@ -32,7 +33,7 @@ use valkey_sidecar_core::info::Info;
 use crate::k8s::KubeError;
 use crate::valkey::{Connector, Session};
 
-pub use failover::{fail_over_to, failover};
+pub use handover::{force, handover};
 pub use promotion::{Waits, run_promotion};
 pub use switchover::switchover;
 
