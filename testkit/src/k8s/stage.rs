@@ -491,17 +491,30 @@ impl Stage {
 
     /// Empties every primary (`FLUSHALL SYNC`, which their replicas follow): a benchmark's runs
     /// start from the same empty dataset instead of one that grows run after run past the chart's
-    /// `maxmemory`. Pods that do not answer as a master are left alone.
+    /// `maxmemory`. Pods that do not answer as a master are left alone. A primary that refuses
+    /// the write for now — `NOREPLICAS` while its replicas link up after a start (the chart's
+    /// `min-replicas-to-write`), a pause — is asked again every 100 ms for up to 30 s.
     pub fn flush_primaries(&self) -> Result<()> {
         for pod in self
             .pods
             .iter()
             .filter(|p| self.role(p).as_deref() == Some("master"))
         {
-            self.cmd(pod, &["FLUSHALL", "SYNC"])
+            self.flush(pod)
                 .with_context(|| format!("FLUSHALL on {pod}"))?;
         }
         Ok(())
+    }
+
+    fn flush(&self, pod: &str) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match self.cmd(pod, &["FLUSHALL", "SYNC"]) {
+                Ok(_) => return Ok(()),
+                Err(e) if Instant::now() >= deadline => return Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
     }
 
     /// `master` / `slave` as Valkey's `ROLE` says, `None` when it does not answer.
