@@ -7,8 +7,8 @@
 #
 # Resumable: each section keeps its output under target/bench-run/<commit>/ and a run at the same
 # clean commit skips the sections already done, so an interrupted run loses only the section it
-# was in (a dirty tree, or BENCH_FRESH=1, starts over). BENCH_SECTIONS="probes labels ..." runs
-# only those; the report is written once every section is done, all at the one commit.
+# was in (a dirty tree, or BENCH_FRESH=1, starts over). BENCH_SECTIONS="chaos probes ..." runs
+# only those, in that order; the report is written once every section is done, all at one commit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The commit measured, named before anything is built or written: uncommitted changes to
@@ -128,16 +128,12 @@ chaos() {
   fi
 }
 
-# Runs section $1 unless it is done already or not asked for; its files are replaced whole, and
+# Runs section $1 unless it is done already; its files are replaced whole, and
 # it counts as done only once it has finished.
 run_section() {
   local name=$1
   if [ -f "$state/$name.done" ]; then
     echo "bench: $name: done on $(cat "$state/$name.done") at $commit, kept" >&2
-    return
-  fi
-  if [ -n "${BENCH_SECTIONS:-}" ] && [[ " $BENCH_SECTIONS " != *" $name "* ]]; then
-    echo "bench: $name: not in BENCH_SECTIONS, left for a later run" >&2
     return
   fi
   echo "bench: $name: started $(date -u '+%F %T')" >&2
@@ -152,7 +148,19 @@ run_section() {
   echo "bench: $name: finished $(date -u '+%F %T')" >&2
 }
 
-for name in "${sections[@]}"; do
+# BENCH_SECTIONS runs those sections in its own order (say, the longest first when a session is
+# short); unknown names are refused before anything runs.
+order=("${sections[@]}")
+if [ -n "${BENCH_SECTIONS:-}" ]; then
+  read -r -a order <<<"$BENCH_SECTIONS"
+  for name in "${order[@]}"; do
+    if [[ " ${sections[*]} " != *" $name "* ]]; then
+      echo "bench: unknown section $name (sections: ${sections[*]})" >&2
+      exit 64
+    fi
+  done
+fi
+for name in "${order[@]}"; do
   run_section "$name"
 done
 left=()
