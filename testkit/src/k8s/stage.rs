@@ -248,7 +248,41 @@ impl Stage {
         stage
             .wait_settled(stage.pods.len(), shards, Duration::from_secs(120))
             .await?;
+        // Ready lags Valkey by up to a probe period: a replica that was Ready as a fenced empty
+        // master a moment before its `REPLICAOF` still shows Ready while its first full sync
+        // waits out `repl-diskless-sync-delay`. A test that faulted the primary then would find
+        // no replica that ever synced, and rightly no failover.
+        stage.wait_synced(Duration::from_secs(60)).await?;
         Ok(stage)
+    }
+
+    /// Waits until every pod whose Valkey answers as a replica has its link to its primary up
+    /// (`master_link_status:up`): its first sync is done.
+    pub async fn wait_synced(&self, timeout: Duration) -> Result<()> {
+        let waited = poll_until(
+            "every replica synced with its primary",
+            timeout,
+            Duration::from_millis(100),
+            || async { Ok(self.pods.iter().all(|p| self.synced(p))) },
+        )
+        .await;
+        if let Err(e) = waited {
+            bail!("{e:#}\n{}", self.describe().await);
+        }
+        Ok(())
+    }
+
+    /// Not a replica (or not answering), or a replica with its link up.
+    fn synced(&self, pod: &str) -> bool {
+        if self.role(pod).as_deref() != Some("slave") {
+            return true;
+        }
+        let text = match self.cmd(pod, &["INFO", "replication"]) {
+            Ok(redis::Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
+            Ok(redis::Value::VerbatimString { text, .. }) => text,
+            _ => return false,
+        };
+        text.contains("master_link_status:up")
     }
 
     /// Starts the control plane, the nodes and the kubelet, then installs the chart. Returns once
