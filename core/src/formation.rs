@@ -83,6 +83,7 @@ impl Listing {
         self.map.get(id).map(String::as_str)
     }
 
+    /// Adds or replaces one entry; the digest is computed again over the whole listing.
     pub fn insert(&mut self, id: String, ip: String) {
         self.map.insert(id, ip);
         self.digest = digest(self.map.iter().map(|(k, v)| (k.as_str(), v.as_str())));
@@ -92,17 +93,10 @@ impl Listing {
         self.map.iter().map(|(k, v)| (k.as_str(), v.as_str()))
     }
 
-    pub fn len(&self) -> usize {
-        self.map.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
-    }
-
-    /// Whether it lists exactly `others`' entries (equal digests and lengths).
-    fn same_as(&self, others: &Listing) -> bool {
-        self.digest == others.digest && self.map.len() == others.map.len()
+    /// Whether it lists exactly the entries whose [`digest`] is `digest` and whose count is
+    /// `len`.
+    fn same_as(&self, (digest, len): (u64, usize)) -> bool {
+        self.digest == digest && self.map.len() == len
     }
 }
 
@@ -483,14 +477,14 @@ pub fn readdress(via: &Seat, nodes: &[(&Seat, &ClusterNode)]) -> Vec<Step> {
         let other = nodes.iter().find(|(s, _)| s.pod != via.pod);
         steps.extend(other.and_then(|(s, _)| meet(s, via)));
     }
-    let now: Listing = current
-        .iter()
-        .map(|(id, ip)| ((*id).to_owned(), (*ip).to_owned()))
-        .collect();
+    // The pods' addresses as a listing would digest them (in id order), without copying them.
+    let mut sorted: Vec<(&str, &str)> = current.iter().map(|(id, ip)| (*id, *ip)).collect();
+    sorted.sort_unstable();
+    let now = (digest(sorted.iter().copied()), sorted.len());
     let by_id: HashMap<&str, &Seat> = nodes.iter().map(|(s, n)| (n.id.as_str(), *s)).collect();
     let pairs = nodes
         .iter()
-        .filter(|(s, n)| s.pod != via.pod && !n.addrs.same_as(&now))
+        .filter(|(s, n)| s.pod != via.pod && !n.addrs.same_as(now))
         .flat_map(|(s, n)| {
             let listed = n.addrs.iter().map(|(id, _)| id);
             let targets = listed.filter(|id| *id != n.id && *id != anchor.id);

@@ -450,7 +450,7 @@ impl Coordinator {
             to_addr,
             others: others.map(str::to_owned).collect(),
             epoch: record.epoch,
-            timeout_ms: u64::try_from(self.handover_timeout.as_millis()).unwrap_or(u64::MAX),
+            timeout_ms: crate::runtime::clock::millis(self.handover_timeout),
         })
     }
 

@@ -177,7 +177,7 @@ fn duration_param(query: Option<&str>, name: &str, default: Duration) -> Result<
     else {
         return Ok(default);
     };
-    let max = u64::try_from(MAX_PRESTOP_WAIT.as_millis()).unwrap_or(u64::MAX);
+    let max = crate::runtime::clock::millis(MAX_PRESTOP_WAIT);
     crate::cli::config::parse_duration_in(v, 0, max).map_err(|e| format!("{name}: {e}\n"))
 }
 

@@ -60,10 +60,6 @@ impl LeaseObject {
         &self.name
     }
 
-    pub fn api(&self) -> &Api<Lease> {
-        &self.api
-    }
-
     async fn call<T>(
         &self,
         f: impl std::future::Future<Output = Result<T, kube::Error>>,

@@ -200,7 +200,7 @@ impl Keeper {
     /// The next poll, or the holding's deadline or a change of the vouches or of a promise if
     /// that comes first: the fence must land on time, a promise kept no longer than made.
     fn next_wake(&self, memory: &KeeperMemory) -> Duration {
-        let poll = u64::try_from(self.poll.as_millis()).unwrap_or(u64::MAX);
+        let poll = crate::runtime::clock::millis(self.poll);
         let ahead = [self.deadline_ahead(memory), self.beats_ahead()];
         let soonest = ahead.into_iter().flatten().min();
         Duration::from_millis(soonest.map_or(poll, |ms| ms.min(poll)))

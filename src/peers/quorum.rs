@@ -80,7 +80,7 @@ impl QuorumFence {
         }
         let now = Instant::now();
         let gap = self.last.replace(now).map_or(Duration::ZERO, |t| now - t);
-        let gap_ms = u64::try_from(gap.as_millis()).unwrap_or(u64::MAX);
+        let gap_ms = crate::runtime::clock::millis(gap);
         let heard = self.heard(obs);
         match guard_after_gap(obs, obs.server_time_ms, gap_ms, fenced, &self.policy, heard) {
             Guard::Fence { ms, reason } => {

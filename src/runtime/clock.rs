@@ -1,6 +1,6 @@
 //! The agent's monotonic clock, turned into `core`'s [`Millis`].
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use valkey_sidecar_core::time::Millis;
 
@@ -18,6 +18,11 @@ impl Clock {
     }
 
     pub fn now(&self) -> Millis {
-        Millis(u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX))
+        Millis(millis(self.start.elapsed()))
     }
+}
+
+/// A duration in whole milliseconds, as `core` counts them (saturating: no setting is that long).
+pub fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

@@ -12,7 +12,7 @@ use valkey_sidecar_core::plan::Action;
 use valkey_sidecar_core::shards::parse_shards;
 
 use super::MoveOutcome;
-use crate::runtime::clock::Clock;
+use crate::runtime::clock::{Clock, millis};
 use crate::valkey::{Connector, Session, observe};
 
 /// A planned hand-over to `action.to` at `target` (the replica's address); `peers`: the shard's
@@ -52,10 +52,6 @@ pub async fn force(
         clock,
     )
     .await
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The sessions a hand-over talks through: the target's, and one per peer.

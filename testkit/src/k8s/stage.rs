@@ -282,7 +282,7 @@ impl Stage {
             Ok(redis::Value::VerbatimString { text, .. }) => text,
             _ => return false,
         };
-        text.contains("master_link_status:up")
+        crate::info_field(&text, "master_link_status") == Some("up")
     }
 
     /// Starts the control plane, the nodes and the kubelet, then installs the chart. Returns once
