@@ -3,7 +3,7 @@
 //!
 //! The pods say where they belong: `valkey.io/shard-index` (which shard) and
 //! `valkey.io/node-index` (0 = the shard's intended primary; the StatefulSet's pod index where the
-//! label is missing). The coordinator observes every pod's Valkey and asks [`plan`] what to do:
+//! label is missing). The coordinator observes every pod's Valkey and asks [`decide`] what to do:
 //!
 //! - **A fresh cluster** — no node owns a slot and every node knows only itself: once every shard
 //!   `0..shards` has its node-index 0 pod answering, give each node a distinct config epoch, each
@@ -220,7 +220,7 @@ impl Step {
 /// Between two formation rounds: a `CLUSTER MEET` needs a gossip round or two to spread.
 pub const PERIOD_MS: u64 = 1_000;
 
-/// A formation round runs at least this often while leading, whatever the leader's own view says.
+/// A formation round runs at least this often while coordinating, whatever the coordinator's own view says.
 pub const RECHECK_MS: u64 = 30_000;
 
 /// Whether the local node's view of the cluster leaves formation something to do: a pod (by its
@@ -242,10 +242,10 @@ pub fn incomplete<'a>(local: &[Shard], pod_ips: impl IntoIterator<Item = &'a str
     failed || slotless || missing
 }
 
-/// Whether the leader runs a formation round now: at most every [`PERIOD_MS`] since the last
+/// Whether the coordinator runs a formation round now: at most every [`PERIOD_MS`] since the last
 /// (`last`), and then if the local view is [`incomplete`], the last round sent steps or met a
 /// silent pod (`again`), or [`RECHECK_MS`] have passed — what only another node's own view shows
-/// (a node naming itself by an old address) leaves the leader's view whole.
+/// (a node naming itself by an old address) leaves the coordinator's view whole.
 pub fn round_due(last: Option<Millis>, incomplete: bool, again: bool, now: Millis) -> bool {
     let since = |ms: u64| last.is_none_or(|at| now.since(at) >= ms);
     since(PERIOD_MS) && (incomplete || again || since(RECHECK_MS))
@@ -271,7 +271,7 @@ impl Formation {
 }
 
 /// Decides the formation steps for this round (none: formed, or waiting — the reason says which).
-pub fn plan(view: &FormationView) -> Formation {
+pub fn decide(view: &FormationView) -> Formation {
     if let Some(why) = not_ready(view) {
         let silent = view
             .seats

@@ -114,7 +114,7 @@ pub struct InFlight {
 pub struct World {
     pub now: Millis,
     /// Whether this agent holds the coordinator Lease *now* (before its renew deadline).
-    pub leader: bool,
+    pub coordinating: bool,
     pub members: Vec<Member>,
     pub nodes: BTreeMap<String, NodeInfo>,
     /// Per shard: since when it has been steady (same primary, all replicas synced).
@@ -306,7 +306,7 @@ pub fn decide(world: &World, policy: &Policy) -> Plan {
         drift: drift(&s, policy),
         ..Plan::default()
     };
-    if !world.leader {
+    if !world.coordinating {
         return plan;
     }
     let mut busy: BTreeSet<&str> = world.in_flight.iter().map(|f| f.shard.as_str()).collect();
@@ -365,7 +365,7 @@ fn supervise_roll(
         return false;
     };
     let (shards, unknown) = roll_view(s, policy, busy);
-    let mut rolled = roll::next(&shards, &unknown, rp);
+    let mut rolled = roll::decide(&shards, &unknown, rp);
     plan.roll_outdated = rolled.outdated;
     plan.roll_waiting = rolled.waiting;
     if s.world.paused && rolled.outdated > 0 {

@@ -137,7 +137,7 @@ pub enum Guard {
 /// learns so only when the new epoch's gossip arrives, tens of milliseconds later. A primary not
 /// seen for twice the silence limit is fenced at its first observation, before it acknowledges
 /// more than what was already queued; the fence then runs out on its own.
-pub fn guard_after_gap(
+pub fn decide(
     obs: &Observation,
     now_ms: Option<u64>,
     gap_ms: u64,
@@ -284,7 +284,7 @@ mod tests {
                 role,
                 ..heard.clone()
             };
-            let got = guard_after_gap(&o, Some(NOW), gap, false, &POLICY, None);
+            let got = decide(&o, Some(NOW), gap, false, &POLICY, None);
             assert_eq!(
                 matches!(got, Guard::Fence { .. }),
                 fences,
@@ -297,7 +297,7 @@ mod tests {
             &line("a", "myself,master", 0, ""),
         );
         assert_ne!(slotless, three([0, 0, 0]));
-        let got = guard_after_gap(
+        let got = decide(
             &obs(Role::Primary, &slotless),
             Some(NOW),
             60_000,
@@ -311,7 +311,7 @@ mod tests {
             ..Observation::default()
         };
         assert_eq!(
-            guard_after_gap(&blind, Some(NOW), 60_000, false, &POLICY, None),
+            decide(&blind, Some(NOW), 60_000, false, &POLICY, None),
             Guard::Hold
         );
     }
@@ -367,7 +367,7 @@ mod tests {
             assert_eq!(got, want, "{name}");
         }
         // A stall fences whatever the heartbeats say.
-        let got = guard_after_gap(&all, Some(NOW), 5_000, true, &POLICY, sight(3));
+        let got = decide(&all, Some(NOW), 5_000, true, &POLICY, sight(3));
         assert!(matches!(got, Guard::Fence { .. }), "{got:?}");
     }
 

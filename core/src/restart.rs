@@ -67,7 +67,7 @@ pub fn takeover(last: Option<&Observation>) -> Result<Takeover, String> {
 
 /// The permit, from the last observation and the cluster as the replicas that answered see it
 /// (`None`: not asked yet).
-pub fn permit(last: Option<&Observation>, views: Option<&[Vec<Shard>]>) -> Permit {
+pub fn decide(last: Option<&Observation>, views: Option<&[Vec<Shard>]>) -> Permit {
     let t = match takeover(last) {
         Ok(t) => t,
         Err(why) => return Permit::Go(why),
@@ -222,10 +222,10 @@ mod tests {
             (Some(Observation::default()), "not a cluster node"),
         ];
         for (obs, why) in cases {
-            let p = permit(obs.as_ref(), None);
+            let p = decide(obs.as_ref(), None);
             assert!(p.go() && p.reason().contains(why), "{why}: {p:?}");
         }
-        assert!(!permit(Some(&primary_before()), None).go());
+        assert!(!decide(Some(&primary_before()), None).go());
     }
 
     #[test]
@@ -272,7 +272,7 @@ mod tests {
             ),
         ];
         for (views, go, why) in cases {
-            let p = permit(Some(&primary_before()), Some(&views));
+            let p = decide(Some(&primary_before()), Some(&views));
             assert_eq!(p.go(), go, "{why}: {p:?}");
             assert!(p.reason().contains(why), "{why}: {p:?}");
         }

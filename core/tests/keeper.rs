@@ -7,14 +7,14 @@ mod support;
 use support::*;
 use valkey_sidecar_core::heartbeat::{PeerSight, Promise, VouchedUntil};
 use valkey_sidecar_core::observation::History;
-use valkey_sidecar_core::replication::{
+use valkey_sidecar_core::replication::{keeper,
     LocalAction, LocalRole, LocalValkey, LocalView, NOT_FOLLOWING, RunTrust, SeenRecord,
-    ShardRecord, Successor, awaiting_promotion, claim, local, may_advertise, successor_wanted,
+    ShardRecord, Successor, awaiting_promotion, claim, may_advertise, successor_wanted,
 };
 use valkey_sidecar_core::time::Millis;
 
 // ------------------------------------------------------------------------------------------
-// local(): one table row per situation.
+// keeper::decide(): one table row per situation.
 // ------------------------------------------------------------------------------------------
 
 #[test]
@@ -319,7 +319,7 @@ fn local_table() {
         ),
     ];
     for (name, v, want) in rows {
-        let got = local(&v);
+        let got = keeper::decide(&v);
         assert_eq!(got.kind(), want, "{name}: {got:?}");
         assert!(!got.reason().is_empty(), "{name}: no reason");
     }
@@ -334,7 +334,7 @@ fn a_vanished_record_is_re_created_by_its_holder_above_its_epoch() {
         record: Some(seen(None, 10)),
         ..view(10)
     };
-    match local(&v) {
+    match keeper::decide(&v) {
         LocalAction::Bootstrap { epoch, reason } => {
             assert_eq!(epoch, 5);
             assert!(reason.contains("epoch 4"), "{reason}");
@@ -535,13 +535,13 @@ fn record_helpers() {
 #[test]
 fn fence_pauses_for_a_lease_and_demotion_targets_the_recorded_address() {
     assert_eq!(
-        local(&holder_view(10_000, 0)),
+        keeper::decide(&holder_view(10_000, 0)),
         LocalAction::Fence {
             until: Millis(25_000),
             reason: "could not renew the record before my renew deadline".into()
         }
     );
-    let LocalAction::Demote { to, .. } = local(&follower_view(master("run", 1_000))) else {
+    let LocalAction::Demote { to, .. } = keeper::decide(&follower_view(master("run", 1_000))) else {
         panic!("expected a demotion")
     };
     assert_eq!(to, "10.0.0.11:6379");
@@ -556,18 +556,18 @@ fn an_old_primary_follows_only_a_successor_that_continues_its_data() {
         successor: Some(s),
         ..follower_view(master("run", 1_000))
     };
-    let kind = |s: Successor| local(&with(s)).kind();
+    let kind = |s: Successor| keeper::decide(&with(s)).kind();
     // Promoted from our stream at our offset, or past it: nothing of ours is discarded.
     assert_eq!(kind(promoted("B", 1_000, "A", 1_000)), "demote");
     assert_eq!(kind(promoted("B", 5_000, "A", 1_500)), "demote");
     // Promoted from our stream before our last write (we were cut off and wrote on): followed,
     // the tail it lacks named in the reason.
-    let behind = local(&with(promoted("B", 1_200, "A", 990)));
+    let behind = keeper::decide(&with(promoted("B", 1_200, "A", 990)));
     assert_eq!(behind.kind(), "demote");
     assert!(behind.reason().contains("10 bytes"), "{behind:?}");
     // Two failovers later, a stream already past our offset.
     assert_eq!(kind(promoted("C", 1_001, "B", 900)), "demote");
-    let other = local(&with(promoted("C", 999, "B", 900)));
+    let other = keeper::decide(&with(promoted("C", 999, "B", 900)));
     assert_eq!(other.kind(), "fence");
     assert!(other.reason().starts_with(NOT_FOLLOWING), "{other:?}");
     // The same stream, further on (a replica of ours could never be master of it otherwise).
@@ -601,7 +601,7 @@ fn after_a_restart_from_disk_a_master_follows_one_with_at_least_its_data() {
             primary: true,
             history: theirs,
         };
-        local(&LocalView {
+        keeper::decide(&LocalView {
             successor: Some(successor),
             ..follower_view(m)
         })
@@ -741,7 +741,7 @@ fn heartbeat_table() {
         ),
     ];
     for (name, v, want) in rows {
-        assert_eq!(local(&v).kind(), want, "{name}: {:?}", local(&v));
+        assert_eq!(keeper::decide(&v).kind(), want, "{name}: {:?}", keeper::decide(&v));
     }
 }
 
@@ -756,22 +756,22 @@ fn a_member_named_primary_waits_out_its_promise() {
         }),
         ..view(now)
     };
-    let promised = local(&named(1_000, Some(("pod-1", 1_900))));
+    let promised = keeper::decide(&named(1_000, Some(("pod-1", 1_900))));
     assert_eq!(promised.kind(), "wait", "{promised:?}");
     assert!(promised.reason().contains("promised pod-1"), "{promised:?}");
-    assert_eq!(local(&named(1_900, Some(("pod-1", 1_900)))).kind(), "renew");
-    assert_eq!(local(&named(1_000, None)).kind(), "renew");
+    assert_eq!(keeper::decide(&named(1_900, Some(("pod-1", 1_900)))).kind(), "renew");
+    assert_eq!(keeper::decide(&named(1_000, None)).kind(), "renew");
     // Promoted without its consent (a coordinator of an older version): fenced, no renewal,
     // until the promise ran out.
     let promoted = |now: u64, promise| LocalView {
         valkey: Some(master("run", 0)),
         ..named(now, promise)
     };
-    let early = local(&promoted(1_000, Some(("pod-1", 1_900))));
+    let early = keeper::decide(&promoted(1_000, Some(("pod-1", 1_900))));
     assert_eq!(early.kind(), "fence", "{early:?}");
     assert!(early.reason().contains("promised pod-1"), "{early:?}");
     assert_eq!(
-        local(&promoted(1_900, Some(("pod-1", 1_900)))).kind(),
+        keeper::decide(&promoted(1_900, Some(("pod-1", 1_900)))).kind(),
         "fence"
     );
 }

@@ -81,7 +81,7 @@ fn world() -> World {
     let steady_since = (0..3).map(|s| (format!("s{s}"), Millis(0))).collect();
     World {
         now: Millis(1_000_000),
-        leader: true,
+        coordinating: true,
         members,
         nodes: nodes(),
         steady_since,
@@ -178,7 +178,7 @@ fn cordoned_or_not_ready_node_triggers_handover() {
 #[test]
 fn followers_never_act() {
     let mut w = world();
-    w.leader = false;
+    w.coordinating = false;
     find(&mut w, "p0").pod.as_mut().unwrap().terminating = true;
     assert!(decide(&w, &Policy::default()).actions.is_empty());
 }
@@ -396,7 +396,7 @@ fn arb_world() -> impl Strategy<Value = World> {
         ),
     )
         .prop_map(
-            |(ms, ns, leader, steady, in_flight, (paused, operator_busy, asked))| {
+            |(ms, ns, coordinating, steady, in_flight, (paused, operator_busy, asked))| {
                 let shards: Vec<usize> = ms.iter().map(|m| m.0).collect();
                 let members = ms
                     .into_iter()
@@ -457,7 +457,7 @@ fn arb_world() -> impl Strategy<Value = World> {
                     .collect();
                 World {
                     now,
-                    leader,
+                    coordinating,
                     members,
                     nodes,
                     steady_since,
@@ -518,7 +518,7 @@ proptest! {
     #[test]
     fn planner_safety(w in arb_world(), policy in arb_policy()) {
         let plan = decide(&w, &policy);
-        if !w.leader {
+        if !w.coordinating {
             prop_assert!(plan.actions.is_empty(), "an action without the lease");
         }
         // A switchover asked for is outside the budget: someone asked for it.

@@ -10,10 +10,10 @@ use support::*;
 use valkey_sidecar_core::heartbeat::{PeerSight, Promise, VouchedUntil};
 use valkey_sidecar_core::lease::LeaseTimings;
 use valkey_sidecar_core::observation::{History, Role};
-use valkey_sidecar_core::replication::{
+use valkey_sidecar_core::replication::{keeper, promotion,
     Command, FailoverPolicy, HoldKind, LocalAction, LocalRole, LocalValkey, LocalView,
     MemberValkey, Phase, SeenRecord, ShardMember, ShardRecord, ShardView, Successor, Switchover,
-    SwitchoverObservation, SwitchoverPlan, WriteOutcome, local, may_advertise, promote, step,
+    SwitchoverObservation, SwitchoverPlan, WriteOutcome, may_advertise, step,
 };
 use valkey_sidecar_core::time::Millis;
 
@@ -120,13 +120,13 @@ fn shard_view() -> impl Strategy<Value = ShardView> {
         prop::collection::vec(member_strategy(), 0..6),
         prop::option::of(prop::sample::select(vec!["a", "b", "c"])),
     )
-        .prop_map(|(now, leader, record, lease_ms, mut members, zone)| {
+        .prop_map(|(now, coordinating, record, lease_ms, mut members, zone)| {
             // Pod names are unique within a shard.
             members.sort_by(|a, b| a.pod.cmp(&b.pod));
             members.dedup_by(|a, b| a.pod == b.pod);
             ShardView {
                 now: Millis(now),
-                leader,
+                coordinating,
                 record,
                 lease_ms,
                 members,
@@ -358,7 +358,7 @@ proptest! {
     #[test]
     fn a_master_with_data_follows_only_a_master_that_continues_it(v in local_view()) {
         let Some(mine) = v.valkey.as_ref() else { return Ok(()) };
-        if let LocalAction::Demote { .. } = local(&v) {
+        if let LocalAction::Demote { .. } = keeper::decide(&v) {
             prop_assert!(mine.role == LocalRole::Primary && !mine.fresh);
             let s = v.successor.as_ref();
             prop_assert!(s.is_some_and(|s| s.primary), "{v:?}");
@@ -382,7 +382,7 @@ proptest! {
     #[test]
     fn a_vanished_record_is_recreated_only_after_a_lease_above_the_last_epoch(v in shard_view()) {
         let Some(seen) = v.record.as_ref().filter(|s| s.record.is_none()) else { return Ok(()) };
-        if let Ok(p) = promote(&v, &FailoverPolicy::default()) {
+        if let Ok(p) = promotion::decide(&v, &FailoverPolicy::default()) {
             prop_assert!(v.now >= seen.changed_at.plus(v.lease_ms), "{v:?}");
             prop_assert!(p.epoch > seen.last_epoch.unwrap_or(0));
             prop_assert!(p.version.is_empty(), "created, not updated");
@@ -399,16 +399,16 @@ proptest! {
                 && v.now < s.changed_at.plus(v.lease_ms)
         });
         if held_fresh {
-            prop_assert!(promote(&v, &FailoverPolicy::default()).is_err());
+            prop_assert!(promotion::decide(&v, &FailoverPolicy::default()).is_err());
         }
     }
 
     /// Only the coordinator promotes.
     #[test]
     fn never_promotes_when_not_leader(mut v in shard_view()) {
-        v.leader = false;
-        let hold = promote(&v, &FailoverPolicy::default()).unwrap_err();
-        prop_assert_eq!(hold.kind, HoldKind::NotLeader);
+        v.coordinating = false;
+        let hold = promotion::decide(&v, &FailoverPolicy::default()).unwrap_err();
+        prop_assert_eq!(hold.kind, HoldKind::NotCoordinator);
     }
 
     /// The target is an answering member with data (a synced replica, or a master while the
@@ -418,7 +418,7 @@ proptest! {
     /// record: above.)
     #[test]
     fn the_target_is_always_eligible(v in shard_view()) {
-        let Ok(p) = promote(&v, &FailoverPolicy::default()) else { return Ok(()) };
+        let Ok(p) = promotion::decide(&v, &FailoverPolicy::default()) else { return Ok(()) };
         let Some(rec) = v.record.as_ref().and_then(|s| s.record.as_ref()) else { return Ok(()) };
         let m = v.members.iter().find(|m| m.pod == p.target).unwrap();
         let mv = m.valkey.as_ref().expect("answering");
@@ -467,10 +467,10 @@ proptest! {
     ) {
         let mut current = record(Some("pod-0"), Some("pod-0"), first);
         for mut v in views {
-            v.leader = true;
+            v.coordinating = true;
             v.record = Some(seen(Some(current.clone()), 0));
             v.now = Millis(v.lease_ms);
-            if let Ok(p) = promote(&v, &FailoverPolicy::default()) {
+            if let Ok(p) = promotion::decide(&v, &FailoverPolicy::default()) {
                 prop_assert!(p.record().epoch > current.epoch);
                 current = p.record();
             }
@@ -513,29 +513,29 @@ proptest! {
             ..shard(now)
         };
         let deadline = sent + t.renew_deadline_ms;
-        let fence = local(&holder(deadline, None));
+        let fence = keeper::decide(&holder(deadline, None));
         let LocalAction::Fence { until, .. } = fence else {
             panic!("no fence at the deadline: {fence:?}")
         };
         // The earliest instant a promotion is allowed, and the instant before it.
         let earliest = sent + seen_delay + t.lease_ms;
-        prop_assert!(promote(&coordinator(earliest), &FailoverPolicy::default()).is_ok());
-        prop_assert!(promote(&coordinator(earliest - 1), &FailoverPolicy::default()).is_err());
+        prop_assert!(promotion::decide(&coordinator(earliest), &FailoverPolicy::default()).is_ok());
+        prop_assert!(promotion::decide(&coordinator(earliest - 1), &FailoverPolicy::default()).is_err());
         prop_assert!(deadline < earliest);
         for p in probes {
             let now = sent + p;
-            if promote(&coordinator(now), &FailoverPolicy::default()).is_ok() {
+            if promotion::decide(&coordinator(now), &FailoverPolicy::default()).is_ok() {
                 prop_assert!(deadline < now, "promoted at {} before deadline {}", now, deadline);
             }
             if now >= deadline {
                 // Fenced (or told to refresh the fence, or to keep renewing behind it) — never
                 // unfenced writes.
                 let fenced = if now < until.0 { Some(until) } else { None };
-                let a = local(&holder(now, fenced));
+                let a = keeper::decide(&holder(now, fenced));
                 let renewing = fenced.is_some() && matches!(a, LocalAction::Renew { .. });
                 prop_assert!(matches!(a, LocalAction::Fence { .. }) || renewing, "{:?}", a);
             } else {
-                let a = local(&holder(now, None));
+                let a = keeper::decide(&holder(now, None));
                 prop_assert!(!matches!(a, LocalAction::Fence { .. }), "fenced early: {:?}", a);
             }
         }
@@ -565,7 +565,7 @@ proptest! {
         // Renewing a valid holding takes nothing from anyone; taking the record does.
         let binds = v.promise.as_ref().is_some_and(|p| p.binds(v.now) && p.to != v.me);
         if binds && !holds_validly(&v) {
-            let a = local(&v);
+            let a = keeper::decide(&v);
             prop_assert!(!matches!(a, LocalAction::Renew { .. } | LocalAction::Bootstrap { .. }), "{:?}", a);
         }
     }
@@ -576,7 +576,7 @@ proptest! {
         if !is_master {
             return Ok(());
         }
-        let a = local(&v);
+        let a = keeper::decide(&v);
         match a {
             LocalAction::Nothing { .. } | LocalAction::Unfence { .. } => {
                 prop_assert!(may_write(&v), "{:?}", a)
@@ -618,7 +618,7 @@ proptest! {
         } else {
             v.other_master = true;
         }
-        let a = local(&v);
+        let a = keeper::decide(&v);
         let claims = matches!(
             a,
             LocalAction::Bootstrap { .. } | LocalAction::Renew { .. } | LocalAction::Unfence { .. }

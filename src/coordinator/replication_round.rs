@@ -1,5 +1,5 @@
 //! The coordinator's round in replication mode (`SIDECAR_MODE=replication`): there is no
-//! `CLUSTER SHARDS`, so the leader looks at everything itself.
+//! `CLUSTER SHARDS`, so the coordinator looks at everything itself.
 //!
 //! Each round (every 250 ms while it leads) it
 //! 1. groups the cluster's pods into shards by `valkey.io/shard-index` (absent: shard `0`);
@@ -10,7 +10,7 @@
 //! 3. plans with the cluster-mode planner (`core::plan::decide`): hand-over of a primary whose pod
 //!    or node is going away, fail-back, balance — each carried out as a switchover
 //!    (`execute::switchover`, the `core::replication::Switchover` step machine);
-//! 4. for every other shard asks `core::replication::promote` whether the primary is lost, and
+//! 4. for every other shard asks `core::replication::promotion::decide` whether the primary is lost, and
 //!    carries a promotion out (`execute::run_promotion`, the `core::replication::PromotionRun` step machine).
 //!
 //! Record reads (`core::replication::next_read` and `calm`): a shard whose holder's Valkey answers as primary, with nothing in flight, is
@@ -37,14 +37,14 @@ use valkey_sidecar_core::observation::{self, Mode};
 use valkey_sidecar_core::plan::{Action, Member, Shards, World, decide, preferred_zone};
 use valkey_sidecar_core::replication::{
     Hold, HoldKind, MemberValkey, Promotion, SeenRecord, ShardRecord, ShardView, SwitchoverPlan,
-    calm, next_read, promote,
+    calm, next_read, promotion,
 };
 use valkey_sidecar_core::status;
 use valkey_sidecar_core::time::Millis;
 
 use super::execute::{self, Links};
 use super::watches::Facts;
-use super::{Coordinator, Finished, LeaderMemory, Move, spawn_move, world};
+use super::{Coordinator, Finished, CoordinatorMemory, Move, spawn_move, world};
 use crate::k8s::events::EventType;
 use crate::k8s::pods::pod_ip;
 use crate::k8s::shard_lease::ShardLeaseClient;
@@ -109,7 +109,7 @@ impl State {
     }
 
     /// One record state per shard; the agent's own shard starts from what its keeper saw (the
-    /// same clock), every other shard from this leader's first read.
+    /// same clock), every other shard from this coordinator's first read.
     fn sync_records(
         &mut self,
         shards: &BTreeMap<String, Vec<Arc<Pod>>>,
@@ -269,7 +269,7 @@ impl ShardRound {
         })
     }
 
-    /// What `promote` looks at.
+    /// What `promotion::decide` looks at.
     fn view(&self, world: &World, zone: Option<&str>, lease_ms: u64) -> ShardView {
         let members = self.pods.iter().map(|p| {
             let name = p.metadata.name.as_deref().unwrap_or_default();
@@ -277,7 +277,7 @@ impl ShardRound {
         });
         ShardView {
             now: world.now,
-            leader: world.leader,
+            coordinating: world.coordinating,
             record: self.record.clone(),
             lease_ms,
             members: members.collect(),
@@ -301,21 +301,21 @@ impl Coordinator {
         &self,
         pods: &Store<Pod>,
         facts: Facts,
-        memory: &mut LeaderMemory,
+        memory: &mut CoordinatorMemory,
         done: &mpsc::Sender<Finished>,
     ) {
         let grouped = world::group(&pods.state());
         let valkey = self.observe_and_read(&grouped, &mut memory.repl).await;
         let shards = rounds(grouped, valkey, &memory.repl);
         let now = self.clock.now();
-        let leader = self.leadership.borrow().may_act(now);
-        self.metrics.coordinator_leader(leader);
+        let coordinating = self.term.borrow().may_act(now);
+        self.metrics.set_coordinating(coordinating);
         let members = shards.iter().flat_map(ShardRound::plan_members).collect();
-        let world = self.world(members, (pods, facts), memory, now, leader);
+        let world = self.world(members, (pods, facts), memory, now, coordinating);
         let plan = decide(&world, &self.policy);
         self.answer_plan(&plan, &world, memory);
         self.report(&plan, pods, memory);
-        let conditions = leader.then(|| status::conditions(&world, &self.policy, &plan));
+        let conditions = coordinating.then(|| status::conditions(&world, &self.policy, &plan));
         self.report_roll(&world, &plan, pods, memory);
         self.evict_outdated(&plan.replacements, pods, memory).await;
         let planned = plan.actions.clone();
@@ -324,7 +324,7 @@ impl Coordinator {
         }
         self.failovers(&shards, &world, &planned, memory, done);
         self.publish(conditions, memory);
-        if leader {
+        if coordinating {
             let stale = self.stale_primaries(&shards);
             let why = "removed the primary label of a pod the shard record no longer names";
             self.clear_role_labels(&stale, (pods, &mut memory.label_retry), now, why)
@@ -414,7 +414,7 @@ impl Coordinator {
         &self,
         action: Action,
         shards: &[ShardRound],
-        memory: &mut LeaderMemory,
+        memory: &mut CoordinatorMemory,
         done: &mpsc::Sender<Finished>,
     ) {
         let Some(s) = shards.iter().find(|s| s.name == action.shard) else {
@@ -429,7 +429,7 @@ impl Coordinator {
         };
         let links = self.links(s);
         let started = self.begin(&action, s.reference(&action.from), memory);
-        let (lead, clock) = (self.leadership.clone(), self.clock);
+        let (lead, clock) = (self.term.clone(), self.clock);
         let run = async move {
             let may_act = || lead.borrow().may_act(clock.now());
             execute::switchover(plan, links, record, clock, may_act).await
@@ -460,7 +460,7 @@ impl Coordinator {
         shards: &[ShardRound],
         world: &World,
         planned: &[Action],
-        memory: &mut LeaderMemory,
+        memory: &mut CoordinatorMemory,
         done: &mpsc::Sender<Finished>,
     ) {
         let names = shards.iter().map(|s| s.name.as_str());
@@ -474,7 +474,7 @@ impl Coordinator {
         for s in shards.iter().filter(|s| free.contains(&s.name)) {
             let zone = preferred_zone(&grouped, &self.policy, &s.name);
             let view = s.view(world, zone, self.timings.lease_ms);
-            match promote(&view, &self.failover) {
+            match promotion::decide(&view, &self.failover) {
                 Ok(p) => self.start_promotion(s, p, memory, done),
                 Err(hold) => memory.repl.note_hold(&s.name, &hold),
             }
@@ -485,7 +485,7 @@ impl Coordinator {
         &self,
         s: &ShardRound,
         p: Promotion,
-        memory: &mut LeaderMemory,
+        memory: &mut CoordinatorMemory,
         done: &mpsc::Sender<Finished>,
     ) {
         let Some(record) = memory.repl.client(&s.name) else {
@@ -501,7 +501,7 @@ impl Coordinator {
             fence_ms: self.timings.lease_ms,
             consent_ms: self.consent_ms,
         };
-        let (lead, clock) = (self.leadership.clone(), self.clock);
+        let (lead, clock) = (self.term.clone(), self.clock);
         let run = async move {
             let may_act = || lead.borrow().may_act(clock.now());
             execute::run_promotion(&p, links, &record, waits, clock, may_act).await
@@ -515,7 +515,7 @@ impl Coordinator {
         shard: &str,
         p: &Promotion,
         reference: Option<ObjectReference>,
-        memory: &mut LeaderMemory,
+        memory: &mut CoordinatorMemory,
     ) -> Move {
         memory
             .moves

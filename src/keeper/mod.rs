@@ -24,7 +24,7 @@ use valkey_sidecar_core::lease::LeaseTimings;
 use valkey_sidecar_core::observation::{Observation, Role};
 use valkey_sidecar_core::replication::{
     Claim, Holding, LocalAction, LocalRole, LocalValkey, LocalView, RunTrust, SeenRecord,
-    ShardRecord, awaiting_promotion, claim, keeper_read_due, local, may_advertise,
+    ShardRecord, awaiting_promotion, claim, keeper, keeper_read_due, may_advertise,
     successor_wanted, unvouched,
 };
 use valkey_sidecar_core::time::Millis;
@@ -68,7 +68,7 @@ pub struct Keeper {
     /// This pod's UID (`POD_UID`), for the Events' reference.
     pub pod_uid: Option<String>,
     /// This pod's shard and its record as the keeper last read it, for the coordinator of the
-    /// same agent (same monotonic clock): a new leader starts judging expiry from it instead of
+    /// same agent (same monotonic clock): a new coordinator starts judging expiry from it instead of
     /// from its own first read, so losing the primary and the coordinator together costs one
     /// lease, not two.
     pub seed: watch::Sender<RecordSeed>,
@@ -358,7 +358,7 @@ impl Keeper {
             {
                 view.successor = commands::successor(self, &addr).await;
             }
-            let action = local(&view);
+            let action = keeper::decide(&view);
             self.log(&action, memory);
             self.report_unfollowed(&action, &view, &mut memory.unfollowed)
                 .await;
@@ -378,7 +378,7 @@ impl Keeper {
         }
         let valkey = self.local_valkey(memory);
         let view = self.view(seat, valkey, memory, false);
-        if let action @ LocalAction::Fence { until, .. } = local(&view) {
+        if let action @ LocalAction::Fence { until, .. } = keeper::decide(&view) {
             self.log(&action, memory);
             self.count_isolation(&view);
             commands::fence(session, until.since(view.now), memory, until).await;
@@ -806,7 +806,7 @@ fn moved(memory: &KeeperMemory, rec: &ShardRecord) -> bool {
 
 /// Folds a read (or our own write) into the memory. The clock of an unchanged record restarts
 /// after a gap in the reads longer than `gap_ms`, as in the coordinator's own reads: this view
-/// seeds a new leader of the same agent, and after an apiserver outage it would otherwise judge
+/// seeds a new coordinator of the same agent, and after an apiserver outage it would otherwise judge
 /// the primary's record stale at once (a CI run failed over a primary 82 ms after a 60 s outage).
 fn seen(memory: &mut KeeperMemory, record: Option<ShardRecord>, at: (Millis, Millis), gap_ms: u64) {
     let prev = memory.seen.take();
@@ -890,7 +890,7 @@ mod tests {
             Millis(5),
             "read every second: unchanged since the first"
         );
-        // The apiserver was silent for a minute: the seed a new leader starts from must give the
+        // The apiserver was silent for a minute: the seed a new coordinator starts from must give the
         // holder a full lease from now, not call it expired at once.
         seen(
             &mut memory,

@@ -1,5 +1,5 @@
 //! Each agent's rules for its own Valkey and its shard's record: renew, fence, release, follow,
-//! bootstrap ([`local`]).
+//! bootstrap ([`decide`]).
 
 use super::record::{SeenRecord, ShardRecord};
 use crate::heartbeat::{PeerSight, Promise};
@@ -219,7 +219,7 @@ impl LocalAction {
 ///
 /// The adapter may call it again right after acting (e.g. fence, then renew, then unfence), and
 /// must also call it at the holding's deadline, not only on its next tick.
-pub fn local(view: &LocalView) -> LocalAction {
+pub fn decide(view: &LocalView) -> LocalAction {
     match &view.valkey {
         None => not_answering(view),
         Some(v) => match &v.role {

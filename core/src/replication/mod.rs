@@ -4,10 +4,10 @@
 //! written on a per-shard Lease, the [`ShardRecord`] (`<cluster>-<shard>-primary`): *whoever holds
 //! it may be primary* (CloudNativePG 1.30). Three parties read it:
 //!
-//! - **every agent**, about its own Valkey: [`local`] — renew the record, fence writes when the
+//! - **every agent**, about its own Valkey: [`keeper::decide`] — renew the record, fence writes when the
 //!   record can no longer be renewed, release it when Valkey is gone, follow the recorded primary,
 //!   bootstrap the very first record;
-//! - **the coordinator** (holder of the cluster Lease), when a primary is lost: [`promote`] — the
+//! - **the coordinator** (holder of the cluster Lease), when a primary is lost: [`promotion::decide`] — the
 //!   only place a new epoch is chosen for an unplanned failover;
 //! - **the coordinator**, for a planned move (pod deletion, drain, fail-back, balance): the
 //!   [`Switchover`] step machine — pause, catch up, write the record, promote, repoint, unpause.
@@ -31,8 +31,8 @@
 //!
 //! # Layout
 //! - [`record`]: the [`ShardRecord`] and [`SeenRecord`];
-//! - [`keeper`]: every agent's [`local`] rules;
-//! - [`promotion`]: the coordinator's [`promote`];
+//! - [`keeper`]: every agent's [`keeper::decide`] rules;
+//! - [`promotion`]: the coordinator's [`promotion::decide`];
 //! - [`promotion_run`]: a decided promotion carried out step by step ([`PromotionRun`]);
 //! - [`switchover`]: the planned [`Switchover`].
 
@@ -43,8 +43,15 @@ pub mod record;
 pub mod switchover;
 
 pub use crate::lease::{MAX_LEASE_MS, judged_lease_ms};
-pub use keeper::*;
-pub use promotion::*;
+// Named, not globbed: each module's entry point is `decide` (`keeper::decide`,
+// `promotion::decide`), called through its module.
+pub use keeper::{
+    Claim, Holding, LocalAction, LocalRole, LocalValkey, LocalView, NOT_FOLLOWING, RunTrust,
+    Successor, awaiting_promotion, claim, may_advertise, successor_wanted, unvouched,
+};
+pub use promotion::{
+    FailoverPolicy, Hold, HoldKind, MemberValkey, Promotion, ShardMember, ShardView, candidates,
+};
 pub use promotion_run::{
     PromotionAnswer, PromotionCommand, PromotionRun, PromotionStep, PromotionStop, WithoutLease,
 };

@@ -149,7 +149,7 @@ pub fn member(pod: &str, role: Role, offset: u64, zone: &str) -> ShardMember {
 pub fn shard(now: u64) -> ShardView {
     ShardView {
         now: Millis(now),
-        leader: true,
+        coordinating: true,
         record: Some(seen(Some(record(Some("pod-0"), Some("pod-0"), 5)), 0)),
         lease_ms: 15_000,
         members: vec![

@@ -388,8 +388,8 @@ async fn coordinated_stage(
         opts = opts.env(k, v);
     }
     let stage = Stage::start(opts).await?;
-    let leader = stage.wait_coordinator(Duration::from_secs(30)).await?;
-    Ok((stage, leader))
+    let coordinator = stage.wait_coordinator(Duration::from_secs(30)).await?;
+    Ok((stage, coordinator))
 }
 
 /// Marks the node (un)schedulable, as `kubectl cordon` does, with one API call (timed from here).
