@@ -11,9 +11,10 @@ use valkey_sidecar_core::heartbeat::{PeerSight, Promise, VouchedUntil};
 use valkey_sidecar_core::lease::LeaseTimings;
 use valkey_sidecar_core::observation::{History, Role};
 use valkey_sidecar_core::replication::{keeper, promotion,
-    Command, FailoverPolicy, HoldKind, LocalAction, LocalRole, LocalValkey, LocalView,
-    MemberValkey, Phase, SeenRecord, ShardMember, ShardRecord, ShardView, Successor, Switchover,
-    SwitchoverObservation, SwitchoverPlan, WriteOutcome, may_advertise, step,
+    FailoverPolicy, HoldKind, LocalAction, LocalRole, LocalValkey, LocalView,
+    MemberValkey, Phase, SeenRecord, ShardMember, ShardRecord, ShardView, Successor,
+    SwitchoverAnswer, SwitchoverCommand, SwitchoverEnd, SwitchoverPlan, SwitchoverRun,
+    SwitchoverStep, may_advertise,
 };
 use valkey_sidecar_core::time::Millis;
 
@@ -320,24 +321,43 @@ fn fence_lasts(v: &LocalView) -> bool {
 #[derive(Debug, Clone)]
 struct SwitchStep {
     dt: u64,
-    obs: SwitchoverObservation,
+    /// An offset, for the answer to a pause or a read of the target (`None`: no reply).
+    offset: Option<u64>,
+    /// Picks among the other answers a command can get.
+    pick: u8,
+}
+
+impl SwitchStep {
+    /// A plausible answer to `command`.
+    fn answer(&self, command: &SwitchoverCommand) -> SwitchoverAnswer {
+        let unknown = || SwitchoverAnswer::Unknown { error: "timed out".into() };
+        let failed = || SwitchoverAnswer::Failed { error: "timed out".into() };
+        match command {
+            SwitchoverCommand::Pause { .. } => SwitchoverAnswer::Paused {
+                offset: self.offset.map(|o| o % 1_000),
+            },
+            SwitchoverCommand::ReadTarget { .. } => SwitchoverAnswer::TargetAt { offset: self.offset },
+            SwitchoverCommand::WriteRecord { .. } => match self.pick % 4 {
+                0 => SwitchoverAnswer::Written,
+                1 => SwitchoverAnswer::Moved,
+                2 => SwitchoverAnswer::Refused { error: "forbidden".into() },
+                _ => unknown(),
+            },
+            SwitchoverCommand::ReadRecord => match self.pick % 3 {
+                0 => SwitchoverAnswer::Record(Some(record(Some("pod-1"), Some("pod-1"), 6))),
+                1 => SwitchoverAnswer::Record(Some(record(Some("pod-2"), Some("pod-2"), 6))),
+                _ => unknown(),
+            },
+            SwitchoverCommand::PromoteNoOne { .. } | SwitchoverCommand::ReplicaOf { .. }
+                if self.pick.is_multiple_of(5) => failed(),
+            _ => SwitchoverAnswer::Ok,
+        }
+    }
 }
 
 fn switch_steps() -> impl Strategy<Value = Vec<SwitchStep>> {
-    let outcome = prop::option::weighted(
-        0.3,
-        prop::sample::select(vec![WriteOutcome::Written, WriteOutcome::Refused]),
-    );
-    let step = (
-        0u64..3_000,
-        prop::option::weighted(0.6, 0u64..1_000),
-        prop::option::weighted(0.8, 0u64..1_200),
-        outcome,
-    )
-        .prop_map(|(dt, paused, target, write)| SwitchStep {
-            dt,
-            obs: obs(paused, target, write),
-        });
+    let step = (0u64..3_000, prop::option::weighted(0.8, 0u64..1_200), any::<u8>())
+        .prop_map(|(dt, offset, pick)| SwitchStep { dt, offset, pick });
     prop::collection::vec(step, 1..40)
 }
 
@@ -475,13 +495,15 @@ proptest! {
                 current = p.record();
             }
         }
-        let s = Switchover::new(SwitchoverPlan { epoch: first, ..plan() }, Millis(0));
-        let (s, _) = step(&s, &obs(None, None, None), Millis(0));
-        let (_, c) = step(&s, &obs(Some(1), Some(1), None), Millis(1));
-        let Some(Command::WriteRecord { epoch, expect_epoch, .. }) = c.first() else {
-            panic!("{c:?}")
+        let mut r = SwitchoverRun::new(SwitchoverPlan { epoch: first, ..plan() }, Millis(0));
+        r.next(SwitchoverAnswer::Start, Millis(0));
+        r.next(SwitchoverAnswer::Paused { offset: Some(1) }, Millis(1));
+        let step = r.next(SwitchoverAnswer::TargetAt { offset: Some(1) }, Millis(1));
+        let SwitchoverStep::Send(SwitchoverCommand::WriteRecord { epoch, expect_epoch, .. }) = step
+        else {
+            panic!("{step:?}")
         };
-        prop_assert!(*epoch > *expect_epoch);
+        prop_assert!(epoch > expect_epoch);
     }
 
     /// For all valid timings: a holder whose last successful renewal was sent at `sent` fences at
@@ -635,67 +657,85 @@ proptest! {
     }
 
     /// The record moves only after the target reached the offset read under the pause, and only
-    /// before the deadline; a switchover that times out before that unpauses and never writes;
-    /// every finished switchover has lifted its last pause; promotion follows a written record.
+    /// before the deadline (a write retried after it is the same write); a switchover that times
+    /// out before that unpauses and never writes; the target is promoted only once the record is
+    /// known to name it; every finished switchover has lifted its last pause, unless the old
+    /// primary could not be made a replica or the write's outcome stayed unknown.
     #[test]
     fn switchover_is_lossless_and_always_unpauses(steps in switch_steps(), timeout in 1u64..8_000) {
         let p = SwitchoverPlan { timeout_ms: timeout, ..plan() };
-        let mut s = Switchover::new(p, Millis(0));
+        let mut r = SwitchoverRun::new(p, Millis(0));
         let mut now = Millis(0);
-        let mut all: Vec<Command> = Vec::new();
+        let mut sent: Vec<SwitchoverCommand> = Vec::new();
+        let (mut paused_at, mut target_at, mut ours) = (None, None, false);
+        let mut answer = SwitchoverAnswer::Start;
+        let mut end = None;
         for st in steps {
             now = now.plus(st.dt);
-            let before = s.clone();
-            let (next, cmds) = step(&s, &st.obs, now);
-            for c in &cmds {
-                if let Command::WriteRecord { .. } = c {
-                    let Phase::CatchingUp { offset } = before.phase else {
-                        // Written straight from Pausing: the offset is this observation's.
-                        let off = st.obs.paused_offset.unwrap();
-                        prop_assert!(st.obs.target_offset.unwrap() >= off);
-                        prop_assert!(now < s.deadline());
-                        continue;
-                    };
-                    prop_assert!(st.obs.target_offset.is_some_and(|t| t >= offset));
-                    prop_assert!(now < s.deadline());
+            let (before, asked_at) = (r.phase().clone(), now);
+            let command = match r.next(answer.clone(), now) {
+                SwitchoverStep::Send(c) => c,
+                SwitchoverStep::Wait { ms, command } => {
+                    now = now.plus(ms);
+                    command
                 }
-                if let Command::PromoteNoOne { .. } = c {
-                    prop_assert_eq!(&before.phase, &Phase::Writing);
-                    prop_assert_eq!(st.obs.write, Some(WriteOutcome::Written));
+                SwitchoverStep::End(e) => {
+                    end = Some(e);
+                    break;
                 }
+            };
+            let waiting = matches!(before, Phase::Pausing | Phase::CatchingUp { .. });
+            let write = matches!(command, SwitchoverCommand::WriteRecord { .. });
+            if write && !sent.iter().any(|c| matches!(c, SwitchoverCommand::WriteRecord { .. })) {
+                let (Some(p), Some(t)) = (paused_at, target_at) else { panic!("{sent:?}") };
+                prop_assert!(t >= p, "written at target offset {} below {}", t, p);
+                prop_assert!(asked_at < r.deadline());
             }
-            let waiting = matches!(before.phase, Phase::Pausing | Phase::CatchingUp { .. });
-            let timed_out = waiting && now >= s.deadline();
-            if timed_out {
-                prop_assert!(matches!(next.phase, Phase::RolledBack { .. }), "{:?}", next.phase);
-                prop_assert_eq!(&cmds, &vec![Command::Unpause { pod: "pod-0".into() }]);
+            if waiting && asked_at >= r.deadline() {
+                prop_assert!(matches!(r.phase(), Phase::RollingBack { .. }), "{:?}", r.phase());
+                prop_assert_eq!(&command, &SwitchoverCommand::Unpause { pod: "pod-0".into() });
             }
-            all.extend(cmds);
-            s = next;
+            if let SwitchoverCommand::PromoteNoOne { .. } = command {
+                prop_assert!(ours || answer == SwitchoverAnswer::Written, "{:?}", answer);
+            }
+            answer = st.answer(&command);
+            match (&command, &answer) {
+                (SwitchoverCommand::Pause { .. }, SwitchoverAnswer::Paused { offset }) => {
+                    paused_at = paused_at.or(*offset);
+                }
+                (SwitchoverCommand::ReadTarget { .. }, SwitchoverAnswer::TargetAt { offset }) => {
+                    target_at = *offset;
+                }
+                (SwitchoverCommand::ReadRecord, SwitchoverAnswer::Record(Some(rec))) => {
+                    ours = rec.holder() == Some("pod-1");
+                }
+                _ => {}
+            }
+            sent.push(command);
         }
-        let writes = all.iter().filter(|c| matches!(c, Command::WriteRecord { .. })).count();
-        prop_assert!(writes <= 1);
-        if let Phase::RolledBack { reason } = &s.phase {
-            let promoted = all.iter().any(|c| matches!(c, Command::PromoteNoOne { .. }));
-            prop_assert!(!promoted, "{:?}", all);
-            if writes == 0 {
+        let writes: Vec<_> = sent.iter().filter(|c| matches!(c, SwitchoverCommand::WriteRecord { .. })).collect();
+        prop_assert!(writes.windows(2).all(|w| w[0] == w[1]), "{:?}", writes);
+        let promoted = sent.iter().any(|c| matches!(c, SwitchoverCommand::PromoteNoOne { .. }));
+        let last_pause = sent.iter().rposition(|c| matches!(c, SwitchoverCommand::Pause { .. }));
+        let last_unpause = sent.iter().rposition(|c| matches!(c, SwitchoverCommand::Unpause { .. }));
+        match end {
+            Some(SwitchoverEnd::RolledBack(reason)) => {
+                prop_assert!(!promoted, "{:?}", sent);
                 prop_assert!(!reason.is_empty());
+                prop_assert!(last_unpause > last_pause, "{:?}", sent);
             }
-        }
-        if let Phase::GaveUp { .. } = s.phase {
-            // Given up with the write's outcome unknown: never before the first pause would have
-            // run out, nothing promoted, the last pause (however late the steps came) left to
-            // expire rather than lifted.
-            prop_assert!(now >= s.started.plus(s.pause_ms()));
-            let promoted = all.iter().any(|c| matches!(c, Command::PromoteNoOne { .. }));
-            prop_assert!(!promoted, "{:?}", all);
-            let last_pause = all.iter().rposition(|c| matches!(c, Command::Pause { .. }));
-            let last_unpause = all.iter().rposition(|c| matches!(c, Command::Unpause { .. }));
-            prop_assert!(last_unpause.is_none() || last_unpause < last_pause, "{:?}", all);
-        } else if s.finished() {
-            let last_pause = all.iter().rposition(|c| matches!(c, Command::Pause { .. }));
-            let last_unpause = all.iter().rposition(|c| matches!(c, Command::Unpause { .. }));
-            prop_assert!(last_unpause > last_pause, "{:?}", all);
+            Some(SwitchoverEnd::Failed(why)) if why.contains("unknown") => {
+                // Given up with the write's outcome unknown: never before the first pause would
+                // have run out, nothing promoted, the last pause left to expire, not lifted.
+                prop_assert!(now >= r.started().plus(r.pause_ms()));
+                prop_assert!(!promoted, "{:?}", sent);
+                prop_assert!(last_unpause.is_none() || last_unpause < last_pause, "{:?}", sent);
+            }
+            Some(_) if r.left_paused().is_some() => {
+                prop_assert!(last_unpause.is_none() || last_unpause < last_pause, "{:?}", sent);
+            }
+            Some(_) => prop_assert!(last_unpause > last_pause, "{:?}", sent),
+            None => {}
         }
     }
 }

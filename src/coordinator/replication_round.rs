@@ -9,7 +9,7 @@
 //!    (`<cluster>-<shard>-primary`) concurrently;
 //! 3. plans with the cluster-mode planner (`core::plan::decide`): hand-over of a primary whose pod
 //!    or node is going away, fail-back, balance — each carried out as a switchover
-//!    (`execute::switchover`, the `core::replication::Switchover` step machine);
+//!    (`execute::switchover`, the `core::replication::SwitchoverRun` step machine);
 //! 4. for every other shard asks `core::replication::promotion::decide` whether the primary is lost, and
 //!    carries a promotion out (`execute::run_promotion`, the `core::replication::PromotionRun` step machine).
 //!

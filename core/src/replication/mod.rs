@@ -10,7 +10,7 @@
 //! - **the coordinator** (holder of the cluster Lease), when a primary is lost: [`promotion::decide`] — the
 //!   only place a new epoch is chosen for an unplanned failover;
 //! - **the coordinator**, for a planned move (pod deletion, drain, fail-back, balance): the
-//!   [`Switchover`] step machine — pause, catch up, write the record, promote, repoint, unpause.
+//!   [`SwitchoverRun`] step machine — pause, catch up, write the record, promote, repoint, unpause.
 //!
 //! # Why it is safe
 //! - *Never two writable primaries past the fencing deadline.* A holder counts its renew deadline
@@ -34,7 +34,7 @@
 //! - [`keeper`]: every agent's [`keeper::decide`] rules;
 //! - [`promotion`]: the coordinator's [`promotion::decide`];
 //! - [`promotion_run`]: a decided promotion carried out step by step ([`PromotionRun`]);
-//! - [`switchover`]: the planned [`Switchover`].
+//! - [`switchover`]: the planned [`SwitchoverRun`].
 
 pub mod keeper;
 pub mod promotion;

@@ -1,7 +1,11 @@
-//! A planned move of a shard's primary as a step machine ([`Switchover`]): pause, catch up, write
-//! the record, promote, repoint, unpause. The executor sends the commands and reports what it
-//! saw; when to give up on an unanswered record write, how to read an answer back, which pause
-//! to keep and what the move's end is are decided here.
+//! A planned move of a shard's primary as a sans-IO step machine ([`SwitchoverRun`]), in
+//! [`PromotionRun`](super::PromotionRun)'s style: pause, catch up, write the record, promote,
+//! repoint, unpause — or unpause and leave everything as it was. The executor sends each
+//! [`SwitchoverCommand`] and reports what it saw ([`SwitchoverAnswer`]); the order, the polling,
+//! the retries and the read-back of an unanswered record write, which pause to keep and how the
+//! move ends are decided here.
+
+use std::collections::VecDeque;
 
 use super::record::ShardRecord;
 use crate::time::Millis;
@@ -14,23 +18,26 @@ pub const WRITE_RETRY_MS: u64 = 100;
 /// a millisecond, and every look is one `INFO` on one replica.
 pub const CATCH_UP_POLL_MS: u64 = 2;
 
-/// A command for the switchover's executor, as data.
+/// One command of a switchover, as data.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Command {
+pub enum SwitchoverCommand {
     /// `MULTI; CLIENT PAUSE <ms> WRITE; INFO replication; EXEC` on `pod`: the offset in that
     /// reply is read under the pause, so every acknowledged write is at or below it.
     Pause { pod: String, ms: u64 },
+    /// `INFO replication` on the target: how far it has replicated.
+    ReadTarget { pod: String },
     /// Write the record: holder and primary = `holder`, at `epoch`, but only if it still shows
     /// `expect_holder` at `expect_epoch`. The old holder keeps renewing meanwhile, so the
     /// executor reads the record, compares, and writes carrying that read's `resourceVersion`,
-    /// retrying on 409. It reports [`WriteOutcome`]; an unknown result (timeout) is resolved by
-    /// reading the record again, never by guessing.
+    /// retrying on 409.
     WriteRecord {
         holder: String,
         epoch: u64,
         expect_holder: String,
         expect_epoch: u64,
     },
+    /// Read the record back: did a write whose answer was lost land?
+    ReadRecord,
     /// `REPLICAOF NO ONE` on `pod`.
     PromoteNoOne { pod: String },
     /// `REPLICAOF <to>` on `pod` (`to` is `host port` as the executor spells it).
@@ -39,28 +46,85 @@ pub enum Command {
     Unpause { pod: String },
 }
 
-impl Command {
+impl SwitchoverCommand {
     /// Why the command is sent, for logs.
     pub fn reason(&self) -> String {
         match self {
-            Command::Pause { pod, .. } => format!(
+            SwitchoverCommand::Pause { pod, .. } => format!(
                 "{pod} stops taking writes, so its offset under the pause bounds every acknowledged write"
             ),
-            Command::WriteRecord { holder, epoch, .. } => format!(
+            SwitchoverCommand::ReadTarget { pod } => {
+                format!("{pod} takes the record only once it has that offset")
+            }
+            SwitchoverCommand::WriteRecord { holder, epoch, .. } => format!(
                 "the record names {holder} at epoch {epoch} before it takes a write, so the old primary's agent fences it"
             ),
-            Command::PromoteNoOne { pod } => {
+            SwitchoverCommand::ReadRecord => {
+                "the record write was refused or unanswered: only a read tells whether an earlier try landed".into()
+            }
+            SwitchoverCommand::PromoteNoOne { pod } => {
                 format!("{pod} holds the record and has every write the old primary acknowledged")
             }
-            Command::ReplicaOf { pod, to } => format!("{pod} follows the shard's primary at {to}"),
-            Command::Unpause { pod } => {
+            SwitchoverCommand::ReplicaOf { pod, to } => {
+                format!("{pod} follows the shard's primary at {to}")
+            }
+            SwitchoverCommand::Unpause { pod } => {
                 format!("{pod} no longer needs the pause: the move landed or was rolled back")
             }
         }
     }
+
+    /// Whether the command may be sent only while the coordinator Lease is held: everything but
+    /// the reads.
+    pub fn needs_lease(&self) -> bool {
+        !matches!(
+            self,
+            SwitchoverCommand::ReadTarget { .. } | SwitchoverCommand::ReadRecord
+        )
+    }
 }
 
-/// The outcome of [`Command::WriteRecord`].
+/// What the executor saw of the last command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SwitchoverAnswer {
+    /// Nothing sent yet.
+    Start,
+    /// Done (`REPLICAOF`, `CLIENT UNPAUSE`).
+    Ok,
+    /// A Valkey command that failed.
+    Failed { error: String },
+    /// [`SwitchoverCommand::Pause`]: the offset read under the pause (`None`: no reply).
+    Paused { offset: Option<u64> },
+    /// [`SwitchoverCommand::ReadTarget`]: the target's offset (`None`: it did not answer).
+    TargetAt { offset: Option<u64> },
+    /// [`SwitchoverCommand::WriteRecord`] landed.
+    Written,
+    /// The compare-and-swap found another holder or epoch: someone else moved the record, or an
+    /// earlier try whose answer was lost did.
+    Moved,
+    /// Refused with nothing applied (a 4xx other than a conflict).
+    Refused { error: String },
+    /// No answer (a timeout, a lost connection, a 5xx): it may have been applied.
+    Unknown { error: String },
+    /// [`SwitchoverCommand::ReadRecord`]: the record as read.
+    Record(Option<ShardRecord>),
+}
+
+/// What to do next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SwitchoverStep {
+    /// Send this command.
+    Send(SwitchoverCommand),
+    /// Wait, then send this command.
+    Wait {
+        ms: u64,
+        command: SwitchoverCommand,
+    },
+    /// Over: nothing more is sent.
+    End(SwitchoverEnd),
+}
+
+/// The outcome of a record write, once known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WriteOutcome {
     Written,
@@ -81,7 +145,7 @@ impl WriteOutcome {
     }
 }
 
-/// How a switchover ended ([`Switchover::end`]).
+/// How a switchover ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SwitchoverEnd {
     Done,
@@ -112,7 +176,8 @@ pub struct SwitchoverPlan {
 pub enum Phase {
     /// Nothing sent yet.
     Start,
-    /// The pause is sent; waiting for the old primary's offset under the pause.
+    /// The pause is sent; no offset under the pause is known (the target is polled meanwhile,
+    /// until the deadline).
     Pausing,
     /// Writes are paused at `offset`; waiting for the target to reach it.
     CatchingUp { offset: u64 },
@@ -120,46 +185,59 @@ pub enum Phase {
     /// applies here: the write may have landed, so the pause is kept (and refreshed) until the
     /// outcome is known.
     Writing,
-    /// The target is primary on record and the commands to move Valkey there were issued.
-    Done,
-    /// Writes resumed on the old primary; the record was not changed by this switchover.
-    RolledBack { reason: String },
-    /// The record write's outcome stayed unknown past the first pause's length: nothing better
-    /// can be done without an answer from the apiserver than to let the last pause expire.
-    GaveUp { reason: String },
+    /// The target holds the record: promote, repoint, unpause.
+    Committing,
+    /// Writes resume on the old primary; the record was not changed by this switchover.
+    RollingBack { reason: String },
+    /// Over (see [`SwitchoverEnd`]).
+    Ended(SwitchoverEnd),
 }
 
-/// A planned switchover: pause the old primary, wait for the target to catch up, move the
-/// record, promote, repoint, unpause — or unpause and leave everything as it was.
+/// A planned switchover under way: pause the old primary, wait for the target to catch up, move
+/// the record, promote, repoint, unpause — or unpause and leave everything as it was.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Switchover {
-    pub plan: SwitchoverPlan,
-    pub started: Millis,
-    pub phase: Phase,
-    /// When the last pause was sent (refreshed while the record write is out).
-    pub paused_at: Option<Millis>,
+pub struct SwitchoverRun {
+    plan: SwitchoverPlan,
+    started: Millis,
+    phase: Phase,
+    /// When the last pause was sent (refreshed while the record write's outcome is unknown).
+    paused_at: Option<Millis>,
+    /// The command last sent.
+    sent: Option<SwitchoverCommand>,
+    /// What is left of the commit or the rollback, in order.
+    queue: VecDeque<SwitchoverCommand>,
+    /// What failed in the commit (promoting the target), which makes it a failed switchover.
+    failures: Vec<String>,
+    /// Pods whose `REPLICAOF` failed in the commit: each keeps its pause (unpaused, it would take
+    /// writes while the record names another) until it expires or its agent demotes it.
+    not_demoted: Vec<String>,
 }
 
-/// What the executor learned since the last step.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct SwitchoverObservation {
-    /// The old primary's `master_repl_offset` read under the pause, once known.
-    pub paused_offset: Option<u64>,
-    /// The target's replication offset, if it answered.
-    pub target_offset: Option<u64>,
-    /// The record write's outcome, once known.
-    pub write: Option<WriteOutcome>,
-}
-
-impl Switchover {
+impl SwitchoverRun {
     /// A switchover that has not started yet.
-    pub fn new(plan: SwitchoverPlan, now: Millis) -> Switchover {
-        Switchover {
+    pub fn new(plan: SwitchoverPlan, now: Millis) -> SwitchoverRun {
+        SwitchoverRun {
             plan,
             started: now,
             phase: Phase::Start,
             paused_at: None,
+            sent: None,
+            queue: VecDeque::new(),
+            failures: Vec::new(),
+            not_demoted: Vec::new(),
         }
+    }
+
+    pub fn plan(&self) -> &SwitchoverPlan {
+        &self.plan
+    }
+
+    pub fn phase(&self) -> &Phase {
+        &self.phase
+    }
+
+    pub fn started(&self) -> Millis {
+        self.started
     }
 
     /// Length of each pause: twice the timeout, so the first pause outlasts the catch-up and
@@ -173,185 +251,231 @@ impl Switchover {
         self.started.plus(self.plan.timeout_ms)
     }
 
-    /// Whether the switchover is over (done, rolled back or given up).
-    pub fn finished(&self) -> bool {
-        matches!(
-            self.phase,
-            Phase::Done | Phase::RolledBack { .. } | Phase::GaveUp { .. }
-        )
+    /// The old primary, when the commit left it paused because it could not be made a replica.
+    pub fn left_paused(&self) -> Option<&str> {
+        let from = self.plan.from.as_str();
+        self.not_demoted.iter().any(|p| p == from).then_some(from)
     }
 
-    /// How it ended, once it has; `failures`: what the executor could not do in the commit
-    /// (promoting the target), which makes a done switchover a failed one.
-    pub fn end(&self, failures: &[String]) -> Option<SwitchoverEnd> {
-        match &self.phase {
-            Phase::Done if failures.is_empty() => Some(SwitchoverEnd::Done),
-            Phase::Done => Some(SwitchoverEnd::Failed(failures.join("; "))),
-            Phase::RolledBack { reason } => Some(SwitchoverEnd::RolledBack(reason.clone())),
-            Phase::GaveUp { reason } => Some(SwitchoverEnd::Failed(reason.clone())),
+    /// The next step, given the answer to the last command.
+    pub fn next(&mut self, answer: SwitchoverAnswer, now: Millis) -> SwitchoverStep {
+        if let Phase::Ended(end) = &self.phase {
+            return SwitchoverStep::End(end.clone());
+        }
+        let Some(last) = self.sent.take() else {
+            return self.pause(Phase::Pausing, now);
+        };
+        match last {
+            SwitchoverCommand::Pause { .. } => self.paused(answer, now),
+            SwitchoverCommand::ReadTarget { .. } => self.target_at(answer, now),
+            SwitchoverCommand::WriteRecord { .. } => self.written(answer, now),
+            SwitchoverCommand::ReadRecord => self.read_back(answer, now),
+            SwitchoverCommand::PromoteNoOne { pod } => self.promoted(&pod, answer),
+            SwitchoverCommand::ReplicaOf { pod, .. } => self.repointed(pod, &answer),
+            // Best effort: an unpause that failed is logged by the executor.
+            SwitchoverCommand::Unpause { .. } => self.go_on(),
+        }
+    }
+
+    /// Sends (or refreshes) the pause on the old primary and moves to `phase`.
+    fn pause(&mut self, phase: Phase, now: Millis) -> SwitchoverStep {
+        self.phase = phase;
+        self.paused_at = Some(now);
+        let ms = self.pause_ms();
+        self.send(SwitchoverCommand::Pause {
+            pod: self.plan.from.clone(),
+            ms,
+        })
+    }
+
+    /// The first pause's offset starts the catch-up; a refreshed pause's answer does not matter
+    /// (the offset that bounds the acknowledged writes was read under the first one).
+    fn paused(&mut self, answer: SwitchoverAnswer, now: Millis) -> SwitchoverStep {
+        if self.phase == Phase::Writing {
+            return self.retry_write();
+        }
+        if let SwitchoverAnswer::Paused { offset: Some(o) } = answer {
+            self.phase = Phase::CatchingUp { offset: o };
+            return self.read_target(now, 0);
+        }
+        self.read_target(now, CATCH_UP_POLL_MS)
+    }
+
+    /// Looks at the target again (after `wait_ms`), unless the deadline has passed.
+    fn read_target(&mut self, now: Millis, wait_ms: u64) -> SwitchoverStep {
+        if now >= self.deadline() {
+            let reason = match self.phase {
+                Phase::CatchingUp { offset } => {
+                    format!("{} did not reach offset {offset} in time", self.plan.to)
+                }
+                _ => "the old primary did not report its offset under the pause in time".into(),
+            };
+            return self.roll_back(reason);
+        }
+        let command = SwitchoverCommand::ReadTarget {
+            pod: self.plan.to.clone(),
+        };
+        self.wait(wait_ms, command)
+    }
+
+    fn target_at(&mut self, answer: SwitchoverAnswer, now: Millis) -> SwitchoverStep {
+        let target = match answer {
+            SwitchoverAnswer::TargetAt { offset } => offset,
             _ => None,
+        };
+        let Phase::CatchingUp { offset } = self.phase else {
+            return self.read_target(now, CATCH_UP_POLL_MS);
+        };
+        if now >= self.deadline() {
+            let at = target.map_or("unknown".into(), |o| o.to_string());
+            let reason = format!("{} reached offset {at}, not {offset}, in time", self.plan.to);
+            return self.roll_back(reason);
         }
+        if target.is_some_and(|t| t >= offset) {
+            return self.write_record();
+        }
+        self.read_target(now, CATCH_UP_POLL_MS)
     }
 
-    /// Whether `pod` keeps its pause instead of the commit's unpause: after a commit, a pod that
-    /// could not be made a replica (`not_demoted`) would take writes while the record names
-    /// another; it stays paused until the pause expires or its agent demotes it.
-    pub fn keeps_paused(&self, pod: &str, not_demoted: &[String]) -> bool {
-        self.phase == Phase::Done && not_demoted.iter().any(|p| p == pod)
+    /// The target has every acknowledged write: hand it the record at the next epoch.
+    fn write_record(&mut self) -> SwitchoverStep {
+        let Some(command) = self.record_write() else {
+            return self.roll_back("the epoch cannot increase any further".into());
+        };
+        self.phase = Phase::Writing;
+        self.send(command)
     }
 
-    /// How long the executor waits before the next step, given what it saw: none once the
-    /// target has caught up (the old primary is paused meanwhile), a short poll while it
-    /// catches up, the retry pause while the record write's outcome is unknown.
-    pub fn wait_ms(&self, obs: &SwitchoverObservation) -> u64 {
-        match self.phase {
-            Phase::Pausing | Phase::CatchingUp { .. } => {
-                let caught_up =
-                    matches!((obs.target_offset, obs.paused_offset), (Some(t), Some(p)) if t >= p);
-                if caught_up { 0 } else { CATCH_UP_POLL_MS }
+    fn record_write(&self) -> Option<SwitchoverCommand> {
+        Some(SwitchoverCommand::WriteRecord {
+            holder: self.plan.to.clone(),
+            epoch: self.plan.epoch.checked_add(1)?,
+            expect_holder: self.plan.from.clone(),
+            expect_epoch: self.plan.epoch,
+        })
+    }
+
+    fn written(&mut self, answer: SwitchoverAnswer, now: Millis) -> SwitchoverStep {
+        match answer {
+            SwitchoverAnswer::Written => self.commit(),
+            SwitchoverAnswer::Moved => self.send(SwitchoverCommand::ReadRecord),
+            SwitchoverAnswer::Refused { error } => {
+                self.roll_back(format!("writing the record was refused: {error}"))
             }
-            Phase::Writing if obs.write.is_none() => WRITE_RETRY_MS,
-            _ => 0,
+            _ => self.unresolved(now),
         }
     }
 
-    fn with(&self, phase: Phase) -> Switchover {
-        Switchover {
-            phase,
-            ..self.clone()
+    fn read_back(&mut self, answer: SwitchoverAnswer, now: Millis) -> SwitchoverStep {
+        let SwitchoverAnswer::Record(record) = answer else {
+            return self.unresolved(now);
+        };
+        let epoch = self.plan.epoch.saturating_add(1);
+        match WriteOutcome::read_back(record.as_ref(), &self.plan.to, epoch) {
+            WriteOutcome::Written => self.commit(),
+            WriteOutcome::Refused => self.roll_back("the record moved under the switchover".into()),
         }
     }
-}
 
-/// Advances a switchover by one step at `now`, returning its next state and the commands to run,
-/// in order.
-pub fn step(
-    s: &Switchover,
-    obs: &SwitchoverObservation,
-    now: Millis,
-) -> (Switchover, Vec<Command>) {
-    match &s.phase {
-        Phase::Start => pause(s, now),
-        Phase::Pausing => pausing(s, obs, now),
-        Phase::CatchingUp { offset } => catching_up(s, obs, *offset, now),
-        Phase::Writing => writing(s, obs, now),
-        Phase::Done | Phase::RolledBack { .. } | Phase::GaveUp { .. } => (s.clone(), Vec::new()),
+    /// The write's outcome is unknown. Once the first pause would have run out it is given up:
+    /// the last pause (refreshed at most half a pause ago) is left to expire, so the old primary
+    /// takes writes again only if its agent does not fence it on a record that did move. Before
+    /// that the pause is refreshed every half pause — the write may have landed, and the old
+    /// primary must not take writes the new one will never see — and the write tried again.
+    fn unresolved(&mut self, now: Millis) -> SwitchoverStep {
+        if now >= self.started.plus(self.pause_ms()) {
+            let reason = "the record write's outcome stayed unknown: the old primary stays paused until its pause expires";
+            return self.end(SwitchoverEnd::Failed(reason.into()));
+        }
+        let half = self.pause_ms() / 2;
+        if self.paused_at.is_some_and(|at| now < at.plus(half)) {
+            return self.retry_write();
+        }
+        self.pause(Phase::Writing, now)
     }
-}
 
-fn pause(s: &Switchover, now: Millis) -> (Switchover, Vec<Command>) {
-    paused(s, Phase::Pausing, now)
-}
-
-/// Sends (or refreshes) the pause on the old primary and moves to `phase`.
-fn paused(s: &Switchover, phase: Phase, now: Millis) -> (Switchover, Vec<Command>) {
-    let mut next = s.with(phase);
-    next.paused_at = Some(now);
-    let cmd = Command::Pause {
-        pod: s.plan.from.clone(),
-        ms: s.pause_ms(),
-    };
-    (next, vec![cmd])
-}
-
-fn pausing(s: &Switchover, obs: &SwitchoverObservation, now: Millis) -> (Switchover, Vec<Command>) {
-    if now >= s.deadline() {
-        return rollback(
-            s,
-            "the old primary did not report its offset under the pause in time",
-        );
+    fn retry_write(&mut self) -> SwitchoverStep {
+        match self.record_write() {
+            Some(command) => self.wait(WRITE_RETRY_MS, command),
+            None => self.roll_back("the epoch cannot increase any further".into()),
+        }
     }
-    match obs.paused_offset {
-        Some(offset) => catching_up(&s.with(Phase::CatchingUp { offset }), obs, offset, now),
-        None => (s.clone(), Vec::new()),
+
+    /// The record names the target: promote it, repoint the others, unpause the old primary.
+    fn commit(&mut self) -> SwitchoverStep {
+        let p = &self.plan;
+        let to = p.to_addr.clone();
+        let others = p.others.iter().filter(|o| **o != p.to && **o != p.from);
+        let followers = std::iter::once(&p.from).chain(others);
+        let repoints = followers.map(|pod| SwitchoverCommand::ReplicaOf {
+            pod: pod.clone(),
+            to: to.clone(),
+        });
+        let promote = SwitchoverCommand::PromoteNoOne { pod: p.to.clone() };
+        let unpause = SwitchoverCommand::Unpause {
+            pod: p.from.clone(),
+        };
+        self.queue = std::iter::once(promote)
+            .chain(repoints)
+            .chain([unpause])
+            .collect();
+        self.phase = Phase::Committing;
+        self.go_on()
     }
-}
 
-fn catching_up(
-    s: &Switchover,
-    obs: &SwitchoverObservation,
-    offset: u64,
-    now: Millis,
-) -> (Switchover, Vec<Command>) {
-    if now >= s.deadline() {
-        let at = obs
-            .target_offset
-            .map_or("unknown".into(), |o| o.to_string());
-        let reason = format!("{} reached offset {at}, not {offset}, in time", s.plan.to);
-        return rollback(s, &reason);
+    fn promoted(&mut self, pod: &str, answer: SwitchoverAnswer) -> SwitchoverStep {
+        if let SwitchoverAnswer::Failed { error } = answer {
+            self.failures.push(format!("REPLICAOF NO ONE on {pod}: {error}"));
+        }
+        self.go_on()
     }
-    if obs.target_offset.is_none_or(|t| t < offset) {
-        return (s.clone(), Vec::new());
+
+    fn repointed(&mut self, pod: String, answer: &SwitchoverAnswer) -> SwitchoverStep {
+        if matches!(answer, SwitchoverAnswer::Failed { .. }) {
+            self.not_demoted.push(pod);
+        }
+        self.go_on()
     }
-    write_record(s)
-}
 
-/// The target has every acknowledged write: hand it the record at the next epoch.
-fn write_record(s: &Switchover) -> (Switchover, Vec<Command>) {
-    let Some(epoch) = s.plan.epoch.checked_add(1) else {
-        return rollback(s, "the epoch cannot increase any further");
-    };
-    let cmd = Command::WriteRecord {
-        holder: s.plan.to.clone(),
-        epoch,
-        expect_holder: s.plan.from.clone(),
-        expect_epoch: s.plan.epoch,
-    };
-    (s.with(Phase::Writing), vec![cmd])
-}
-
-fn writing(s: &Switchover, obs: &SwitchoverObservation, now: Millis) -> (Switchover, Vec<Command>) {
-    match obs.write {
-        Some(WriteOutcome::Written) => commit(s),
-        Some(WriteOutcome::Refused) => rollback(s, "the record moved under the switchover"),
-        None if now >= s.started.plus(s.pause_ms()) => give_up(s),
-        None => keep_paused(s, now),
+    fn roll_back(&mut self, reason: String) -> SwitchoverStep {
+        self.queue = VecDeque::from([SwitchoverCommand::Unpause {
+            pod: self.plan.from.clone(),
+        }]);
+        self.phase = Phase::RollingBack { reason };
+        self.go_on()
     }
-}
 
-/// The write's outcome is still unknown once the first pause would have run out: the last pause
-/// (refreshed at most half a pause ago) is left to expire, so the old primary takes writes again
-/// only if its agent does not fence it on a record that did move.
-fn give_up(s: &Switchover) -> (Switchover, Vec<Command>) {
-    let reason = "the record write's outcome stayed unknown: the old primary stays paused until its pause expires";
-    let next = s.with(Phase::GaveUp {
-        reason: reason.to_owned(),
-    });
-    (next, Vec::new())
-}
-
-/// Refreshes the pause while the write's outcome is unknown: it may have landed, and the old
-/// primary must not take writes the new one will never see.
-fn keep_paused(s: &Switchover, now: Millis) -> (Switchover, Vec<Command>) {
-    let half = s.pause_ms() / 2;
-    if s.paused_at.is_some_and(|at| now < at.plus(half)) {
-        return (s.clone(), Vec::new());
+    /// The next queued command; a pod that could not be made a replica is not unpaused.
+    fn go_on(&mut self) -> SwitchoverStep {
+        while let Some(command) = self.queue.pop_front() {
+            let kept = matches!(&command, SwitchoverCommand::Unpause { pod } if self.not_demoted.contains(pod));
+            if !kept {
+                return self.send(command);
+            }
+        }
+        let end = match &self.phase {
+            Phase::RollingBack { reason } => SwitchoverEnd::RolledBack(reason.clone()),
+            _ if self.failures.is_empty() => SwitchoverEnd::Done,
+            _ => SwitchoverEnd::Failed(self.failures.join("; ")),
+        };
+        self.end(end)
     }
-    paused(s, Phase::Writing, now)
-}
 
-fn commit(s: &Switchover) -> (Switchover, Vec<Command>) {
-    let p = &s.plan;
-    let to = p.to_addr.clone();
-    let mut cmds = vec![Command::PromoteNoOne { pod: p.to.clone() }];
-    let others = p.others.iter().filter(|o| **o != p.to && **o != p.from);
-    let followers = std::iter::once(&p.from).chain(others);
-    cmds.extend(followers.map(|pod| Command::ReplicaOf {
-        pod: pod.clone(),
-        to: to.clone(),
-    }));
-    cmds.push(Command::Unpause {
-        pod: p.from.clone(),
-    });
-    (s.with(Phase::Done), cmds)
-}
+    fn end(&mut self, end: SwitchoverEnd) -> SwitchoverStep {
+        self.phase = Phase::Ended(end.clone());
+        SwitchoverStep::End(end)
+    }
 
-fn rollback(s: &Switchover, reason: &str) -> (Switchover, Vec<Command>) {
-    let next = s.with(Phase::RolledBack {
-        reason: reason.to_owned(),
-    });
-    let cmd = Command::Unpause {
-        pod: s.plan.from.clone(),
-    };
-    (next, vec![cmd])
+    fn send(&mut self, command: SwitchoverCommand) -> SwitchoverStep {
+        self.sent = Some(command.clone());
+        SwitchoverStep::Send(command)
+    }
+
+    fn wait(&mut self, ms: u64, command: SwitchoverCommand) -> SwitchoverStep {
+        self.sent = Some(command.clone());
+        if ms == 0 {
+            return SwitchoverStep::Send(command);
+        }
+        SwitchoverStep::Wait { ms, command }
+    }
 }

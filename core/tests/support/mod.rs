@@ -7,7 +7,7 @@ use valkey_sidecar_core::lease::LeaseTimings;
 use valkey_sidecar_core::observation::{History, Role};
 use valkey_sidecar_core::replication::{
     Holding, LocalRole, LocalValkey, LocalView, MemberValkey, SeenRecord, ShardMember, ShardRecord,
-    ShardView, Successor, SwitchoverObservation, SwitchoverPlan, WriteOutcome,
+    ShardView, Successor, SwitchoverPlan,
 };
 use valkey_sidecar_core::time::Millis;
 
@@ -172,14 +172,3 @@ pub fn plan() -> SwitchoverPlan {
     }
 }
 
-pub fn obs(
-    paused: Option<u64>,
-    target: Option<u64>,
-    write: Option<WriteOutcome>,
-) -> SwitchoverObservation {
-    SwitchoverObservation {
-        paused_offset: paused,
-        target_offset: target,
-        write,
-    }
-}

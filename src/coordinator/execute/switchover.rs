@@ -1,15 +1,14 @@
-//! Replication mode's planned move, driven by `core::replication::step`: pause the old primary,
-//! wait for the target to catch up, move the record, promote, repoint, unpause (or unpause and
-//! leave everything as it was).
+//! Replication mode's planned move: the executor of `core::replication::SwitchoverRun`, which
+//! decides the order, the polling, the retries and the read-back; this file sends each command,
+//! with the cluster Lease checked right before, and reports what it saw.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 use valkey_sidecar_core::replication::{
-    Command, Phase, Switchover, SwitchoverEnd, SwitchoverObservation, SwitchoverPlan, WriteOutcome,
-    step,
+    SwitchoverAnswer, SwitchoverCommand, SwitchoverEnd, SwitchoverPlan, SwitchoverRun,
+    SwitchoverStep,
 };
-use valkey_sidecar_core::time::Millis;
 
 use super::{
     Links, MoveOutcome, info_replication, info_u64, not_applied, replicaof_no_one, repoint, unpause,
@@ -17,180 +16,133 @@ use super::{
 use crate::k8s::shard_lease::ShardLeaseClient;
 use crate::runtime::clock::Clock;
 
-/// One switchover in progress.
-struct Run {
-    s: Switchover,
-    obs: SwitchoverObservation,
-    links: Links,
-    record: ShardLeaseClient,
-    /// The record write, kept to try again while its outcome is unknown.
-    write: Option<Command>,
-    /// Commands of the commit that failed (repoints are best effort and only logged).
-    failures: Vec<String>,
-    /// Pods whose `REPLICAOF` failed in the commit.
-    not_demoted: Vec<String>,
-}
-
-/// Runs a planned switchover to its end: `step` decides, this function sends, observes, steps again.
+/// Runs a planned switchover to its end: `SwitchoverRun` decides, this function sends and
+/// reports each answer back.
 pub async fn switchover(
     plan: SwitchoverPlan,
-    links: Links,
+    mut links: Links,
     record: ShardLeaseClient,
     clock: Clock,
     may_act: impl Fn() -> bool,
 ) -> MoveOutcome {
     let started = Instant::now();
-    let mut run = Run::new(plan, links, record, clock.now());
+    let mut run = SwitchoverRun::new(plan, clock.now());
+    let mut answer = SwitchoverAnswer::Start;
     loop {
-        if let Some(end) = run.advance(clock, &may_act, started).await {
-            return end;
+        let command = match run.next(answer, clock.now()) {
+            SwitchoverStep::Send(command) => command,
+            SwitchoverStep::Wait { ms, command } => {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                command
+            }
+            SwitchoverStep::End(end) => return ended(end, &run, started),
+        };
+        if command.needs_lease() && !may_act() {
+            return MoveOutcome::NoLease;
         }
-        run.observe(&may_act).await;
+        tracing::debug!(?command, reason = %command.reason(), "switchover");
+        answer = send(&command, &mut links, &record).await;
     }
 }
 
-impl Run {
-    fn new(plan: SwitchoverPlan, links: Links, record: ShardLeaseClient, now: Millis) -> Run {
-        Run {
-            s: Switchover::new(plan, now),
-            obs: SwitchoverObservation::default(),
-            links,
-            record,
-            write: None,
-            failures: Vec::new(),
-            not_demoted: Vec::new(),
-        }
+fn ended(end: SwitchoverEnd, run: &SwitchoverRun, started: Instant) -> MoveOutcome {
+    if let Some(pod) = run.left_paused() {
+        tracing::warn!(pod, "left paused: it could not be made a replica");
     }
-
-    /// One step: its commands sent in order (each only while the Lease allows), and the
-    /// outcome once the switchover is over.
-    async fn advance(
-        &mut self,
-        clock: Clock,
-        may_act: &impl Fn() -> bool,
-        started: Instant,
-    ) -> Option<MoveOutcome> {
-        let (next, commands) = step(&self.s, &self.obs, clock.now());
-        self.s = next;
-        for command in &commands {
-            if !may_act() {
-                return Some(MoveOutcome::NoLease);
-            }
-            self.execute(command).await;
-        }
-        let end = self.s.end(&self.failures)?;
-        Some(match end {
-            SwitchoverEnd::Done => MoveOutcome::Done {
-                took: started.elapsed(),
-            },
-            SwitchoverEnd::Failed(why) => MoveOutcome::Failed(why),
-            SwitchoverEnd::RolledBack(why) => MoveOutcome::RolledBack(why),
-        })
+    match end {
+        SwitchoverEnd::Done => MoveOutcome::Done {
+            took: started.elapsed(),
+        },
+        SwitchoverEnd::Failed(why) => MoveOutcome::Failed(why),
+        SwitchoverEnd::RolledBack(why) => MoveOutcome::RolledBack(why),
     }
+}
 
-    async fn execute(&mut self, command: &Command) {
-        tracing::debug!(?command, reason = %command.reason(), "switchover");
-        match command {
-            Command::Pause { pod, ms } => self.pause(pod, *ms).await,
-            Command::WriteRecord { .. } => {
-                self.write = Some(command.clone());
-                self.obs.write = self.try_write().await;
-            }
-            Command::PromoteNoOne { pod } => {
-                if let Err(e) = self.links.command(pod, &replicaof_no_one()).await {
-                    self.failures.push(format!("REPLICAOF NO ONE on {e}"));
-                }
-            }
-            Command::ReplicaOf { pod, to } => {
-                if !repoint(&mut self.links, pod, to).await {
-                    self.not_demoted.push(pod.clone());
-                }
-            }
-            Command::Unpause { pod } => self.unpause(pod).await,
+async fn send(
+    command: &SwitchoverCommand,
+    links: &mut Links,
+    record: &ShardLeaseClient,
+) -> SwitchoverAnswer {
+    match command {
+        SwitchoverCommand::Pause { pod, ms } => pause(links, pod, *ms).await,
+        SwitchoverCommand::ReadTarget { pod } => {
+            let info = links.command(pod, &info_replication()).await;
+            let offset = info.ok().as_ref().and_then(info_u64("slave_repl_offset"));
+            SwitchoverAnswer::TargetAt { offset }
         }
-    }
-
-    /// After a commit, a pod that could not be made a replica keeps its pause (until it expires,
-    /// or its agent demotes it): unpaused, it would take writes while the record names another.
-    async fn unpause(&mut self, pod: &str) {
-        if self.s.keeps_paused(pod, &self.not_demoted) {
-            tracing::warn!(pod, "left paused: it could not be made a replica");
-            return;
-        }
-        unpause(&mut self.links, pod).await;
-    }
-
-    /// `MULTI; CLIENT PAUSE <ms> WRITE; INFO replication; EXEC`: the offset is read under the
-    /// pause, so every write the old primary acknowledged is at or below it.
-    async fn pause(&mut self, pod: &str, ms: u64) {
-        let mut pipe = redis::pipe();
-        pipe.atomic();
-        pipe.cmd("CLIENT").arg("PAUSE").arg(ms).arg("WRITE");
-        pipe.cmd("INFO").arg("replication");
-        match self.links.query(pod, &pipe).await {
-            Ok(values) => {
-                let offset = values.get(1).and_then(info_u64("master_repl_offset"));
-                self.obs.paused_offset = self.obs.paused_offset.or(offset);
-            }
-            // No offset: the step machine rolls back at its deadline.
-            Err(e) => tracing::warn!(error = %e, "switchover: pause failed"),
-        }
-    }
-
-    /// The record write's outcome: `None` while unknown (a timeout may still have landed).
-    async fn try_write(&self) -> Option<WriteOutcome> {
-        let Some(Command::WriteRecord {
+        SwitchoverCommand::WriteRecord {
             holder,
             epoch,
             expect_holder,
             expect_epoch,
-        }) = &self.write
-        else {
-            return None;
-        };
-        let moved = self
-            .record
-            .move_to(expect_holder, *expect_epoch, holder, *epoch)
-            .await;
-        match moved {
-            Ok(true) => Some(WriteOutcome::Written),
-            // An earlier attempt whose answer was lost may be what moved it.
-            Ok(false) => self.landed(holder, *epoch).await,
-            Err(e) => {
-                tracing::warn!(error = %e, "switchover: record write failed");
-                not_applied(&e).then_some(WriteOutcome::Refused)
+        } => write(record, (expect_holder, *expect_epoch), (holder, *epoch)).await,
+        SwitchoverCommand::ReadRecord => match record.read().await {
+            Ok(read) => SwitchoverAnswer::Record(read),
+            Err(e) => SwitchoverAnswer::Unknown {
+                error: e.to_string(),
+            },
+        },
+        SwitchoverCommand::PromoteNoOne { pod } => {
+            match links.command(pod, &replicaof_no_one()).await {
+                Ok(_) => SwitchoverAnswer::Ok,
+                Err(e) => SwitchoverAnswer::Failed {
+                    error: e.to_string(),
+                },
             }
         }
-    }
-
-    async fn landed(&self, holder: &str, epoch: u64) -> Option<WriteOutcome> {
-        let record = self.record.read().await.ok()?;
-        Some(WriteOutcome::read_back(record.as_ref(), holder, epoch))
-    }
-
-    /// What the next step needs, with the wait `core` asks for: the target's offset while
-    /// catching up (no wait once it has), the write's outcome (the same write again, after the
-    /// retry pause) while it is unknown.
-    async fn observe(&mut self, may_act: &impl Fn() -> bool) {
-        match self.s.phase {
-            Phase::Pausing | Phase::CatchingUp { .. } => {
-                let to = self.s.plan.to.clone();
-                let info = self.links.command(&to, &info_replication()).await;
-                self.obs.target_offset = info.ok().as_ref().and_then(info_u64("slave_repl_offset"));
-                // Caught up: step at once (a zero sleep would still wait for the timer's tick).
-                let wait = self.s.wait_ms(&self.obs);
-                if wait > 0 {
-                    tokio::time::sleep(Duration::from_millis(wait)).await;
+        SwitchoverCommand::ReplicaOf { pod, to } => {
+            if repoint(links, pod, to).await {
+                SwitchoverAnswer::Ok
+            } else {
+                SwitchoverAnswer::Failed {
+                    error: "REPLICAOF failed".into(),
                 }
             }
-            Phase::Writing if self.obs.write.is_none() => {
-                let wait = self.s.wait_ms(&self.obs);
-                tokio::time::sleep(Duration::from_millis(wait)).await;
-                if may_act() {
-                    self.obs.write = self.try_write().await;
-                }
+        }
+        SwitchoverCommand::Unpause { pod } => {
+            unpause(links, pod).await;
+            SwitchoverAnswer::Ok
+        }
+    }
+}
+
+/// `MULTI; CLIENT PAUSE <ms> WRITE; INFO replication; EXEC`: the offset is read under the
+/// pause, so every write the old primary acknowledged is at or below it.
+async fn pause(links: &mut Links, pod: &str, ms: u64) -> SwitchoverAnswer {
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    pipe.cmd("CLIENT").arg("PAUSE").arg(ms).arg("WRITE");
+    pipe.cmd("INFO").arg("replication");
+    let offset = match links.query(pod, &pipe).await {
+        Ok(values) => values.get(1).and_then(info_u64("master_repl_offset")),
+        Err(e) => {
+            tracing::warn!(error = %e, "switchover: pause failed");
+            None
+        }
+    };
+    SwitchoverAnswer::Paused { offset }
+}
+
+/// The record's compare-and-swap from `(holder, epoch)` to the target's.
+async fn write(
+    record: &ShardLeaseClient,
+    (expect_holder, expect_epoch): (&str, u64),
+    (holder, epoch): (&str, u64),
+) -> SwitchoverAnswer {
+    match record
+        .move_to(expect_holder, expect_epoch, holder, epoch)
+        .await
+    {
+        Ok(true) => SwitchoverAnswer::Written,
+        Ok(false) => SwitchoverAnswer::Moved,
+        Err(e) if not_applied(&e) => SwitchoverAnswer::Refused {
+            error: e.to_string(),
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, "switchover: record write failed");
+            SwitchoverAnswer::Unknown {
+                error: e.to_string(),
             }
-            _ => {}
         }
     }
 }
