@@ -27,7 +27,7 @@ use crate::k8s::events::{Recorder, Reporter, pod_reference};
 use crate::k8s::format::FormatNotice;
 use crate::k8s::labeler::Labeler;
 use crate::k8s::lease::{
-    self, FormedMarker, CoordinatorTerm, LeaseClient, RequestCell, StatusAnnotations,
+    self, CoordinatorTerm, FormedMarker, LeaseClient, RequestCell, StatusAnnotations,
 };
 use crate::k8s::owner::{Anchor, LeaseOwner};
 use crate::k8s::{FIELD_MANAGER, KubeError};

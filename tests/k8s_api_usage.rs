@@ -75,7 +75,11 @@ async fn in_steady_state_followers_write_nothing_and_the_holder_only_renews() {
         .pods
         .iter()
         .map(|p| {
-            let role = if *p == coordinator { "coordinator" } else { "follower" };
+            let role = if *p == coordinator {
+                "coordinator"
+            } else {
+                "follower"
+            };
             (format!("{p} ({role})"), who(p))
         })
         .collect();

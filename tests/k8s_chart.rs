@@ -696,8 +696,10 @@ async fn drift_and_failback(stage: &Stage, pods: &[Pod], password: &str) {
         .await
         .unwrap()
         .unwrap();
-    let agent =
-        std::net::SocketAddr::new(valkey_addr(&coordinator(stage, pods).await).unwrap().ip(), 9736);
+    let agent = std::net::SocketAddr::new(
+        valkey_addr(&coordinator(stage, pods).await).unwrap().ip(),
+        9736,
+    );
     let metric = "valkey_sidecar_placement_drift{reason=\"FailoverDrift\"} 1";
     let seen = poll_until(
         "the drift metric",

@@ -32,7 +32,7 @@ pub struct Death<'a> {
     pub terminating: bool,
 }
 
-/// What a primary's death calls for ([`on_death`]).
+/// What a primary's death calls for ([`decide`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeathVerdict<'a> {
     /// The view shows it serving no slots as primary: already failed over, or never a primary.
@@ -45,7 +45,7 @@ pub enum DeathVerdict<'a> {
     LeftToHandover,
     /// A move of its shard is running or settling.
     Busy,
-    /// Read the offsets of these replicas (from each replica itself), then [`choose`].
+    /// Read the offsets of these replicas (from each replica itself), then [`target`].
     ReadOffsets {
         shard: &'a Shard,
         candidates: Vec<&'a ShardNode>,
@@ -64,7 +64,7 @@ impl DeathVerdict<'_> {
 
 /// The one entry point for a primary's death: whether to fail its shard over, before any offset
 /// is read. In this order: not serving, repeated, its pod terminating, its shard busy.
-pub fn on_death<'a>(death: &Death<'a>, moves: &Ledger) -> DeathVerdict<'a> {
+pub fn decide<'a>(death: &Death<'a>, moves: &Ledger) -> DeathVerdict<'a> {
     let Some(shard) = crashed_shard(death.shards, death.node) else {
         return DeathVerdict::NotServing;
     };
@@ -147,7 +147,7 @@ pub fn candidates<'a>(shard: &'a Shard, dead: &'a str) -> impl Iterator<Item = &
 
 /// The replica to promote: the highest offset among those that answered; on a tie the one in the
 /// dead primary's zone (clients there keep their latency), then the lowest id (deterministic).
-pub fn choose(
+pub fn target(
     shard: &Shard,
     dead: &str,
     offsets: &[ReplicaOffset],
@@ -235,12 +235,12 @@ mod tests {
             (offsets(None, None), None),
         ];
         for (given, want) in cases {
-            let got = choose(&shard(), "p", &given).ok().map(|f| f.to);
+            let got = target(&shard(), "p", &given).ok().map(|f| f.to);
             assert_eq!(got.as_deref(), want, "{given:?}");
         }
         let mut other_zones = shard();
         other_zones.nodes[2].availability_zone = Some("c".into());
-        let f = choose(&other_zones, "p", &offsets(Some(10), Some(10))).unwrap();
+        let f = target(&other_zones, "p", &offsets(Some(10), Some(10))).unwrap();
         assert_eq!(f.to, "r1");
         assert!(f.reason.contains("highest offset (10)"), "{}", f.reason);
     }
@@ -257,7 +257,7 @@ mod tests {
         failed.nodes[1].health = NodeHealth::Failed;
         let ids: Vec<&str> = candidates(&failed, "p").map(|n| n.id.as_str()).collect();
         assert_eq!(ids, ["r2"]);
-        let f = choose(&failed, "p", &offsets(Some(99), Some(1))).unwrap();
+        let f = target(&failed, "p", &offsets(Some(99), Some(1))).unwrap();
         assert_eq!(f.to, "r2", "a replica marked failed is never chosen");
     }
 
@@ -266,13 +266,13 @@ mod tests {
         // A stale view: the shard was handed over to r1 already; r2 follows r1.
         let mut moved = offsets(Some(5), Some(9));
         moved[1].primary = Some(("10.0.0.2".into(), 6379));
-        let f = choose(&shard(), "p", &moved).unwrap();
+        let f = target(&shard(), "p", &moved).unwrap();
         assert_eq!(f.to, "r1");
         let mut linked = offsets(Some(5), Some(9));
         linked[0].link_up = true;
         linked[1].link_up = true;
         assert!(
-            choose(&shard(), "p", &linked).is_err(),
+            target(&shard(), "p", &linked).is_err(),
             "its primary answers it: not dead"
         );
     }
@@ -312,7 +312,7 @@ mod tests {
             (death("p", None, false), &moving, "busy", false),
         ];
         for (d, moves, want, handled) in cases {
-            let v = on_death(&d, moves);
+            let v = decide(&d, moves);
             let case = format!(
                 "{} last {:?} terminating {}",
                 d.node, d.last_handled, d.terminating
@@ -320,7 +320,7 @@ mod tests {
             assert_eq!((kind(&v), v.handled()), (want, handled), "{case}");
         }
         let DeathVerdict::ReadOffsets { shard, candidates } =
-            on_death(&death("p", None, false), &idle)
+            decide(&death("p", None, false), &idle)
         else {
             unreachable!()
         };

@@ -198,11 +198,6 @@ impl Candidate {
         self.seen.as_ref().and_then(|(r, _)| r.holder())
     }
 
-    /// The next step.
-    pub fn decide(&self, now: Millis) -> LeaseAction {
-        self.next(now).0
-    }
-
     /// The next step and why (for the log).
     pub fn next(&self, now: Millis) -> (LeaseAction, &'static str) {
         let Some((record, seen_at)) = &self.seen else {
@@ -352,19 +347,19 @@ mod tests {
     #[test]
     fn acquires_a_missing_lease() {
         let mut e = Candidate::new("a", T);
-        assert_eq!(e.decide(Millis(0)), LeaseAction::Read);
+        assert_eq!(e.next(Millis(0)).0, LeaseAction::Read);
         e.observe(None, Millis(0));
         assert!(!e.exists());
-        assert_eq!(e.decide(Millis(0)), LeaseAction::Acquire);
+        assert_eq!(e.next(Millis(0)).0, LeaseAction::Acquire);
         e.written(held_by("a", "1"), Millis(0));
         assert!(e.is_coordinator(Millis(1)));
         assert_eq!(
-            e.decide(Millis(1_000)),
+            e.next(Millis(1_000)).0,
             LeaseAction::Wait {
                 until: Millis(2_000)
             }
         );
-        assert_eq!(e.decide(Millis(2_000)), LeaseAction::Renew);
+        assert_eq!(e.next(Millis(2_000)).0, LeaseAction::Renew);
     }
 
     #[test]
@@ -372,17 +367,17 @@ mod tests {
         let mut e = Candidate::new("b", T);
         e.observe(Some(held_by("a", "1")), Millis(0));
         assert_eq!(
-            e.decide(Millis(1_000)),
+            e.next(Millis(1_000)).0,
             LeaseAction::Wait {
                 until: Millis(2_000)
             }
         );
-        assert_eq!(e.decide(Millis(14_999)), LeaseAction::Read);
+        assert_eq!(e.next(Millis(14_999)).0, LeaseAction::Read);
         // The holder renewed at 10 s (new version): the clock starts again.
         e.observe(Some(held_by("a", "2")), Millis(10_000));
-        assert_eq!(e.decide(Millis(20_000)), LeaseAction::Read);
+        assert_eq!(e.next(Millis(20_000)).0, LeaseAction::Read);
         e.observe(Some(held_by("a", "2")), Millis(20_000));
-        assert_eq!(e.decide(Millis(25_000)), LeaseAction::Acquire);
+        assert_eq!(e.next(Millis(25_000)).0, LeaseAction::Acquire);
         assert_eq!(e.record_to_write().transitions, 1);
     }
 
@@ -392,24 +387,24 @@ mod tests {
     fn a_watching_follower_reads_nothing_and_takes_over_on_the_same_clock() {
         let mut e = Candidate::new("b", T);
         e.set_watching(true);
-        assert_eq!(e.decide(Millis(0)), LeaseAction::Read, "nothing known yet");
+        assert_eq!(e.next(Millis(0)).0, LeaseAction::Read, "nothing known yet");
         e.observe(Some(held_by("a", "1")), Millis(0));
         let wait = |until| LeaseAction::Wait {
             until: Millis(until),
         };
-        assert_eq!(e.decide(Millis(1_000)), wait(15_000));
+        assert_eq!(e.next(Millis(1_000)).0, wait(15_000));
         // A renewal delivered by the watch at 2 s moves expiry to 17 s.
         e.observe(Some(held_by("a", "2")), Millis(2_000));
-        assert_eq!(e.decide(Millis(14_999)), wait(17_000));
-        assert_eq!(e.decide(Millis(17_000)), LeaseAction::Acquire);
+        assert_eq!(e.next(Millis(14_999)).0, wait(17_000));
+        assert_eq!(e.next(Millis(17_000)).0, LeaseAction::Acquire);
         // A release delivered by the watch is taken at once.
         e.observe(Some(LeaseRecord::default()), Millis(3_000));
-        assert_eq!(e.decide(Millis(3_000)), LeaseAction::Acquire);
+        assert_eq!(e.next(Millis(3_000)).0, LeaseAction::Acquire);
         // The watch broke: back to a read every retry period.
         e.observe(Some(held_by("a", "3")), Millis(4_000));
         e.set_watching(false);
-        assert_eq!(e.decide(Millis(5_000)), wait(6_000));
-        assert_eq!(e.decide(Millis(6_000)), LeaseAction::Read);
+        assert_eq!(e.next(Millis(5_000)).0, wait(6_000));
+        assert_eq!(e.next(Millis(6_000)).0, LeaseAction::Read);
         assert!(e.wants_changes());
         e.written(held_by("b", "4"), Millis(6_000));
         assert!(!e.wants_changes(), "a holder needs no watch");
@@ -423,14 +418,14 @@ mod tests {
             ..held_by("a", "1")
         };
         e.observe(Some(long(20_000)), Millis(0));
-        assert_eq!(e.decide(Millis(19_999)), LeaseAction::Read);
-        assert_eq!(e.decide(Millis(20_000)), LeaseAction::Acquire);
+        assert_eq!(e.next(Millis(19_999)).0, LeaseAction::Read);
+        assert_eq!(e.next(Millis(20_000)).0, LeaseAction::Acquire);
         // A forged hour (or more) is honoured for two of our leases only.
         for forged in [MAX_LEASE_MS, u64::MAX] {
             let mut f = Candidate::new("b", T);
             f.observe(Some(long(forged)), Millis(0));
-            assert_eq!(f.decide(Millis(29_999)), LeaseAction::Read);
-            assert_eq!(f.decide(Millis(30_000)), LeaseAction::Acquire);
+            assert_eq!(f.next(Millis(29_999)).0, LeaseAction::Read);
+            assert_eq!(f.next(Millis(30_000)).0, LeaseAction::Acquire);
         }
     }
 
@@ -441,7 +436,7 @@ mod tests {
         let recreated = Candidate::new(election_identity("valkey-0-0", Some("uid-2")), T);
         for (mut e, takes) in [(restarted, true), (recreated, false)] {
             e.observe(Some(held_by(&old, "1")), Millis(1_000));
-            let acquires = e.decide(Millis(1_000)) == LeaseAction::Acquire;
+            let acquires = e.next(Millis(1_000)).0 == LeaseAction::Acquire;
             assert_eq!(acquires, takes, "{}", e.identity);
         }
         assert_eq!(election_identity("p", None), "p");
@@ -474,7 +469,7 @@ mod tests {
         e.observe(Some(held_by("a", "1")), Millis(0));
         e.read_failed(Millis(2_000));
         assert_eq!(
-            e.decide(Millis(2_001)),
+            e.next(Millis(2_001)).0,
             LeaseAction::Wait {
                 until: Millis(4_000)
             }
@@ -494,6 +489,6 @@ mod tests {
             }),
             Millis(500),
         );
-        assert_eq!(e.decide(Millis(500)), LeaseAction::Acquire);
+        assert_eq!(e.next(Millis(500)).0, LeaseAction::Acquire);
     }
 }

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 use valkey_sidecar_core::formation::{
     ClusterNode, FormationView, Listing, MAX_PAIR_MEETS, PERIOD_MS, RECHECK_MS, SLOTS, Seat, Step,
-    incomplete, decide, round_due,
+    decide, incomplete, round_due,
 };
 use valkey_sidecar_core::observation::Role;
 use valkey_sidecar_core::shards::{NodeHealth, Shard, ShardNode};

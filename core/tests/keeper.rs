@@ -6,10 +6,11 @@ mod support;
 
 use support::*;
 use valkey_sidecar_core::heartbeat::{PeerSight, Promise, VouchedUntil};
-use valkey_sidecar_core::observation::History;
-use valkey_sidecar_core::replication::{keeper,
+use valkey_sidecar_core::observation::{History, Observation, PrimaryLink, Role};
+use valkey_sidecar_core::replication::{
     LocalAction, LocalRole, LocalValkey, LocalView, NOT_FOLLOWING, RunTrust, SeenRecord,
-    ShardRecord, Successor, awaiting_promotion, claim, may_advertise, successor_wanted,
+    ShardRecord, Successor, ValkeyMemory, awaiting_promotion, claim, keeper, may_advertise,
+    successor_wanted,
 };
 use valkey_sidecar_core::time::Millis;
 
@@ -541,7 +542,8 @@ fn fence_pauses_for_a_lease_and_demotion_targets_the_recorded_address() {
             reason: "could not renew the record before my renew deadline".into()
         }
     );
-    let LocalAction::Demote { to, .. } = keeper::decide(&follower_view(master("run", 1_000))) else {
+    let LocalAction::Demote { to, .. } = keeper::decide(&follower_view(master("run", 1_000)))
+    else {
         panic!("expected a demotion")
     };
     assert_eq!(to, "10.0.0.11:6379");
@@ -741,7 +743,12 @@ fn heartbeat_table() {
         ),
     ];
     for (name, v, want) in rows {
-        assert_eq!(keeper::decide(&v).kind(), want, "{name}: {:?}", keeper::decide(&v));
+        assert_eq!(
+            keeper::decide(&v).kind(),
+            want,
+            "{name}: {:?}",
+            keeper::decide(&v)
+        );
     }
 }
 
@@ -759,7 +766,10 @@ fn a_member_named_primary_waits_out_its_promise() {
     let promised = keeper::decide(&named(1_000, Some(("pod-1", 1_900))));
     assert_eq!(promised.kind(), "wait", "{promised:?}");
     assert!(promised.reason().contains("promised pod-1"), "{promised:?}");
-    assert_eq!(keeper::decide(&named(1_900, Some(("pod-1", 1_900)))).kind(), "renew");
+    assert_eq!(
+        keeper::decide(&named(1_900, Some(("pod-1", 1_900)))).kind(),
+        "renew"
+    );
     assert_eq!(keeper::decide(&named(1_000, None)).kind(), "renew");
     // Promoted without its consent (a coordinator of an older version): fenced, no renewal,
     // until the promise ran out.
@@ -793,4 +803,118 @@ fn promises_are_asked_for_once_a_renewal_is_overdue() {
     assert!(may_advertise(&with_peers(lapsed.clone(), both)));
     let one = peers(&[("pod-1", 10_100, true)]);
     assert!(!may_advertise(&with_peers(lapsed, one)));
+}
+
+// LocalValkey::read: the keeper's reading of its own Valkey.
+
+#[test]
+fn a_replica_is_fresh_only_without_keys_and_offset() {
+    let mut obs = Observation {
+        role: Role::Replica,
+        link: Some(PrimaryLink {
+            host: "127.1.0.2".into(),
+            port: 6379,
+            ..PrimaryLink::default()
+        }),
+        ..Observation::default()
+    };
+    assert!(obs.fresh());
+    assert_eq!(
+        LocalRole::of(&obs),
+        Some(LocalRole::Replica {
+            of: "127.1.0.2:6379".into()
+        })
+    );
+    if let Some(l) = obs.link.as_mut() {
+        l.offset = 10;
+    }
+    assert!(!obs.fresh());
+    let primary = Observation {
+        role: Role::Primary,
+        keys: 1,
+        ..Observation::default()
+    };
+    assert!(!primary.fresh());
+}
+
+fn run(role: Role, run_id: &str, keys: u64) -> Observation {
+    Observation {
+        role,
+        run_id: Some(run_id.into()),
+        keys,
+        repl_offset: keys * 10,
+        ..Observation::default()
+    }
+}
+
+#[test]
+fn a_loading_or_roleless_valkey_reads_as_unknown() {
+    let mut memory = ValkeyMemory::default();
+    let loading = Observation {
+        loading: true,
+        ..run(Role::Primary, "r1", 5)
+    };
+    assert_eq!(
+        LocalValkey::read(&loading, Millis(0), Millis(0), &mut memory),
+        None
+    );
+    let orphan = run(Role::Replica, "r1", 5);
+    assert_eq!(
+        LocalValkey::read(&orphan, Millis(0), Millis(0), &mut memory),
+        None
+    );
+}
+
+#[test]
+fn the_role_is_dated_from_its_first_sight_in_this_run() {
+    let mut memory = ValkeyMemory::default();
+    let read = |obs: &Observation, now: u64, memory: &mut ValkeyMemory| {
+        LocalValkey::read(obs, Millis(now), Millis(now), memory).unwrap()
+    };
+    assert_eq!(
+        read(&run(Role::Primary, "r1", 5), 100, &mut memory).since,
+        Millis(100)
+    );
+    assert_eq!(
+        read(&run(Role::Primary, "r1", 6), 200, &mut memory).since,
+        Millis(100)
+    );
+    // A restart is a new run: its role is new, however alike.
+    assert_eq!(
+        read(&run(Role::Primary, "r2", 6), 300, &mut memory).since,
+        Millis(300)
+    );
+    let replica = Observation {
+        link: Some(PrimaryLink {
+            host: "10.0.0.1".into(),
+            port: 6379,
+            ..PrimaryLink::default()
+        }),
+        ..run(Role::Replica, "r2", 6)
+    };
+    let r = read(&replica, 400, &mut memory);
+    assert_eq!((r.since, r.observed_at), (Millis(400), Millis(400)));
+}
+
+#[test]
+fn a_master_whose_run_started_empty_or_restarted_stays_fresh_until_it_holds_the_record() {
+    let fresh = |obs: &Observation, memory: &mut ValkeyMemory| {
+        LocalValkey::read(obs, Millis(0), Millis(0), memory)
+            .unwrap()
+            .fresh
+    };
+    // Started empty: the keys it gains later (clients writing to an empty primary) are not the
+    // shard's data.
+    let mut memory = ValkeyMemory::default();
+    assert!(fresh(&run(Role::Primary, "r1", 0), &mut memory));
+    assert!(fresh(&run(Role::Primary, "r1", 9), &mut memory));
+    memory.held("r1");
+    assert!(!fresh(&run(Role::Primary, "r1", 9), &mut memory));
+    // First seen with data: trusted; restarted under this agent: not, whatever it holds.
+    let mut memory = ValkeyMemory::default();
+    assert!(!fresh(&run(Role::Primary, "r1", 9), &mut memory));
+    assert!(fresh(&run(Role::Primary, "r2", 9), &mut memory));
+    // Holding the record with another run does not vouch for this one.
+    memory.held("r1");
+    assert!(fresh(&run(Role::Primary, "r2", 9), &mut memory));
 }

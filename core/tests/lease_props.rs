@@ -48,7 +48,7 @@ fn steps(n: usize) -> impl Strategy<Value = Vec<Step>> {
 }
 
 fn act(e: &mut Candidate, store: &mut Store, now: Millis, cut: bool) {
-    match e.decide(now) {
+    match e.next(now).0 {
         LeaseAction::Read if !cut => e.observe(store.record.clone(), now),
         LeaseAction::Acquire | LeaseAction::Renew => {
             match (cut, store.write(e.record_to_write())) {

@@ -6,8 +6,9 @@ mod support;
 
 use support::*;
 use valkey_sidecar_core::observation::{Observation, PrimaryLink, Role};
-use valkey_sidecar_core::replication::{promotion,
+use valkey_sidecar_core::replication::{
     FailoverPolicy, HoldKind, MemberValkey, SeenRecord, ShardMember, ShardRecord, ShardView,
+    promotion,
 };
 use valkey_sidecar_core::time::Millis;
 
@@ -51,7 +52,11 @@ fn a_promotion_among_members_that_all_came_back_without_keys_says_the_data_is_go
     assert!(p.empty, "{p:?}");
     // One member with a key is enough to say nothing.
     view.members[1].valkey.as_mut().unwrap().keys = 1;
-    assert!(!promotion::decide(&view, &FailoverPolicy::default()).unwrap().empty);
+    assert!(
+        !promotion::decide(&view, &FailoverPolicy::default())
+            .unwrap()
+            .empty
+    );
 }
 
 /// The holder's own lease, when longer, is what the record is judged by (a rolling change of
@@ -114,7 +119,9 @@ fn a_gap_in_reads_restarts_the_expiry_clock() {
     let mut v = shard(61_010 + 14_999);
     v.record = Some(after_gap.clone());
     assert_eq!(
-        promotion::decide(&v, &FailoverPolicy::default()).unwrap_err().kind,
+        promotion::decide(&v, &FailoverPolicy::default())
+            .unwrap_err()
+            .kind,
         HoldKind::Held
     );
     v.now = Millis(61_010 + 15_000);
@@ -138,18 +145,24 @@ fn ties_go_to_the_preferred_zone_then_the_pod_name() {
     v.members[1].valkey.as_mut().unwrap().offset = 950;
     v.preferred_zone = Some("b".into());
     assert_eq!(
-        promotion::decide(&v, &FailoverPolicy::default()).unwrap().target,
+        promotion::decide(&v, &FailoverPolicy::default())
+            .unwrap()
+            .target,
         "pod-1"
     );
     v.preferred_zone = None;
     assert_eq!(
-        promotion::decide(&v, &FailoverPolicy::default()).unwrap().target,
+        promotion::decide(&v, &FailoverPolicy::default())
+            .unwrap()
+            .target,
         "pod-1"
     );
     v.members[1].zone = Some("c".into());
     v.preferred_zone = Some("c".into());
     assert_eq!(
-        promotion::decide(&v, &FailoverPolicy::default()).unwrap().target,
+        promotion::decide(&v, &FailoverPolicy::default())
+            .unwrap()
+            .target,
         "pod-1"
     );
 }
@@ -210,7 +223,10 @@ fn the_last_primary_takes_a_vacant_record_back_only_when_no_other_member_holds_d
         members: vec![member("pod-0", Role::Primary, 0, "a")],
         ..shard(1_000)
     };
-    assert_eq!(promotion::decide(&held, &policy).unwrap_err().kind, HoldKind::Held);
+    assert_eq!(
+        promotion::decide(&held, &policy).unwrap_err().kind,
+        HoldKind::Held
+    );
 }
 
 #[test]

@@ -10,11 +10,11 @@ use support::*;
 use valkey_sidecar_core::heartbeat::{PeerSight, Promise, VouchedUntil};
 use valkey_sidecar_core::lease::LeaseTimings;
 use valkey_sidecar_core::observation::{History, Role};
-use valkey_sidecar_core::replication::{keeper, promotion,
-    FailoverPolicy, HoldKind, LocalAction, LocalRole, LocalValkey, LocalView,
-    MemberValkey, Phase, SeenRecord, ShardMember, ShardRecord, ShardView, Successor,
-    SwitchoverAnswer, SwitchoverCommand, SwitchoverEnd, SwitchoverPlan, SwitchoverRun,
-    SwitchoverStep, may_advertise,
+use valkey_sidecar_core::replication::{
+    FailoverPolicy, HoldKind, LocalAction, LocalRole, LocalValkey, LocalView, MemberValkey, Phase,
+    SeenRecord, ShardMember, ShardRecord, ShardView, Successor, SwitchoverAnswer,
+    SwitchoverCommand, SwitchoverEnd, SwitchoverPlan, SwitchoverRun, SwitchoverStep, keeper,
+    may_advertise, promotion,
 };
 use valkey_sidecar_core::time::Millis;
 
@@ -330,17 +330,25 @@ struct SwitchStep {
 impl SwitchStep {
     /// A plausible answer to `command`.
     fn answer(&self, command: &SwitchoverCommand) -> SwitchoverAnswer {
-        let unknown = || SwitchoverAnswer::Unknown { error: "timed out".into() };
-        let failed = || SwitchoverAnswer::Failed { error: "timed out".into() };
+        let unknown = || SwitchoverAnswer::Unknown {
+            error: "timed out".into(),
+        };
+        let failed = || SwitchoverAnswer::Failed {
+            error: "timed out".into(),
+        };
         match command {
             SwitchoverCommand::Pause { .. } => SwitchoverAnswer::Paused {
                 offset: self.offset.map(|o| o % 1_000),
             },
-            SwitchoverCommand::ReadTarget { .. } => SwitchoverAnswer::TargetAt { offset: self.offset },
+            SwitchoverCommand::ReadTarget { .. } => SwitchoverAnswer::TargetAt {
+                offset: self.offset,
+            },
             SwitchoverCommand::WriteRecord { .. } => match self.pick % 4 {
                 0 => SwitchoverAnswer::Written,
                 1 => SwitchoverAnswer::Moved,
-                2 => SwitchoverAnswer::Refused { error: "forbidden".into() },
+                2 => SwitchoverAnswer::Refused {
+                    error: "forbidden".into(),
+                },
                 _ => unknown(),
             },
             SwitchoverCommand::ReadRecord => match self.pick % 3 {
@@ -349,14 +357,21 @@ impl SwitchStep {
                 _ => unknown(),
             },
             SwitchoverCommand::PromoteNoOne { .. } | SwitchoverCommand::ReplicaOf { .. }
-                if self.pick.is_multiple_of(5) => failed(),
+                if self.pick.is_multiple_of(5) =>
+            {
+                failed()
+            }
             _ => SwitchoverAnswer::Ok,
         }
     }
 }
 
 fn switch_steps() -> impl Strategy<Value = Vec<SwitchStep>> {
-    let step = (0u64..3_000, prop::option::weighted(0.8, 0u64..1_200), any::<u8>())
+    let step = (
+        0u64..3_000,
+        prop::option::weighted(0.8, 0u64..1_200),
+        any::<u8>(),
+    )
         .prop_map(|(dt, offset, pick)| SwitchStep { dt, offset, pick });
     prop::collection::vec(step, 1..40)
 }

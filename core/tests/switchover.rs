@@ -75,7 +75,10 @@ fn rolled_back(step: S) -> String {
 fn switchover_happy_path() {
     let mut r = SwitchoverRun::new(plan(), Millis(0));
     assert_eq!(r.next(A::Start, Millis(0)), S::Send(pause()));
-    assert_eq!(r.next(paused(Some(100)), Millis(10)), S::Send(read_target()));
+    assert_eq!(
+        r.next(paused(Some(100)), Millis(10)),
+        S::Send(read_target())
+    );
     assert_eq!(r.phase(), &Phase::CatchingUp { offset: 100 });
     let poll = S::Wait {
         ms: CATCH_UP_POLL_MS,

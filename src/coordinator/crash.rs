@@ -27,7 +27,7 @@ use valkey_sidecar_core::observation::{self, Mode, Observation, Replies};
 use valkey_sidecar_core::shards::{Shard, ShardNode};
 
 use super::execute;
-use super::{Coordinator, Finished, CoordinatorMemory, Move, spawn_move};
+use super::{Coordinator, CoordinatorMemory, Finished, Move, spawn_move};
 use crate::k8s::events::EventType;
 use crate::valkey::{Connector, observe};
 
@@ -216,7 +216,7 @@ impl Coordinator {
             last_handled: memory.crashes.get(&death.node).copied(),
             terminating: pod.is_some_and(|p| p.metadata.deletion_timestamp.is_some()),
         };
-        let verdict = core_crash::on_death(&seen, &memory.moves);
+        let verdict = core_crash::decide(&seen, &memory.moves);
         if verdict.handled() {
             memory.crashes.insert(death.node.clone(), now);
         }
@@ -233,7 +233,7 @@ impl Coordinator {
             DeathVerdict::NotServing | DeathVerdict::Repeated => return,
         };
         let offsets = offsets(candidates.into_iter(), &self.connector).await;
-        match core_crash::choose(shard, &death.node, &offsets) {
+        match core_crash::target(shard, &death.node, &offsets) {
             Ok(chosen) => self.force(chosen, &shards, pods, memory, done),
             Err(why) => {
                 tracing::warn!(node = %death.node, %why, "a primary died; no replica to fail over to")

@@ -43,7 +43,7 @@ use valkey_sidecar_core::time::Millis;
 
 use crate::k8s::events::Recorder;
 use crate::k8s::format::FormatNotice;
-use crate::k8s::lease::{FormedMarker, CoordinatorTerm, RequestCell, StatusAnnotations};
+use crate::k8s::lease::{CoordinatorTerm, FormedMarker, RequestCell, StatusAnnotations};
 use crate::k8s::owner::LeaseOwner;
 use crate::runtime::clock::Clock;
 use crate::runtime::metrics::Metrics;

@@ -44,7 +44,7 @@ use valkey_sidecar_core::time::Millis;
 
 use super::execute::{self, Links};
 use super::watches::Facts;
-use super::{Coordinator, Finished, CoordinatorMemory, Move, spawn_move, world};
+use super::{Coordinator, CoordinatorMemory, Finished, Move, spawn_move, world};
 use crate::k8s::events::EventType;
 use crate::k8s::pods::pod_ip;
 use crate::k8s::shard_lease::ShardLeaseClient;

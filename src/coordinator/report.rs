@@ -124,7 +124,11 @@ impl Coordinator {
 
     /// Hands the status to the Lease writer when it changed (the writer sends whatever is current
     /// with its next renewal); `None` clears it, so a lost Lease leaves nothing stale behind.
-    pub(super) fn publish(&self, conditions: Option<Vec<Condition>>, memory: &mut CoordinatorMemory) {
+    pub(super) fn publish(
+        &self,
+        conditions: Option<Vec<Condition>>,
+        memory: &mut CoordinatorMemory,
+    ) {
         let next = conditions.map(|conditions| Status {
             conditions,
             last_decision: memory.last_decision.clone(),

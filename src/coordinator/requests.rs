@@ -86,7 +86,13 @@ impl Coordinator {
         self.answer(memory, id, verdict, message);
     }
 
-    fn answer(&self, memory: &mut CoordinatorMemory, id: String, outcome: Outcome, message: String) {
+    fn answer(
+        &self,
+        memory: &mut CoordinatorMemory,
+        id: String,
+        outcome: Outcome,
+        message: String,
+    ) {
         tracing::info!(%id, outcome = outcome.as_str(), %message, "switchover request answered");
         self.requests.consume();
         memory.asked.answer = Some(SwitchoverAnswer {

@@ -18,14 +18,18 @@ use valkey_sidecar_core::time::Millis;
 use super::execute::MoveOutcome;
 use super::report::{completion, ended, wall_clock};
 use super::watches::Facts;
-use super::{Coordinator, Finished, CoordinatorMemory, Move, execute, spawn_move, world};
+use super::{Coordinator, CoordinatorMemory, Finished, Move, execute, spawn_move, world};
 use crate::k8s::events::EventType;
 use crate::k8s::pods::pod_ip;
 use crate::valkey::Connector;
 
 impl Coordinator {
     /// With `SIDECAR_CLUSTER_SHARDS`: a formation round when `core::formation::round_due` says so.
-    pub(super) async fn form_if_incomplete(&self, pods: &Store<Pod>, memory: &mut CoordinatorMemory) {
+    pub(super) async fn form_if_incomplete(
+        &self,
+        pods: &Store<Pod>,
+        memory: &mut CoordinatorMemory,
+    ) {
         let Some(shards) = self.formation_shards else {
             return;
         };

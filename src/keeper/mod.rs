@@ -21,11 +21,9 @@ use tokio::sync::watch;
 use valkey_sidecar_core::health::{Bounds, HealthState};
 use valkey_sidecar_core::heartbeat::{PeerSight, Promise};
 use valkey_sidecar_core::lease::LeaseTimings;
-use valkey_sidecar_core::observation::{Observation, Role};
 use valkey_sidecar_core::replication::{
-    Claim, Holding, LocalAction, LocalRole, LocalValkey, LocalView, RunTrust, SeenRecord,
-    ShardRecord, awaiting_promotion, claim, keeper, keeper_read_due, may_advertise,
-    successor_wanted, unvouched,
+    Claim, Holding, LocalAction, LocalValkey, LocalView, SeenRecord, ShardRecord, ValkeyMemory,
+    awaiting_promotion, claim, keeper, keeper_read_due, may_advertise, successor_wanted, unvouched,
 };
 use valkey_sidecar_core::time::Millis;
 
@@ -109,11 +107,8 @@ struct KeeperMemory {
     seen: Option<SeenRecord>,
     holding: Option<Holding>,
     fenced_until: Option<Millis>,
-    /// The local role and run as last observed, and since when.
-    role: Option<(LocalRole, String, Millis)>,
-    /// The current Valkey run and whether its data is trusted (`core::replication::RunTrust`). A
-    /// restart with persistence costs a failover; that is the safe side.
-    run: Option<RunTrust>,
+    /// The local Valkey's role and run, and whether its data is trusted.
+    valkey: ValkeyMemory,
     /// Pod name → (`ip:port`, when looked up), for the recorded primary.
     addrs: BTreeMap<String, (String, Millis)>,
     /// The pod outside the shard a record last named (reported once, `foreign`).
@@ -428,29 +423,7 @@ impl Keeper {
         let obs = state.current(now, &self.bounds).cloned()?;
         let observed_at = state.observation.as_ref().map_or(now, |(at, _)| *at);
         drop(state);
-        if obs.loading {
-            return None;
-        }
-        let role = local_role(&obs)?;
-        let run_id = obs.run_id.clone().unwrap_or_default();
-        let since = match &memory.role {
-            Some((r, id, since)) if *r == role && *id == run_id => *since,
-            _ => now,
-        };
-        memory.role = Some((role.clone(), run_id.clone(), since));
-        let synced = obs.link.as_ref().is_some_and(|l| l.ever_up);
-        let trust = RunTrust::observe(memory.run.as_ref(), &run_id, &role, obs.fresh(), synced);
-        // Only a master is judged by how its run started; a replica that synced is not empty.
-        let fresh = obs.fresh() || (role == LocalRole::Primary && trust.untrusted);
-        memory.run = Some(trust);
-        Some(LocalValkey {
-            role,
-            fresh,
-            run_id,
-            since,
-            observed_at,
-            history: obs.history,
-        })
+        LocalValkey::read(&obs, observed_at, now, &mut memory.valkey)
     }
 
     /// Reads the record every retry period, at once when the local role changed since the last
@@ -627,9 +600,7 @@ impl Keeper {
             Ok(written) => {
                 let run_id = view.valkey.as_ref().map(|v| v.run_id.clone());
                 let run_id = run_id.unwrap_or_default();
-                if let Some(t) = memory.run.as_mut().filter(|t| t.run_id == run_id) {
-                    *t = t.held();
-                }
+                memory.valkey.held(&run_id);
                 memory.holding = Some(Holding {
                     epoch: written.epoch,
                     renewed_at: sent,
@@ -827,24 +798,10 @@ fn seat_of(pod: &Pod) -> Seat {
     }
 }
 
-fn local_role(obs: &Observation) -> Option<LocalRole> {
-    match obs.role {
-        Role::Primary => Some(LocalRole::Primary),
-        Role::Replica => {
-            let link = obs.link.as_ref()?;
-            Some(LocalRole::Replica {
-                of: format!("{}:{}", link.host, link.port),
-            })
-        }
-        Role::Unknown => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::k8s::pods::{NODE_INDEX_LABEL, POD_INDEX_LABEL};
-    use valkey_sidecar_core::observation::PrimaryLink;
 
     #[test]
     fn the_seat_comes_from_the_static_labels_with_shard_0_by_default() {
@@ -909,35 +866,5 @@ mod tests {
         both.insert(NODE_INDEX_LABEL.to_owned(), "1".to_owned());
         assert_eq!(node_index(&both), Some(1), "the operator's label wins");
         assert_eq!(node_index(&BTreeMap::new()), None);
-    }
-
-    #[test]
-    fn a_replica_is_fresh_only_without_keys_and_offset() {
-        let mut obs = Observation {
-            role: Role::Replica,
-            link: Some(PrimaryLink {
-                host: "127.1.0.2".into(),
-                port: 6379,
-                ..PrimaryLink::default()
-            }),
-            ..Observation::default()
-        };
-        assert!(obs.fresh());
-        assert_eq!(
-            local_role(&obs),
-            Some(LocalRole::Replica {
-                of: "127.1.0.2:6379".into()
-            })
-        );
-        if let Some(l) = obs.link.as_mut() {
-            l.offset = 10;
-        }
-        assert!(!obs.fresh());
-        let primary = Observation {
-            role: Role::Primary,
-            keys: 1,
-            ..Observation::default()
-        };
-        assert!(!primary.fresh());
     }
 }

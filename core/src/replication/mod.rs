@@ -47,7 +47,7 @@ pub use crate::lease::{MAX_LEASE_MS, judged_lease_ms};
 // `promotion::decide`), called through its module.
 pub use keeper::{
     Claim, Holding, LocalAction, LocalRole, LocalValkey, LocalView, NOT_FOLLOWING, RunTrust,
-    Successor, awaiting_promotion, claim, may_advertise, successor_wanted, unvouched,
+    Successor, ValkeyMemory, awaiting_promotion, claim, may_advertise, successor_wanted, unvouched,
 };
 pub use promotion::{
     FailoverPolicy, Hold, HoldKind, MemberValkey, Promotion, ShardMember, ShardView, candidates,

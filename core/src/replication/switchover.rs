@@ -116,10 +116,7 @@ pub enum SwitchoverStep {
     /// Send this command.
     Send(SwitchoverCommand),
     /// Wait, then send this command.
-    Wait {
-        ms: u64,
-        command: SwitchoverCommand,
-    },
+    Wait { ms: u64, command: SwitchoverCommand },
     /// Over: nothing more is sent.
     End(SwitchoverEnd),
 }
@@ -328,7 +325,10 @@ impl SwitchoverRun {
         };
         if now >= self.deadline() {
             let at = target.map_or("unknown".into(), |o| o.to_string());
-            let reason = format!("{} reached offset {at}, not {offset}, in time", self.plan.to);
+            let reason = format!(
+                "{} reached offset {at}, not {offset}, in time",
+                self.plan.to
+            );
             return self.roll_back(reason);
         }
         if target.is_some_and(|t| t >= offset) {
@@ -425,7 +425,8 @@ impl SwitchoverRun {
 
     fn promoted(&mut self, pod: &str, answer: SwitchoverAnswer) -> SwitchoverStep {
         if let SwitchoverAnswer::Failed { error } = answer {
-            self.failures.push(format!("REPLICAOF NO ONE on {pod}: {error}"));
+            self.failures
+                .push(format!("REPLICAOF NO ONE on {pod}: {error}"));
         }
         self.go_on()
     }

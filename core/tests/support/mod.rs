@@ -171,4 +171,3 @@ pub fn plan() -> SwitchoverPlan {
         timeout_ms: 5_000,
     }
 }
-

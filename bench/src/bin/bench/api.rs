@@ -120,7 +120,10 @@ fn print_steady(stage: &Stage, roles: &Roles, steady: &Usage, window: Duration) 
     );
     println!("#### Steady state ({} s window)\n", window.as_secs());
     println!("{}", steady.verb_table(&roles.agents(stage, false)));
-    let followers = stage.pods.iter().filter(|p| p.as_str() != roles.coordinator);
+    let followers = stage
+        .pods
+        .iter()
+        .filter(|p| p.as_str() != roles.coordinator);
     let follower_writes = followers
         .map(|p| steady.writes(&pod_identity(&stage.namespace, p)))
         .max()
@@ -235,7 +238,11 @@ fn chart_agents(
     pods.iter()
         .map(|p| {
             let pod = name(p);
-            let mut part = vec![if pod == coordinator { "coordinator" } else { "follower" }];
+            let mut part = vec![if pod == coordinator {
+                "coordinator"
+            } else {
+                "follower"
+            }];
             if pod == old {
                 part.push("evicted primary, recreated");
             }

@@ -28,7 +28,8 @@ const NODE_TIMEOUT_MS: u64 = 5000;
 /// `bench handover`: `runs` hand-overs and `runs` crashes of a primary's Valkey on one
 /// coordinated stage, then the same moves by Valkey on its own, and the comparison.
 pub async fn run(bin: &Path, runs: usize) -> Result<()> {
-    let (stage, coordinator) = coordinated_stage(bin, &[("SIDECAR_BALANCE", "false")], false).await?;
+    let (stage, coordinator) =
+        coordinated_stage(bin, &[("SIDECAR_BALANCE", "false")], false).await?;
     let moves = handovers(&stage, runs).await?;
     let crashes = crashes(&stage, runs).await?;
     drop(stage);

@@ -7,7 +7,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use valkey_sidecar_core::formation::{ClusterNode, FormationView, Seat, decide as decide_formation};
+use valkey_sidecar_core::formation::{
+    ClusterNode, FormationView, Seat, decide as decide_formation,
+};
 use valkey_sidecar_core::observation::Role;
 use valkey_sidecar_core::plan::{Member, NodeInfo, PodInfo, Policy, World, decide};
 use valkey_sidecar_core::shards::NodeHealth;
