@@ -112,6 +112,16 @@ pub struct Successor {
     pub history: History,
 }
 
+impl Successor {
+    /// The recorded primary's Valkey as one observation of it shows it.
+    pub fn of(obs: &Observation) -> Successor {
+        Successor {
+            primary: obs.role == Role::Primary,
+            history: obs.history.clone(),
+        }
+    }
+}
+
 /// Whether the data of the local Valkey's current run can be trusted, as the keeper tracks it
 /// from one observation to the next.
 ///
