@@ -11,7 +11,7 @@ use valkey_sidecar::coordinator::execute::{self, Links, MoveOutcome};
 use valkey_sidecar::k8s::shard_lease::ShardLeaseClient;
 use valkey_sidecar::runtime::clock::Clock;
 use valkey_sidecar::valkey::Connector;
-use valkey_sidecar_core::replication::{Promotion, ShardRecord, SwitchoverPlan};
+use valkey_sidecar_core::replication::{Promotion, RecordHandoverPlan, ShardRecord};
 use valkey_sidecar_testkit::k8s::writer::{Writer, lost};
 use valkey_sidecar_testkit::k8s::{ControlPlane, ControlPlaneOptions};
 use valkey_sidecar_testkit::{ReplicationSet, ServerOptions, ValkeyServer, wait_for};
@@ -80,8 +80,8 @@ impl Shard {
         Links::new(pods.collect::<BTreeMap<_, _>>())
     }
 
-    fn plan(&self, from: &str, to: &str, epoch: u64, timeout_ms: u64) -> SwitchoverPlan {
-        SwitchoverPlan {
+    fn plan(&self, from: &str, to: &str, epoch: u64, timeout_ms: u64) -> RecordHandoverPlan {
+        RecordHandoverPlan {
             from: from.into(),
             to: to.into(),
             to_addr: format!("{} {}", self.node(to).host(), self.node(to).port()),
@@ -184,7 +184,7 @@ async fn a_switchover_moves_record_and_primary_without_losing_a_write_faster_tha
     let ours = under_writes(&shard, POD[1], async || {
         let plan = shard.plan(POD[0], POD[1], 1, 5000);
         let record = shard.record.clone();
-        execute::switchover(plan, shard.links(), record, Clock::start(), || true).await
+        execute::record_handover(plan, shard.links(), record, Clock::start(), || true).await
     })
     .await;
     let MoveOutcome::Done { took } = ours else {
@@ -215,7 +215,7 @@ async fn a_switchover_whose_target_cannot_catch_up_rolls_back_and_writes_resume(
     shard.node(POD[0]).cmd(&["SET", "missed", "1"]).unwrap();
     let plan = shard.plan(POD[0], POD[1], 1, 300);
     let t = Instant::now();
-    let out = execute::switchover(
+    let out = execute::record_handover(
         plan,
         shard.links(),
         shard.record.clone(),

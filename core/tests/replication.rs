@@ -12,9 +12,9 @@ use valkey_sidecar_core::lease::LeaseTimings;
 use valkey_sidecar_core::observation::{History, Role};
 use valkey_sidecar_core::replication::{
     FailoverPolicy, HoldKind, LocalAction, LocalRole, LocalValkey, LocalView, MemberValkey, Phase,
-    SeenRecord, ShardMember, ShardRecord, ShardView, Successor, SwitchoverAnswer,
-    SwitchoverCommand, SwitchoverEnd, SwitchoverPlan, SwitchoverRun, SwitchoverStep, keeper,
-    may_advertise, promotion,
+    RecordHandoverAnswer, RecordHandoverCommand, RecordHandoverEnd, RecordHandoverPlan,
+    RecordHandoverRun, RecordHandoverStep, SeenRecord, ShardMember, ShardRecord, ShardView,
+    Successor, keeper, may_advertise, promotion,
 };
 use valkey_sidecar_core::time::Millis;
 
@@ -329,39 +329,40 @@ struct SwitchStep {
 
 impl SwitchStep {
     /// A plausible answer to `command`.
-    fn answer(&self, command: &SwitchoverCommand) -> SwitchoverAnswer {
-        let unknown = || SwitchoverAnswer::Unknown {
+    fn answer(&self, command: &RecordHandoverCommand) -> RecordHandoverAnswer {
+        let unknown = || RecordHandoverAnswer::Unknown {
             error: "timed out".into(),
         };
-        let failed = || SwitchoverAnswer::Failed {
+        let failed = || RecordHandoverAnswer::Failed {
             error: "timed out".into(),
         };
         match command {
-            SwitchoverCommand::Pause { .. } => SwitchoverAnswer::Paused {
+            RecordHandoverCommand::Pause { .. } => RecordHandoverAnswer::Paused {
                 offset: self.offset.map(|o| o % 1_000),
             },
-            SwitchoverCommand::ReadTarget { .. } => SwitchoverAnswer::TargetAt {
+            RecordHandoverCommand::ReadTarget { .. } => RecordHandoverAnswer::TargetAt {
                 offset: self.offset,
             },
-            SwitchoverCommand::WriteRecord { .. } => match self.pick % 4 {
-                0 => SwitchoverAnswer::Written,
-                1 => SwitchoverAnswer::Moved,
-                2 => SwitchoverAnswer::Refused {
+            RecordHandoverCommand::WriteRecord { .. } => match self.pick % 4 {
+                0 => RecordHandoverAnswer::Written,
+                1 => RecordHandoverAnswer::Moved,
+                2 => RecordHandoverAnswer::Refused {
                     error: "forbidden".into(),
                 },
                 _ => unknown(),
             },
-            SwitchoverCommand::ReadRecord => match self.pick % 3 {
-                0 => SwitchoverAnswer::Record(Some(record(Some("pod-1"), Some("pod-1"), 6))),
-                1 => SwitchoverAnswer::Record(Some(record(Some("pod-2"), Some("pod-2"), 6))),
+            RecordHandoverCommand::ReadRecord => match self.pick % 3 {
+                0 => RecordHandoverAnswer::Record(Some(record(Some("pod-1"), Some("pod-1"), 6))),
+                1 => RecordHandoverAnswer::Record(Some(record(Some("pod-2"), Some("pod-2"), 6))),
                 _ => unknown(),
             },
-            SwitchoverCommand::PromoteNoOne { .. } | SwitchoverCommand::ReplicaOf { .. }
+            RecordHandoverCommand::PromoteNoOne { .. }
+            | RecordHandoverCommand::ReplicaOf { .. }
                 if self.pick.is_multiple_of(5) =>
             {
                 failed()
             }
-            _ => SwitchoverAnswer::Ok,
+            _ => RecordHandoverAnswer::Ok,
         }
     }
 }
@@ -493,7 +494,7 @@ proptest! {
         prop_assert!(!better, "a member with a higher offset was passed over");
     }
 
-    /// Chained decisions, each applied to the store, only ever raise the epoch; a switchover
+    /// Chained decisions, each applied to the store, only ever raise the epoch; a hand-over
     /// writes exactly the next epoch.
     #[test]
     fn epochs_strictly_increase(
@@ -510,11 +511,11 @@ proptest! {
                 current = p.record();
             }
         }
-        let mut r = SwitchoverRun::new(SwitchoverPlan { epoch: first, ..plan() }, Millis(0));
-        r.next(SwitchoverAnswer::Start, Millis(0));
-        r.next(SwitchoverAnswer::Paused { offset: Some(1) }, Millis(1));
-        let step = r.next(SwitchoverAnswer::TargetAt { offset: Some(1) }, Millis(1));
-        let SwitchoverStep::Send(SwitchoverCommand::WriteRecord { epoch, expect_epoch, .. }) = step
+        let mut r = RecordHandoverRun::new(RecordHandoverPlan { epoch: first, ..plan() }, Millis(0));
+        r.next(RecordHandoverAnswer::Start, Millis(0));
+        r.next(RecordHandoverAnswer::Paused { offset: Some(1) }, Millis(1));
+        let step = r.next(RecordHandoverAnswer::TargetAt { offset: Some(1) }, Millis(1));
+        let RecordHandoverStep::Send(RecordHandoverCommand::WriteRecord { epoch, expect_epoch, .. }) = step
         else {
             panic!("{step:?}")
         };
@@ -672,74 +673,74 @@ proptest! {
     }
 
     /// The record moves only after the target reached the offset read under the pause, and only
-    /// before the deadline (a write retried after it is the same write); a switchover that times
+    /// before the deadline (a write retried after it is the same write); a hand-over that times
     /// out before that unpauses and never writes; the target is promoted only once the record is
     /// known to name it; every finished switchover has lifted its last pause, unless the old
     /// primary could not be made a replica or the write's outcome stayed unknown.
     #[test]
-    fn switchover_is_lossless_and_always_unpauses(steps in switch_steps(), timeout in 1u64..8_000) {
-        let p = SwitchoverPlan { timeout_ms: timeout, ..plan() };
-        let mut r = SwitchoverRun::new(p, Millis(0));
+    fn a_record_hand_over_is_lossless_and_always_unpauses(steps in switch_steps(), timeout in 1u64..8_000) {
+        let p = RecordHandoverPlan { timeout_ms: timeout, ..plan() };
+        let mut r = RecordHandoverRun::new(p, Millis(0));
         let mut now = Millis(0);
-        let mut sent: Vec<SwitchoverCommand> = Vec::new();
+        let mut sent: Vec<RecordHandoverCommand> = Vec::new();
         let (mut paused_at, mut target_at, mut ours) = (None, None, false);
-        let mut answer = SwitchoverAnswer::Start;
+        let mut answer = RecordHandoverAnswer::Start;
         let mut end = None;
         for st in steps {
             now = now.plus(st.dt);
             let (before, asked_at) = (r.phase().clone(), now);
             let command = match r.next(answer.clone(), now) {
-                SwitchoverStep::Send(c) => c,
-                SwitchoverStep::Wait { ms, command } => {
+                RecordHandoverStep::Send(c) => c,
+                RecordHandoverStep::Wait { ms, command } => {
                     now = now.plus(ms);
                     command
                 }
-                SwitchoverStep::End(e) => {
+                RecordHandoverStep::End(e) => {
                     end = Some(e);
                     break;
                 }
             };
             let waiting = matches!(before, Phase::Pausing | Phase::CatchingUp { .. });
-            let write = matches!(command, SwitchoverCommand::WriteRecord { .. });
-            if write && !sent.iter().any(|c| matches!(c, SwitchoverCommand::WriteRecord { .. })) {
+            let write = matches!(command, RecordHandoverCommand::WriteRecord { .. });
+            if write && !sent.iter().any(|c| matches!(c, RecordHandoverCommand::WriteRecord { .. })) {
                 let (Some(p), Some(t)) = (paused_at, target_at) else { panic!("{sent:?}") };
                 prop_assert!(t >= p, "written at target offset {} below {}", t, p);
                 prop_assert!(asked_at < r.deadline());
             }
             if waiting && asked_at >= r.deadline() {
                 prop_assert!(matches!(r.phase(), Phase::RollingBack { .. }), "{:?}", r.phase());
-                prop_assert_eq!(&command, &SwitchoverCommand::Unpause { pod: "pod-0".into() });
+                prop_assert_eq!(&command, &RecordHandoverCommand::Unpause { pod: "pod-0".into() });
             }
-            if let SwitchoverCommand::PromoteNoOne { .. } = command {
-                prop_assert!(ours || answer == SwitchoverAnswer::Written, "{:?}", answer);
+            if let RecordHandoverCommand::PromoteNoOne { .. } = command {
+                prop_assert!(ours || answer == RecordHandoverAnswer::Written, "{:?}", answer);
             }
             answer = st.answer(&command);
             match (&command, &answer) {
-                (SwitchoverCommand::Pause { .. }, SwitchoverAnswer::Paused { offset }) => {
+                (RecordHandoverCommand::Pause { .. }, RecordHandoverAnswer::Paused { offset }) => {
                     paused_at = paused_at.or(*offset);
                 }
-                (SwitchoverCommand::ReadTarget { .. }, SwitchoverAnswer::TargetAt { offset }) => {
+                (RecordHandoverCommand::ReadTarget { .. }, RecordHandoverAnswer::TargetAt { offset }) => {
                     target_at = *offset;
                 }
-                (SwitchoverCommand::ReadRecord, SwitchoverAnswer::Record(Some(rec))) => {
+                (RecordHandoverCommand::ReadRecord, RecordHandoverAnswer::Record(Some(rec))) => {
                     ours = rec.holder() == Some("pod-1");
                 }
                 _ => {}
             }
             sent.push(command);
         }
-        let writes: Vec<_> = sent.iter().filter(|c| matches!(c, SwitchoverCommand::WriteRecord { .. })).collect();
+        let writes: Vec<_> = sent.iter().filter(|c| matches!(c, RecordHandoverCommand::WriteRecord { .. })).collect();
         prop_assert!(writes.windows(2).all(|w| w[0] == w[1]), "{:?}", writes);
-        let promoted = sent.iter().any(|c| matches!(c, SwitchoverCommand::PromoteNoOne { .. }));
-        let last_pause = sent.iter().rposition(|c| matches!(c, SwitchoverCommand::Pause { .. }));
-        let last_unpause = sent.iter().rposition(|c| matches!(c, SwitchoverCommand::Unpause { .. }));
+        let promoted = sent.iter().any(|c| matches!(c, RecordHandoverCommand::PromoteNoOne { .. }));
+        let last_pause = sent.iter().rposition(|c| matches!(c, RecordHandoverCommand::Pause { .. }));
+        let last_unpause = sent.iter().rposition(|c| matches!(c, RecordHandoverCommand::Unpause { .. }));
         match end {
-            Some(SwitchoverEnd::RolledBack(reason)) => {
+            Some(RecordHandoverEnd::RolledBack(reason)) => {
                 prop_assert!(!promoted, "{:?}", sent);
                 prop_assert!(!reason.is_empty());
                 prop_assert!(last_unpause > last_pause, "{:?}", sent);
             }
-            Some(SwitchoverEnd::Failed(why)) if why.contains("unknown") => {
+            Some(RecordHandoverEnd::Failed(why)) if why.contains("unknown") => {
                 // Given up with the write's outcome unknown: never before the first pause would
                 // have run out, nothing promoted, the last pause left to expire, not lifted.
                 prop_assert!(now >= r.started().plus(r.pause_ms()));

@@ -8,8 +8,8 @@
 //!    pipeline as the agent's own tick, a short timeout — while it reads the shards' records
 //!    (`<cluster>-<shard>-primary`) concurrently;
 //! 3. plans with the cluster-mode planner (`core::plan::decide`): hand-over of a primary whose pod
-//!    or node is going away, fail-back, balance — each carried out as a switchover
-//!    (`execute::switchover`, the `core::replication::SwitchoverRun` step machine);
+//!    or node is going away, fail-back, balance — each carried out as a hand-over
+//!    (`execute::record_handover`, the `core::replication::RecordHandoverRun` step machine);
 //! 4. for every other shard asks `core::replication::promotion::decide` whether the primary is lost, and
 //!    carries a promotion out (`execute::run_promotion`, the `core::replication::PromotionRun` step machine).
 //!
@@ -36,8 +36,8 @@ use valkey_sidecar_core::moves::Started;
 use valkey_sidecar_core::observation::{self, Mode};
 use valkey_sidecar_core::plan::{Action, Member, Shards, World, decide, preferred_zone};
 use valkey_sidecar_core::replication::{
-    Hold, HoldKind, MemberValkey, Promotion, SeenRecord, ShardRecord, ShardView, SwitchoverPlan,
-    calm, next_read, promotion,
+    Hold, HoldKind, MemberValkey, Promotion, RecordHandoverPlan, SeenRecord, ShardRecord,
+    ShardView, calm, next_read, promotion,
 };
 use valkey_sidecar_core::status;
 use valkey_sidecar_core::time::Millis;
@@ -320,7 +320,7 @@ impl Coordinator {
         self.evict_outdated(&plan.replacements, pods, memory).await;
         let planned = plan.actions.clone();
         for action in plan.actions {
-            self.start_switchover(action, &shards, memory, done);
+            self.start_handover(action, &shards, memory, done);
         }
         self.failovers(&shards, &world, &planned, memory, done);
         self.publish(conditions, memory);
@@ -409,8 +409,8 @@ impl Coordinator {
         Links::new(connectors)
     }
 
-    /// Starts a planned move as a switchover, if the record still names its `from`.
-    fn start_switchover(
+    /// Starts a planned move as a record hand-over, if the record still names its `from`.
+    fn start_handover(
         &self,
         action: Action,
         shards: &[ShardRound],
@@ -420,11 +420,10 @@ impl Coordinator {
         let Some(s) = shards.iter().find(|s| s.name == action.shard) else {
             return;
         };
-        let (Some(plan), Some(record)) = (
-            self.switchover_plan(&action, s),
-            memory.repl.client(&s.name),
-        ) else {
-            tracing::warn!(shard = %action.shard, from = %action.from, "switchover not started: the record does not name the primary, or the target has no address");
+        let (Some(plan), Some(record)) =
+            (self.handover_plan(&action, s), memory.repl.client(&s.name))
+        else {
+            tracing::warn!(shard = %action.shard, from = %action.from, "hand-over not started: the record does not name the primary, or the target has no address");
             return;
         };
         let links = self.links(s);
@@ -432,19 +431,19 @@ impl Coordinator {
         let (lead, clock) = (self.term.clone(), self.clock);
         let run = async move {
             let may_act = || lead.borrow().may_act(clock.now());
-            execute::switchover(plan, links, record, clock, may_act).await
+            execute::record_handover(plan, links, record, clock, may_act).await
         };
         spawn_move(started, run, done);
     }
 
-    fn switchover_plan(&self, action: &Action, s: &ShardRound) -> Option<SwitchoverPlan> {
+    fn handover_plan(&self, action: &Action, s: &ShardRound) -> Option<RecordHandoverPlan> {
         let record = s.existing()?;
         if record.recorded_primary() != Some(action.from.as_str()) {
             return None;
         }
         let to_addr = format!("{} {}", pod_ip(s.pod(&action.to)?)?, self.connector.port);
         let others = s.names().filter(|n| *n != action.from && *n != action.to);
-        Some(SwitchoverPlan {
+        Some(RecordHandoverPlan {
             from: action.from.clone(),
             to: action.to.clone(),
             to_addr,

@@ -6,8 +6,8 @@
 use valkey_sidecar_core::lease::LeaseTimings;
 use valkey_sidecar_core::observation::{History, Role};
 use valkey_sidecar_core::replication::{
-    Holding, LocalRole, LocalValkey, LocalView, MemberValkey, SeenRecord, ShardMember, ShardRecord,
-    ShardView, Successor, SwitchoverPlan,
+    Holding, LocalRole, LocalValkey, LocalView, MemberValkey, RecordHandoverPlan, SeenRecord,
+    ShardMember, ShardRecord, ShardView, Successor,
 };
 use valkey_sidecar_core::time::Millis;
 
@@ -161,8 +161,8 @@ pub fn shard(now: u64) -> ShardView {
     }
 }
 
-pub fn plan() -> SwitchoverPlan {
-    SwitchoverPlan {
+pub fn plan() -> RecordHandoverPlan {
+    RecordHandoverPlan {
         from: "pod-0".into(),
         to: "pod-1".into(),
         to_addr: "10.0.0.11 6379".into(),

@@ -1,4 +1,4 @@
-//! Replication mode's planned move: the executor of `core::replication::SwitchoverRun`, which
+//! Replication mode's hand-over: the executor of `core::replication::RecordHandoverRun`, which
 //! decides the order, the polling, the retries and the read-back; this file sends each command,
 //! with the cluster Lease checked right before, and reports what it saw.
 
@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use valkey_sidecar_core::replication::{
-    SwitchoverAnswer, SwitchoverCommand, SwitchoverEnd, SwitchoverPlan, SwitchoverRun,
-    SwitchoverStep,
+    RecordHandoverAnswer, RecordHandoverCommand, RecordHandoverEnd, RecordHandoverPlan,
+    RecordHandoverRun, RecordHandoverStep,
 };
 
 use super::{
@@ -16,99 +16,99 @@ use super::{
 use crate::k8s::shard_lease::ShardLeaseClient;
 use crate::runtime::clock::Clock;
 
-/// Runs a planned switchover to its end: `SwitchoverRun` decides, this function sends and
+/// Runs a planned hand-over to its end: `RecordHandoverRun` decides, this function sends and
 /// reports each answer back.
-pub async fn switchover(
-    plan: SwitchoverPlan,
+pub async fn record_handover(
+    plan: RecordHandoverPlan,
     mut links: Links,
     record: ShardLeaseClient,
     clock: Clock,
     may_act: impl Fn() -> bool,
 ) -> MoveOutcome {
     let started = Instant::now();
-    let mut run = SwitchoverRun::new(plan, clock.now());
-    let mut answer = SwitchoverAnswer::Start;
+    let mut run = RecordHandoverRun::new(plan, clock.now());
+    let mut answer = RecordHandoverAnswer::Start;
     loop {
         let command = match run.next(answer, clock.now()) {
-            SwitchoverStep::Send(command) => command,
-            SwitchoverStep::Wait { ms, command } => {
+            RecordHandoverStep::Send(command) => command,
+            RecordHandoverStep::Wait { ms, command } => {
                 tokio::time::sleep(Duration::from_millis(ms)).await;
                 command
             }
-            SwitchoverStep::End(end) => return ended(end, &run, started),
+            RecordHandoverStep::End(end) => return ended(end, &run, started),
         };
         if command.needs_lease() && !may_act() {
             return MoveOutcome::NoLease;
         }
-        tracing::debug!(?command, reason = %command.reason(), "switchover");
+        tracing::debug!(?command, reason = %command.reason(), "record hand-over");
         answer = send(&command, &mut links, &record).await;
     }
 }
 
-fn ended(end: SwitchoverEnd, run: &SwitchoverRun, started: Instant) -> MoveOutcome {
+fn ended(end: RecordHandoverEnd, run: &RecordHandoverRun, started: Instant) -> MoveOutcome {
     if let Some(pod) = run.left_paused() {
         tracing::warn!(pod, "left paused: it could not be made a replica");
     }
     match end {
-        SwitchoverEnd::Done => MoveOutcome::Done {
+        RecordHandoverEnd::Done => MoveOutcome::Done {
             took: started.elapsed(),
         },
-        SwitchoverEnd::Failed(why) => MoveOutcome::Failed(why),
-        SwitchoverEnd::RolledBack(why) => MoveOutcome::RolledBack(why),
+        RecordHandoverEnd::Failed(why) => MoveOutcome::Failed(why),
+        RecordHandoverEnd::RolledBack(why) => MoveOutcome::RolledBack(why),
     }
 }
 
 async fn send(
-    command: &SwitchoverCommand,
+    command: &RecordHandoverCommand,
     links: &mut Links,
     record: &ShardLeaseClient,
-) -> SwitchoverAnswer {
+) -> RecordHandoverAnswer {
     match command {
-        SwitchoverCommand::Pause { pod, ms } => pause(links, pod, *ms).await,
-        SwitchoverCommand::ReadTarget { pod } => {
+        RecordHandoverCommand::Pause { pod, ms } => pause(links, pod, *ms).await,
+        RecordHandoverCommand::ReadTarget { pod } => {
             let info = links.command(pod, &info_replication()).await;
             let offset = info.ok().as_ref().and_then(info_u64("slave_repl_offset"));
-            SwitchoverAnswer::TargetAt { offset }
+            RecordHandoverAnswer::TargetAt { offset }
         }
-        SwitchoverCommand::WriteRecord {
+        RecordHandoverCommand::WriteRecord {
             holder,
             epoch,
             expect_holder,
             expect_epoch,
         } => write(record, (expect_holder, *expect_epoch), (holder, *epoch)).await,
-        SwitchoverCommand::ReadRecord => match record.read().await {
-            Ok(read) => SwitchoverAnswer::Record(read),
-            Err(e) => SwitchoverAnswer::Unknown {
+        RecordHandoverCommand::ReadRecord => match record.read().await {
+            Ok(read) => RecordHandoverAnswer::Record(read),
+            Err(e) => RecordHandoverAnswer::Unknown {
                 error: e.to_string(),
             },
         },
-        SwitchoverCommand::PromoteNoOne { pod } => {
+        RecordHandoverCommand::PromoteNoOne { pod } => {
             match links.command(pod, &replicaof_no_one()).await {
-                Ok(_) => SwitchoverAnswer::Ok,
-                Err(e) => SwitchoverAnswer::Failed {
+                Ok(_) => RecordHandoverAnswer::Ok,
+                Err(e) => RecordHandoverAnswer::Failed {
                     error: e.to_string(),
                 },
             }
         }
-        SwitchoverCommand::ReplicaOf { pod, to } => {
+        RecordHandoverCommand::ReplicaOf { pod, to } => {
             if repoint(links, pod, to).await {
-                SwitchoverAnswer::Ok
+                RecordHandoverAnswer::Ok
             } else {
-                SwitchoverAnswer::Failed {
+                RecordHandoverAnswer::Failed {
                     error: "REPLICAOF failed".into(),
                 }
             }
         }
-        SwitchoverCommand::Unpause { pod } => {
+        RecordHandoverCommand::Unpause { pod } => {
             unpause(links, pod).await;
-            SwitchoverAnswer::Ok
+            RecordHandoverAnswer::Ok
         }
     }
 }
 
 /// `MULTI; CLIENT PAUSE <ms> WRITE; INFO replication; EXEC`: the offset is read under the
 /// pause, so every write the old primary acknowledged is at or below it.
-async fn pause(links: &mut Links, pod: &str, ms: u64) -> SwitchoverAnswer {
+async fn pause(links: &mut Links, pod: &str, ms: u64) -> RecordHandoverAnswer {
     let mut pipe = redis::pipe();
     pipe.atomic();
     pipe.cmd("CLIENT").arg("PAUSE").arg(ms).arg("WRITE");
@@ -116,11 +116,11 @@ async fn pause(links: &mut Links, pod: &str, ms: u64) -> SwitchoverAnswer {
     let offset = match links.query(pod, &pipe).await {
         Ok(values) => values.get(1).and_then(info_u64("master_repl_offset")),
         Err(e) => {
-            tracing::warn!(error = %e, "switchover: pause failed");
+            tracing::warn!(error = %e, "hand-over: pause failed");
             None
         }
     };
-    SwitchoverAnswer::Paused { offset }
+    RecordHandoverAnswer::Paused { offset }
 }
 
 /// The record's compare-and-swap from `(holder, epoch)` to the target's.
@@ -128,19 +128,19 @@ async fn write(
     record: &ShardLeaseClient,
     (expect_holder, expect_epoch): (&str, u64),
     (holder, epoch): (&str, u64),
-) -> SwitchoverAnswer {
+) -> RecordHandoverAnswer {
     match record
         .move_to(expect_holder, expect_epoch, holder, epoch)
         .await
     {
-        Ok(true) => SwitchoverAnswer::Written,
-        Ok(false) => SwitchoverAnswer::Moved,
-        Err(e) if not_applied(&e) => SwitchoverAnswer::Refused {
+        Ok(true) => RecordHandoverAnswer::Written,
+        Ok(false) => RecordHandoverAnswer::Moved,
+        Err(e) if not_applied(&e) => RecordHandoverAnswer::Refused {
             error: e.to_string(),
         },
         Err(e) => {
-            tracing::warn!(error = %e, "switchover: record write failed");
-            SwitchoverAnswer::Unknown {
+            tracing::warn!(error = %e, "hand-over: record write failed");
+            RecordHandoverAnswer::Unknown {
                 error: e.to_string(),
             }
         }

@@ -1,7 +1,7 @@
-//! A planned move of a shard's primary as a sans-IO step machine ([`SwitchoverRun`]), in
+//! A planned move of a shard's primary as a sans-IO step machine ([`RecordHandoverRun`]), in
 //! [`PromotionRun`](super::PromotionRun)'s style: pause, catch up, write the record, promote,
 //! repoint, unpause — or unpause and leave everything as it was. The executor sends each
-//! [`SwitchoverCommand`] and reports what it saw ([`SwitchoverAnswer`]); the order, the polling,
+//! [`RecordHandoverCommand`] and reports what it saw ([`RecordHandoverAnswer`]); the order, the polling,
 //! the retries and the read-back of an unanswered record write, which pause to keep and how the
 //! move ends are decided here.
 
@@ -14,13 +14,13 @@ use crate::time::Millis;
 /// it is a compare-and-swap, so a try that landed earlier makes the next one read back).
 pub const WRITE_RETRY_MS: u64 = 100;
 
-/// How often a switchover looks at the target's offset while it catches up: usually well under
+/// How often a hand-over looks at the target's offset while it catches up: usually well under
 /// a millisecond, and every look is one `INFO` on one replica.
 pub const CATCH_UP_POLL_MS: u64 = 2;
 
-/// One command of a switchover, as data.
+/// One command of a hand-over, as data.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SwitchoverCommand {
+pub enum RecordHandoverCommand {
     /// `MULTI; CLIENT PAUSE <ms> WRITE; INFO replication; EXEC` on `pod`: the offset in that
     /// reply is read under the pause, so every acknowledged write is at or below it.
     Pause { pod: String, ms: u64 },
@@ -46,29 +46,29 @@ pub enum SwitchoverCommand {
     Unpause { pod: String },
 }
 
-impl SwitchoverCommand {
+impl RecordHandoverCommand {
     /// Why the command is sent, for logs.
     pub fn reason(&self) -> String {
         match self {
-            SwitchoverCommand::Pause { pod, .. } => format!(
+            RecordHandoverCommand::Pause { pod, .. } => format!(
                 "{pod} stops taking writes, so its offset under the pause bounds every acknowledged write"
             ),
-            SwitchoverCommand::ReadTarget { pod } => {
+            RecordHandoverCommand::ReadTarget { pod } => {
                 format!("{pod} takes the record only once it has that offset")
             }
-            SwitchoverCommand::WriteRecord { holder, epoch, .. } => format!(
+            RecordHandoverCommand::WriteRecord { holder, epoch, .. } => format!(
                 "the record names {holder} at epoch {epoch} before it takes a write, so the old primary's agent fences it"
             ),
-            SwitchoverCommand::ReadRecord => {
+            RecordHandoverCommand::ReadRecord => {
                 "the record write was refused or unanswered: only a read tells whether an earlier try landed".into()
             }
-            SwitchoverCommand::PromoteNoOne { pod } => {
+            RecordHandoverCommand::PromoteNoOne { pod } => {
                 format!("{pod} holds the record and has every write the old primary acknowledged")
             }
-            SwitchoverCommand::ReplicaOf { pod, to } => {
+            RecordHandoverCommand::ReplicaOf { pod, to } => {
                 format!("{pod} follows the shard's primary at {to}")
             }
-            SwitchoverCommand::Unpause { pod } => {
+            RecordHandoverCommand::Unpause { pod } => {
                 format!("{pod} no longer needs the pause: the move landed or was rolled back")
             }
         }
@@ -79,25 +79,25 @@ impl SwitchoverCommand {
     pub fn needs_lease(&self) -> bool {
         !matches!(
             self,
-            SwitchoverCommand::ReadTarget { .. } | SwitchoverCommand::ReadRecord
+            RecordHandoverCommand::ReadTarget { .. } | RecordHandoverCommand::ReadRecord
         )
     }
 }
 
 /// What the executor saw of the last command.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SwitchoverAnswer {
+pub enum RecordHandoverAnswer {
     /// Nothing sent yet.
     Start,
     /// Done (`REPLICAOF`, `CLIENT UNPAUSE`).
     Ok,
     /// A Valkey command that failed.
     Failed { error: String },
-    /// [`SwitchoverCommand::Pause`]: the offset read under the pause (`None`: no reply).
+    /// [`RecordHandoverCommand::Pause`]: the offset read under the pause (`None`: no reply).
     Paused { offset: Option<u64> },
-    /// [`SwitchoverCommand::ReadTarget`]: the target's offset (`None`: it did not answer).
+    /// [`RecordHandoverCommand::ReadTarget`]: the target's offset (`None`: it did not answer).
     TargetAt { offset: Option<u64> },
-    /// [`SwitchoverCommand::WriteRecord`] landed.
+    /// [`RecordHandoverCommand::WriteRecord`] landed.
     Written,
     /// The compare-and-swap found another holder or epoch: someone else moved the record, or an
     /// earlier try whose answer was lost did.
@@ -106,19 +106,22 @@ pub enum SwitchoverAnswer {
     Refused { error: String },
     /// No answer (a timeout, a lost connection, a 5xx): it may have been applied.
     Unknown { error: String },
-    /// [`SwitchoverCommand::ReadRecord`]: the record as read.
+    /// [`RecordHandoverCommand::ReadRecord`]: the record as read.
     Record(Option<ShardRecord>),
 }
 
 /// What to do next.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SwitchoverStep {
+pub enum RecordHandoverStep {
     /// Send this command.
-    Send(SwitchoverCommand),
+    Send(RecordHandoverCommand),
     /// Wait, then send this command.
-    Wait { ms: u64, command: SwitchoverCommand },
+    Wait {
+        ms: u64,
+        command: RecordHandoverCommand,
+    },
     /// Over: nothing more is sent.
-    End(SwitchoverEnd),
+    End(RecordHandoverEnd),
 }
 
 /// The outcome of a record write, once known.
@@ -142,19 +145,19 @@ impl WriteOutcome {
     }
 }
 
-/// How a switchover ended.
+/// How a hand-over ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SwitchoverEnd {
+pub enum RecordHandoverEnd {
     Done,
     /// Over, but not as planned (the reason says what failed or was given up).
     Failed(String),
-    /// Writes resumed on the old primary; the record was not changed by this switchover.
+    /// Writes resumed on the old primary; the record was not changed by this hand-over.
     RolledBack(String),
 }
 
-/// What a switchover is asked to do.
+/// What a hand-over is asked to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SwitchoverPlan {
+pub struct RecordHandoverPlan {
     /// The current primary (the record's holder).
     pub from: String,
     pub to: String,
@@ -162,13 +165,13 @@ pub struct SwitchoverPlan {
     pub to_addr: String,
     /// The other replicas, repointed to the target at the end.
     pub others: Vec<String>,
-    /// The record's epoch when the switchover was planned; the target gets `epoch + 1`.
+    /// The record's epoch when the hand-over was planned; the target gets `epoch + 1`.
     pub epoch: u64,
     /// How long the old primary may stay paused waiting for the target to catch up.
     pub timeout_ms: u64,
 }
 
-/// Where a switchover is.
+/// Where a hand-over is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Phase {
     /// Nothing sent yet.
@@ -184,36 +187,36 @@ pub enum Phase {
     Writing,
     /// The target holds the record: promote, repoint, unpause.
     Committing,
-    /// Writes resume on the old primary; the record was not changed by this switchover.
+    /// Writes resume on the old primary; the record was not changed by this hand-over.
     RollingBack { reason: String },
-    /// Over (see [`SwitchoverEnd`]).
-    Ended(SwitchoverEnd),
+    /// Over (see [`RecordHandoverEnd`]).
+    Ended(RecordHandoverEnd),
 }
 
-/// A planned switchover under way: pause the old primary, wait for the target to catch up, move
+/// A planned hand-over under way: pause the old primary, wait for the target to catch up, move
 /// the record, promote, repoint, unpause — or unpause and leave everything as it was.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SwitchoverRun {
-    plan: SwitchoverPlan,
+pub struct RecordHandoverRun {
+    plan: RecordHandoverPlan,
     started: Millis,
     phase: Phase,
     /// When the last pause was sent (refreshed while the record write's outcome is unknown).
     paused_at: Option<Millis>,
     /// The command last sent.
-    sent: Option<SwitchoverCommand>,
+    sent: Option<RecordHandoverCommand>,
     /// What is left of the commit or the rollback, in order.
-    queue: VecDeque<SwitchoverCommand>,
-    /// What failed in the commit (promoting the target), which makes it a failed switchover.
+    queue: VecDeque<RecordHandoverCommand>,
+    /// What failed in the commit (promoting the target), which makes it a failed hand-over.
     failures: Vec<String>,
     /// Pods whose `REPLICAOF` failed in the commit: each keeps its pause (unpaused, it would take
     /// writes while the record names another) until it expires or its agent demotes it.
     not_demoted: Vec<String>,
 }
 
-impl SwitchoverRun {
-    /// A switchover that has not started yet.
-    pub fn new(plan: SwitchoverPlan, now: Millis) -> SwitchoverRun {
-        SwitchoverRun {
+impl RecordHandoverRun {
+    /// A hand-over that has not started yet.
+    pub fn new(plan: RecordHandoverPlan, now: Millis) -> RecordHandoverRun {
+        RecordHandoverRun {
             plan,
             started: now,
             phase: Phase::Start,
@@ -225,7 +228,7 @@ impl SwitchoverRun {
         }
     }
 
-    pub fn plan(&self) -> &SwitchoverPlan {
+    pub fn plan(&self) -> &RecordHandoverPlan {
         &self.plan
     }
 
@@ -255,31 +258,31 @@ impl SwitchoverRun {
     }
 
     /// The next step, given the answer to the last command.
-    pub fn next(&mut self, answer: SwitchoverAnswer, now: Millis) -> SwitchoverStep {
+    pub fn next(&mut self, answer: RecordHandoverAnswer, now: Millis) -> RecordHandoverStep {
         if let Phase::Ended(end) = &self.phase {
-            return SwitchoverStep::End(end.clone());
+            return RecordHandoverStep::End(end.clone());
         }
         let Some(last) = self.sent.take() else {
             return self.pause(Phase::Pausing, now);
         };
         match last {
-            SwitchoverCommand::Pause { .. } => self.paused(answer, now),
-            SwitchoverCommand::ReadTarget { .. } => self.target_at(answer, now),
-            SwitchoverCommand::WriteRecord { .. } => self.written(answer, now),
-            SwitchoverCommand::ReadRecord => self.read_back(answer, now),
-            SwitchoverCommand::PromoteNoOne { pod } => self.promoted(&pod, answer),
-            SwitchoverCommand::ReplicaOf { pod, .. } => self.repointed(pod, &answer),
+            RecordHandoverCommand::Pause { .. } => self.paused(answer, now),
+            RecordHandoverCommand::ReadTarget { .. } => self.target_at(answer, now),
+            RecordHandoverCommand::WriteRecord { .. } => self.written(answer, now),
+            RecordHandoverCommand::ReadRecord => self.read_back(answer, now),
+            RecordHandoverCommand::PromoteNoOne { pod } => self.promoted(&pod, answer),
+            RecordHandoverCommand::ReplicaOf { pod, .. } => self.repointed(pod, &answer),
             // Best effort: an unpause that failed is logged by the executor.
-            SwitchoverCommand::Unpause { .. } => self.go_on(),
+            RecordHandoverCommand::Unpause { .. } => self.go_on(),
         }
     }
 
     /// Sends (or refreshes) the pause on the old primary and moves to `phase`.
-    fn pause(&mut self, phase: Phase, now: Millis) -> SwitchoverStep {
+    fn pause(&mut self, phase: Phase, now: Millis) -> RecordHandoverStep {
         self.phase = phase;
         self.paused_at = Some(now);
         let ms = self.pause_ms();
-        self.send(SwitchoverCommand::Pause {
+        self.send(RecordHandoverCommand::Pause {
             pod: self.plan.from.clone(),
             ms,
         })
@@ -287,11 +290,11 @@ impl SwitchoverRun {
 
     /// The first pause's offset starts the catch-up; a refreshed pause's answer does not matter
     /// (the offset that bounds the acknowledged writes was read under the first one).
-    fn paused(&mut self, answer: SwitchoverAnswer, now: Millis) -> SwitchoverStep {
+    fn paused(&mut self, answer: RecordHandoverAnswer, now: Millis) -> RecordHandoverStep {
         if self.phase == Phase::Writing {
             return self.retry_write();
         }
-        if let SwitchoverAnswer::Paused { offset: Some(o) } = answer {
+        if let RecordHandoverAnswer::Paused { offset: Some(o) } = answer {
             self.phase = Phase::CatchingUp { offset: o };
             return self.read_target(now, 0);
         }
@@ -299,7 +302,7 @@ impl SwitchoverRun {
     }
 
     /// Looks at the target again (after `wait_ms`), unless the deadline has passed.
-    fn read_target(&mut self, now: Millis, wait_ms: u64) -> SwitchoverStep {
+    fn read_target(&mut self, now: Millis, wait_ms: u64) -> RecordHandoverStep {
         if now >= self.deadline() {
             let reason = match self.phase {
                 Phase::CatchingUp { offset } => {
@@ -309,15 +312,15 @@ impl SwitchoverRun {
             };
             return self.roll_back(reason);
         }
-        let command = SwitchoverCommand::ReadTarget {
+        let command = RecordHandoverCommand::ReadTarget {
             pod: self.plan.to.clone(),
         };
         self.wait(wait_ms, command)
     }
 
-    fn target_at(&mut self, answer: SwitchoverAnswer, now: Millis) -> SwitchoverStep {
+    fn target_at(&mut self, answer: RecordHandoverAnswer, now: Millis) -> RecordHandoverStep {
         let target = match answer {
-            SwitchoverAnswer::TargetAt { offset } => offset,
+            RecordHandoverAnswer::TargetAt { offset } => offset,
             _ => None,
         };
         let Phase::CatchingUp { offset } = self.phase else {
@@ -338,7 +341,7 @@ impl SwitchoverRun {
     }
 
     /// The target has every acknowledged write: hand it the record at the next epoch.
-    fn write_record(&mut self) -> SwitchoverStep {
+    fn write_record(&mut self) -> RecordHandoverStep {
         let Some(command) = self.record_write() else {
             return self.roll_back("the epoch cannot increase any further".into());
         };
@@ -346,8 +349,8 @@ impl SwitchoverRun {
         self.send(command)
     }
 
-    fn record_write(&self) -> Option<SwitchoverCommand> {
-        Some(SwitchoverCommand::WriteRecord {
+    fn record_write(&self) -> Option<RecordHandoverCommand> {
+        Some(RecordHandoverCommand::WriteRecord {
             holder: self.plan.to.clone(),
             epoch: self.plan.epoch.checked_add(1)?,
             expect_holder: self.plan.from.clone(),
@@ -355,25 +358,25 @@ impl SwitchoverRun {
         })
     }
 
-    fn written(&mut self, answer: SwitchoverAnswer, now: Millis) -> SwitchoverStep {
+    fn written(&mut self, answer: RecordHandoverAnswer, now: Millis) -> RecordHandoverStep {
         match answer {
-            SwitchoverAnswer::Written => self.commit(),
-            SwitchoverAnswer::Moved => self.send(SwitchoverCommand::ReadRecord),
-            SwitchoverAnswer::Refused { error } => {
+            RecordHandoverAnswer::Written => self.commit(),
+            RecordHandoverAnswer::Moved => self.send(RecordHandoverCommand::ReadRecord),
+            RecordHandoverAnswer::Refused { error } => {
                 self.roll_back(format!("writing the record was refused: {error}"))
             }
             _ => self.unresolved(now),
         }
     }
 
-    fn read_back(&mut self, answer: SwitchoverAnswer, now: Millis) -> SwitchoverStep {
-        let SwitchoverAnswer::Record(record) = answer else {
+    fn read_back(&mut self, answer: RecordHandoverAnswer, now: Millis) -> RecordHandoverStep {
+        let RecordHandoverAnswer::Record(record) = answer else {
             return self.unresolved(now);
         };
         let epoch = self.plan.epoch.saturating_add(1);
         match WriteOutcome::read_back(record.as_ref(), &self.plan.to, epoch) {
             WriteOutcome::Written => self.commit(),
-            WriteOutcome::Refused => self.roll_back("the record moved under the switchover".into()),
+            WriteOutcome::Refused => self.roll_back("the record moved under the hand-over".into()),
         }
     }
 
@@ -382,10 +385,10 @@ impl SwitchoverRun {
     /// takes writes again only if its agent does not fence it on a record that did move. Before
     /// that the pause is refreshed every half pause — the write may have landed, and the old
     /// primary must not take writes the new one will never see — and the write tried again.
-    fn unresolved(&mut self, now: Millis) -> SwitchoverStep {
+    fn unresolved(&mut self, now: Millis) -> RecordHandoverStep {
         if now >= self.started.plus(self.pause_ms()) {
             let reason = "the record write's outcome stayed unknown: the old primary stays paused until its pause expires";
-            return self.end(SwitchoverEnd::Failed(reason.into()));
+            return self.end(RecordHandoverEnd::Failed(reason.into()));
         }
         let half = self.pause_ms() / 2;
         if self.paused_at.is_some_and(|at| now < at.plus(half)) {
@@ -394,7 +397,7 @@ impl SwitchoverRun {
         self.pause(Phase::Writing, now)
     }
 
-    fn retry_write(&mut self) -> SwitchoverStep {
+    fn retry_write(&mut self) -> RecordHandoverStep {
         match self.record_write() {
             Some(command) => self.wait(WRITE_RETRY_MS, command),
             None => self.roll_back("the epoch cannot increase any further".into()),
@@ -402,17 +405,17 @@ impl SwitchoverRun {
     }
 
     /// The record names the target: promote it, repoint the others, unpause the old primary.
-    fn commit(&mut self) -> SwitchoverStep {
+    fn commit(&mut self) -> RecordHandoverStep {
         let p = &self.plan;
         let to = p.to_addr.clone();
         let others = p.others.iter().filter(|o| **o != p.to && **o != p.from);
         let followers = std::iter::once(&p.from).chain(others);
-        let repoints = followers.map(|pod| SwitchoverCommand::ReplicaOf {
+        let repoints = followers.map(|pod| RecordHandoverCommand::ReplicaOf {
             pod: pod.clone(),
             to: to.clone(),
         });
-        let promote = SwitchoverCommand::PromoteNoOne { pod: p.to.clone() };
-        let unpause = SwitchoverCommand::Unpause {
+        let promote = RecordHandoverCommand::PromoteNoOne { pod: p.to.clone() };
+        let unpause = RecordHandoverCommand::Unpause {
             pod: p.from.clone(),
         };
         self.queue = std::iter::once(promote)
@@ -423,23 +426,23 @@ impl SwitchoverRun {
         self.go_on()
     }
 
-    fn promoted(&mut self, pod: &str, answer: SwitchoverAnswer) -> SwitchoverStep {
-        if let SwitchoverAnswer::Failed { error } = answer {
+    fn promoted(&mut self, pod: &str, answer: RecordHandoverAnswer) -> RecordHandoverStep {
+        if let RecordHandoverAnswer::Failed { error } = answer {
             self.failures
                 .push(format!("REPLICAOF NO ONE on {pod}: {error}"));
         }
         self.go_on()
     }
 
-    fn repointed(&mut self, pod: String, answer: &SwitchoverAnswer) -> SwitchoverStep {
-        if matches!(answer, SwitchoverAnswer::Failed { .. }) {
+    fn repointed(&mut self, pod: String, answer: &RecordHandoverAnswer) -> RecordHandoverStep {
+        if matches!(answer, RecordHandoverAnswer::Failed { .. }) {
             self.not_demoted.push(pod);
         }
         self.go_on()
     }
 
-    fn roll_back(&mut self, reason: String) -> SwitchoverStep {
-        self.queue = VecDeque::from([SwitchoverCommand::Unpause {
+    fn roll_back(&mut self, reason: String) -> RecordHandoverStep {
+        self.queue = VecDeque::from([RecordHandoverCommand::Unpause {
             pod: self.plan.from.clone(),
         }]);
         self.phase = Phase::RollingBack { reason };
@@ -447,36 +450,36 @@ impl SwitchoverRun {
     }
 
     /// The next queued command; a pod that could not be made a replica is not unpaused.
-    fn go_on(&mut self) -> SwitchoverStep {
+    fn go_on(&mut self) -> RecordHandoverStep {
         while let Some(command) = self.queue.pop_front() {
-            let kept = matches!(&command, SwitchoverCommand::Unpause { pod } if self.not_demoted.contains(pod));
+            let kept = matches!(&command, RecordHandoverCommand::Unpause { pod } if self.not_demoted.contains(pod));
             if !kept {
                 return self.send(command);
             }
         }
         let end = match &self.phase {
-            Phase::RollingBack { reason } => SwitchoverEnd::RolledBack(reason.clone()),
-            _ if self.failures.is_empty() => SwitchoverEnd::Done,
-            _ => SwitchoverEnd::Failed(self.failures.join("; ")),
+            Phase::RollingBack { reason } => RecordHandoverEnd::RolledBack(reason.clone()),
+            _ if self.failures.is_empty() => RecordHandoverEnd::Done,
+            _ => RecordHandoverEnd::Failed(self.failures.join("; ")),
         };
         self.end(end)
     }
 
-    fn end(&mut self, end: SwitchoverEnd) -> SwitchoverStep {
+    fn end(&mut self, end: RecordHandoverEnd) -> RecordHandoverStep {
         self.phase = Phase::Ended(end.clone());
-        SwitchoverStep::End(end)
+        RecordHandoverStep::End(end)
     }
 
-    fn send(&mut self, command: SwitchoverCommand) -> SwitchoverStep {
+    fn send(&mut self, command: RecordHandoverCommand) -> RecordHandoverStep {
         self.sent = Some(command.clone());
-        SwitchoverStep::Send(command)
+        RecordHandoverStep::Send(command)
     }
 
-    fn wait(&mut self, ms: u64, command: SwitchoverCommand) -> SwitchoverStep {
+    fn wait(&mut self, ms: u64, command: RecordHandoverCommand) -> RecordHandoverStep {
         self.sent = Some(command.clone());
         if ms == 0 {
-            return SwitchoverStep::Send(command);
+            return RecordHandoverStep::Send(command);
         }
-        SwitchoverStep::Wait { ms, command }
+        RecordHandoverStep::Wait { ms, command }
     }
 }

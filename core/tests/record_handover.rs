@@ -1,4 +1,4 @@
-//! Replication mode, the planned switchover's step machine (`replication::SwitchoverRun`): pause,
+//! Replication mode, the planned hand-over's step machine (`replication::RecordHandoverRun`): pause,
 //! catch up, write the record, promote, repoint, unpause, or roll back.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -6,8 +6,8 @@ mod support;
 
 use support::*;
 use valkey_sidecar_core::replication::{
-    CATCH_UP_POLL_MS, Phase, SwitchoverAnswer as A, SwitchoverCommand as C, SwitchoverEnd,
-    SwitchoverRun, SwitchoverStep as S, WRITE_RETRY_MS, WriteOutcome,
+    CATCH_UP_POLL_MS, Phase, RecordHandoverAnswer as A, RecordHandoverCommand as C,
+    RecordHandoverEnd, RecordHandoverRun, RecordHandoverStep as S, WRITE_RETRY_MS, WriteOutcome,
 };
 use valkey_sidecar_core::time::Millis;
 
@@ -56,8 +56,8 @@ fn unknown() -> A {
 }
 
 /// A run that has paused the old primary at offset 100 (at 0 ms) and sent the record write at `at`.
-fn writing(at: u64) -> SwitchoverRun {
-    let mut r = SwitchoverRun::new(plan(), Millis(0));
+fn writing(at: u64) -> RecordHandoverRun {
+    let mut r = RecordHandoverRun::new(plan(), Millis(0));
     r.next(A::Start, Millis(0));
     r.next(paused(Some(100)), Millis(0));
     assert_eq!(r.next(target(100), Millis(at)), S::Send(write()));
@@ -65,15 +65,15 @@ fn writing(at: u64) -> SwitchoverRun {
 }
 
 fn rolled_back(step: S) -> String {
-    let S::End(SwitchoverEnd::RolledBack(why)) = step else {
+    let S::End(RecordHandoverEnd::RolledBack(why)) = step else {
         panic!("{step:?}")
     };
     why
 }
 
 #[test]
-fn switchover_happy_path() {
-    let mut r = SwitchoverRun::new(plan(), Millis(0));
+fn a_hand_over_commits_once_the_target_caught_up() {
+    let mut r = RecordHandoverRun::new(plan(), Millis(0));
     assert_eq!(r.next(A::Start, Millis(0)), S::Send(pause()));
     assert_eq!(
         r.next(paused(Some(100)), Millis(10)),
@@ -106,13 +106,13 @@ fn switchover_happy_path() {
         assert_eq!(r.next(answer, Millis(30)), S::Send(command));
         answer = A::Ok;
     }
-    assert_eq!(r.next(A::Ok, Millis(31)), S::End(SwitchoverEnd::Done));
-    assert_eq!(r.next(A::Ok, Millis(40)), S::End(SwitchoverEnd::Done));
+    assert_eq!(r.next(A::Ok, Millis(31)), S::End(RecordHandoverEnd::Done));
+    assert_eq!(r.next(A::Ok, Millis(40)), S::End(RecordHandoverEnd::Done));
 }
 
 #[test]
-fn switchover_rolls_back_when_the_target_lags() {
-    let mut r = SwitchoverRun::new(plan(), Millis(0));
+fn a_hand_over_rolls_back_when_the_target_lags() {
+    let mut r = RecordHandoverRun::new(plan(), Millis(0));
     r.next(A::Start, Millis(0));
     r.next(paused(Some(100)), Millis(100));
     r.next(target(50), Millis(100));
@@ -122,8 +122,8 @@ fn switchover_rolls_back_when_the_target_lags() {
 }
 
 #[test]
-fn switchover_rolls_back_when_the_pause_never_reports() {
-    let mut r = SwitchoverRun::new(plan(), Millis(0));
+fn a_hand_over_rolls_back_when_the_pause_never_reports() {
+    let mut r = RecordHandoverRun::new(plan(), Millis(0));
     r.next(A::Start, Millis(0));
     let poll = S::Wait {
         ms: CATCH_UP_POLL_MS,
@@ -137,13 +137,13 @@ fn switchover_rolls_back_when_the_pause_never_reports() {
 }
 
 #[test]
-fn switchover_rolls_back_when_the_record_moved_or_the_write_is_refused() {
+fn a_hand_over_rolls_back_when_the_record_moved_or_the_write_is_refused() {
     let mut r = writing(10);
     assert_eq!(r.next(A::Moved, Millis(20)), S::Send(C::ReadRecord));
     let theirs = Some(record(Some("pod-2"), Some("pod-2"), 6));
     assert_eq!(r.next(A::Record(theirs), Millis(21)), S::Send(unpause()));
     let why = rolled_back(r.next(A::Ok, Millis(22)));
-    assert_eq!(why, "the record moved under the switchover");
+    assert_eq!(why, "the record moved under the hand-over");
 
     let mut r = writing(10);
     let refused = A::Refused {
@@ -189,7 +189,7 @@ fn an_unresolved_write_is_given_up_once_the_first_pause_would_have_run_out() {
     r.next(paused(None), Millis(5_010));
     // pause_ms = 2 × 5 s: at 10 s the write is given up, and the last pause (sent at 5 010 ms)
     // is left to expire — no unpause: the write may have landed.
-    let S::End(SwitchoverEnd::Failed(why)) = r.next(unknown(), Millis(10_000)) else {
+    let S::End(RecordHandoverEnd::Failed(why)) = r.next(unknown(), Millis(10_000)) else {
         panic!("{:?}", r.phase())
     };
     assert!(why.contains("unknown"), "{why}");
@@ -221,7 +221,7 @@ fn a_refused_write_read_back_is_ours_only_at_our_holder_and_epoch() {
 }
 
 #[test]
-fn a_done_switchover_fails_on_a_failed_promotion_and_keeps_an_undemoted_pod_paused() {
+fn a_done_hand_over_fails_on_a_failed_promotion_and_keeps_an_undemoted_pod_paused() {
     let failed = || A::Failed {
         error: "timed out".into(),
     };
@@ -232,14 +232,14 @@ fn a_done_switchover_fails_on_a_failed_promotion_and_keeps_an_undemoted_pod_paus
     r.next(failed(), Millis(4));
     let end = r.next(A::Ok, Millis(5));
     let want = "REPLICAOF NO ONE on pod-1: timed out";
-    assert_eq!(end, S::End(SwitchoverEnd::Failed(want.into())));
+    assert_eq!(end, S::End(RecordHandoverEnd::Failed(want.into())));
     assert_eq!(r.left_paused(), Some("pod-0"));
     // Promoted, but the old primary cannot be repointed: done, and it stays paused.
     let mut r = writing(1);
     r.next(A::Written, Millis(2));
     r.next(A::Ok, Millis(3));
     r.next(failed(), Millis(4));
-    assert_eq!(r.next(A::Ok, Millis(5)), S::End(SwitchoverEnd::Done));
+    assert_eq!(r.next(A::Ok, Millis(5)), S::End(RecordHandoverEnd::Done));
     assert_eq!(r.left_paused(), Some("pod-0"));
     // Another replica that cannot be repointed does not keep the old primary paused.
     let mut r = writing(1);
@@ -252,7 +252,7 @@ fn a_done_switchover_fails_on_a_failed_promotion_and_keeps_an_undemoted_pod_paus
 
 #[test]
 fn the_target_is_read_at_once_when_paused_and_write_retries_are_paced() {
-    let mut r = SwitchoverRun::new(plan(), Millis(0));
+    let mut r = RecordHandoverRun::new(plan(), Millis(0));
     r.next(A::Start, Millis(0));
     assert_eq!(r.next(paused(Some(10)), Millis(1)), S::Send(read_target()));
     let poll = S::Wait {
@@ -285,7 +285,7 @@ fn only_the_reads_go_out_without_the_lease() {
 }
 
 #[test]
-fn every_switchover_command_says_why_naming_its_pod() {
+fn every_hand_over_command_says_why_naming_its_pod() {
     let commands = [
         (pause(), "pod-0"),
         (read_target(), "pod-1"),
