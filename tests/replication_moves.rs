@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use valkey_sidecar::coordinator::execute::{self, Links, MoveOutcome};
-use valkey_sidecar::k8s::shard_lease::ShardLeaseClient;
+use valkey_sidecar::k8s::record::RecordClient;
 use valkey_sidecar::runtime::clock::Clock;
 use valkey_sidecar::valkey::Connector;
 use valkey_sidecar_core::replication::{Promotion, RecordHandoverPlan, ShardRecord};
@@ -20,7 +20,7 @@ const POD: [&str; 3] = ["v-0-0", "v-0-1", "v-0-2"];
 
 /// Renews the record once it names `pod`, as that pod's keeper does before its Valkey may be
 /// promoted (`PromotionCommand::AwaitConsent`).
-fn consent_when_named(record: ShardLeaseClient, pod: &'static str) -> tokio::task::JoinHandle<()> {
+fn consent_when_named(record: RecordClient, pod: &'static str) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             if let Ok(Some(r)) = record.read().await
@@ -37,7 +37,7 @@ fn consent_when_named(record: ShardLeaseClient, pod: &'static str) -> tokio::tas
 /// A primary and two replicas named like the pods of one shard, and the record naming the first.
 struct Shard {
     set: ReplicationSet,
-    record: ShardLeaseClient,
+    record: RecordClient,
     _plane: ControlPlane,
 }
 
@@ -46,7 +46,7 @@ impl Shard {
         let plane = ControlPlane::start(ControlPlaneOptions::apiserver_only())
             .await
             .unwrap();
-        let record = ShardLeaseClient::new(
+        let record = RecordClient::new(
             plane.client(),
             "default",
             ("valkey", "0"),

@@ -47,7 +47,7 @@ use super::watches::Facts;
 use super::{Coordinator, CoordinatorMemory, Finished, Move, spawn_move, world};
 use crate::k8s::events::EventType;
 use crate::k8s::pods::pod_ip;
-use crate::k8s::shard_lease::ShardLeaseClient;
+use crate::k8s::record::RecordClient;
 use crate::keeper::RecordSeed;
 use crate::runtime::clock::Clock;
 use crate::runtime::metrics::Metrics;
@@ -75,7 +75,7 @@ struct MemberLink {
 }
 
 struct RecordState {
-    client: ShardLeaseClient,
+    client: RecordClient,
     seen: Option<SeenRecord>,
     /// When to read next: `Millis(0)` means at the next round.
     next_read: Millis,
@@ -113,7 +113,7 @@ impl State {
     fn sync_records(
         &mut self,
         shards: &BTreeMap<String, Vec<Arc<Pod>>>,
-        client: impl Fn(&str) -> ShardLeaseClient,
+        client: impl Fn(&str) -> RecordClient,
         seed: &RecordSeed,
     ) {
         self.records.retain(|shard, _| shards.contains_key(shard));
@@ -132,7 +132,7 @@ impl State {
         }
     }
 
-    fn client(&self, shard: &str) -> Option<ShardLeaseClient> {
+    fn client(&self, shard: &str) -> Option<RecordClient> {
         Some(self.records.get(shard)?.client.clone())
     }
 
@@ -383,8 +383,8 @@ impl Coordinator {
         observed
     }
 
-    fn record_client(&self, shard: &str) -> ShardLeaseClient {
-        ShardLeaseClient::new(
+    fn record_client(&self, shard: &str) -> RecordClient {
+        RecordClient::new(
             self.client.clone(),
             &self.namespace,
             (&self.cluster, shard),

@@ -31,7 +31,7 @@ use crate::k8s::KubeError;
 use crate::k8s::format::FormatNotice;
 use crate::k8s::owner::LeaseOwner;
 use crate::k8s::pods::{DEFAULT_SHARD, SHARD_INDEX_LABEL, node_index};
-use crate::k8s::shard_lease::ShardLeaseClient;
+use crate::k8s::record::RecordClient;
 use crate::runtime::clock::Clock;
 use crate::runtime::metrics::Metrics;
 use crate::valkey::{Connector, Session};
@@ -137,7 +137,7 @@ impl Keeper {
         let name = ShardRecord::lease_name(&self.cluster, &seat.shard);
         let lease_timeout = self.api_limit();
         let lease = Duration::from_millis(self.timings.lease_ms);
-        let records = ShardLeaseClient::new(
+        let records = RecordClient::new(
             self.client.clone(),
             &self.namespace,
             (&self.cluster, &seat.shard),
@@ -243,7 +243,7 @@ impl Keeper {
     async fn step(
         &self,
         seat: &Seat,
-        records: &ShardLeaseClient,
+        records: &RecordClient,
         session: &mut Session,
         memory: &mut KeeperMemory,
     ) {
@@ -336,7 +336,7 @@ impl Keeper {
     async fn decide(
         &self,
         seat: &Seat,
-        records: &ShardLeaseClient,
+        records: &RecordClient,
         session: &mut Session,
         memory: &mut KeeperMemory,
     ) {
@@ -430,7 +430,7 @@ impl Keeper {
     /// read, and after a refused write.
     async fn read_if_due(
         &self,
-        records: &ShardLeaseClient,
+        records: &RecordClient,
         valkey: Option<&LocalValkey>,
         memory: &mut KeeperMemory,
     ) {
@@ -519,7 +519,7 @@ impl Keeper {
         &self,
         action: LocalAction,
         view: &LocalView,
-        records: &ShardLeaseClient,
+        records: &RecordClient,
         session: &mut Session,
         memory: &mut KeeperMemory,
     ) -> bool {
@@ -535,7 +535,7 @@ impl Keeper {
         &self,
         action: LocalAction,
         view: &LocalView,
-        records: &ShardLeaseClient,
+        records: &RecordClient,
         session: &mut Session,
         memory: &mut KeeperMemory,
     ) -> bool {
@@ -578,7 +578,7 @@ impl Keeper {
     async fn renew(
         &self,
         view: &LocalView,
-        records: &ShardLeaseClient,
+        records: &RecordClient,
         memory: &mut KeeperMemory,
     ) -> bool {
         let Some(rec) = memory.seen.as_ref().and_then(|s| s.record.clone()) else {
@@ -592,7 +592,7 @@ impl Keeper {
         &self,
         rec: &ShardRecord,
         view: &LocalView,
-        records: &ShardLeaseClient,
+        records: &RecordClient,
         memory: &mut KeeperMemory,
     ) -> bool {
         let sent = self.clock.now();
@@ -614,7 +614,7 @@ impl Keeper {
 
     async fn release(
         &self,
-        records: &ShardLeaseClient,
+        records: &RecordClient,
         session: &mut Session,
         memory: &mut KeeperMemory,
         answering: bool,
@@ -722,7 +722,7 @@ impl Keeper {
     /// The record is read first: the stop often follows a switchover that moved it on.
     async fn stop(
         &self,
-        records: &ShardLeaseClient,
+        records: &RecordClient,
         session: &mut Session,
         memory: &mut KeeperMemory,
     ) {

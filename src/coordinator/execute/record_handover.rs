@@ -13,7 +13,7 @@ use valkey_sidecar_core::replication::{
 use super::{
     Links, MoveOutcome, info_replication, info_u64, not_applied, replicaof_no_one, repoint, unpause,
 };
-use crate::k8s::shard_lease::ShardLeaseClient;
+use crate::k8s::record::RecordClient;
 use crate::runtime::clock::Clock;
 
 /// Runs a planned hand-over to its end: `RecordHandoverRun` decides, this function sends and
@@ -21,7 +21,7 @@ use crate::runtime::clock::Clock;
 pub async fn record_handover(
     plan: RecordHandoverPlan,
     mut links: Links,
-    record: ShardLeaseClient,
+    record: RecordClient,
     clock: Clock,
     may_act: impl Fn() -> bool,
 ) -> MoveOutcome {
@@ -61,7 +61,7 @@ fn ended(end: RecordHandoverEnd, run: &RecordHandoverRun, started: Instant) -> M
 async fn send(
     command: &RecordHandoverCommand,
     links: &mut Links,
-    record: &ShardLeaseClient,
+    record: &RecordClient,
 ) -> RecordHandoverAnswer {
     match command {
         RecordHandoverCommand::Pause { pod, ms } => pause(links, pod, *ms).await,
@@ -125,7 +125,7 @@ async fn pause(links: &mut Links, pod: &str, ms: u64) -> RecordHandoverAnswer {
 
 /// The record's compare-and-swap from `(holder, epoch)` to the target's.
 async fn write(
-    record: &ShardLeaseClient,
+    record: &RecordClient,
     (expect_holder, expect_epoch): (&str, u64),
     (holder, epoch): (&str, u64),
 ) -> RecordHandoverAnswer {
