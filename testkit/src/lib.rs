@@ -74,7 +74,7 @@ pub mod process;
 mod replication;
 pub mod resp;
 mod server;
-mod sidecar;
+mod agent;
 mod tls;
 
 pub use binaries::{
@@ -89,7 +89,7 @@ pub use replication::{ReplicationOptions, ReplicationSet};
 pub use server::{
     DEFAULT_CLUSTER_NODE_TIMEOUT_MS, POLL, ServerOptions, ValkeyServer, cached_query,
 };
-pub use sidecar::{Sidecar, SidecarOptions, http_get};
+pub use agent::{Agent, AgentOptions, http_get};
 pub use tls::{TLS_SERVER_NAME, TlsCerts, TlsClientAuth, TlsOptions, TlsServer};
 
 /// Re-exported so tests use the same `redis` version as the harness (`redis::Value`, `redis::Role`).

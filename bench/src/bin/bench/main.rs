@@ -26,7 +26,7 @@ use report::percentile;
 use summary::Shape;
 use valkey_sidecar_testkit::k8s::{Stage, StageOptions};
 use valkey_sidecar_testkit::{
-    ServerOptions, Sidecar, SidecarOptions, ValkeyServer, http_get, redis,
+    ServerOptions, Agent, AgentOptions, ValkeyServer, http_get, redis,
 };
 
 mod alone;
@@ -322,7 +322,7 @@ fn summarize(label: &str, samples: &[(Duration, u16)]) -> String {
 
 fn probes(bin: &Path) -> Result<()> {
     let server = ValkeyServer::start(ServerOptions::default())?;
-    let agent = Sidecar::start(SidecarOptions::new(bin, server.addr(), "replication"))?;
+    let agent = Agent::start(AgentOptions::new(bin, server.addr(), "replication"))?;
     agent.wait_code("/readyz", 200, Duration::from_secs(5))?;
     let paths = ["/livez", "/readyz", "/startupz", "/status"];
     let idle = load(agent.probe_addr(), 1000, Duration::from_secs(4), &paths);
