@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use std::path::Path;
 
 use valkey_sidecar_testkit::{
-    ClusterOptions, ReplicationSet, ServerOptions, Agent, AgentOptions, TlsCerts,
-    TlsClientAuth, TlsOptions, TlsServer, ValkeyCluster, ValkeyServer, http_get, wait_for,
+    Agent, AgentOptions, ClusterOptions, ReplicationSet, ServerOptions, TlsCerts, TlsClientAuth,
+    TlsOptions, TlsServer, ValkeyCluster, ValkeyServer, http_get, wait_for,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_valkey-sidecar");

@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde_json::Value;
 use valkey_sidecar_testkit::k8s::{Stage, StageOptions, sidecar_bin};
 use valkey_sidecar_testkit::{
-    ServerOptions, Agent, AgentOptions, ValkeyServer, as_from_a_shell, free_port,
+    Agent, AgentOptions, ServerOptions, ValkeyServer, as_from_a_shell, free_port,
 };
 
 const SECOND: Duration = Duration::from_secs(1);

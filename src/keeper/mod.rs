@@ -720,12 +720,7 @@ impl Keeper {
 
     /// Graceful stop: a holder pauses writes and releases, so a successor can be promoted now.
     /// The record is read first: the stop often follows a switchover that moved it on.
-    async fn stop(
-        &self,
-        records: &RecordClient,
-        session: &mut Session,
-        memory: &mut KeeperMemory,
-    ) {
+    async fn stop(&self, records: &RecordClient, session: &mut Session, memory: &mut KeeperMemory) {
         if memory.holding.is_none() {
             return;
         }

@@ -64,6 +64,7 @@
 // Testkit and bench are read and changed as often as the agent: the same length limit.
 #![warn(clippy::too_many_lines)]
 
+mod agent;
 mod binaries;
 mod cluster;
 pub mod faults;
@@ -74,9 +75,9 @@ pub mod process;
 mod replication;
 pub mod resp;
 mod server;
-mod agent;
 mod tls;
 
+pub use agent::{Agent, AgentOptions, http_get};
 pub use binaries::{
     TLS_SERVER_ENV, VALKEY_SERVER_ENV, redis_cli_bin, tls_server_bin, valkey_server_bin,
     valkey_server_for_tag,
@@ -89,7 +90,6 @@ pub use replication::{ReplicationOptions, ReplicationSet};
 pub use server::{
     DEFAULT_CLUSTER_NODE_TIMEOUT_MS, POLL, ServerOptions, ValkeyServer, cached_query,
 };
-pub use agent::{Agent, AgentOptions, http_get};
 pub use tls::{TLS_SERVER_NAME, TlsCerts, TlsClientAuth, TlsOptions, TlsServer};
 
 /// Re-exported so tests use the same `redis` version as the harness (`redis::Value`, `redis::Role`).

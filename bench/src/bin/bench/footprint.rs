@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Result;
 use valkey_sidecar_bench::sentinel::{SentinelOptions, Sentinels};
 use valkey_sidecar_testkit::{
-    ClusterOptions, ReplicationSet, ServerOptions, Agent, AgentOptions, ValkeyCluster,
+    Agent, AgentOptions, ClusterOptions, ReplicationSet, ServerOptions, ValkeyCluster,
 };
 
 /// Clock ticks per second of `/proc/<pid>/stat`'s utime and stime (USER_HZ on Linux).

@@ -25,9 +25,7 @@ use kube::api::{Patch, PatchParams};
 use report::percentile;
 use summary::Shape;
 use valkey_sidecar_testkit::k8s::{Stage, StageOptions};
-use valkey_sidecar_testkit::{
-    ServerOptions, Agent, AgentOptions, ValkeyServer, http_get, redis,
-};
+use valkey_sidecar_testkit::{Agent, AgentOptions, ServerOptions, ValkeyServer, http_get, redis};
 
 mod alone;
 mod api;
