@@ -28,7 +28,7 @@
 //! - Everything waits while any pod of the deployment does not answer: a decision from a partial
 //!   view could assign slots twice.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use crate::observation::{Observation, Role};
@@ -466,25 +466,29 @@ pub fn readdress(via: &Seat, nodes: &[(&Seat, &ClusterNode)]) -> Vec<Step> {
     let Some((_, anchor)) = nodes.iter().find(|(s, _)| s.pod == via.pod) else {
         return Vec::new();
     };
+    // The pods' addresses as a listing would digest them (in id order), without copying them: a
+    // node whose listing digests the same lists every pod at its current address, so a formed
+    // cluster is checked in O(nodes), never entry by entry.
+    let mut sorted: Vec<(&str, &str)> = current.iter().map(|(id, ip)| (*id, *ip)).collect();
+    sorted.sort_unstable();
+    let now = (digest(sorted.iter().copied()), sorted.len());
+    let whole = |n: &ClusterNode| n.addrs.same_as(now);
+    let anchor_whole = whole(anchor);
     let mut steps: Vec<Step> = nodes
         .iter()
-        .filter(|(s, _)| s.pod != via.pod)
+        .filter(|(s, n)| s.pod != via.pod && !(anchor_whole && whole(n)))
         .filter(|(_, n)| stale(anchor, &n.id) || stale(n, &n.id) || stale(n, &anchor.id))
         .filter_map(|(s, _)| meet(via, s))
         .collect();
     // The anchor's own address it learns only from a MEET it receives.
-    if stale(anchor, &anchor.id) {
+    if !anchor_whole && stale(anchor, &anchor.id) {
         let other = nodes.iter().find(|(s, _)| s.pod != via.pod);
         steps.extend(other.and_then(|(s, _)| meet(s, via)));
     }
-    // The pods' addresses as a listing would digest them (in id order), without copying them.
-    let mut sorted: Vec<(&str, &str)> = current.iter().map(|(id, ip)| (*id, *ip)).collect();
-    sorted.sort_unstable();
-    let now = (digest(sorted.iter().copied()), sorted.len());
     let by_id: HashMap<&str, &Seat> = nodes.iter().map(|(s, n)| (n.id.as_str(), *s)).collect();
     let pairs = nodes
         .iter()
-        .filter(|(s, n)| s.pod != via.pod && !n.addrs.same_as(now))
+        .filter(|(s, n)| s.pod != via.pod && !whole(n))
         .flat_map(|(s, n)| {
             let listed = n.addrs.iter().map(|(id, _)| id);
             let targets = listed.filter(|id| *id != n.id && *id != anchor.id);
@@ -498,7 +502,7 @@ pub fn readdress(via: &Seat, nodes: &[(&Seat, &ClusterNode)]) -> Vec<Step> {
 /// A node marked failed whose id no pod has any more is a replaced pod's old identity: every node
 /// that knows it forgets it (all in one round, within Valkey's 60 s ban on re-learning it).
 fn forget(nodes: &[(&Seat, &ClusterNode)]) -> Vec<Step> {
-    let current: BTreeSet<&str> = nodes.iter().map(|(_, n)| n.id.as_str()).collect();
+    let current: HashSet<&str> = nodes.iter().map(|(_, n)| n.id.as_str()).collect();
     let stale: BTreeSet<&str> = nodes
         .iter()
         .flat_map(|(_, n)| n.failed.iter().map(String::as_str))
