@@ -83,10 +83,13 @@ impl Listing {
         self.map.get(id).map(String::as_str)
     }
 
-    /// Adds or replaces one entry; the digest is computed again over the whole listing.
+    /// Adds or replaces one entry, updating the digest by that entry alone.
     pub fn insert(&mut self, id: String, ip: String) {
-        self.map.insert(id, ip);
-        self.digest = digest(self.map.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        let added = entry_hash(&id, &ip);
+        if let Some(old) = self.map.insert(id.clone(), ip) {
+            self.digest = self.digest.wrapping_sub(entry_hash(&id, &old));
+        }
+        self.digest = self.digest.wrapping_add(added);
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
@@ -113,10 +116,16 @@ impl From<BTreeMap<String, String>> for Listing {
     }
 }
 
-/// A digest of entries in id order (`DefaultHasher`'s fixed keys: equal listings, equal digests).
+/// A digest of entries in any order: the sum of each entry's hash (`DefaultHasher`'s fixed keys:
+/// equal listings, equal digests), so one entry changes it by its own hash alone and the pods'
+/// addresses digest without being sorted.
 fn digest<'a>(entries: impl Iterator<Item = (&'a str, &'a str)>) -> u64 {
+    entries.fold(0, |sum, (id, ip)| sum.wrapping_add(entry_hash(id, ip)))
+}
+
+fn entry_hash(id: &str, ip: &str) -> u64 {
     let mut h = DefaultHasher::new();
-    entries.for_each(|e| e.hash(&mut h));
+    (id, ip).hash(&mut h);
     h.finish()
 }
 
@@ -466,12 +475,10 @@ pub fn readdress(via: &Seat, nodes: &[(&Seat, &ClusterNode)]) -> Vec<Step> {
     let Some((_, anchor)) = nodes.iter().find(|(s, _)| s.pod == via.pod) else {
         return Vec::new();
     };
-    // The pods' addresses as a listing would digest them (in id order), without copying them: a
-    // node whose listing digests the same lists every pod at its current address, so a formed
-    // cluster is checked in O(nodes), never entry by entry.
-    let mut sorted: Vec<(&str, &str)> = current.iter().map(|(id, ip)| (*id, *ip)).collect();
-    sorted.sort_unstable();
-    let now = (digest(sorted.iter().copied()), sorted.len());
+    // The pods' addresses as a listing would digest them: a node whose listing digests the same
+    // lists every pod at its current address, so a formed cluster is checked in O(nodes), never
+    // entry by entry.
+    let now = (digest(current.iter().map(|(id, ip)| (*id, *ip))), current.len());
     let whole = |n: &ClusterNode| n.addrs.same_as(now);
     let anchor_whole = whole(anchor);
     let mut steps: Vec<Step> = nodes
@@ -553,4 +560,27 @@ fn attach(seat: &Seat, node: &ClusterNode, owners: &BTreeMap<u32, String>) -> At
         pod: seat.pod.clone(),
         primary: primary.clone(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listing_digests_its_entries_whatever_the_order_and_replacements() {
+        let pairs = [("a", "10.0.0.1"), ("b", "10.0.0.2"), ("c", "10.0.0.3")];
+        let whole: Listing = pairs
+            .iter()
+            .map(|(id, ip)| (id.to_string(), ip.to_string()))
+            .collect();
+        let mut built = Listing::default();
+        built.insert("c".into(), "10.9.9.9".into());
+        built.insert("b".into(), "10.0.0.2".into());
+        built.insert("a".into(), "10.0.0.1".into());
+        assert!(!built.same_as((whole.digest, 3)), "c at an old address");
+        built.insert("c".into(), "10.0.0.3".into());
+        assert_eq!(built, whole);
+        assert!(built.same_as((digest(pairs.into_iter()), pairs.len())));
+        assert!(!built.same_as((digest(pairs[..2].iter().copied()), 2)));
+    }
 }
