@@ -320,7 +320,10 @@ fn the_longest_names_fit_and_releases_side_by_side_never_collide() {
         leases.push((ns, format!("{}-coordinator", cluster.as_str().unwrap())));
     }
     let cluster_wide = seen.keys().filter(|(_, scope, _)| scope.is_empty()).count();
-    assert!(cluster_wide >= 3 * 8, "{cluster_wide} cluster-scoped objects");
+    assert!(
+        cluster_wide >= 3 * 8,
+        "{cluster_wide} cluster-scoped objects"
+    );
     leases.sort();
     leases.dedup();
     assert_eq!(leases.len(), 3, "each release its own Lease: {leases:?}");

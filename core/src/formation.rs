@@ -478,7 +478,10 @@ pub fn readdress(via: &Seat, nodes: &[(&Seat, &ClusterNode)]) -> Vec<Step> {
     // The pods' addresses as a listing would digest them: a node whose listing digests the same
     // lists every pod at its current address, so a formed cluster is checked in O(nodes), never
     // entry by entry.
-    let now = (digest(current.iter().map(|(id, ip)| (*id, *ip))), current.len());
+    let now = (
+        digest(current.iter().map(|(id, ip)| (*id, *ip))),
+        current.len(),
+    );
     let whole = |n: &ClusterNode| n.addrs.same_as(now);
     let anchor_whole = whole(anchor);
     let mut steps: Vec<Step> = nodes
