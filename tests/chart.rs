@@ -186,7 +186,12 @@ fn valkey_reloads_rotated_certificates_where_its_version_can() {
 /// `helm template` with `--api-versions` for each of `apis` (as GitOps tools pass the target
 /// cluster's) and `--set`s.
 fn render_for(apis: &[&str], sets: &[&str]) -> String {
-    let mut args: Vec<String> = ["template", RELEASE, chart_dir().to_str().unwrap(), "-n", NS]
+    render_release(RELEASE, NS, apis, sets)
+}
+
+/// [`render_for`] as release `release` in namespace `ns`.
+fn render_release(release: &str, ns: &str, apis: &[&str], sets: &[&str]) -> String {
+    let mut args: Vec<String> = ["template", release, chart_dir().to_str().unwrap(), "-n", ns]
         .map(String::from)
         .to_vec();
     for api in apis {
@@ -280,17 +285,7 @@ fn the_longest_names_fit_and_releases_side_by_side_never_collide() {
     let mut seen: BTreeMap<(String, String, String), String> = BTreeMap::new();
     let mut leases = Vec::new();
     for (release, ns) in [(&a, "team-1"), (&b, "team-1"), (&a, "team-2")] {
-        let mut args: Vec<String> = ["template", release, chart_dir().to_str().unwrap(), "-n", ns]
-            .map(String::from)
-            .to_vec();
-        for api in apis {
-            args.extend(["--api-versions".into(), api.to_string()]);
-        }
-        for set in sets {
-            args.extend(["--set".into(), set.to_string()]);
-        }
-        let out =
-            valkey_sidecar_testkit::k8s::chart::helm(&args).unwrap_or_else(|e| panic!("{e:#}"));
+        let out = render_release(release, ns, &apis, &sets);
         let objects = rendered_objects(&out);
         assert!(
             objects.len() > 20,

@@ -249,16 +249,6 @@ mod tests {
         assert_eq!(names(&shards["1"]), ["v-1-0", "v-1-1"]);
     }
 
-    fn valkey(role: Role, offset: u64, link_up: bool) -> MemberValkey {
-        MemberValkey {
-            role,
-            offset,
-            link_up,
-            fresh: false,
-            keys: offset,
-        }
-    }
-
     #[test]
     fn a_shard_member_carries_its_node_facts() {
         let nodes = BTreeMap::from([(
@@ -269,7 +259,12 @@ mod tests {
                 unschedulable: true,
             },
         )]);
-        let v = valkey(Role::Replica, 7, true);
+        let v = MemberValkey {
+            role: Role::Replica,
+            offset: 7,
+            link_up: true,
+            ..MemberValkey::default()
+        };
         let m = shard_member(&pod("v-0-1", None, "n1"), Some(&v), &nodes);
         assert_eq!(m.pod, "v-0-1");
         assert_eq!(m.zone.as_deref(), Some("zone-a"));
