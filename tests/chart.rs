@@ -257,6 +257,92 @@ fn renders_are_reproducible_and_hold_no_password() {
     assert_eq!(job(&["auth.enabled=false"]), None);
 }
 
+/// `tls.certManager`: a Certificate for Valkey with every name a client or the agent verifies
+/// (the client Services, each pod under the headless Service, localhost), both usages (Valkey is
+/// also a TLS client of its primary and bus peers), and one for the agent's client certificate
+/// (client auth only) unless Valkey asks none; the pods mount the Secrets they write.
+#[test]
+fn cert_manager_makes_the_secrets_the_pods_mount() {
+    let issuer = "tls.certManager.issuerRef.name=valkey-ca";
+    let on = [
+        "tls.enabled=true",
+        "tls.certManager.enabled=true",
+        issuer,
+        "tls.authClients=yes",
+    ];
+    let objects = rendered_objects(&render_sets(&on).unwrap());
+    let certs = of_kind(&objects, "Certificate");
+    let names: Vec<&str> = certs
+        .iter()
+        .map(|c| c["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["valkey-tls", "valkey-agent-tls"]);
+    let (server, agent) = (&certs[0]["spec"], &certs[1]["spec"]);
+    let dns: Vec<&str> = server["dnsNames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap())
+        .collect();
+    for name in [
+        "valkey.valkey.svc",
+        "valkey-read.valkey.svc",
+        "*.valkey-headless.valkey.svc",
+        "localhost",
+    ] {
+        assert!(dns.contains(&name), "{name} missing from {dns:?}");
+    }
+    assert_eq!(server["usages"], json!(["server auth", "client auth"]));
+    assert_eq!(agent["usages"], json!(["client auth"]));
+    assert_eq!(agent["commonName"], "valkey-sidecar");
+    for c in [server, agent] {
+        assert_eq!(c["issuerRef"]["name"], "valkey-ca");
+        assert_eq!(c["privateKey"]["rotationPolicy"], "Always");
+    }
+    // The agent verifies Valkey by the client Service's name, which the certificate carries.
+    let sts = &of_kind(&objects, "StatefulSet")[0];
+    let verified = env_of(container(sts, "valkey-sidecar"), "VALKEY_TLS_SERVER_NAME");
+    assert!(
+        dns.contains(&verified["value"].as_str().unwrap()),
+        "{verified}"
+    );
+    let volumes = pod_spec(sts)["volumes"].to_string();
+    for secret in [
+        server["secretName"].as_str().unwrap(),
+        agent["secretName"].as_str().unwrap(),
+    ] {
+        assert!(
+            volumes.contains(&format!("\"{secret}\"")),
+            "{secret} not mounted: {volumes}"
+        );
+    }
+    // Valkey asking no client certificate: no agent certificate.
+    let no_clients = ["tls.enabled=true", "tls.certManager.enabled=true", issuer];
+    let objects = rendered_objects(&render_sets(&no_clients).unwrap());
+    assert_eq!(of_kind(&objects, "Certificate").len(), 1);
+    // Existing Secrets keep their names; an issuer is required.
+    let named = [
+        "tls.enabled=true",
+        "tls.certManager.enabled=true",
+        issuer,
+        "tls.existingSecret=mine",
+    ];
+    let objects = rendered_objects(&render_sets(&named).unwrap());
+    assert_eq!(
+        of_kind(&objects, "Certificate")[0]["spec"]["secretName"],
+        "mine"
+    );
+    let refused = render_sets(&["tls.enabled=true", "tls.certManager.enabled=true"]).unwrap_err();
+    assert!(refused.contains("issuerRef.name is required"), "{refused}");
+    // Off by default: no Certificate, and a Secret is still required with TLS.
+    assert!(of_kind(&rendered_objects(&render_sets(&[]).unwrap()), "Certificate").is_empty());
+    let refused = render_sets(&["tls.enabled=true"]).unwrap_err();
+    assert!(
+        refused.contains("tls.existingSecret is required"),
+        "{refused}"
+    );
+}
+
 /// Many deployments side by side: two releases in one namespace and one in another, each at the
 /// longest name the chart takes (40 characters, differing only in the last), with every optional
 /// object on. No two objects share a name (cluster-scoped ones across namespaces too); every name
