@@ -310,6 +310,7 @@ impl Coordinator {
         let now = self.clock.now();
         let coordinating = self.term.borrow().may_act(now);
         self.metrics.set_coordinating(coordinating);
+        let started = std::time::Instant::now();
         let members = shards.iter().flat_map(ShardRound::plan_members).collect();
         let world = self.world(members, (pods, facts), memory, now, coordinating);
         let plan = decide(&world, &self.policy);
@@ -317,6 +318,9 @@ impl Coordinator {
         self.report(&plan, pods, memory);
         let conditions = coordinating.then(|| status::conditions(&world, &self.policy, &plan));
         self.report_roll(&world, &plan, pods, memory);
+        if coordinating {
+            self.metrics.coordinator_round(started.elapsed());
+        }
         self.evict_outdated(&plan.replacements, pods, memory).await;
         let planned = plan.actions.clone();
         for action in plan.actions {

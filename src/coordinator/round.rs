@@ -77,6 +77,7 @@ impl Coordinator {
         if let Some(d) = memory.deaths.as_mut().filter(|_| coordinating) {
             d.track(&shards, &self.connector);
         }
+        let started = std::time::Instant::now();
         let members = world::members(&shards, &pods.state());
         let world = self.world(members, (pods, facts), memory, now, coordinating);
         let plan = decide(&world, &self.policy);
@@ -84,6 +85,9 @@ impl Coordinator {
         self.report(&plan, pods, memory);
         let conditions = coordinating.then(|| status::conditions(&world, &self.policy, &plan));
         self.report_roll(&world, &plan, pods, memory);
+        if coordinating {
+            self.metrics.coordinator_round(started.elapsed());
+        }
         self.evict_outdated(&plan.replacements, pods, memory).await;
         for action in plan.actions {
             self.start(action, &shards, pods, memory, done);

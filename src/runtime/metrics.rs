@@ -119,6 +119,7 @@ pub struct Metrics {
     watch_errors: Family<KindLabel, Counter>,
     task_panics: Family<KindLabel, Counter>,
     move_seconds: Histogram,
+    round_seconds: Histogram,
     build_info: Family<BuildLabel, Gauge>,
     fenced: Gauge,
     shard_primaries: Family<ShardLabel, Gauge>,
@@ -176,6 +177,7 @@ impl Metrics {
             watch_errors: Family::default(),
             task_panics: Family::default(),
             move_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+            round_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             build_info: Family::default(),
             fenced: Gauge::default(),
             shard_primaries: Family::default(),
@@ -227,6 +229,7 @@ impl Metrics {
             last_decision => "coordinator_last_decision_timestamp_seconds": "Unix time at which this agent last started a coordinator move (0: never)";
             coordinator_record_reads => "coordinator_record_reads": "Replication mode: the coordinator's reads of the shard records, by result";
             move_seconds => "coordinator_move_duration_seconds": "Time a successful coordinator move took, start to new primary";
+            round_seconds => "coordinator_round_duration_seconds": "Time one coordinator round spent on its rules (the planner's world, the plan, the status): the agent's one thread answers no probe meanwhile";
             drift => "placement_drift": "Placement facts the coordinator reports, by reason";
             build_info => "build_info": "1, labelled with the agent's version and the commit it was built from";
             fenced => "fenced": "1 while the agent holds the local Valkey's writes paused (cluster mode: the quorum fence; replication mode: the keeper's fence)";
@@ -431,6 +434,11 @@ impl Metrics {
         self.coordinator_record_reads
             .get_or_create(&ResultLabel { result })
             .inc();
+    }
+
+    /// Records how long a coordinator round's rules took.
+    pub fn coordinator_round(&self, took: Duration) {
+        self.round_seconds.observe(took.as_secs_f64());
     }
 
     /// Records how long a successful move took.
