@@ -356,7 +356,7 @@ fn cross_check(windows: &[(&str, &Usage, &Totals, &Vec<String>)]) {
     println!();
 }
 
-fn all_requests(usage: &Usage) -> u64 {
+pub(crate) fn all_requests(usage: &Usage) -> u64 {
     usage.by_client.values().flat_map(|c| c.values()).sum()
 }
 

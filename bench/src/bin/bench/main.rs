@@ -1,7 +1,7 @@
 //! Benchmarks of the agent against real Valkey; prints Markdown for `docs/benchmarks.md` and
 //! writes its plots (`$BENCH_PLOTS_DIR`, default `docs/plots`).
 //!
-//! `bench [probes|footprint|labels|api|handover|failover|switchover|partition|sentinel|planner|all]` runs
+//! `bench [probes|footprint|labels|api|handover|failover|switchover|partition|sentinel|planner|scale|all]` runs
 //! sections; `bench faults <log>` prints the fault table, `bench summary <log>` the headline block,
 //! `bench summary-readme <log>` its README shape (seven rows), `bench readme <block> <readme>`
 //! copies a block into the README, and
@@ -39,13 +39,14 @@ mod partition;
 mod planner;
 mod plot;
 mod report;
+mod scale;
 mod sentinels;
 mod settings;
 mod summary;
 
 /// The sections `bench` knows (`faults`, `summary`, `summary-readme`, `readme` and `compare` take
 /// paths too).
-const SECTIONS: [&str; 16] = [
+const SECTIONS: [&str; 17] = [
     "probes",
     "footprint",
     "labels",
@@ -56,6 +57,7 @@ const SECTIONS: [&str; 16] = [
     "partition",
     "sentinel",
     "planner",
+    "scale",
     "faults",
     "summary",
     "summary-readme",
@@ -134,6 +136,10 @@ fn with_agent(what: &str, bin: &Path) -> Result<()> {
     }
     if what == "partition" || all {
         runtime()?.block_on(partition::run(bin))?;
+    }
+    // Not in `all`: three installs of up to 100 pods, its own section of the benchmark command.
+    if what == "scale" {
+        runtime()?.block_on(scale::run(bin))?;
     }
     if all {
         planner::run()?;
