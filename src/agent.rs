@@ -27,7 +27,7 @@ use crate::k8s::events::{Recorder, Reporter, pod_reference};
 use crate::k8s::format::FormatNotice;
 use crate::k8s::labeler::Labeler;
 use crate::k8s::lease::{
-    self, FormedMarker, Leadership, LeaseClient, RequestCell, StatusAnnotations,
+    self, CoordinatorTerm, FormedMarker, LeaseClient, RequestCell, StatusAnnotations,
 };
 use crate::k8s::owner::{Anchor, LeaseOwner};
 use crate::k8s::{FIELD_MANAGER, KubeError};
@@ -143,7 +143,7 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         claim: keeps_record(&config).then(|| watch::channel(false)),
         hurry: watch::channel(false),
         seed: watch::channel(None),
-        start: (config.mode == Mode::Cluster).then(|| watch::channel(restart::permit(None, None))),
+        start: (config.mode == Mode::Cluster).then(|| watch::channel(restart::decide(None, None))),
         off: watch::Sender::new(config.off.clone()),
         beats: heartbeats_run(&config).then(Beats::new),
     };
@@ -401,7 +401,7 @@ fn coordinator_tasks(
     client: kube::Client,
     owner: Owner,
 ) -> Vec<Task> {
-    let (lead_tx, lead_rx) = watch::channel(Leadership::default());
+    let (lead_tx, lead_rx) = watch::channel(CoordinatorTerm::default());
     // The coordinator's status rides along in the Lease holder's renewals.
     let (status_tx, status_rx) = watch::channel(StatusAnnotations::new());
     // A Lease call must finish well inside the renew deadline to be of any use.
@@ -494,8 +494,8 @@ fn coordinator(
     co: &CoordinatorConfig,
     shared: &Shared,
     client: kube::Client,
-    (leadership, status): (
-        watch::Receiver<Leadership>,
+    (term, status): (
+        watch::Receiver<CoordinatorTerm>,
         watch::Sender<StatusAnnotations>,
     ),
 ) -> Coordinator {
@@ -511,7 +511,7 @@ fn coordinator(
         consent_ms: consent_ms(config, co.timings),
         bounds: config.bounds,
         state: shared.state.clone(),
-        leadership,
+        term,
         policy: co.policy.clone(),
         connector: shared.connector.clone(),
         handover_timeout: co.handover_timeout,

@@ -9,22 +9,22 @@ use std::time::{Duration, Instant};
 use std::path::Path;
 
 use valkey_sidecar_testkit::{
-    ClusterOptions, ReplicationSet, ServerOptions, Sidecar, SidecarOptions, TlsCerts,
-    TlsClientAuth, TlsOptions, TlsServer, ValkeyCluster, ValkeyServer, http_get, wait_for,
+    Agent, AgentOptions, ClusterOptions, ReplicationSet, ServerOptions, TlsCerts, TlsClientAuth,
+    TlsOptions, TlsServer, ValkeyCluster, ValkeyServer, http_get, wait_for,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_valkey-sidecar");
 const SECOND: Duration = Duration::from_secs(1);
 
-fn sidecar(valkey: impl ToString, mode: &str) -> SidecarOptions {
-    SidecarOptions::new(BIN, valkey, mode).arg("--poll-interval", "100ms")
+fn sidecar(valkey: impl ToString, mode: &str) -> AgentOptions {
+    AgentOptions::new(BIN, valkey, mode).arg("--poll-interval", "100ms")
 }
 
 #[test]
 fn replica_readiness_follows_its_primary() {
     let set = ReplicationSet::start(1, ServerOptions::default()).unwrap();
     let replica = &set.replicas()[0];
-    let agent = Sidecar::start(sidecar(replica.addr(), "replication")).unwrap();
+    let agent = Agent::start(sidecar(replica.addr(), "replication")).unwrap();
     agent.wait_code("/readyz", 200, 5 * SECOND).unwrap();
     assert_eq!(agent.get("/replica").unwrap().0, 200);
     assert_eq!(agent.get("/primary").unwrap().0, 503);
@@ -58,7 +58,7 @@ fn replica_readiness_follows_its_primary() {
 #[test]
 fn liveness_holds_while_valkey_is_blocked_and_probes_stay_fast() {
     let server = ValkeyServer::start(ServerOptions::default()).unwrap();
-    let agent = Sidecar::start(sidecar(server.addr(), "replication")).unwrap();
+    let agent = Agent::start(sidecar(server.addr(), "replication")).unwrap();
     agent.wait_code("/readyz", 200, 5 * SECOND).unwrap();
 
     let addr = server.addr();
@@ -122,7 +122,7 @@ fn liveness_holds_while_valkey_loads_a_dataset() {
         .cmd(&["DEBUG", "POPULATE", "50000", "key", "100"])
         .unwrap();
     server.cmd(&["SAVE"]).unwrap();
-    let agent = Sidecar::start(sidecar(server.addr(), "replication")).unwrap();
+    let agent = Agent::start(sidecar(server.addr(), "replication")).unwrap();
     agent.wait_code("/readyz", 200, 5 * SECOND).unwrap();
 
     server.restart().unwrap();
@@ -146,8 +146,8 @@ fn cluster_failover_shows_in_status_within_a_poll() {
     let cluster = ValkeyCluster::start(3, 1, ClusterOptions::default()).unwrap();
     let primary = &cluster.primaries()[0];
     let replica = &cluster.replicas_of(0)[0];
-    let on_primary = Sidecar::start(sidecar(primary.addr(), "cluster")).unwrap();
-    let on_replica = Sidecar::start(sidecar(replica.addr(), "cluster")).unwrap();
+    let on_primary = Agent::start(sidecar(primary.addr(), "cluster")).unwrap();
+    let on_replica = Agent::start(sidecar(replica.addr(), "cluster")).unwrap();
     on_primary.wait_code("/readyz", 200, 5 * SECOND).unwrap();
     on_replica.wait_code("/readyz", 200, 5 * SECOND).unwrap();
     let status = on_replica.status().unwrap();
@@ -189,7 +189,7 @@ fn cluster_failover_shows_in_status_within_a_poll() {
 #[test]
 fn cluster_metrics_and_status_describe_the_node() {
     let cluster = ValkeyCluster::start(3, 0, ClusterOptions::default()).unwrap();
-    let agent = Sidecar::start(
+    let agent = Agent::start(
         sidecar(cluster.primaries()[1].addr(), "cluster")
             .arg("--zone", "zone-b")
             .arg("--node-name", "node-1")
@@ -232,7 +232,7 @@ fn wrong_password_is_a_clear_error_and_rotation_recovers() {
     let dir = tempfile::tempdir().unwrap();
     let pw = dir.path().join("password");
     std::fs::write(&pw, "wrong\n").unwrap();
-    let agent = Sidecar::start(
+    let agent = Agent::start(
         sidecar(server.addr(), "replication")
             .arg("--valkey-username", "sidecar")
             .arg("--valkey-password-file", pw.display()),
@@ -274,7 +274,7 @@ fn a_password_given_directly_authenticates_and_is_never_logged() {
     )
     .unwrap();
     // The flag stands for VALKEY_PASSWORD here (the same setting; pods use the variable).
-    let agent = Sidecar::start(
+    let agent = Agent::start(
         sidecar(server.addr(), "replication")
             .arg("--valkey-username", "sidecar")
             .arg("--valkey-password", "agent-s3cret"),
@@ -287,7 +287,7 @@ fn a_password_given_directly_authenticates_and_is_never_logged() {
 #[test]
 fn missing_password_shows_noauth() {
     let server = ValkeyServer::start(ServerOptions::default().requirepass("secret")).unwrap();
-    let agent = Sidecar::start(sidecar(server.addr(), "replication")).unwrap();
+    let agent = Agent::start(sidecar(server.addr(), "replication")).unwrap();
     wait_for(
         "NOAUTH in status",
         5 * SECOND,
@@ -312,7 +312,7 @@ fn tls_with_the_right_ca_client_cert_and_server_name() {
         .arg("--valkey-tls-cert-file", server.client_cert().display())
         .arg("--valkey-tls-key-file", server.client_key().display())
         .arg("--valkey-tls-server-name", "valkey.test");
-    let agent = Sidecar::start(opts).unwrap();
+    let agent = Agent::start(opts).unwrap();
     agent.wait_code("/readyz", 200, 5 * SECOND).unwrap();
     assert_eq!(agent.status().unwrap()["role"], "primary");
 }
@@ -360,7 +360,7 @@ fn a_rotated_ca_and_client_certificate_are_used_from_the_next_connection() {
             secret.path().join("tls.key").display(),
         )
         .arg("--valkey-tls-server-name", "valkey.test");
-    let agent = Sidecar::start(opts).unwrap();
+    let agent = Agent::start(opts).unwrap();
     agent.wait_code("/readyz", 200, 5 * SECOND).unwrap();
 
     // A new CA, and the server restarted with a certificate from it: the agent's old CA and client
@@ -428,7 +428,7 @@ fn an_endless_reply_costs_the_connection_not_the_agent() {
             });
         }
     });
-    let agent = Sidecar::start(sidecar(addr, "replication")).unwrap();
+    let agent = Agent::start(sidecar(addr, "replication")).unwrap();
     let started = Instant::now();
     // Before the first reply is read: the agent's own footprint, which the cap is measured from.
     let baseline = rss_kib(agent.pid());
@@ -490,7 +490,7 @@ fn tls_mismatches_are_clear_errors_without_panic() {
         ),
     ];
     for (what, opts, expect) in cases {
-        let agent = Sidecar::start(opts).unwrap();
+        let agent = Agent::start(opts).unwrap();
         wait_for(what, 5 * SECOND, Duration::from_millis(20), || {
             Ok(agent.status()?["last_error"]
                 .as_str()
@@ -511,7 +511,7 @@ fn tls_mismatches_are_clear_errors_without_panic() {
 #[test]
 fn sigterm_stops_gracefully() {
     let server = ValkeyServer::start(ServerOptions::default()).unwrap();
-    let agent = Sidecar::start(sidecar(server.addr(), "replication")).unwrap();
+    let agent = Agent::start(sidecar(server.addr(), "replication")).unwrap();
     agent.wait_code("/readyz", 200, 5 * SECOND).unwrap();
     let start = Instant::now();
     agent.terminate(5 * SECOND).unwrap();
@@ -528,8 +528,8 @@ fn prestop_waits_until_the_primary_is_handed_over() {
     let cluster = ValkeyCluster::start(3, 1, ClusterOptions::default()).unwrap();
     let primary = &cluster.primaries()[0];
     let replica = &cluster.replicas_of(0)[0];
-    let on_primary = Sidecar::start(sidecar(primary.addr(), "cluster")).unwrap();
-    let on_replica = Sidecar::start(sidecar(replica.addr(), "cluster")).unwrap();
+    let on_primary = Agent::start(sidecar(primary.addr(), "cluster")).unwrap();
+    let on_replica = Agent::start(sidecar(replica.addr(), "cluster")).unwrap();
     on_primary.wait_code("/readyz", 200, 5 * SECOND).unwrap();
     on_replica.wait_code("/readyz", 200, 5 * SECOND).unwrap();
 
@@ -562,7 +562,7 @@ fn prestop_waits_until_the_primary_is_handed_over() {
 #[test]
 fn without_its_pods_name_the_agent_says_what_is_off() {
     let server = ValkeyServer::start(ServerOptions::default()).unwrap();
-    let agent = Sidecar::start(sidecar(server.addr(), "replication")).unwrap();
+    let agent = Agent::start(sidecar(server.addr(), "replication")).unwrap();
     agent.wait_code("/readyz", 200, 5 * SECOND).unwrap();
     let status = agent.status().unwrap();
     let off = status["off"].as_array().unwrap().clone();

@@ -186,7 +186,12 @@ fn valkey_reloads_rotated_certificates_where_its_version_can() {
 /// `helm template` with `--api-versions` for each of `apis` (as GitOps tools pass the target
 /// cluster's) and `--set`s.
 fn render_for(apis: &[&str], sets: &[&str]) -> String {
-    let mut args: Vec<String> = ["template", RELEASE, chart_dir().to_str().unwrap(), "-n", NS]
+    render_release(RELEASE, NS, apis, sets)
+}
+
+/// [`render_for`] as release `release` in namespace `ns`.
+fn render_release(release: &str, ns: &str, apis: &[&str], sets: &[&str]) -> String {
+    let mut args: Vec<String> = ["template", release, chart_dir().to_str().unwrap(), "-n", ns]
         .map(String::from)
         .to_vec();
     for api in apis {
@@ -250,6 +255,204 @@ fn renders_are_reproducible_and_hold_no_password() {
     assert_ne!(job(&["auth.rotation=accept"]), Some(plain.clone()));
     assert_eq!(job(&["auth.existingSecret=mine"]), None);
     assert_eq!(job(&["auth.enabled=false"]), None);
+}
+
+/// `tls.certManager`: a Certificate for Valkey with every name a client or the agent verifies
+/// (the client Services, each pod under the headless Service, localhost), both usages (Valkey is
+/// also a TLS client of its primary and bus peers), and one for the agent's client certificate
+/// (client auth only) unless Valkey asks none; the pods mount the Secrets they write.
+#[test]
+fn cert_manager_makes_the_secrets_the_pods_mount() {
+    let issuer = "tls.certManager.issuerRef.name=valkey-ca";
+    let on = [
+        "tls.enabled=true",
+        "tls.certManager.enabled=true",
+        issuer,
+        "tls.authClients=yes",
+    ];
+    let objects = rendered_objects(&render_sets(&on).unwrap());
+    let certs = of_kind(&objects, "Certificate");
+    let names: Vec<&str> = certs
+        .iter()
+        .map(|c| c["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["valkey-tls", "valkey-agent-tls"]);
+    let (server, agent) = (&certs[0]["spec"], &certs[1]["spec"]);
+    let dns: Vec<&str> = server["dnsNames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap())
+        .collect();
+    for name in [
+        "valkey.valkey.svc",
+        "valkey-read.valkey.svc",
+        "*.valkey-headless.valkey.svc",
+        "localhost",
+    ] {
+        assert!(dns.contains(&name), "{name} missing from {dns:?}");
+    }
+    assert_eq!(server["usages"], json!(["server auth", "client auth"]));
+    assert_eq!(agent["usages"], json!(["client auth"]));
+    assert_eq!(agent["commonName"], "valkey-sidecar");
+    for c in [server, agent] {
+        assert_eq!(c["issuerRef"]["name"], "valkey-ca");
+        assert_eq!(c["privateKey"]["rotationPolicy"], "Always");
+    }
+    // The agent verifies Valkey by the client Service's name, which the certificate carries.
+    let sts = &of_kind(&objects, "StatefulSet")[0];
+    let verified = env_of(container(sts, "valkey-sidecar"), "VALKEY_TLS_SERVER_NAME");
+    assert!(
+        dns.contains(&verified["value"].as_str().unwrap()),
+        "{verified}"
+    );
+    let volumes = pod_spec(sts)["volumes"].to_string();
+    for secret in [
+        server["secretName"].as_str().unwrap(),
+        agent["secretName"].as_str().unwrap(),
+    ] {
+        assert!(
+            volumes.contains(&format!("\"{secret}\"")),
+            "{secret} not mounted: {volumes}"
+        );
+    }
+    // Valkey asking no client certificate: no agent certificate.
+    let no_clients = ["tls.enabled=true", "tls.certManager.enabled=true", issuer];
+    let objects = rendered_objects(&render_sets(&no_clients).unwrap());
+    assert_eq!(of_kind(&objects, "Certificate").len(), 1);
+    // Existing Secrets keep their names; an issuer is required.
+    let named = [
+        "tls.enabled=true",
+        "tls.certManager.enabled=true",
+        issuer,
+        "tls.existingSecret=mine",
+    ];
+    let objects = rendered_objects(&render_sets(&named).unwrap());
+    assert_eq!(
+        of_kind(&objects, "Certificate")[0]["spec"]["secretName"],
+        "mine"
+    );
+    let refused = render_sets(&["tls.enabled=true", "tls.certManager.enabled=true"]).unwrap_err();
+    assert!(refused.contains("issuerRef.name is required"), "{refused}");
+    // Off by default: no Certificate, and a Secret is still required with TLS.
+    assert!(of_kind(&rendered_objects(&render_sets(&[]).unwrap()), "Certificate").is_empty());
+    let refused = render_sets(&["tls.enabled=true"]).unwrap_err();
+    assert!(
+        refused.contains("tls.existingSecret is required"),
+        "{refused}"
+    );
+}
+
+/// Many deployments side by side: two releases in one namespace and one in another, each at the
+/// longest name the chart takes (40 characters, differing only in the last), with every optional
+/// object on. No two objects share a name (cluster-scoped ones across namespaces too); every name
+/// and label value fits Kubernetes' limits — a Service's and a pod's name 63 characters (a pod's is
+/// its hostname), a StatefulSet's 52 (its pods carry `controller-revision-hash: <name>-<10>`); and
+/// each release's agents coordinate on their own Lease.
+#[test]
+fn the_longest_names_fit_and_releases_side_by_side_never_collide() {
+    let long = |last: char| {
+        format!(
+            "{}{last}",
+            "a-long-deployment-name-".repeat(2)[..39].to_owned()
+        )
+    };
+    let (a, b) = (long('1'), long('2'));
+    assert_eq!(a.len(), 40);
+    let sets = [
+        "shards=12",
+        "metrics.podMonitor.enabled=true",
+        "metrics.prometheusRule.enabled=true",
+        "replicas=2",
+        "placement.zones={zone-a,zone-b}",
+        "pdb.primaries=true",
+    ];
+    let apis = [MAP, "monitoring.coreos.com/v1"];
+    let mut seen: BTreeMap<(String, String, String), String> = BTreeMap::new();
+    let mut leases = Vec::new();
+    for (release, ns) in [(&a, "team-1"), (&b, "team-1"), (&a, "team-2")] {
+        let out = render_release(release, ns, &apis, &sets);
+        let objects = rendered_objects(&out);
+        assert!(
+            objects.len() > 20,
+            "{release} in {ns}: {} objects",
+            objects.len()
+        );
+        for o in &objects {
+            let kind = o["kind"].as_str().unwrap().to_owned();
+            let name = o["metadata"]["name"].as_str().unwrap().to_owned();
+            let scope = if CLUSTER_SCOPED_KINDS.contains(&kind.as_str()) {
+                ""
+            } else {
+                ns
+            };
+            let key = (kind.clone(), scope.to_owned(), name.clone());
+            let by = format!("{release} in {ns}");
+            if let Some(other) = seen.insert(key, by.clone()) {
+                panic!("{kind} {name}: rendered by {other} and by {by}");
+            }
+            check_name_limits(&kind, &name, o);
+        }
+        let sts = of_kind(&objects, "StatefulSet");
+        assert_eq!(sts.len(), 12, "{release} in {ns}");
+        // The agents' Lease is `<valkey.io/cluster>-coordinator` in their namespace (the label
+        // reaches them through the downward API).
+        let cluster = &sts[0]["spec"]["template"]["metadata"]["labels"]["valkey.io/cluster"];
+        leases.push((ns, format!("{}-coordinator", cluster.as_str().unwrap())));
+    }
+    let cluster_wide = seen.keys().filter(|(_, scope, _)| scope.is_empty()).count();
+    assert!(
+        cluster_wide >= 3 * 8,
+        "{cluster_wide} cluster-scoped objects"
+    );
+    leases.sort();
+    leases.dedup();
+    assert_eq!(leases.len(), 3, "each release its own Lease: {leases:?}");
+    // One character more is refused, naming the value to set.
+    let long_release = format!("{a}x");
+    let refused = render(&long_release, "team-1", &[], &[]).unwrap_err();
+    assert!(
+        format!("{refused:#}").contains("clusterName"),
+        "{refused:#}"
+    );
+}
+
+/// Kubernetes' limits on `o`'s name and its labels (the pod template's too).
+fn check_name_limits(kind: &str, name: &str, o: &Value) {
+    let limit = match kind {
+        // `<name>-<ordinal>` pods and `controller-revision-hash: <name>-<10 characters>`.
+        "StatefulSet" => 52,
+        "Service" | "ServiceAccount" | "NetworkPolicy" => 63,
+        _ => 253,
+    };
+    assert!(
+        name.len() <= limit,
+        "{kind} {name}: {} characters",
+        name.len()
+    );
+    if kind == "StatefulSet" {
+        let replicas = &o["spec"]["replicas"];
+        let replicas = replicas
+            .as_u64()
+            .or_else(|| replicas.as_str()?.parse().ok());
+        let replicas = replicas.unwrap_or_else(|| panic!("{name}: {:?}", o["spec"]["replicas"]));
+        let pod = format!("{name}-{}", replicas - 1);
+        assert!(pod.len() <= 63, "pod {pod}: {} characters", pod.len());
+    }
+    let label_sets = [
+        &o["metadata"]["labels"],
+        &o["spec"]["template"]["metadata"]["labels"],
+    ];
+    for labels in label_sets.into_iter().filter_map(Value::as_object) {
+        for (key, value) in labels {
+            let v = value.as_str().unwrap_or_default();
+            assert!(
+                v.len() <= 63,
+                "{kind} {name}: label {key}={v} ({} characters)",
+                v.len()
+            );
+        }
+    }
 }
 
 /// MutatingAdmissionPolicy v1 exists from Kubernetes 1.36: the chart renders its policies only

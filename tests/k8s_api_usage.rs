@@ -51,14 +51,14 @@ async fn wait_steady(s: &Stage) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_steady_state_followers_write_nothing_and_the_holder_only_renews() {
-    let (s, leader) = coordinated_stage("api-usage").await;
+    let (s, coordinator) = coordinated_stage("api-usage").await;
     wait_steady(&s).await;
     let from = SystemTime::now();
     tokio::time::sleep(WINDOW).await;
     let to = SystemTime::now();
     assert_eq!(
         holder(&s).await.as_deref(),
-        Some(leader.as_str()),
+        Some(coordinator.as_str()),
         "the Lease changed hands during the window"
     );
     // Each request is logged as it completes: give the last ones time to reach the file.
@@ -75,7 +75,11 @@ async fn in_steady_state_followers_write_nothing_and_the_holder_only_renews() {
         .pods
         .iter()
         .map(|p| {
-            let role = if *p == leader { "leader" } else { "follower" };
+            let role = if *p == coordinator {
+                "coordinator"
+            } else {
+                "follower"
+            };
             (format!("{p} ({role})"), who(p))
         })
         .collect();
@@ -84,7 +88,7 @@ async fn in_steady_state_followers_write_nothing_and_the_holder_only_renews() {
         usage.verb_table(&agents),
         usage.detail_table(&agents)
     );
-    for p in s.pods.iter().filter(|p| **p != leader) {
+    for p in s.pods.iter().filter(|p| **p != coordinator) {
         // A follower learns the renewals from its watch: at most a re-established watch (the
         // apiserver ends each after minutes) in the window, where polling read 15 times.
         let lease_reads: u64 = ["get", "list", "watch"]
@@ -97,13 +101,13 @@ async fn in_steady_state_followers_write_nothing_and_the_holder_only_renews() {
         );
         assert_eq!(usage.writes(&who(p)), 0, "follower {p} wrote");
     }
-    let renewals = usage.get(&who(&leader), "update", "leases");
+    let renewals = usage.get(&who(&coordinator), "update", "leases");
     let expected = WINDOW.as_secs_f64() / RETRY_PERIOD.as_secs_f64();
-    println!("leader {leader}: {renewals} renewals, {expected} expected");
+    println!("coordinator {coordinator}: {renewals} renewals, {expected} expected");
     assert_eq!(
-        usage.writes(&who(&leader)),
+        usage.writes(&who(&coordinator)),
         renewals,
-        "the leader wrote more than its renewals"
+        "the coordinator wrote more than its renewals"
     );
     assert!(
         renewals as f64 <= 1.5 * expected && renewals as f64 >= 0.5 * expected,

@@ -674,7 +674,7 @@ async fn until_condition(stage: &Stage, type_: &str, want: &str) -> String {
 }
 
 /// The Lease holder's pod.
-async fn leader(stage: &Stage, pods: &[Pod]) -> Pod {
+async fn coordinator(stage: &Stage, pods: &[Pod]) -> Pod {
     let leases: Api<Lease> = Api::namespaced(stage.plane.client(), &stage.namespace);
     let lease = leases.get("valkey-coordinator").await.unwrap();
     let holder = lease.spec.unwrap().holder_identity.unwrap();
@@ -685,7 +685,7 @@ async fn leader(stage: &Stage, pods: &[Pod]) -> Pod {
 }
 
 /// Shard 0's primary moves to a replica in another zone (`CLUSTER FAILOVER`): the drift shows in
-/// the leader's metrics within an observation cycle and on the Lease with its next renewal; after
+/// the coordinator's metrics within an observation cycle and on the Lease with its next renewal; after
 /// the quiet period the coordinator fails back and the condition clears.
 async fn drift_and_failback(stage: &Stage, pods: &[Pod], password: &str) {
     let shard0 = shards(pods).remove("0").unwrap();
@@ -696,8 +696,10 @@ async fn drift_and_failback(stage: &Stage, pods: &[Pod], password: &str) {
         .await
         .unwrap()
         .unwrap();
-    let agent =
-        std::net::SocketAddr::new(valkey_addr(&leader(stage, pods).await).unwrap().ip(), 9736);
+    let agent = std::net::SocketAddr::new(
+        valkey_addr(&coordinator(stage, pods).await).unwrap().ip(),
+        9736,
+    );
     let metric = "valkey_sidecar_placement_drift{reason=\"FailoverDrift\"} 1";
     let seen = poll_until(
         "the drift metric",
@@ -715,7 +717,7 @@ async fn drift_and_failback(stage: &Stage, pods: &[Pod], password: &str) {
     let on_lease = moved.elapsed();
     let aligned = until_condition(stage, "PrimaryPlacementAligned", "True").await;
     println!(
-        "failover out of the preferred zone: drift in the leader's metrics after {in_metrics:?}, on the Lease after {on_lease:?} ({drift}); failed back, condition cleared after {:?} ({aligned})",
+        "failover out of the preferred zone: drift in the coordinator's metrics after {in_metrics:?}, on the Lease after {on_lease:?} ({drift}); failed back, condition cleared after {:?} ({aligned})",
         moved.elapsed()
     );
     let pods = wait_roles(stage, 3, 6).await;
@@ -864,7 +866,7 @@ mod monitoring;
 
 /// Counters that exist only from their first event, which this install may never see: errors
 /// (`observation_errors`, `watch_errors`), replication mode's record calls, and the moves, counted
-/// by the leader that made them (gone with its pod when that was the pod deleted).
+/// by the coordinator that made them (gone with its pod when that was the pod deleted).
 /// `tests/monitoring.rs` checks that the agent exports each once it happens.
 const ON_FIRST_EVENT: &[&str] = &[
     "valkey_sidecar_observation_errors_total",

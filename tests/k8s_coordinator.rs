@@ -243,7 +243,7 @@ async fn cordoning_a_primarys_node_hands_the_primary_over() {
 }
 
 /// How many agents report `valkey_sidecar_coordinator_leader 1`.
-async fn leader_count(s: &Stage) -> u64 {
+async fn coordinator_count(s: &Stage) -> u64 {
     let mut n = 0;
     for p in &s.pods {
         n += s
@@ -255,15 +255,15 @@ async fn leader_count(s: &Stage) -> u64 {
 }
 
 /// Waits until exactly `n` agents lead.
-async fn wait_leaders(s: &Stage, n: u64, what: &str, timeout: Duration) {
+async fn wait_coordinators(s: &Stage, n: u64, what: &str, timeout: Duration) {
     poll_until(what, timeout, Duration::from_millis(50), || async {
-        Ok(leader_count(s).await == n)
+        Ok(coordinator_count(s).await == n)
     })
     .await
     .unwrap();
 }
 
-/// The sum of one drift gauge over all agents (only the leader reports drift).
+/// The sum of one drift gauge over all agents (only the coordinator reports drift).
 async fn drift_total(s: &Stage) -> u64 {
     let mut n = 0;
     for p in &s.pods {
@@ -291,11 +291,11 @@ async fn with_the_apiserver_stopped_for_30s_nothing_acts_and_everything_resumes(
     let (s, _) = coordinated_stage("coord-stepdown", &env).await;
     let (intended, other) = ("valkey-0-0", "valkey-0-1");
     // The gauge follows the Lease within a round (250 ms).
-    wait_leaders(&s, 1, "exactly one leader", 5 * SECOND).await;
+    wait_coordinators(&s, 1, "exactly one coordinator", 5 * SECOND).await;
     s.signal_apiserver("STOP").unwrap();
     let frozen = Instant::now();
     // The holder cannot renew: within its renew deadline (4 s) it must stop acting.
-    wait_leaders(&s, 0, "the holder steps down", 8 * SECOND).await;
+    wait_coordinators(&s, 0, "the holder steps down", 8 * SECOND).await;
     let stepped_down = frozen.elapsed();
     // A move becomes due: shard 0's primary leaves its preferred zone. With fail-back on and a
     // 3 s quiet period the coordinator would move it back — but nobody holds a valid lease.
@@ -310,9 +310,9 @@ async fn with_the_apiserver_stopped_for_30s_nothing_acts_and_everything_resumes(
     .unwrap();
     while frozen.elapsed() < 30 * SECOND {
         assert_eq!(
-            leader_count(&s).await,
+            coordinator_count(&s).await,
             0,
-            "a leader without a renewable lease"
+            "a coordinator without a renewable lease"
         );
         assert_ne!(
             s.role(intended).as_deref(),
@@ -323,7 +323,7 @@ async fn with_the_apiserver_stopped_for_30s_nothing_acts_and_everything_resumes(
     }
     s.signal_apiserver("CONT").unwrap();
     let thawed = Instant::now();
-    wait_leaders(&s, 1, "leadership returns", 30 * SECOND).await;
+    wait_coordinators(&s, 1, "a coordinator returns", 30 * SECOND).await;
     let leading = thawed.elapsed();
     poll_until(
         "the fail-back that was due happens",
@@ -348,13 +348,13 @@ async fn with_the_apiserver_stopped_for_30s_nothing_acts_and_everything_resumes(
     .unwrap();
     let labels_true = thawed.elapsed();
     println!(
-        "apiserver stopped 30 s: holder stepped down after {stepped_down:?} (renew deadline 4 s); after it resumed: a leader again in {leading:?}, the due fail-back done in {failed_back:?}, labels true in {labels_true:?}"
+        "apiserver stopped 30 s: holder stepped down after {stepped_down:?} (renew deadline 4 s); after it resumed: a coordinator again in {leading:?}, the due fail-back done in {failed_back:?}, labels true in {labels_true:?}"
     );
     faults::record(
         &Outcome::new(module_path!(), "apiserver stopped for 30 s (cluster coordinator)")
             .recovery(labels_true)
             .note(format!(
-                "recovery: apiserver resumed → a leader again {}, the fail-back that fell due meanwhile done {}, labels true again; the holder stepped down {} after the stop (renew deadline 4 s), nothing acted while it was down",
+                "recovery: apiserver resumed → a coordinator again {}, the fail-back that fell due meanwhile done {}, labels true again; the holder stepped down {} after the stop (renew deadline 4 s), nothing acted while it was down",
                 show(leading),
                 show(failed_back),
                 show(stepped_down)
@@ -705,7 +705,7 @@ async fn a_node_with_two_primaries_is_rebalanced() {
 }
 
 /// Issue 17, items 1 and 2: a primary's Valkey killed while its agent lives; the kubelet restarts
-/// the container at once, empty (no persistence). The leader sees the socket close and refuse,
+/// the container at once, empty (no persistence). The coordinator sees the socket close and refuse,
 /// fails the shard over to its replica with `CLUSTER FAILOVER FORCE` (no waiting out
 /// `cluster-node-timeout`), and the restart is held (`valkey-sidecar await`) until then, so the
 /// empty node comes back as the new primary's replica instead of wiping it. Lost: at most the

@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde_json::Value;
 use valkey_sidecar_testkit::k8s::{Stage, StageOptions, sidecar_bin};
 use valkey_sidecar_testkit::{
-    ServerOptions, Sidecar, SidecarOptions, ValkeyServer, as_from_a_shell, free_port,
+    Agent, AgentOptions, ServerOptions, ValkeyServer, as_from_a_shell, free_port,
 };
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -109,10 +109,10 @@ fn the_aarch64_binary_is_static_small_and_runs_under_qemu_beside_valkey() {
     assert!(run("--version").contains(&format!("valkey-sidecar {VERSION}")));
     assert!(run("--help").contains("Usage:"));
     let server = ValkeyServer::start(ServerOptions::default()).unwrap();
-    let opts = SidecarOptions::new(&bin, server.addr(), "replication")
+    let opts = AgentOptions::new(&bin, server.addr(), "replication")
         .arg("--poll-interval", "100ms")
         .under(qemu());
-    let agent = Sidecar::start(opts).unwrap();
+    let agent = Agent::start(opts).unwrap();
     let took = agent.wait_code("/readyz", 200, 30 * SECOND).unwrap();
     println!("aarch64 agent under qemu: /readyz 200 after {took:?}");
     assert_eq!(agent.status().unwrap()["role"], "primary");

@@ -104,7 +104,7 @@ async fn a_calm_shard_costs_a_read_per_retry_period_and_a_cordon_switches_over_l
     )
     .await
     .unwrap();
-    // Calm: the holder serves and renews; the leader reads the record once per retry period (2 s).
+    // Calm: the holder serves and renews; the coordinator reads the record once per retry period (2 s).
     let before = record_reads(&s, &coordinator).await;
     tokio::time::sleep(10 * SECOND).await;
     let reads = record_reads(&s, &coordinator).await - before;

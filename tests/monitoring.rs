@@ -220,7 +220,7 @@ fn the_dashboard_is_valid_json_with_the_panels_an_operator_needs() {
         .iter()
         .flat_map(|(_, q)| metric_names(q))
         .collect();
-    // Role, readiness, lag, the leader, moves and their durations, label writes, errors, panics,
+    // Role, readiness, lag, the coordinator, moves and their durations, label writes, errors, panics,
     // fences, drift.
     for want in [
         "valkey_sidecar_role",

@@ -8,10 +8,10 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use valkey_sidecar::coordinator::execute::{self, Links, MoveOutcome};
-use valkey_sidecar::k8s::shard_lease::ShardLeaseClient;
+use valkey_sidecar::k8s::record::RecordClient;
 use valkey_sidecar::runtime::clock::Clock;
 use valkey_sidecar::valkey::Connector;
-use valkey_sidecar_core::replication::{Promotion, ShardRecord, SwitchoverPlan};
+use valkey_sidecar_core::replication::{Promotion, RecordHandoverPlan, ShardRecord};
 use valkey_sidecar_testkit::k8s::writer::{Writer, lost};
 use valkey_sidecar_testkit::k8s::{ControlPlane, ControlPlaneOptions};
 use valkey_sidecar_testkit::{ReplicationSet, ServerOptions, ValkeyServer, wait_for};
@@ -20,7 +20,7 @@ const POD: [&str; 3] = ["v-0-0", "v-0-1", "v-0-2"];
 
 /// Renews the record once it names `pod`, as that pod's keeper does before its Valkey may be
 /// promoted (`PromotionCommand::AwaitConsent`).
-fn consent_when_named(record: ShardLeaseClient, pod: &'static str) -> tokio::task::JoinHandle<()> {
+fn consent_when_named(record: RecordClient, pod: &'static str) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             if let Ok(Some(r)) = record.read().await
@@ -37,7 +37,7 @@ fn consent_when_named(record: ShardLeaseClient, pod: &'static str) -> tokio::tas
 /// A primary and two replicas named like the pods of one shard, and the record naming the first.
 struct Shard {
     set: ReplicationSet,
-    record: ShardLeaseClient,
+    record: RecordClient,
     _plane: ControlPlane,
 }
 
@@ -46,7 +46,7 @@ impl Shard {
         let plane = ControlPlane::start(ControlPlaneOptions::apiserver_only())
             .await
             .unwrap();
-        let record = ShardLeaseClient::new(
+        let record = RecordClient::new(
             plane.client(),
             "default",
             ("valkey", "0"),
@@ -80,8 +80,8 @@ impl Shard {
         Links::new(pods.collect::<BTreeMap<_, _>>())
     }
 
-    fn plan(&self, from: &str, to: &str, epoch: u64, timeout_ms: u64) -> SwitchoverPlan {
-        SwitchoverPlan {
+    fn plan(&self, from: &str, to: &str, epoch: u64, timeout_ms: u64) -> RecordHandoverPlan {
+        RecordHandoverPlan {
             from: from.into(),
             to: to.into(),
             to_addr: format!("{} {}", self.node(to).host(), self.node(to).port()),
@@ -184,7 +184,7 @@ async fn a_switchover_moves_record_and_primary_without_losing_a_write_faster_tha
     let ours = under_writes(&shard, POD[1], async || {
         let plan = shard.plan(POD[0], POD[1], 1, 5000);
         let record = shard.record.clone();
-        execute::switchover(plan, shard.links(), record, Clock::start(), || true).await
+        execute::record_handover(plan, shard.links(), record, Clock::start(), || true).await
     })
     .await;
     let MoveOutcome::Done { took } = ours else {
@@ -215,7 +215,7 @@ async fn a_switchover_whose_target_cannot_catch_up_rolls_back_and_writes_resume(
     shard.node(POD[0]).cmd(&["SET", "missed", "1"]).unwrap();
     let plan = shard.plan(POD[0], POD[1], 1, 300);
     let t = Instant::now();
-    let out = execute::switchover(
+    let out = execute::record_handover(
         plan,
         shard.links(),
         shard.record.clone(),

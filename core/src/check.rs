@@ -41,7 +41,7 @@ pub struct CheckView {
 }
 
 /// Every problem found, shard by shard, then the Lease's; empty when healthy.
-pub fn assess(view: &CheckView) -> Vec<String> {
+pub fn decide(view: &CheckView) -> Vec<String> {
     let by_shard = group(&view.pods);
     let mut problems: Vec<String> = (0..view.shards)
         .flat_map(|s| shard(view, &s.to_string(), by_shard.get(&s.to_string())))

@@ -32,7 +32,7 @@ pub struct Death<'a> {
     pub terminating: bool,
 }
 
-/// What a primary's death calls for ([`on_death`]).
+/// What a primary's death calls for ([`decide`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeathVerdict<'a> {
     /// The view shows it serving no slots as primary: already failed over, or never a primary.
@@ -45,7 +45,7 @@ pub enum DeathVerdict<'a> {
     LeftToHandover,
     /// A move of its shard is running or settling.
     Busy,
-    /// Read the offsets of these replicas (from each replica itself), then [`choose`].
+    /// Read the offsets of these replicas (from each replica itself), then [`target`].
     ReadOffsets {
         shard: &'a Shard,
         candidates: Vec<&'a ShardNode>,
@@ -64,7 +64,7 @@ impl DeathVerdict<'_> {
 
 /// The one entry point for a primary's death: whether to fail its shard over, before any offset
 /// is read. In this order: not serving, repeated, its pod terminating, its shard busy.
-pub fn on_death<'a>(death: &Death<'a>, moves: &Ledger) -> DeathVerdict<'a> {
+pub fn decide<'a>(death: &Death<'a>, moves: &Ledger) -> DeathVerdict<'a> {
     let Some(shard) = crashed_shard(death.shards, death.node) else {
         return DeathVerdict::NotServing;
     };
@@ -147,7 +147,7 @@ pub fn candidates<'a>(shard: &'a Shard, dead: &'a str) -> impl Iterator<Item = &
 
 /// The replica to promote: the highest offset among those that answered; on a tie the one in the
 /// dead primary's zone (clients there keep their latency), then the lowest id (deterministic).
-pub fn choose(
+pub fn target(
     shard: &Shard,
     dead: &str,
     offsets: &[ReplicaOffset],
@@ -181,150 +181,4 @@ pub fn choose(
             node.id
         ),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn node(id: &str, role: Role, zone: &str) -> ShardNode {
-        ShardNode {
-            id: id.into(),
-            ip: format!("10.0.0.{}", id.len()),
-            port: 6379,
-            role,
-            availability_zone: Some(zone.into()),
-            ..ShardNode::default()
-        }
-    }
-
-    fn shard() -> Shard {
-        Shard {
-            id: "s1".into(),
-            slots: vec![(0, 5460)],
-            nodes: vec![
-                node("p", Role::Primary, "a"),
-                node("r1", Role::Replica, "b"),
-                node("r2", Role::Replica, "a"),
-            ],
-        }
-    }
-
-    fn read(id: &str, offset: Option<u64>) -> ReplicaOffset {
-        ReplicaOffset {
-            id: id.into(),
-            offset,
-            // "p" is at 10.0.0.1 (see `node`).
-            primary: Some(("10.0.0.1".into(), 6379)),
-            link_up: false,
-        }
-    }
-
-    fn offsets(r1: Option<u64>, r2: Option<u64>) -> Vec<ReplicaOffset> {
-        vec![read("r1", r1), read("r2", r2)]
-    }
-
-    #[test]
-    fn the_highest_offset_wins_then_the_primary_zone_then_the_id() {
-        let cases = [
-            (offsets(Some(10), Some(9)), Some("r1")),
-            (offsets(Some(9), Some(10)), Some("r2")),
-            // Tie: r2 shares the dead primary's zone.
-            (offsets(Some(10), Some(10)), Some("r2")),
-            (offsets(None, Some(1)), Some("r2")),
-            (offsets(None, None), None),
-        ];
-        for (given, want) in cases {
-            let got = choose(&shard(), "p", &given).ok().map(|f| f.to);
-            assert_eq!(got.as_deref(), want, "{given:?}");
-        }
-        let mut other_zones = shard();
-        other_zones.nodes[2].availability_zone = Some("c".into());
-        let f = choose(&other_zones, "p", &offsets(Some(10), Some(10))).unwrap();
-        assert_eq!(f.to, "r1");
-        assert!(f.reason.contains("highest offset (10)"), "{}", f.reason);
-    }
-
-    #[test]
-    fn only_a_primary_serving_slots_counts_and_failed_replicas_never_do() {
-        let shards = [shard()];
-        assert!(crashed_shard(&shards, "p").is_some());
-        assert!(crashed_shard(&shards, "r1").is_none());
-        let mut empty = shard();
-        empty.slots.clear();
-        assert!(crashed_shard(&[empty], "p").is_none());
-        let mut failed = shard();
-        failed.nodes[1].health = NodeHealth::Failed;
-        let ids: Vec<&str> = candidates(&failed, "p").map(|n| n.id.as_str()).collect();
-        assert_eq!(ids, ["r2"]);
-        let f = choose(&failed, "p", &offsets(Some(99), Some(1))).unwrap();
-        assert_eq!(f.to, "r2", "a replica marked failed is never chosen");
-    }
-
-    #[test]
-    fn a_replica_that_follows_someone_else_or_is_still_linked_is_never_forced() {
-        // A stale view: the shard was handed over to r1 already; r2 follows r1.
-        let mut moved = offsets(Some(5), Some(9));
-        moved[1].primary = Some(("10.0.0.2".into(), 6379));
-        let f = choose(&shard(), "p", &moved).unwrap();
-        assert_eq!(f.to, "r1");
-        let mut linked = offsets(Some(5), Some(9));
-        linked[0].link_up = true;
-        linked[1].link_up = true;
-        assert!(
-            choose(&shard(), "p", &linked).is_err(),
-            "its primary answers it: not dead"
-        );
-    }
-
-    /// The adapter's former checks, as one table: each case, its verdict, whether it books the
-    /// death (the repeat window starts).
-    #[test]
-    fn a_death_is_failed_over_once_unless_its_pod_goes_or_its_shard_moves() {
-        use crate::moves::Started;
-        let shards = [shard()];
-        let now = Millis(100_000);
-        let death = |node, last: Option<u64>, terminating| Death {
-            now,
-            node,
-            shards: &shards,
-            last_handled: last.map(Millis),
-            terminating,
-        };
-        let idle = Ledger::default();
-        let mut moving = Ledger::default();
-        moving.start("s1", Started::Unplanned, Millis(99_000));
-        let kind = |v: &DeathVerdict| match v {
-            DeathVerdict::NotServing => "not serving",
-            DeathVerdict::Repeated => "repeated",
-            DeathVerdict::LeftToHandover => "hand-over",
-            DeathVerdict::Busy => "busy",
-            DeathVerdict::ReadOffsets { .. } => "read offsets",
-        };
-        let cases = [
-            (death("p", None, false), &idle, "read offsets", true),
-            (death("r1", None, false), &idle, "not serving", false),
-            (death("p", Some(90_001), false), &idle, "repeated", false),
-            (death("p", Some(90_000), false), &idle, "read offsets", true),
-            (death("p", Some(95_000), true), &idle, "repeated", false),
-            (death("p", None, true), &idle, "hand-over", true),
-            (death("p", None, true), &moving, "hand-over", true),
-            (death("p", None, false), &moving, "busy", false),
-        ];
-        for (d, moves, want, handled) in cases {
-            let v = on_death(&d, moves);
-            let case = format!(
-                "{} last {:?} terminating {}",
-                d.node, d.last_handled, d.terminating
-            );
-            assert_eq!((kind(&v), v.handled()), (want, handled), "{case}");
-        }
-        let DeathVerdict::ReadOffsets { shard, candidates } =
-            on_death(&death("p", None, false), &idle)
-        else {
-            unreachable!()
-        };
-        let ids: Vec<&str> = candidates.iter().map(|n| n.id.as_str()).collect();
-        assert_eq!((shard.id.as_str(), ids), ("s1", vec!["r1", "r2"]));
-    }
 }

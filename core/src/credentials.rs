@@ -1,7 +1,7 @@
 //! `valkey-sidecar credentials`: which passwords the chart's Secret needs written, so that
 //! credentials are made once inside the cluster and a render of the chart never holds one (a
 //! `helm template` of Argo CD or Flux would invent new ones at every sync). The adapter reads the
-//! Secret, asks [`plan`], fills in fresh random passwords and their hashes, and writes the result.
+//! Secret, asks [`decide`], fills in fresh random passwords and their hashes, and writes the result.
 //!
 //! A password rotation is three upgrades (`auth.rotation`): `accept` adds the next passwords
 //! beside the current ones (Valkey accepts both after a roll), `promote` makes the next ones
@@ -154,7 +154,7 @@ impl std::fmt::Display for Refusal {
 
 /// The writes that bring the Secret's passwords (`present`, by slot) where `rotation` wants
 /// them; empty when it is there already.
-pub fn plan(
+pub fn decide(
     present: &BTreeMap<Slot, String>,
     rotation: Rotation,
 ) -> Result<Vec<(Slot, Source)>, Refusal> {

@@ -61,7 +61,7 @@ pub struct NodeVerdict {
 }
 
 /// Judges every pod of the deployment on `view.node`.
-pub fn assess(view: &DrainView) -> NodeVerdict {
+pub fn decide(view: &DrainView) -> NodeVerdict {
     let pods: Vec<PodVerdict> = on_node(view).map(|c| pod(view, c)).collect();
     NodeVerdict {
         now: pods.iter().all(|p| p.now),

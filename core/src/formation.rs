@@ -3,7 +3,7 @@
 //!
 //! The pods say where they belong: `valkey.io/shard-index` (which shard) and
 //! `valkey.io/node-index` (0 = the shard's intended primary; the StatefulSet's pod index where the
-//! label is missing). The coordinator observes every pod's Valkey and asks [`plan`] what to do:
+//! label is missing). The coordinator observes every pod's Valkey and asks [`decide`] what to do:
 //!
 //! - **A fresh cluster** — no node owns a slot and every node knows only itself: once every shard
 //!   `0..shards` has its node-index 0 pod answering, give each node a distinct config epoch, each
@@ -28,7 +28,7 @@
 //! - Everything waits while any pod of the deployment does not answer: a decision from a partial
 //!   view could assign slots twice.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use crate::observation::{Observation, Role};
@@ -83,10 +83,13 @@ impl Listing {
         self.map.get(id).map(String::as_str)
     }
 
-    /// Adds or replaces one entry; the digest is computed again over the whole listing.
+    /// Adds or replaces one entry, updating the digest by that entry alone.
     pub fn insert(&mut self, id: String, ip: String) {
-        self.map.insert(id, ip);
-        self.digest = digest(self.map.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        let added = entry_hash(&id, &ip);
+        if let Some(old) = self.map.insert(id.clone(), ip) {
+            self.digest = self.digest.wrapping_sub(entry_hash(&id, &old));
+        }
+        self.digest = self.digest.wrapping_add(added);
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
@@ -113,10 +116,16 @@ impl From<BTreeMap<String, String>> for Listing {
     }
 }
 
-/// A digest of entries in id order (`DefaultHasher`'s fixed keys: equal listings, equal digests).
+/// A digest of entries in any order: the sum of each entry's hash (`DefaultHasher`'s fixed keys:
+/// equal listings, equal digests), so one entry changes it by its own hash alone and the pods'
+/// addresses digest without being sorted.
 fn digest<'a>(entries: impl Iterator<Item = (&'a str, &'a str)>) -> u64 {
+    entries.fold(0, |sum, (id, ip)| sum.wrapping_add(entry_hash(id, ip)))
+}
+
+fn entry_hash(id: &str, ip: &str) -> u64 {
     let mut h = DefaultHasher::new();
-    entries.for_each(|e| e.hash(&mut h));
+    (id, ip).hash(&mut h);
     h.finish()
 }
 
@@ -220,7 +229,7 @@ impl Step {
 /// Between two formation rounds: a `CLUSTER MEET` needs a gossip round or two to spread.
 pub const PERIOD_MS: u64 = 1_000;
 
-/// A formation round runs at least this often while leading, whatever the leader's own view says.
+/// A formation round runs at least this often while coordinating, whatever the coordinator's own view says.
 pub const RECHECK_MS: u64 = 30_000;
 
 /// Whether the local node's view of the cluster leaves formation something to do: a pod (by its
@@ -242,10 +251,10 @@ pub fn incomplete<'a>(local: &[Shard], pod_ips: impl IntoIterator<Item = &'a str
     failed || slotless || missing
 }
 
-/// Whether the leader runs a formation round now: at most every [`PERIOD_MS`] since the last
+/// Whether the coordinator runs a formation round now: at most every [`PERIOD_MS`] since the last
 /// (`last`), and then if the local view is [`incomplete`], the last round sent steps or met a
 /// silent pod (`again`), or [`RECHECK_MS`] have passed — what only another node's own view shows
-/// (a node naming itself by an old address) leaves the leader's view whole.
+/// (a node naming itself by an old address) leaves the coordinator's view whole.
 pub fn round_due(last: Option<Millis>, incomplete: bool, again: bool, now: Millis) -> bool {
     let since = |ms: u64| last.is_none_or(|at| now.since(at) >= ms);
     since(PERIOD_MS) && (incomplete || again || since(RECHECK_MS))
@@ -271,7 +280,7 @@ impl Formation {
 }
 
 /// Decides the formation steps for this round (none: formed, or waiting — the reason says which).
-pub fn plan(view: &FormationView) -> Formation {
+pub fn decide(view: &FormationView) -> Formation {
     if let Some(why) = not_ready(view) {
         let silent = view
             .seats
@@ -466,25 +475,30 @@ pub fn readdress(via: &Seat, nodes: &[(&Seat, &ClusterNode)]) -> Vec<Step> {
     let Some((_, anchor)) = nodes.iter().find(|(s, _)| s.pod == via.pod) else {
         return Vec::new();
     };
+    // The pods' addresses as a listing would digest them: a node whose listing digests the same
+    // lists every pod at its current address, so a formed cluster is checked in O(nodes), never
+    // entry by entry.
+    let now = (
+        digest(current.iter().map(|(id, ip)| (*id, *ip))),
+        current.len(),
+    );
+    let whole = |n: &ClusterNode| n.addrs.same_as(now);
+    let anchor_whole = whole(anchor);
     let mut steps: Vec<Step> = nodes
         .iter()
-        .filter(|(s, _)| s.pod != via.pod)
+        .filter(|(s, n)| s.pod != via.pod && !(anchor_whole && whole(n)))
         .filter(|(_, n)| stale(anchor, &n.id) || stale(n, &n.id) || stale(n, &anchor.id))
         .filter_map(|(s, _)| meet(via, s))
         .collect();
     // The anchor's own address it learns only from a MEET it receives.
-    if stale(anchor, &anchor.id) {
+    if !anchor_whole && stale(anchor, &anchor.id) {
         let other = nodes.iter().find(|(s, _)| s.pod != via.pod);
         steps.extend(other.and_then(|(s, _)| meet(s, via)));
     }
-    // The pods' addresses as a listing would digest them (in id order), without copying them.
-    let mut sorted: Vec<(&str, &str)> = current.iter().map(|(id, ip)| (*id, *ip)).collect();
-    sorted.sort_unstable();
-    let now = (digest(sorted.iter().copied()), sorted.len());
     let by_id: HashMap<&str, &Seat> = nodes.iter().map(|(s, n)| (n.id.as_str(), *s)).collect();
     let pairs = nodes
         .iter()
-        .filter(|(s, n)| s.pod != via.pod && !n.addrs.same_as(now))
+        .filter(|(s, n)| s.pod != via.pod && !whole(n))
         .flat_map(|(s, n)| {
             let listed = n.addrs.iter().map(|(id, _)| id);
             let targets = listed.filter(|id| *id != n.id && *id != anchor.id);
@@ -498,7 +512,7 @@ pub fn readdress(via: &Seat, nodes: &[(&Seat, &ClusterNode)]) -> Vec<Step> {
 /// A node marked failed whose id no pod has any more is a replaced pod's old identity: every node
 /// that knows it forgets it (all in one round, within Valkey's 60 s ban on re-learning it).
 fn forget(nodes: &[(&Seat, &ClusterNode)]) -> Vec<Step> {
-    let current: BTreeSet<&str> = nodes.iter().map(|(_, n)| n.id.as_str()).collect();
+    let current: HashSet<&str> = nodes.iter().map(|(_, n)| n.id.as_str()).collect();
     let stale: BTreeSet<&str> = nodes
         .iter()
         .flat_map(|(_, n)| n.failed.iter().map(String::as_str))
@@ -549,4 +563,27 @@ fn attach(seat: &Seat, node: &ClusterNode, owners: &BTreeMap<u32, String>) -> At
         pod: seat.pod.clone(),
         primary: primary.clone(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listing_digests_its_entries_whatever_the_order_and_replacements() {
+        let pairs = [("a", "10.0.0.1"), ("b", "10.0.0.2"), ("c", "10.0.0.3")];
+        let whole: Listing = pairs
+            .iter()
+            .map(|(id, ip)| (id.to_string(), ip.to_string()))
+            .collect();
+        let mut built = Listing::default();
+        built.insert("c".into(), "10.9.9.9".into());
+        built.insert("b".into(), "10.0.0.2".into());
+        built.insert("a".into(), "10.0.0.1".into());
+        assert!(!built.same_as((whole.digest, 3)), "c at an old address");
+        built.insert("c".into(), "10.0.0.3".into());
+        assert_eq!(built, whole);
+        assert!(built.same_as((digest(pairs.into_iter()), pairs.len())));
+        assert!(!built.same_as((digest(pairs[..2].iter().copied()), 2)));
+    }
 }

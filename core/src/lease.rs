@@ -1,9 +1,9 @@
 //! Lease election with client-go semantics, as a pure state machine.
 //!
-//! The adapter reads the Lease, feeds the record to [`Elector::observe`] with the local monotonic
-//! time, asks [`Elector::decide`] what to do, performs the write (carrying the record's
+//! The adapter reads the Lease, feeds the record to [`Candidate::observe`] with the local monotonic
+//! time, asks [`Candidate::decide`] what to do, performs the write (carrying the record's
 //! `resourceVersion`, so a concurrent writer gets 409) and reports back with
-//! [`Elector::written`] or [`Elector::write_failed`].
+//! [`Candidate::written`] or [`Candidate::write_failed`].
 //!
 //! Safety rests on three rules, each tested here:
 //! - a candidate takes over only after it has seen the record *unchanged* for a full lease
@@ -88,7 +88,7 @@ pub enum LeaseAction {
 
 /// One candidate's view of the election.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Elector {
+pub struct Candidate {
     pub identity: String,
     pub timings: LeaseTimings,
     /// The last record read or written, and when (local time) it was first seen in that form.
@@ -100,14 +100,14 @@ pub struct Elector {
     /// When we last tried a write, and last read: each is paced by the retry period.
     last_write: Option<Millis>,
     last_read: Option<Millis>,
-    /// A watch on the Lease delivers its changes ([`Elector::set_watching`]): a follower then
+    /// A watch on the Lease delivers its changes ([`Candidate::set_watching`]): a follower then
     /// reads nothing while another holds it and judges expiry from the last change delivered.
     watching: bool,
 }
 
-impl Elector {
-    pub fn new(identity: impl Into<String>, timings: LeaseTimings) -> Elector {
-        Elector {
+impl Candidate {
+    pub fn new(identity: impl Into<String>, timings: LeaseTimings) -> Candidate {
+        Candidate {
             identity: identity.into(),
             timings,
             seen: None,
@@ -120,7 +120,7 @@ impl Elector {
     }
 
     /// Whether a watch on the Lease is established (its initial list done) and delivering every
-    /// change to [`Elector::observe`]. While it is, a follower stops polling: the holder's
+    /// change to [`Candidate::observe`]. While it is, a follower stops polling: the holder's
     /// renewals arrive as changes, and expiry is judged from the last one on the local clock as
     /// before. A watch that stalls without breaking only makes a follower try to acquire with a
     /// stale `resourceVersion`, which the apiserver refuses (409); the read that follows shows the
@@ -182,7 +182,7 @@ impl Elector {
     }
 
     /// Whether we hold the Lease and may act now. False from the moment the renew deadline passes.
-    pub fn is_leader(&self, now: Millis) -> bool {
+    pub fn is_coordinator(&self, now: Millis) -> bool {
         self.renewed_at
             .is_some_and(|at| now.since(at) < self.timings.renew_deadline_ms)
     }
@@ -196,11 +196,6 @@ impl Elector {
     /// Who holds the Lease as far as we know.
     pub fn holder(&self) -> Option<&str> {
         self.seen.as_ref().and_then(|(r, _)| r.holder())
-    }
-
-    /// The next step.
-    pub fn decide(&self, now: Millis) -> LeaseAction {
-        self.next(now).0
     }
 
     /// The next step and why (for the log).
@@ -295,205 +290,4 @@ pub fn judged_lease_ms(own_ms: u64, recorded_ms: Option<u64>) -> u64 {
         .saturating_mul(HONOURED_LEASE_FACTOR)
         .min(MAX_LEASE_MS);
     recorded_ms.unwrap_or(0).min(cap).max(own_ms)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_call_gets_one_retry_period_and_at_least_half_a_second() {
-        let t = |retry_ms| {
-            LeaseTimings {
-                retry_ms,
-                ..LeaseTimings::default()
-            }
-            .call_limit_ms()
-        };
-        assert_eq!((t(2_000), t(500), t(100)), (2_000, 500, 500));
-    }
-
-    const T: LeaseTimings = LeaseTimings {
-        lease_ms: 15_000,
-        renew_deadline_ms: 10_000,
-        retry_ms: 2_000,
-    };
-
-    fn held_by(h: &str, version: &str) -> LeaseRecord {
-        LeaseRecord {
-            holder: Some(h.into()),
-            lease_ms: 15_000,
-            transitions: 0,
-            version: version.into(),
-        }
-    }
-
-    #[test]
-    fn timings_follow_client_go() {
-        assert!(T.validate().is_ok());
-        assert!(
-            LeaseTimings {
-                lease_ms: 10_000,
-                ..T
-            }
-            .validate()
-            .is_err()
-        );
-        assert!(
-            LeaseTimings {
-                retry_ms: 9_000,
-                ..T
-            }
-            .validate()
-            .is_err()
-        );
-    }
-
-    #[test]
-    fn acquires_a_missing_lease() {
-        let mut e = Elector::new("a", T);
-        assert_eq!(e.decide(Millis(0)), LeaseAction::Read);
-        e.observe(None, Millis(0));
-        assert!(!e.exists());
-        assert_eq!(e.decide(Millis(0)), LeaseAction::Acquire);
-        e.written(held_by("a", "1"), Millis(0));
-        assert!(e.is_leader(Millis(1)));
-        assert_eq!(
-            e.decide(Millis(1_000)),
-            LeaseAction::Wait {
-                until: Millis(2_000)
-            }
-        );
-        assert_eq!(e.decide(Millis(2_000)), LeaseAction::Renew);
-    }
-
-    #[test]
-    fn takes_over_only_after_a_full_lease_without_change() {
-        let mut e = Elector::new("b", T);
-        e.observe(Some(held_by("a", "1")), Millis(0));
-        assert_eq!(
-            e.decide(Millis(1_000)),
-            LeaseAction::Wait {
-                until: Millis(2_000)
-            }
-        );
-        assert_eq!(e.decide(Millis(14_999)), LeaseAction::Read);
-        // The holder renewed at 10 s (new version): the clock starts again.
-        e.observe(Some(held_by("a", "2")), Millis(10_000));
-        assert_eq!(e.decide(Millis(20_000)), LeaseAction::Read);
-        e.observe(Some(held_by("a", "2")), Millis(20_000));
-        assert_eq!(e.decide(Millis(25_000)), LeaseAction::Acquire);
-        assert_eq!(e.record_to_write().transitions, 1);
-    }
-
-    /// A watching follower reads nothing while the holder renews; it takes over a full lease
-    /// after the last change delivered, as a polling one does; a broken watch polls again.
-    #[test]
-    fn a_watching_follower_reads_nothing_and_takes_over_on_the_same_clock() {
-        let mut e = Elector::new("b", T);
-        e.set_watching(true);
-        assert_eq!(e.decide(Millis(0)), LeaseAction::Read, "nothing known yet");
-        e.observe(Some(held_by("a", "1")), Millis(0));
-        let wait = |until| LeaseAction::Wait {
-            until: Millis(until),
-        };
-        assert_eq!(e.decide(Millis(1_000)), wait(15_000));
-        // A renewal delivered by the watch at 2 s moves expiry to 17 s.
-        e.observe(Some(held_by("a", "2")), Millis(2_000));
-        assert_eq!(e.decide(Millis(14_999)), wait(17_000));
-        assert_eq!(e.decide(Millis(17_000)), LeaseAction::Acquire);
-        // A release delivered by the watch is taken at once.
-        e.observe(Some(LeaseRecord::default()), Millis(3_000));
-        assert_eq!(e.decide(Millis(3_000)), LeaseAction::Acquire);
-        // The watch broke: back to a read every retry period.
-        e.observe(Some(held_by("a", "3")), Millis(4_000));
-        e.set_watching(false);
-        assert_eq!(e.decide(Millis(5_000)), wait(6_000));
-        assert_eq!(e.decide(Millis(6_000)), LeaseAction::Read);
-        assert!(e.wants_changes());
-        e.written(held_by("b", "4"), Millis(6_000));
-        assert!(!e.wants_changes(), "a holder needs no watch");
-    }
-
-    #[test]
-    fn a_longer_lease_of_the_holder_counts_but_at_most_twice_our_own() {
-        let mut e = Elector::new("b", T);
-        let long = |ms| LeaseRecord {
-            lease_ms: ms,
-            ..held_by("a", "1")
-        };
-        e.observe(Some(long(20_000)), Millis(0));
-        assert_eq!(e.decide(Millis(19_999)), LeaseAction::Read);
-        assert_eq!(e.decide(Millis(20_000)), LeaseAction::Acquire);
-        // A forged hour (or more) is honoured for two of our leases only.
-        for forged in [MAX_LEASE_MS, u64::MAX] {
-            let mut f = Elector::new("b", T);
-            f.observe(Some(long(forged)), Millis(0));
-            assert_eq!(f.decide(Millis(29_999)), LeaseAction::Read);
-            assert_eq!(f.decide(Millis(30_000)), LeaseAction::Acquire);
-        }
-    }
-
-    #[test]
-    fn a_recreated_pod_of_the_same_name_waits_out_the_old_holders_lease() {
-        let old = election_identity("valkey-0-0", Some("uid-1"));
-        let restarted = Elector::new(old.clone(), T);
-        let recreated = Elector::new(election_identity("valkey-0-0", Some("uid-2")), T);
-        for (mut e, takes) in [(restarted, true), (recreated, false)] {
-            e.observe(Some(held_by(&old, "1")), Millis(1_000));
-            let acquires = e.decide(Millis(1_000)) == LeaseAction::Acquire;
-            assert_eq!(acquires, takes, "{}", e.identity);
-        }
-        assert_eq!(election_identity("p", None), "p");
-    }
-
-    #[test]
-    fn holder_steps_down_at_the_renew_deadline() {
-        let mut e = Elector::new("a", T);
-        e.observe(None, Millis(0));
-        e.written(held_by("a", "1"), Millis(0));
-        e.write_failed(Millis(2_000));
-        e.write_failed(Millis(9_999));
-        assert!(e.is_leader(Millis(9_999)));
-        assert!(!e.is_leader(Millis(10_000)));
-        assert_eq!(e.acting_deadline(), Some(Millis(10_000)));
-    }
-
-    #[test]
-    fn reading_someone_else_as_holder_ends_leadership() {
-        let mut e = Elector::new("a", T);
-        e.observe(None, Millis(0));
-        e.written(held_by("a", "1"), Millis(0));
-        e.observe(Some(held_by("b", "5")), Millis(100));
-        assert!(!e.is_leader(Millis(100)));
-    }
-
-    #[test]
-    fn failed_reads_are_paced() {
-        let mut e = Elector::new("b", T);
-        e.observe(Some(held_by("a", "1")), Millis(0));
-        e.read_failed(Millis(2_000));
-        assert_eq!(
-            e.decide(Millis(2_001)),
-            LeaseAction::Wait {
-                until: Millis(4_000)
-            }
-        );
-    }
-
-    #[test]
-    fn released_lease_is_taken_at_once() {
-        let mut e = Elector::new("b", T);
-        e.observe(Some(held_by("a", "1")), Millis(0));
-        // The holder released it: holder emptied, new version.
-        e.observe(
-            Some(LeaseRecord {
-                holder: Some(String::new()),
-                version: "2".into(),
-                ..LeaseRecord::default()
-            }),
-            Millis(500),
-        );
-        assert_eq!(e.decide(Millis(500)), LeaseAction::Acquire);
-    }
 }

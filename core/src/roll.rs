@@ -98,7 +98,7 @@ pub struct RollPlan {
 /// What to do next. `unknown` names the pods whose revision is not known (a set not seen yet, a
 /// pod without its revision label): the roll takes no step until it knows, since it cannot tell
 /// which pods it would leave behind.
-pub fn next(shards: &[RollShard], unknown: &[String], policy: &RollPolicy) -> RollPlan {
+pub fn decide(shards: &[RollShard], unknown: &[String], policy: &RollPolicy) -> RollPlan {
     let outdated: Vec<&RollShard> = shards.iter().filter(|s| has_outdated(s)).collect();
     if outdated.is_empty() {
         return RollPlan::default();

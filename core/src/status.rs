@@ -305,7 +305,7 @@ mod tests {
             })
             .collect();
         World {
-            leader: true,
+            coordinating: true,
             members: vec![
                 member("p0", "s0", Role::Primary, 100, "n0"),
                 member("r0", "s0", Role::Replica, 100, "n3"),

@@ -1,8 +1,8 @@
-//! `check::assess` (`helm test`): one table row per way a deployment can be unhealthy, each
+//! `check::decide` (`helm test`): one table row per way a deployment can be unhealthy, each
 //! problem naming its shard.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use valkey_sidecar_core::check::{CheckView, LeaseFacts, PodFacts, assess};
+use valkey_sidecar_core::check::{CheckView, LeaseFacts, PodFacts, decide};
 use valkey_sidecar_core::observation::Role;
 
 fn pod(name: &str, shard: &str, role: Option<Role>, ready: bool) -> PodFacts {
@@ -100,6 +100,6 @@ fn table() {
     for (name, change, want) in rows {
         let mut view = healthy();
         change(&mut view);
-        assert_eq!(assess(&view), want, "{name}");
+        assert_eq!(decide(&view), want, "{name}");
     }
 }

@@ -1,4 +1,4 @@
-//! The credentials Secret (`credentials::plan`): one table row per situation, and properties of
+//! The credentials Secret (`credentials::decide`): one table row per situation, and properties of
 //! every rotation sequence — re-runs change nothing, promoted passwords were accepted first; the
 //! authentication file Valkey includes (`credentials::valkey_auth_conf`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use valkey_sidecar_core::credentials::{
-    Refusal, ReplicaLogin, Rotation, Slot, Source, ValkeyAuth, plan, valid_user_name,
+    Refusal, ReplicaLogin, Rotation, Slot, Source, ValkeyAuth, decide, valid_user_name,
     valkey_auth_conf,
 };
 
@@ -117,7 +117,7 @@ fn table() {
         ),
     ];
     for (name, present, rotation, want) in rows {
-        assert_eq!(plan(&secret(&present), rotation), Ok(want), "{name}");
+        assert_eq!(decide(&secret(&present), rotation), Ok(want), "{name}");
     }
 }
 
@@ -129,7 +129,7 @@ fn promote_without_next_passwords_is_refused() {
         vec![(NextDefault, "x")],
     ] {
         assert_eq!(
-            plan(&secret(&present), Rotation::Promote),
+            decide(&secret(&present), Rotation::Promote),
             Err(Refusal::NothingToPromote)
         );
     }
@@ -169,12 +169,12 @@ proptest! {
         let mut accepted: Vec<String> = Vec::new();
         for (i, step) in steps.into_iter().enumerate() {
             let before = present.clone();
-            let Ok(writes) = plan(&present, step) else {
+            let Ok(writes) = decide(&present, step) else {
                 prop_assert_eq!(step, Rotation::Promote);
                 continue;
             };
             apply(&mut present, &writes, i);
-            prop_assert_eq!(plan(&present, step), Ok(vec![]), "re-run of {:?}", step);
+            prop_assert_eq!(decide(&present, step), Ok(vec![]), "re-run of {:?}", step);
             prop_assert!(present.contains_key(&Default) && present.contains_key(&Agent));
             if step == Rotation::Accept {
                 accepted.extend([NextDefault, NextAgent].iter().map(|s| present[s].clone()));

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use valkey_sidecar_core::drain::{DrainView, Eviction, ShardCopy, assess};
+use valkey_sidecar_core::drain::{DrainView, Eviction, ShardCopy, decide};
 use valkey_sidecar_core::observation::Role;
 
 fn copy(pod: &str, shard: &str, role: Role, node: &str) -> ShardCopy {
@@ -44,7 +44,7 @@ fn find<'a>(v: &'a mut DrainView, pod: &str) -> &'a mut ShardCopy {
 
 #[test]
 fn a_node_whose_primaries_have_synced_replicas_elsewhere_drains_now() {
-    let verdict = assess(&view("n1"));
+    let verdict = decide(&view("n1"));
     assert!(verdict.now, "{verdict:?}");
     let primary = &verdict.pods[0];
     assert!(
@@ -90,7 +90,7 @@ fn what_would_stop_a_drain_is_named() {
     for (what, change, want) in cases {
         let mut v = view("n1");
         change(&mut v);
-        let verdict = assess(&v);
+        let verdict = decide(&v);
         assert!(!verdict.now, "{what}: {verdict:?}");
         assert!(
             verdict
@@ -109,7 +109,7 @@ fn a_one_pod_shard_drains_and_says_what_goes_with_it() {
         copies: vec![copy("tiny-0-0", "0", Role::Primary, "n1")],
         evictions: BTreeMap::from([("tiny-0-0".into(), Eviction::Allowed)]),
     };
-    let verdict = assess(&v);
+    let verdict = decide(&v);
     assert!(verdict.now);
     assert!(verdict.pods[0].reason.contains("only pod"), "{verdict:?}");
 }
@@ -121,7 +121,7 @@ fn two_copies_of_a_shard_on_the_node_are_noted_and_the_primary_waits() {
     find(&mut v, "v-0-1").node = "n1".into();
     find(&mut v, "v-0-2").ready = false;
     v.evictions.insert("v-0-1".into(), Eviction::Allowed);
-    let verdict = assess(&v);
+    let verdict = decide(&v);
     assert!(!verdict.now, "{verdict:?}");
     assert!(
         verdict

@@ -1,4 +1,4 @@
-//! Cluster formation: a table of situations and what `formation::plan` does about them, and a
+//! Cluster formation: a table of situations and what `formation::decide` does about them, and a
 //! property: slots are assigned only when no node anywhere owns any.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 use valkey_sidecar_core::formation::{
     ClusterNode, FormationView, Listing, MAX_PAIR_MEETS, PERIOD_MS, RECHECK_MS, SLOTS, Seat, Step,
-    incomplete, plan, round_due,
+    decide, incomplete, round_due,
 };
 use valkey_sidecar_core::observation::Role;
 use valkey_sidecar_core::shards::{NodeHealth, Shard, ShardNode};
@@ -79,7 +79,7 @@ fn node<'a>(v: &'a mut FormationView, pod: &str) -> &'a mut ClusterNode {
 
 #[test]
 fn a_fresh_3x2_deployment_gets_epochs_even_slots_and_one_meeting_point() {
-    let f = plan(&deployment(3, 1));
+    let f = decide(&deployment(3, 1));
     let epochs: Vec<u32> = f
         .steps
         .iter()
@@ -120,8 +120,8 @@ fn a_fresh_3x2_deployment_gets_epochs_even_slots_and_one_meeting_point() {
 
 #[test]
 fn every_step_says_why_naming_the_pod_it_goes_to() {
-    let mut steps = plan(&deployment(3, 1)).steps;
-    steps.extend(plan(&restarted(formed(3, 1))).steps);
+    let mut steps = decide(&deployment(3, 1)).steps;
+    steps.extend(decide(&restarted(formed(3, 1))).steps);
     steps.push(Step::Replicate {
         pod: "v-0-1".into(),
         primary: "n00".into(),
@@ -152,7 +152,7 @@ fn every_step_says_why_naming_the_pod_it_goes_to() {
 fn waits_rather_than_forming_from_a_partial_view() {
     let mut missing_primary = deployment(3, 1);
     missing_primary.seats.retain(|s| s.pod != "v-2-0");
-    let f = plan(&missing_primary);
+    let f = decide(&missing_primary);
     assert!(f.steps.is_empty());
     assert!(
         f.reason.contains("shard 2 has no node-index 0 pod"),
@@ -161,15 +161,15 @@ fn waits_rather_than_forming_from_a_partial_view() {
 
     let mut silent = deployment(3, 1);
     silent.seats[3].node = None;
-    let f = plan(&silent);
+    let f = decide(&silent);
     assert!(f.steps.is_empty() && f.reason.contains("v-1-1"), "{f:?}");
     // A silent pod is worth another round: its view is unseen.
     assert!(f.silent, "{f:?}");
-    assert!(!plan(&missing_primary).silent);
+    assert!(!decide(&missing_primary).silent);
 
     let mut unlabelled = deployment(1, 1);
     unlabelled.seats[1].index = None;
-    let f = plan(&unlabelled);
+    let f = decide(&unlabelled);
     assert!(
         f.steps.is_empty() && f.reason.contains("no shard-index"),
         "{f:?}"
@@ -179,7 +179,7 @@ fn waits_rather_than_forming_from_a_partial_view() {
         shards: 0,
         ..deployment(1, 0)
     };
-    assert!(plan(&none).steps.is_empty());
+    assert!(decide(&none).steps.is_empty());
 }
 
 #[test]
@@ -189,7 +189,7 @@ fn met_nodes_become_replicas_of_their_shards_primary_once_they_know_it() {
     let n = node(&mut v, "v-1-1");
     n.role = Role::Primary;
     n.primary = None;
-    let f = plan(&v);
+    let f = decide(&v);
     assert_eq!(
         f.steps,
         vec![Step::Replicate {
@@ -199,7 +199,7 @@ fn met_nodes_become_replicas_of_their_shards_primary_once_they_know_it() {
     );
     // Not yet told about its primary by gossip: wait.
     node(&mut v, "v-1-1").knows.remove("n10");
-    let f = plan(&v);
+    let f = decide(&v);
     assert!(f.steps.is_empty() && f.reason.contains("does not know its primary"));
 }
 
@@ -217,7 +217,7 @@ fn a_replaced_pod_that_came_back_empty_is_introduced_again() {
         failed: BTreeSet::new(),
         addrs: Listing::default(),
     };
-    let f = plan(&v);
+    let f = decide(&v);
     assert_eq!(
         f.steps,
         vec![Step::Meet {
@@ -238,7 +238,7 @@ fn a_replaced_pods_old_identity_is_forgotten_everywhere_but_a_live_failed_node_i
     }
     // n11 is marked failed by one node (a partition) but is a current pod: never forgotten.
     node(&mut v, "v-0-0").failed.insert("n11".into());
-    let f = plan(&v);
+    let f = decide(&v);
     let forgets: Vec<(String, String)> = f
         .steps
         .iter()
@@ -259,7 +259,7 @@ fn after_a_failover_the_shard_is_found_by_its_slots_not_its_node_index() {
     node(&mut v, "v-0-1").role = Role::Primary;
     let old = node(&mut v, "v-0-0");
     old.owns_slots = false;
-    let f = plan(&v);
+    let f = decide(&v);
     assert_eq!(
         f.steps,
         vec![Step::Replicate {
@@ -271,7 +271,7 @@ fn after_a_failover_the_shard_is_found_by_its_slots_not_its_node_index() {
 
 #[test]
 fn a_formed_cluster_needs_nothing_and_a_new_shard_is_not_resharded_into_it() {
-    let f = plan(&formed(3, 1));
+    let f = decide(&formed(3, 1));
     assert!(
         f.steps.is_empty() && f.reason.starts_with("formed"),
         "{f:?}"
@@ -282,7 +282,7 @@ fn a_formed_cluster_needs_nothing_and_a_new_shard_is_not_resharded_into_it() {
     let all = grown.seats[0].node.as_ref().unwrap().knows.clone();
     extra.node.as_mut().unwrap().knows = all;
     grown.seats.push(extra);
-    let f = plan(&grown);
+    let f = decide(&grown);
     assert!(f.steps.is_empty(), "{f:?}");
     assert!(f.reason.contains("resharding) is not automatic"), "{f:?}");
 }
@@ -308,7 +308,7 @@ fn meets(steps: &[Step]) -> Vec<(String, String)> {
 
 #[test]
 fn after_a_full_restart_every_node_is_met_again_at_its_new_address() {
-    let f = plan(&restarted(formed(3, 1)));
+    let f = decide(&restarted(formed(3, 1)));
     let meets = meets(&f.steps);
     // The anchor (the first node with slots) meets every other node at its new address ...
     let from_anchor: Vec<&str> = meets
@@ -345,7 +345,7 @@ fn a_node_that_lists_only_itself_at_an_old_address_is_met_by_the_anchor_or_the_a
         .addrs
         .insert("n11".into(), "10.0.1.1".into());
     assert_eq!(
-        meets(&plan(&v).steps),
+        meets(&decide(&v).steps),
         [("v-0-0".into(), "10.1.1.1".into())]
     );
     node(&mut v, "v-1-1")
@@ -356,13 +356,13 @@ fn a_node_that_lists_only_itself_at_an_old_address_is_met_by_the_anchor_or_the_a
         .addrs
         .insert("n00".into(), "10.0.0.0".into());
     assert_eq!(
-        meets(&plan(&v).steps),
+        meets(&decide(&v).steps),
         [("v-0-1".into(), "10.1.0.0".into())]
     );
     node(&mut v, "v-0-0")
         .addrs
         .insert("n00".into(), "10.1.0.0".into());
-    let f = plan(&v);
+    let f = decide(&v);
     assert!(
         f.steps.is_empty() && f.reason.starts_with("formed"),
         "{f:?}"
@@ -371,7 +371,7 @@ fn a_node_that_lists_only_itself_at_an_old_address_is_met_by_the_anchor_or_the_a
 
 #[test]
 fn introductions_between_other_nodes_are_capped_per_round() {
-    let f = plan(&restarted(formed(30, 1)));
+    let f = decide(&restarted(formed(30, 1)));
     let meets = meets(&f.steps);
     let from_anchor = meets.iter().filter(|(pod, _)| pod == "v-0-0").count();
     assert_eq!(from_anchor, 59, "the anchor meets all 59 others");
@@ -511,7 +511,7 @@ fn any_view() -> impl Strategy<Value = FormationView> {
 proptest! {
     #[test]
     fn slots_are_assigned_only_when_no_node_owns_any(v in any_view()) {
-        let f = plan(&v);
+        let f = decide(&v);
         let assigns = f.steps.iter().any(|s| matches!(s, Step::AssignSlots { .. }));
         let owned = v.seats.iter().filter_map(|s| s.node.as_ref()).any(|n| n.owns_slots);
         prop_assert!(!(assigns && owned), "slots assigned over an existing cluster: {f:?}");

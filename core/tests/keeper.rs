@@ -6,15 +6,16 @@ mod support;
 
 use support::*;
 use valkey_sidecar_core::heartbeat::{PeerSight, Promise, VouchedUntil};
-use valkey_sidecar_core::observation::History;
+use valkey_sidecar_core::observation::{History, Observation, PrimaryLink, Role};
 use valkey_sidecar_core::replication::{
     LocalAction, LocalRole, LocalValkey, LocalView, NOT_FOLLOWING, RunTrust, SeenRecord,
-    ShardRecord, Successor, awaiting_promotion, claim, local, may_advertise, successor_wanted,
+    ShardRecord, Successor, ValkeyMemory, awaiting_promotion, claim, keeper, may_advertise,
+    successor_wanted,
 };
 use valkey_sidecar_core::time::Millis;
 
 // ------------------------------------------------------------------------------------------
-// local(): one table row per situation.
+// keeper::decide(): one table row per situation.
 // ------------------------------------------------------------------------------------------
 
 #[test]
@@ -319,7 +320,7 @@ fn local_table() {
         ),
     ];
     for (name, v, want) in rows {
-        let got = local(&v);
+        let got = keeper::decide(&v);
         assert_eq!(got.kind(), want, "{name}: {got:?}");
         assert!(!got.reason().is_empty(), "{name}: no reason");
     }
@@ -334,7 +335,7 @@ fn a_vanished_record_is_re_created_by_its_holder_above_its_epoch() {
         record: Some(seen(None, 10)),
         ..view(10)
     };
-    match local(&v) {
+    match keeper::decide(&v) {
         LocalAction::Bootstrap { epoch, reason } => {
             assert_eq!(epoch, 5);
             assert!(reason.contains("epoch 4"), "{reason}");
@@ -535,13 +536,14 @@ fn record_helpers() {
 #[test]
 fn fence_pauses_for_a_lease_and_demotion_targets_the_recorded_address() {
     assert_eq!(
-        local(&holder_view(10_000, 0)),
+        keeper::decide(&holder_view(10_000, 0)),
         LocalAction::Fence {
             until: Millis(25_000),
             reason: "could not renew the record before my renew deadline".into()
         }
     );
-    let LocalAction::Demote { to, .. } = local(&follower_view(master("run", 1_000))) else {
+    let LocalAction::Demote { to, .. } = keeper::decide(&follower_view(master("run", 1_000)))
+    else {
         panic!("expected a demotion")
     };
     assert_eq!(to, "10.0.0.11:6379");
@@ -556,18 +558,18 @@ fn an_old_primary_follows_only_a_successor_that_continues_its_data() {
         successor: Some(s),
         ..follower_view(master("run", 1_000))
     };
-    let kind = |s: Successor| local(&with(s)).kind();
+    let kind = |s: Successor| keeper::decide(&with(s)).kind();
     // Promoted from our stream at our offset, or past it: nothing of ours is discarded.
     assert_eq!(kind(promoted("B", 1_000, "A", 1_000)), "demote");
     assert_eq!(kind(promoted("B", 5_000, "A", 1_500)), "demote");
     // Promoted from our stream before our last write (we were cut off and wrote on): followed,
     // the tail it lacks named in the reason.
-    let behind = local(&with(promoted("B", 1_200, "A", 990)));
+    let behind = keeper::decide(&with(promoted("B", 1_200, "A", 990)));
     assert_eq!(behind.kind(), "demote");
     assert!(behind.reason().contains("10 bytes"), "{behind:?}");
     // Two failovers later, a stream already past our offset.
     assert_eq!(kind(promoted("C", 1_001, "B", 900)), "demote");
-    let other = local(&with(promoted("C", 999, "B", 900)));
+    let other = keeper::decide(&with(promoted("C", 999, "B", 900)));
     assert_eq!(other.kind(), "fence");
     assert!(other.reason().starts_with(NOT_FOLLOWING), "{other:?}");
     // The same stream, further on (a replica of ours could never be master of it otherwise).
@@ -601,7 +603,7 @@ fn after_a_restart_from_disk_a_master_follows_one_with_at_least_its_data() {
             primary: true,
             history: theirs,
         };
-        local(&LocalView {
+        keeper::decide(&LocalView {
             successor: Some(successor),
             ..follower_view(m)
         })
@@ -741,7 +743,12 @@ fn heartbeat_table() {
         ),
     ];
     for (name, v, want) in rows {
-        assert_eq!(local(&v).kind(), want, "{name}: {:?}", local(&v));
+        assert_eq!(
+            keeper::decide(&v).kind(),
+            want,
+            "{name}: {:?}",
+            keeper::decide(&v)
+        );
     }
 }
 
@@ -756,22 +763,25 @@ fn a_member_named_primary_waits_out_its_promise() {
         }),
         ..view(now)
     };
-    let promised = local(&named(1_000, Some(("pod-1", 1_900))));
+    let promised = keeper::decide(&named(1_000, Some(("pod-1", 1_900))));
     assert_eq!(promised.kind(), "wait", "{promised:?}");
     assert!(promised.reason().contains("promised pod-1"), "{promised:?}");
-    assert_eq!(local(&named(1_900, Some(("pod-1", 1_900)))).kind(), "renew");
-    assert_eq!(local(&named(1_000, None)).kind(), "renew");
+    assert_eq!(
+        keeper::decide(&named(1_900, Some(("pod-1", 1_900)))).kind(),
+        "renew"
+    );
+    assert_eq!(keeper::decide(&named(1_000, None)).kind(), "renew");
     // Promoted without its consent (a coordinator of an older version): fenced, no renewal,
     // until the promise ran out.
     let promoted = |now: u64, promise| LocalView {
         valkey: Some(master("run", 0)),
         ..named(now, promise)
     };
-    let early = local(&promoted(1_000, Some(("pod-1", 1_900))));
+    let early = keeper::decide(&promoted(1_000, Some(("pod-1", 1_900))));
     assert_eq!(early.kind(), "fence", "{early:?}");
     assert!(early.reason().contains("promised pod-1"), "{early:?}");
     assert_eq!(
-        local(&promoted(1_900, Some(("pod-1", 1_900)))).kind(),
+        keeper::decide(&promoted(1_900, Some(("pod-1", 1_900)))).kind(),
         "fence"
     );
 }
@@ -793,4 +803,118 @@ fn promises_are_asked_for_once_a_renewal_is_overdue() {
     assert!(may_advertise(&with_peers(lapsed.clone(), both)));
     let one = peers(&[("pod-1", 10_100, true)]);
     assert!(!may_advertise(&with_peers(lapsed, one)));
+}
+
+// LocalValkey::read: the keeper's reading of its own Valkey.
+
+#[test]
+fn a_replica_is_fresh_only_without_keys_and_offset() {
+    let mut obs = Observation {
+        role: Role::Replica,
+        link: Some(PrimaryLink {
+            host: "127.1.0.2".into(),
+            port: 6379,
+            ..PrimaryLink::default()
+        }),
+        ..Observation::default()
+    };
+    assert!(obs.fresh());
+    assert_eq!(
+        LocalRole::of(&obs),
+        Some(LocalRole::Replica {
+            of: "127.1.0.2:6379".into()
+        })
+    );
+    if let Some(l) = obs.link.as_mut() {
+        l.offset = 10;
+    }
+    assert!(!obs.fresh());
+    let primary = Observation {
+        role: Role::Primary,
+        keys: 1,
+        ..Observation::default()
+    };
+    assert!(!primary.fresh());
+}
+
+fn run(role: Role, run_id: &str, keys: u64) -> Observation {
+    Observation {
+        role,
+        run_id: Some(run_id.into()),
+        keys,
+        repl_offset: keys * 10,
+        ..Observation::default()
+    }
+}
+
+#[test]
+fn a_loading_or_roleless_valkey_reads_as_unknown() {
+    let mut memory = ValkeyMemory::default();
+    let loading = Observation {
+        loading: true,
+        ..run(Role::Primary, "r1", 5)
+    };
+    assert_eq!(
+        LocalValkey::read(&loading, Millis(0), Millis(0), &mut memory),
+        None
+    );
+    let orphan = run(Role::Replica, "r1", 5);
+    assert_eq!(
+        LocalValkey::read(&orphan, Millis(0), Millis(0), &mut memory),
+        None
+    );
+}
+
+#[test]
+fn the_role_is_dated_from_its_first_sight_in_this_run() {
+    let mut memory = ValkeyMemory::default();
+    let read = |obs: &Observation, now: u64, memory: &mut ValkeyMemory| {
+        LocalValkey::read(obs, Millis(now), Millis(now), memory).unwrap()
+    };
+    assert_eq!(
+        read(&run(Role::Primary, "r1", 5), 100, &mut memory).since,
+        Millis(100)
+    );
+    assert_eq!(
+        read(&run(Role::Primary, "r1", 6), 200, &mut memory).since,
+        Millis(100)
+    );
+    // A restart is a new run: its role is new, however alike.
+    assert_eq!(
+        read(&run(Role::Primary, "r2", 6), 300, &mut memory).since,
+        Millis(300)
+    );
+    let replica = Observation {
+        link: Some(PrimaryLink {
+            host: "10.0.0.1".into(),
+            port: 6379,
+            ..PrimaryLink::default()
+        }),
+        ..run(Role::Replica, "r2", 6)
+    };
+    let r = read(&replica, 400, &mut memory);
+    assert_eq!((r.since, r.observed_at), (Millis(400), Millis(400)));
+}
+
+#[test]
+fn a_master_whose_run_started_empty_or_restarted_stays_fresh_until_it_holds_the_record() {
+    let fresh = |obs: &Observation, memory: &mut ValkeyMemory| {
+        LocalValkey::read(obs, Millis(0), Millis(0), memory)
+            .unwrap()
+            .fresh
+    };
+    // Started empty: the keys it gains later (clients writing to an empty primary) are not the
+    // shard's data.
+    let mut memory = ValkeyMemory::default();
+    assert!(fresh(&run(Role::Primary, "r1", 0), &mut memory));
+    assert!(fresh(&run(Role::Primary, "r1", 9), &mut memory));
+    memory.held("r1");
+    assert!(!fresh(&run(Role::Primary, "r1", 9), &mut memory));
+    // First seen with data: trusted; restarted under this agent: not, whatever it holds.
+    let mut memory = ValkeyMemory::default();
+    assert!(!fresh(&run(Role::Primary, "r1", 9), &mut memory));
+    assert!(fresh(&run(Role::Primary, "r2", 9), &mut memory));
+    // Holding the record with another run does not vouch for this one.
+    memory.held("r1");
+    assert!(fresh(&run(Role::Primary, "r2", 9), &mut memory));
 }

@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use proptest::prelude::*;
-use valkey_sidecar_core::lease::{Elector, LeaseAction, LeaseRecord, LeaseTimings};
+use valkey_sidecar_core::lease::{Candidate, LeaseAction, LeaseRecord, LeaseTimings};
 use valkey_sidecar_core::time::Millis;
 
 #[derive(Default)]
@@ -47,8 +47,8 @@ fn steps(n: usize) -> impl Strategy<Value = Vec<Step>> {
     prop::collection::vec(step, 1..300)
 }
 
-fn act(e: &mut Elector, store: &mut Store, now: Millis, cut: bool) {
-    match e.decide(now) {
+fn act(e: &mut Candidate, store: &mut Store, now: Millis, cut: bool) {
+    match e.next(now).0 {
         LeaseAction::Read if !cut => e.observe(store.record.clone(), now),
         LeaseAction::Acquire | LeaseAction::Renew => {
             match (cut, store.write(e.record_to_write())) {
@@ -60,8 +60,8 @@ fn act(e: &mut Elector, store: &mut Store, now: Millis, cut: bool) {
     }
 }
 
-fn release(e: &mut Elector, store: &mut Store, now: Millis) {
-    if e.is_leader(now) {
+fn release(e: &mut Candidate, store: &mut Store, now: Millis) {
+    if e.is_coordinator(now) {
         let mut rec = e.record_to_write();
         rec.holder = Some(String::new());
         if store.write(rec).is_some() {
@@ -77,7 +77,7 @@ proptest! {
     #[test]
     fn never_two_leaders(steps in steps(3), watching in prop::collection::vec(any::<bool>(), 3)) {
         let timings = LeaseTimings::default();
-        let mut electors: Vec<Elector> = (0..3).map(|i| Elector::new(format!("pod-{i}"), timings)).collect();
+        let mut electors: Vec<Candidate> = (0..3).map(|i| Candidate::new(format!("pod-{i}"), timings)).collect();
         for (e, w) in electors.iter_mut().zip(watching) {
             e.set_watching(w);
         }
@@ -96,11 +96,11 @@ proptest! {
                 }
                 Step::Notify { .. } => {}
             }
-            let leaders: Vec<&Elector> = electors.iter().filter(|e| e.is_leader(now)).collect();
+            let leaders: Vec<&Candidate> = electors.iter().filter(|e| e.is_coordinator(now)).collect();
             prop_assert!(leaders.len() <= 1, "two leaders at {:?}", now);
             if let Some(l) = leaders.first() {
                 let holder = store.record.as_ref().and_then(|r| r.holder.clone());
-                prop_assert_eq!(holder.as_deref(), Some(l.identity.as_str()), "a leader that is not the holder on record");
+                prop_assert_eq!(holder.as_deref(), Some(l.identity.as_str()), "a coordinating that is not the holder on record");
                 prop_assert!(l.acting_deadline().is_some_and(|d| d > now));
             }
         }
@@ -110,10 +110,10 @@ proptest! {
 #[test]
 fn the_simulation_elects_someone() {
     let timings = LeaseTimings::default();
-    let mut e = Elector::new("solo", timings);
+    let mut e = Candidate::new("solo", timings);
     let mut store = Store::default();
     for t in 0..10 {
         act(&mut e, &mut store, Millis(t * 1000), false);
     }
-    assert!(e.is_leader(Millis(9_000)));
+    assert!(e.is_coordinator(Millis(9_000)));
 }

@@ -8,6 +8,7 @@ use valkey_sidecar_core::observation::Role;
 use valkey_sidecar_core::plan::{
     Ask, InFlight, Kind, Member, NodeInfo, PodInfo, Policy, World, decide, unseen_nodes,
 };
+use valkey_sidecar_core::replication::MemberValkey;
 use valkey_sidecar_core::roll::RollPolicy;
 use valkey_sidecar_core::shards::NodeHealth;
 use valkey_sidecar_core::time::Millis;
@@ -81,7 +82,7 @@ fn world() -> World {
     let steady_since = (0..3).map(|s| (format!("s{s}"), Millis(0))).collect();
     World {
         now: Millis(1_000_000),
-        leader: true,
+        coordinating: true,
         members,
         nodes: nodes(),
         steady_since,
@@ -178,7 +179,7 @@ fn cordoned_or_not_ready_node_triggers_handover() {
 #[test]
 fn followers_never_act() {
     let mut w = world();
-    w.leader = false;
+    w.coordinating = false;
     find(&mut w, "p0").pod.as_mut().unwrap().terminating = true;
     assert!(decide(&w, &Policy::default()).actions.is_empty());
 }
@@ -396,7 +397,7 @@ fn arb_world() -> impl Strategy<Value = World> {
         ),
     )
         .prop_map(
-            |(ms, ns, leader, steady, in_flight, (paused, operator_busy, asked))| {
+            |(ms, ns, coordinating, steady, in_flight, (paused, operator_busy, asked))| {
                 let shards: Vec<usize> = ms.iter().map(|m| m.0).collect();
                 let members = ms
                     .into_iter()
@@ -457,7 +458,7 @@ fn arb_world() -> impl Strategy<Value = World> {
                     .collect();
                 World {
                     now,
-                    leader,
+                    coordinating,
                     members,
                     nodes,
                     steady_since,
@@ -518,7 +519,7 @@ proptest! {
     #[test]
     fn planner_safety(w in arb_world(), policy in arb_policy()) {
         let plan = decide(&w, &policy);
-        if !w.leader {
+        if !w.coordinating {
             prop_assert!(plan.actions.is_empty(), "an action without the lease");
         }
         // A switchover asked for is outside the budget: someone asked for it.
@@ -828,4 +829,65 @@ fn while_the_operator_is_busy_no_fail_back_or_balance() {
     assert!(decide(&w, &policy).actions.is_empty());
     find(&mut w, "p1").pod.as_mut().unwrap().terminating = true;
     assert_eq!(decide(&w, &policy).actions[0].kind, Kind::Handover);
+}
+
+// Member::replicated: a replication-mode pod as the planner sees it.
+
+fn valkey(role: Role, offset: u64, link_up: bool) -> MemberValkey {
+    MemberValkey {
+        role,
+        offset,
+        link_up,
+        fresh: false,
+        keys: offset,
+    }
+}
+
+fn pod(name: &str, node: &str) -> PodInfo {
+    PodInfo {
+        name: name.into(),
+        node: Some(node.into()),
+        ..PodInfo::default()
+    }
+}
+
+#[test]
+fn only_the_recorded_primary_is_a_primary_for_the_planner() {
+    let v = valkey(Role::Primary, 90, false);
+    let m = Member::replicated("0", pod("v-0-0", "n1"), Some(&v), true);
+    assert_eq!((m.id.as_str(), m.shard.as_str()), ("v-0-0", "0"));
+    assert_eq!(
+        (m.role, m.offset, m.health),
+        (Role::Primary, 90, NodeHealth::Online)
+    );
+    let stray = Member::replicated("0", pod("v-0-2", "n1"), Some(&v), false);
+    assert_eq!(
+        (stray.role, stray.health),
+        (Role::Unknown, NodeHealth::Unknown),
+        "a master the record does not name (or no record): no primary to move"
+    );
+}
+
+#[test]
+fn a_replica_is_online_for_the_planner_only_with_its_link_up() {
+    let up = Member::replicated(
+        "0",
+        pod("v-0-1", "n2"),
+        Some(&valkey(Role::Replica, 80, true)),
+        false,
+    );
+    assert_eq!((up.role, up.health), (Role::Replica, NodeHealth::Online));
+    let down = Member::replicated(
+        "0",
+        pod("v-0-1", "n2"),
+        Some(&valkey(Role::Replica, 80, false)),
+        false,
+    );
+    assert_eq!(down.health, NodeHealth::Unknown);
+    let silent = Member::replicated("0", pod("v-0-1", "n2"), None, false);
+    assert_eq!(
+        (silent.role, silent.health),
+        (Role::Unknown, NodeHealth::Unknown)
+    );
+    assert_eq!(silent.pod.map(|i| i.node), Some(Some("n2".to_owned())));
 }

@@ -8,19 +8,19 @@ use support::*;
 use valkey_sidecar_core::observation::{Observation, PrimaryLink, Role};
 use valkey_sidecar_core::replication::{
     FailoverPolicy, HoldKind, MemberValkey, SeenRecord, ShardMember, ShardRecord, ShardView,
-    promote,
+    promotion,
 };
 use valkey_sidecar_core::time::Millis;
 
 // ------------------------------------------------------------------------------------------
-// promote(): the coordinator's failover decision.
+// promotion::decide(): the coordinator's failover decision.
 // ------------------------------------------------------------------------------------------
 
 #[test]
 fn promotes_the_highest_offset_once_the_lease_ran_out() {
-    let held = promote(&shard(14_999), &FailoverPolicy::default()).unwrap_err();
+    let held = promotion::decide(&shard(14_999), &FailoverPolicy::default()).unwrap_err();
     assert_eq!(held.kind, HoldKind::Held);
-    let p = promote(&shard(15_000), &FailoverPolicy::default()).unwrap();
+    let p = promotion::decide(&shard(15_000), &FailoverPolicy::default()).unwrap();
     assert_eq!(p.target, "pod-2");
     assert_eq!(p.epoch, 6);
     assert_eq!(p.version, "v5");
@@ -48,11 +48,15 @@ fn a_promotion_among_members_that_all_came_back_without_keys_says_the_data_is_go
             v.keys = 0;
         }
     }
-    let p = promote(&view, &FailoverPolicy::default()).unwrap();
+    let p = promotion::decide(&view, &FailoverPolicy::default()).unwrap();
     assert!(p.empty, "{p:?}");
     // One member with a key is enough to say nothing.
     view.members[1].valkey.as_mut().unwrap().keys = 1;
-    assert!(!promote(&view, &FailoverPolicy::default()).unwrap().empty);
+    assert!(
+        !promotion::decide(&view, &FailoverPolicy::default())
+            .unwrap()
+            .empty
+    );
 }
 
 /// The holder's own lease, when longer, is what the record is judged by (a rolling change of
@@ -77,7 +81,7 @@ fn expiry_is_judged_by_the_holders_lease_up_to_twice_our_own() {
         let mut v = shard(now);
         let rec = v.record.as_mut().unwrap().record.as_mut().unwrap();
         rec.lease_ms = Some(lease_ms);
-        promote(&v, &FailoverPolicy::default())
+        promotion::decide(&v, &FailoverPolicy::default())
     };
     assert_eq!(longer(29_999, 30_000).unwrap_err().kind, HoldKind::Held);
     assert!(longer(30_000, 30_000).unwrap().reason.contains("30000 ms"));
@@ -115,11 +119,13 @@ fn a_gap_in_reads_restarts_the_expiry_clock() {
     let mut v = shard(61_010 + 14_999);
     v.record = Some(after_gap.clone());
     assert_eq!(
-        promote(&v, &FailoverPolicy::default()).unwrap_err().kind,
+        promotion::decide(&v, &FailoverPolicy::default())
+            .unwrap_err()
+            .kind,
         HoldKind::Held
     );
     v.now = Millis(61_010 + 15_000);
-    assert!(promote(&v, &FailoverPolicy::default()).is_ok());
+    assert!(promotion::decide(&v, &FailoverPolicy::default()).is_ok());
 }
 
 #[test]
@@ -127,7 +133,7 @@ fn a_released_record_is_taken_at_once() {
     let mut v = shard(1);
     v.record = Some(seen(Some(record(None, Some("pod-0"), 5)), 0));
     v.members[0].valkey = None;
-    let p = promote(&v, &FailoverPolicy::default()).unwrap();
+    let p = promotion::decide(&v, &FailoverPolicy::default()).unwrap();
     assert_eq!(p.target, "pod-2");
     assert!(p.fence.is_empty());
     assert!(p.reason.contains("released"));
@@ -139,18 +145,24 @@ fn ties_go_to_the_preferred_zone_then_the_pod_name() {
     v.members[1].valkey.as_mut().unwrap().offset = 950;
     v.preferred_zone = Some("b".into());
     assert_eq!(
-        promote(&v, &FailoverPolicy::default()).unwrap().target,
+        promotion::decide(&v, &FailoverPolicy::default())
+            .unwrap()
+            .target,
         "pod-1"
     );
     v.preferred_zone = None;
     assert_eq!(
-        promote(&v, &FailoverPolicy::default()).unwrap().target,
+        promotion::decide(&v, &FailoverPolicy::default())
+            .unwrap()
+            .target,
         "pod-1"
     );
     v.members[1].zone = Some("c".into());
     v.preferred_zone = Some("c".into());
     assert_eq!(
-        promote(&v, &FailoverPolicy::default()).unwrap().target,
+        promotion::decide(&v, &FailoverPolicy::default())
+            .unwrap()
+            .target,
         "pod-1"
     );
 }
@@ -170,11 +182,11 @@ fn the_last_primary_takes_a_vacant_record_back_only_when_no_other_member_holds_d
     };
     // A shard of one pod, back after a restart.
     let alone = released(vec![member("pod-0", Role::Primary, 0, "a")]);
-    let p = promote(&alone, &policy).unwrap();
+    let p = promotion::decide(&alone, &policy).unwrap();
     assert_eq!((p.target.as_str(), p.epoch), ("pod-0", 6));
     assert!(p.reason.contains("the last primary"), "{}", p.reason);
     // Its replicas came back empty: they hold nothing the last primary lacks.
-    let p = promote(
+    let p = promotion::decide(
         &released(vec![member("pod-0", Role::Primary, 7, "a"), fresh("pod-1")]),
         &policy,
     );
@@ -188,7 +200,7 @@ fn the_last_primary_takes_a_vacant_record_back_only_when_no_other_member_holds_d
     for other in [silent, cordoned] {
         let v = released(vec![member("pod-0", Role::Primary, 0, "a"), other]);
         assert_eq!(
-            promote(&v, &policy).unwrap_err().kind,
+            promotion::decide(&v, &policy).unwrap_err().kind,
             HoldKind::NoCandidate
         );
     }
@@ -204,14 +216,17 @@ fn the_last_primary_takes_a_vacant_record_back_only_when_no_other_member_holds_d
         emptied,
         member("pod-0", Role::Replica, 0, "a"),
     ] {
-        assert!(promote(&released(vec![last]), &policy).is_err());
+        assert!(promotion::decide(&released(vec![last]), &policy).is_err());
     }
     // A held record stays held.
     let held = ShardView {
         members: vec![member("pod-0", Role::Primary, 0, "a")],
         ..shard(1_000)
     };
-    assert_eq!(promote(&held, &policy).unwrap_err().kind, HoldKind::Held);
+    assert_eq!(
+        promotion::decide(&held, &policy).unwrap_err().kind,
+        HoldKind::Held
+    );
 }
 
 #[test]
@@ -220,7 +235,7 @@ fn blocked_promotions_say_why() {
     let mut v = shard(20_000);
     v.members[1].terminating = true;
     v.members[2].valkey.as_mut().unwrap().fresh = true;
-    let h = promote(&v, &policy).unwrap_err();
+    let h = promotion::decide(&v, &policy).unwrap_err();
     assert_eq!(h.kind, HoldKind::NoCandidate);
     assert!(
         h.reason.contains("pod-0 is the recorded primary"),
@@ -233,17 +248,17 @@ fn blocked_promotions_say_why() {
     let mut v = shard(20_000);
     v.members[1].node_ready = false;
     v.members[2].valkey = None;
-    let h = promote(&v, &policy).unwrap_err();
+    let h = promotion::decide(&v, &policy).unwrap_err();
     assert!(h.reason.contains("pod-1 is on a node"), "{}", h.reason);
     assert!(h.reason.contains("pod-2 does not answer"), "{}", h.reason);
 
     let rows = [
         (
             ShardView {
-                leader: false,
+                coordinating: false,
                 ..shard(20_000)
             },
-            HoldKind::NotLeader,
+            HoldKind::NotCoordinator,
         ),
         (
             ShardView {
@@ -269,11 +284,11 @@ fn blocked_promotions_say_why() {
         ),
     ];
     for (v, want) in rows {
-        assert_eq!(promote(&v, &policy).unwrap_err().kind, want);
+        assert_eq!(promotion::decide(&v, &policy).unwrap_err().kind, want);
     }
     let off = FailoverPolicy { automatic: false };
     assert_eq!(
-        promote(&shard(20_000), &off).unwrap_err().kind,
+        promotion::decide(&shard(20_000), &off).unwrap_err().kind,
         HoldKind::Disabled
     );
 }
@@ -291,9 +306,9 @@ fn a_vanished_record_is_recreated_above_the_last_epoch_naming_the_data() {
         ..shard(now)
     };
     let policy = FailoverPolicy::default();
-    let wait = promote(&gone(15_999), &policy).unwrap_err();
+    let wait = promotion::decide(&gone(15_999), &policy).unwrap_err();
     assert_eq!(wait.kind, HoldKind::Held, "{wait:?}");
-    let p = promote(&gone(16_000), &policy).unwrap();
+    let p = promotion::decide(&gone(16_000), &policy).unwrap();
     assert_eq!((p.target.as_str(), p.epoch), ("pod-0", 6), "{p:?}");
     assert!(p.version.is_empty(), "a create: {p:?}");
     assert!(p.fence.is_empty(), "{p:?}");
@@ -302,13 +317,13 @@ fn a_vanished_record_is_recreated_above_the_last_epoch_naming_the_data() {
     let mut v = gone(16_000);
     v.members[0].valkey = None;
     v.record.as_mut().unwrap().last_epoch = None;
-    let p = promote(&v, &policy).unwrap();
+    let p = promotion::decide(&v, &policy).unwrap();
     assert_eq!((p.target.as_str(), p.epoch), ("pod-2", 1), "{p:?}");
     // Two masters with data: neither is trusted over the replica.
     let mut v = gone(16_000);
     v.members[1].valkey.as_mut().unwrap().role = Role::Primary;
     v.members[1].valkey.as_mut().unwrap().offset = 2_000;
-    assert_eq!(promote(&v, &policy).unwrap().target, "pod-2");
+    assert_eq!(promotion::decide(&v, &policy).unwrap().target, "pod-2");
 }
 
 /// A record naming a member that is no master (a promotion that never landed, or a record no
@@ -324,12 +339,12 @@ fn a_record_naming_a_replica_gives_way_to_the_master_with_the_data() {
     };
     v.members[0].valkey.as_mut().unwrap().offset = 1_000;
     v.members[2].valkey.as_mut().unwrap().offset = 1_000;
-    let p = promote(&v, &policy).unwrap();
+    let p = promotion::decide(&v, &policy).unwrap();
     assert_eq!((p.target.as_str(), p.epoch), ("pod-0", 7), "{p:?}");
     assert!(p.fence.is_empty(), "{p:?}");
     // Two pods: the master is the only candidate.
     v.members.remove(2);
-    assert_eq!(promote(&v, &policy).unwrap().target, "pod-0");
+    assert_eq!(promotion::decide(&v, &policy).unwrap().target, "pod-0");
     // The named member gone instead: a master may be an old primary the shard moved past.
     let mut v = ShardView {
         record: Some(seen(Some(record(None, Some("pod-1"), 6)), 0)),
@@ -337,7 +352,7 @@ fn a_record_naming_a_replica_gives_way_to_the_master_with_the_data() {
     };
     v.members[1].valkey = None;
     v.members[0].valkey.as_mut().unwrap().offset = 5_000;
-    assert_eq!(promote(&v, &policy).unwrap().target, "pod-2");
+    assert_eq!(promotion::decide(&v, &policy).unwrap().target, "pod-2");
 }
 
 // A member as one observation shows it (`MemberValkey::of`).

@@ -5,7 +5,7 @@
 
 use proptest::prelude::*;
 use valkey_sidecar_core::observation::Role;
-use valkey_sidecar_core::roll::{RollPlan, RollPod, RollPolicy, RollShard, RollStep, next};
+use valkey_sidecar_core::roll::{RollPlan, RollPod, RollPolicy, RollShard, RollStep, decide};
 
 const POLICY: RollPolicy = RollPolicy {
     max_shards_rolling: 1,
@@ -57,14 +57,14 @@ fn handed(plan: &RollPlan) -> Vec<(&str, &str)> {
 
 #[test]
 fn nothing_outdated_is_nothing_to_do() {
-    let plan = next(&[shard("a", [true; 3])], &[], &POLICY);
+    let plan = decide(&[shard("a", [true; 3])], &[], &POLICY);
     assert_eq!(plan, RollPlan::default());
 }
 
 #[test]
 fn replicas_go_first_highest_ordinal_one_shard_at_a_time() {
     let shards = [shard("a", [false; 3]), shard("b", [false; 3])];
-    let plan = next(&shards, &[], &POLICY);
+    let plan = decide(&shards, &[], &POLICY);
     assert_eq!(deleted(&plan), ["a-2"]);
     assert_eq!(plan.outdated, 6);
     assert_eq!(plan.waiting, None);
@@ -74,14 +74,14 @@ fn replicas_go_first_highest_ordinal_one_shard_at_a_time() {
 fn an_unhealthy_outdated_replica_goes_before_a_healthy_one() {
     let mut a = shard("a", [false; 3]);
     a.pods[1].healthy = false;
-    assert_eq!(deleted(&next(&[a], &[], &POLICY)), ["a-1"]);
+    assert_eq!(deleted(&decide(&[a], &[], &POLICY)), ["a-1"]);
 }
 
 #[test]
 fn a_replica_waits_while_another_pod_of_its_shard_is_unhealthy() {
     let mut a = shard("a", [false, false, true]);
     a.pods[2].healthy = false; // the replacement of a-2, still syncing
-    let plan = next(&[a], &[], &POLICY);
+    let plan = decide(&[a], &[], &POLICY);
     assert!(plan.steps.is_empty());
     assert!(plan.waiting.unwrap().contains("a-1 waits"));
 }
@@ -90,25 +90,25 @@ fn a_replica_waits_while_another_pod_of_its_shard_is_unhealthy() {
 fn the_primary_goes_last_to_the_updated_replica_with_the_highest_offset() {
     let mut a = shard("a", [false, true, true]);
     a.pods[1].offset = 90;
-    let plan = next(std::slice::from_ref(&a), &[], &POLICY);
+    let plan = decide(std::slice::from_ref(&a), &[], &POLICY);
     assert_eq!(handed(&plan), [("id-a-0", "id-a-2")]);
     // Same offsets: the preferred zone, then the name.
     a.pods[1].offset = 100;
     a.pods[1].preferred_zone = true;
-    assert_eq!(handed(&next(&[a], &[], &POLICY)), [("id-a-0", "id-a-1")]);
+    assert_eq!(handed(&decide(&[a], &[], &POLICY)), [("id-a-0", "id-a-1")]);
 }
 
 #[test]
 fn the_primary_waits_for_a_whole_shard_and_an_updated_successor() {
     let mut a = shard("a", [false, true, true]);
     a.pods[2].healthy = false;
-    let plan = next(&[a], &[], &POLICY);
+    let plan = decide(&[a], &[], &POLICY);
     assert!(plan.steps.is_empty());
     assert!(plan.waiting.unwrap().contains("2 of 3"));
     let mut b = shard("b", [false, true, true]);
     b.pods[1].node_usable = false;
     b.pods[2].node_usable = false;
-    let plan = next(&[b], &[], &POLICY);
+    let plan = decide(&[b], &[], &POLICY);
     assert!(plan.waiting.unwrap().contains("no updated replica"));
 }
 
@@ -116,13 +116,13 @@ fn the_primary_waits_for_a_whole_shard_and_an_updated_successor() {
 fn the_roll_waits_while_any_other_shard_is_short() {
     let mut b = shard("b", [true; 3]);
     b.pods[1].healthy = false;
-    let plan = next(&[shard("a", [false; 3]), b], &[], &POLICY);
+    let plan = decide(&[shard("a", [false; 3]), b], &[], &POLICY);
     assert!(plan.steps.is_empty());
     assert!(plan.waiting.unwrap().contains("shard b has 2 of 3"));
     // A shard without a live primary is short however many pods it has.
     let mut c = shard("c", [true; 3]);
     c.pods[0].role = Role::Unknown;
-    let plan = next(&[shard("a", [false; 3]), c], &[], &POLICY);
+    let plan = decide(&[shard("a", [false; 3]), c], &[], &POLICY);
     assert!(plan.waiting.unwrap().contains("shard c"));
 }
 
@@ -131,7 +131,7 @@ fn a_shard_whose_view_shows_two_primaries_waits() {
     // After a hand-over the view may still show the old primary beside the new one.
     let mut a = shard("a", [false, true, true]);
     a.pods[2].role = Role::Primary;
-    let plan = next(&[a], &[], &POLICY);
+    let plan = decide(&[a], &[], &POLICY);
     assert!(plan.steps.is_empty());
     assert!(plan.waiting.unwrap().contains("2 primaries"));
 }
@@ -142,15 +142,15 @@ fn a_shard_with_a_new_primary_waits_for_its_replicas_to_re_point() {
     a.pods[0].role = Role::Replica;
     a.pods[1].role = Role::Primary;
     a.settled = false;
-    let plan = next(std::slice::from_ref(&a), &[], &POLICY);
+    let plan = decide(std::slice::from_ref(&a), &[], &POLICY);
     assert!(plan.waiting.unwrap().contains("re-point first"));
     a.settled = true;
-    assert_eq!(deleted(&next(&[a], &[], &POLICY)), ["a-0"]);
+    assert_eq!(deleted(&decide(&[a], &[], &POLICY)), ["a-0"]);
 }
 
 #[test]
 fn an_unknown_revision_stops_the_roll() {
-    let plan = next(&[shard("a", [false; 3])], &["a-1".into()], &POLICY);
+    let plan = decide(&[shard("a", [false; 3])], &["a-1".into()], &POLICY);
     assert!(plan.steps.is_empty());
     assert!(plan.waiting.unwrap().contains("a-1"));
 }
@@ -159,7 +159,7 @@ fn an_unknown_revision_stops_the_roll() {
 fn a_busy_shard_takes_no_step_and_is_not_waiting() {
     let mut a = shard("a", [false; 3]);
     a.busy = true;
-    let plan = next(&[a], &[], &POLICY);
+    let plan = decide(&[a], &[], &POLICY);
     assert_eq!(plan.steps, []);
     assert_eq!((plan.outdated, plan.waiting), (3, None));
 }
@@ -175,13 +175,13 @@ fn max_shards_rolling_lets_that_many_shards_step_at_once() {
         max_shards_rolling: 2,
         ..POLICY
     };
-    assert_eq!(deleted(&next(&shards, &[], &two)), ["a-2", "b-2"]);
+    assert_eq!(deleted(&decide(&shards, &[], &two)), ["a-2", "b-2"]);
     // A rolling shard short of a pod does not hold the other rolling one.
     let mut a = shards[0].clone();
     a.pods[2].updated = true;
     a.pods[2].healthy = false;
     let shards = [a, shards[1].clone(), shards[2].clone()];
-    assert_eq!(deleted(&next(&shards, &[], &two)), ["b-2"]);
+    assert_eq!(deleted(&decide(&shards, &[], &two)), ["b-2"]);
 }
 
 /// The simulated cluster: each round the roll's steps are applied; a deleted pod comes back
@@ -206,7 +206,7 @@ fn simulate(shards: usize, max: usize, faults: &[(usize, usize, usize)]) {
                 world[s % shards].pods[i % 3].healthy = false;
             }
         }
-        let plan = next(&world, &[], &policy);
+        let plan = decide(&world, &[], &policy);
         if plan.outdated == 0 {
             assert!(
                 moves.iter().all(|m| *m == 1),

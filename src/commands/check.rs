@@ -1,7 +1,7 @@
 //! `valkey-sidecar check`: the chart's `helm test`. Reads the deployment's pods and watches the
 //! coordinator Lease for up to one lease duration (a renewal seen on this process's monotonic
 //! clock, never a comparison of `renewTime` with a wall clock), then judges with
-//! `core::check::assess`. Read-only.
+//! `core::check::decide`. Read-only.
 //!
 //! Exit codes: 0 healthy, 1 not (each problem printed, naming its shard), 69 the API could not be
 //! asked, 64 bad usage.
@@ -13,7 +13,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::ListParams;
-use valkey_sidecar_core::check::{CheckView, LeaseFacts, PodFacts, assess};
+use valkey_sidecar_core::check::{CheckView, LeaseFacts, PodFacts, decide};
 use valkey_sidecar_core::labels::LabelPolicy;
 
 use crate::cli::RoleLabelArgs;
@@ -64,7 +64,7 @@ pub fn main(matches: &ArgMatches) -> i32 {
 }
 
 fn report(args: &CheckArgs, view: &CheckView) -> i32 {
-    let problems = assess(view);
+    let problems = decide(view);
     if problems.is_empty() {
         let holder = view.lease.as_ref().and_then(|l| l.holder.as_deref());
         println!(

@@ -1,7 +1,7 @@
 //! `valkey-sidecar credentials`: makes the chart's auth Secret inside the cluster (a Job the chart
 //! renders), so that no render of the chart holds a password: `helm template` under Argo CD or
 //! Flux renders the same manifests every time, and the passwords in use are never replaced by new
-//! ones. Which passwords to write is `core::credentials::plan`; this adapter reads the Secret,
+//! ones. Which passwords to write is `core::credentials::decide`; this adapter reads the Secret,
 //! makes random passwords and SHA-256 hashes, and writes it with optimistic concurrency.
 //!
 //! Exit codes: 0 the Secret is as the release wants it, 1 the rotation step cannot be taken (the
@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::Api;
 use kube::api::PostParams;
 use ring::rand::{SecureRandom, SystemRandom};
-use valkey_sidecar_core::credentials::{Refusal, Rotation, Slot, Source, plan};
+use valkey_sidecar_core::credentials::{Refusal, Rotation, Slot, Source, decide};
 
 use crate::cli::exit;
 use crate::k8s::KubeError;
@@ -143,7 +143,7 @@ async fn ensure(client: &kube::Client, args: &CredentialsArgs) -> Result<String,
         .and_then(|s| s.data.clone())
         .unwrap_or_default();
     let present = passwords(args, &data);
-    let writes = plan(&present, args.rotation).map_err(CredentialsError::Refused)?;
+    let writes = decide(&present, args.rotation).map_err(CredentialsError::Refused)?;
     let wanted = with_hashes(args, &present, &writes, fresh_password)?;
     let wanted = merged(data.clone(), wanted);
     if existing.is_some() && wanted == data {
@@ -348,7 +348,7 @@ mod tests {
     #[test]
     fn a_first_run_writes_both_passwords_and_the_agents_hash() {
         let args = args(&[]);
-        let writes = plan(&BTreeMap::new(), Rotation::None).unwrap();
+        let writes = decide(&BTreeMap::new(), Rotation::None).unwrap();
         let mut n = 0;
         let keys = with_hashes(&args, &BTreeMap::new(), &writes, || {
             n += 1;

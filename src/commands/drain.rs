@@ -1,7 +1,7 @@
 //! `valkey-sidecar drain-check NODE`: can this node be drained now, and if not, which shard would
 //! lose what. Read-only: it lists the deployment's pods, asks the apiserver for a server-side
 //! dry-run eviction of each pod on the node (the PodDisruptionBudgets' own verdict), and judges the
-//! rest with `core::drain::assess` (a primary needs an in-sync replica elsewhere to hand over to).
+//! rest with `core::drain::decide` (a primary needs an in-sync replica elsewhere to hand over to).
 //!
 //! Exit codes: 0 the node can be drained now, 1 a drain would wait or lose a shard's primary
 //! without a hand-over, 69 the API could not be asked (sysexits' EX_UNAVAILABLE), 64 bad usage.
@@ -12,7 +12,7 @@ use clap::{ArgMatches, Args};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{EvictParams, ListParams, PostParams};
-use valkey_sidecar_core::drain::{DrainView, Eviction, NodeVerdict, ShardCopy, assess};
+use valkey_sidecar_core::drain::{DrainView, Eviction, NodeVerdict, ShardCopy, decide};
 use valkey_sidecar_core::labels::LabelPolicy;
 
 use crate::cli::RoleLabelArgs;
@@ -62,7 +62,7 @@ pub async fn check(args: &DrainArgs) -> Result<NodeVerdict, KubeError> {
     for c in copies.iter().filter(|c| c.node == args.node) {
         evictions.insert(c.pod.clone(), dry_run_eviction(&pods, &c.pod).await?);
     }
-    Ok(assess(&DrainView {
+    Ok(decide(&DrainView {
         node: args.node.clone(),
         copies,
         evictions,

@@ -1,6 +1,6 @@
 //! Stale role labels: a pod whose Valkey the cluster marks failed (cluster mode) or that its
 //! shard's record no longer names (replication mode) cannot update its own label — its agent may
-//! be gone with it — so the leader removes it, each pod retried with backoff when the API refuses.
+//! be gone with it — so the coordinator removes it, each pod retried with backoff when the API refuses.
 
 use std::collections::BTreeMap;
 

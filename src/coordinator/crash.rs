@@ -1,7 +1,7 @@
-//! Cluster mode: the leader's watch on every primary's socket, and the failover of one that died
+//! Cluster mode: the coordinator's watch on every primary's socket, and the failover of one that died
 //! (`core::crash`).
 //!
-//! The leader keeps one idle TCP connection to each primary serving slots. A process that dies
+//! The coordinator keeps one idle TCP connection to each primary serving slots. A process that dies
 //! has its sockets closed by the kernel, so the watch sees the end at once — no poll, no
 //! `cluster-node-timeout` — and dials again: refused means nothing listens there any more. A
 //! Valkey that is slow, blocked or loading still accepts, and a silent node (power loss, a cut)
@@ -27,7 +27,7 @@ use valkey_sidecar_core::observation::{self, Mode, Observation, Replies};
 use valkey_sidecar_core::shards::{Shard, ShardNode};
 
 use super::execute;
-use super::{Coordinator, Finished, LeaderMemory, Move, spawn_move};
+use super::{Coordinator, CoordinatorMemory, Finished, Move, spawn_move};
 use crate::k8s::events::EventType;
 use crate::valkey::{Connector, observe};
 
@@ -191,17 +191,17 @@ async fn observe_replica(connector: &Connector) -> Option<Observation> {
 }
 
 impl Coordinator {
-    /// A primary's Valkey died (`crash`): the leader fails its shard over at once to the replica
+    /// A primary's Valkey died (`crash`): the coordinator fails its shard over at once to the replica
     /// with the highest offset, once per death, unless a move of that shard is under way.
     pub(super) async fn crashed(
         &self,
         death: Death,
         pods: Option<&Store<Pod>>,
-        memory: &mut LeaderMemory,
+        memory: &mut CoordinatorMemory,
         done: &mpsc::Sender<Finished>,
     ) {
         let now = self.clock.now();
-        if !self.leadership.borrow().may_act(now) {
+        if !self.term.borrow().may_act(now) {
             return;
         }
         let Some(shards) = self.shards(now) else {
@@ -216,7 +216,7 @@ impl Coordinator {
             last_handled: memory.crashes.get(&death.node).copied(),
             terminating: pod.is_some_and(|p| p.metadata.deletion_timestamp.is_some()),
         };
-        let verdict = core_crash::on_death(&seen, &memory.moves);
+        let verdict = core_crash::decide(&seen, &memory.moves);
         if verdict.handled() {
             memory.crashes.insert(death.node.clone(), now);
         }
@@ -233,7 +233,7 @@ impl Coordinator {
             DeathVerdict::NotServing | DeathVerdict::Repeated => return,
         };
         let offsets = offsets(candidates.into_iter(), &self.connector).await;
-        match core_crash::choose(shard, &death.node, &offsets) {
+        match core_crash::target(shard, &death.node, &offsets) {
             Ok(chosen) => self.force(chosen, &shards, pods, memory, done),
             Err(why) => {
                 tracing::warn!(node = %death.node, %why, "a primary died; no replica to fail over to")
@@ -246,7 +246,7 @@ impl Coordinator {
         chosen: core_crash::CrashFailover,
         shards: &[Shard],
         pods: Option<&Store<Pod>>,
-        memory: &mut LeaderMemory,
+        memory: &mut CoordinatorMemory,
         done: &mpsc::Sender<Finished>,
     ) {
         let Some(node) = shards
@@ -278,7 +278,7 @@ impl Coordinator {
             decision: None,
             reference,
         };
-        let (lead, clock, limit) = (self.leadership.clone(), self.clock, self.handover_timeout);
+        let (lead, clock, limit) = (self.term.clone(), self.clock, self.handover_timeout);
         let run = async move {
             let may_act = || lead.borrow().may_act(clock.now());
             execute::force(&to, target, may_act, limit).await

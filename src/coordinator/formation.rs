@@ -1,6 +1,6 @@
-//! Cluster mode with `SIDECAR_CLUSTER_SHARDS`: the leader forms a fresh Valkey Cluster from the
+//! Cluster mode with `SIDECAR_CLUSTER_SHARDS`: the coordinator forms a fresh Valkey Cluster from the
 //! deployment's pods and brings pods that come back empty into it again. The decisions are
-//! `core::formation::plan`; this module observes every pod's Valkey and sends the steps.
+//! `core::formation::decide`; this module observes every pod's Valkey and sends the steps.
 //!
 //! It runs while the local node's `CLUSTER SHARDS` misses one of the pods (by IP, among the nodes
 //! not marked failed), after a round that sent steps or met a silent pod, and otherwise every
@@ -13,7 +13,7 @@ use std::time::Duration;
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Resource;
-use valkey_sidecar_core::formation::{ClusterNode, FormationView, Seat, Step, plan};
+use valkey_sidecar_core::formation::{ClusterNode, FormationView, Seat, Step, decide};
 use valkey_sidecar_core::observation::{self, Mode};
 use valkey_sidecar_core::time::Millis;
 
@@ -37,7 +37,7 @@ impl Coordinator {
         now: Millis,
     ) -> bool {
         let seats = join_all(pods.iter().map(|p| self.seat(p))).await;
-        let f = plan(&FormationView { shards, seats });
+        let f = decide(&FormationView { shards, seats });
         if f.steps.is_empty() {
             tracing::debug!(reason = %f.reason, at = now.0, "formation");
             return f.silent;

@@ -43,7 +43,7 @@ use valkey_sidecar_core::time::Millis;
 
 use crate::k8s::events::Recorder;
 use crate::k8s::format::FormatNotice;
-use crate::k8s::lease::{FormedMarker, Leadership, RequestCell, StatusAnnotations};
+use crate::k8s::lease::{CoordinatorTerm, FormedMarker, RequestCell, StatusAnnotations};
 use crate::k8s::owner::LeaseOwner;
 use crate::runtime::clock::Clock;
 use crate::runtime::metrics::Metrics;
@@ -73,7 +73,7 @@ pub struct Coordinator {
     pub consent_ms: u64,
     pub bounds: Bounds,
     pub state: watch::Receiver<HealthState>,
-    pub leadership: watch::Receiver<Leadership>,
+    pub term: watch::Receiver<CoordinatorTerm>,
     pub policy: Policy,
     /// How to reach other Valkey nodes: host and port are replaced per target.
     pub connector: Connector,
@@ -125,7 +125,7 @@ struct Finished {
 
 /// What the loop keeps between rounds.
 #[derive(Default)]
-struct LeaderMemory {
+struct CoordinatorMemory {
     shards: BTreeMap<String, ShardMemory>,
     /// Moves running and settling, and the cooldown (`core::moves`).
     moves: Ledger,
@@ -143,7 +143,7 @@ struct LeaderMemory {
     forming: bool,
     /// The drift last reported (reason, message), so each is an Event once.
     drift: BTreeSet<(String, String)>,
-    /// Cluster mode, while leading: the watch on every primary's socket.
+    /// Cluster mode, while coordinating: the watch on every primary's socket.
     deaths: Option<crash::DeathWatch>,
     /// Primaries failed over after their Valkey died, and when: one failover per death.
     crashes: BTreeMap<String, Millis>,
@@ -174,7 +174,7 @@ impl Coordinator {
         let (done_tx, mut done_rx) = mpsc::channel::<Finished>(16);
         let (record_tx, mut record_rx) = mpsc::channel::<String>(64);
         let (death_tx, mut death_rx) = mpsc::channel::<crash::Death>(16);
-        let mut memory = LeaderMemory::default();
+        let mut memory = CoordinatorMemory::default();
         if self.mode == Mode::Cluster {
             memory.deaths = Some(crash::DeathWatch::new(death_tx));
         }
@@ -185,7 +185,7 @@ impl Coordinator {
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                _ = self.leadership.changed() => {}
+                _ = self.term.changed() => {}
                 Some(done) = done_rx.recv() => self.finished(done, &mut memory),
                 Some(shard) = record_rx.recv() => memory.repl.read_soon(&shard),
                 Some(death) = death_rx.recv() => {
@@ -194,7 +194,7 @@ impl Coordinator {
                 }
                 _ = shutdown.changed() => break,
             }
-            if !self.leadership.borrow().may_act(self.clock.now()) {
+            if !self.term.borrow().may_act(self.clock.now()) {
                 watches = None;
                 self.follow(&mut memory);
                 continue;

@@ -1,5 +1,5 @@
 //! The coordinator's round in replication mode (`SIDECAR_MODE=replication`): there is no
-//! `CLUSTER SHARDS`, so the leader looks at everything itself.
+//! `CLUSTER SHARDS`, so the coordinator looks at everything itself.
 //!
 //! Each round (every 250 ms while it leads) it
 //! 1. groups the cluster's pods into shards by `valkey.io/shard-index` (absent: shard `0`);
@@ -8,9 +8,9 @@
 //!    pipeline as the agent's own tick, a short timeout — while it reads the shards' records
 //!    (`<cluster>-<shard>-primary`) concurrently;
 //! 3. plans with the cluster-mode planner (`core::plan::decide`): hand-over of a primary whose pod
-//!    or node is going away, fail-back, balance — each carried out as a switchover
-//!    (`execute::switchover`, the `core::replication::Switchover` step machine);
-//! 4. for every other shard asks `core::replication::promote` whether the primary is lost, and
+//!    or node is going away, fail-back, balance — each carried out as a hand-over
+//!    (`execute::record_handover`, the `core::replication::RecordHandoverRun` step machine);
+//! 4. for every other shard asks `core::replication::promotion::decide` whether the primary is lost, and
 //!    carries a promotion out (`execute::run_promotion`, the `core::replication::PromotionRun` step machine).
 //!
 //! Record reads (`core::replication::next_read` and `calm`): a shard whose holder's Valkey answers as primary, with nothing in flight, is
@@ -36,18 +36,18 @@ use valkey_sidecar_core::moves::Started;
 use valkey_sidecar_core::observation::{self, Mode};
 use valkey_sidecar_core::plan::{Action, Member, Shards, World, decide, preferred_zone};
 use valkey_sidecar_core::replication::{
-    Hold, HoldKind, MemberValkey, Promotion, SeenRecord, ShardRecord, ShardView, SwitchoverPlan,
-    calm, next_read, promote,
+    Hold, HoldKind, MemberValkey, Promotion, RecordHandoverPlan, SeenRecord, ShardRecord,
+    ShardView, calm, next_read, promotion,
 };
 use valkey_sidecar_core::status;
 use valkey_sidecar_core::time::Millis;
 
 use super::execute::{self, Links};
 use super::watches::Facts;
-use super::{Coordinator, Finished, LeaderMemory, Move, spawn_move, world};
+use super::{Coordinator, CoordinatorMemory, Finished, Move, spawn_move, world};
 use crate::k8s::events::EventType;
 use crate::k8s::pods::pod_ip;
-use crate::k8s::shard_lease::ShardLeaseClient;
+use crate::k8s::record::RecordClient;
 use crate::keeper::RecordSeed;
 use crate::runtime::clock::Clock;
 use crate::runtime::metrics::Metrics;
@@ -75,7 +75,7 @@ struct MemberLink {
 }
 
 struct RecordState {
-    client: ShardLeaseClient,
+    client: RecordClient,
     seen: Option<SeenRecord>,
     /// When to read next: `Millis(0)` means at the next round.
     next_read: Millis,
@@ -109,11 +109,11 @@ impl State {
     }
 
     /// One record state per shard; the agent's own shard starts from what its keeper saw (the
-    /// same clock), every other shard from this leader's first read.
+    /// same clock), every other shard from this coordinator's first read.
     fn sync_records(
         &mut self,
         shards: &BTreeMap<String, Vec<Arc<Pod>>>,
-        client: impl Fn(&str) -> ShardLeaseClient,
+        client: impl Fn(&str) -> RecordClient,
         seed: &RecordSeed,
     ) {
         self.records.retain(|shard, _| shards.contains_key(shard));
@@ -132,7 +132,7 @@ impl State {
         }
     }
 
-    fn client(&self, shard: &str) -> Option<ShardLeaseClient> {
+    fn client(&self, shard: &str) -> Option<RecordClient> {
         Some(self.records.get(shard)?.client.clone())
     }
 
@@ -269,7 +269,7 @@ impl ShardRound {
         })
     }
 
-    /// What `promote` looks at.
+    /// What `promotion::decide` looks at.
     fn view(&self, world: &World, zone: Option<&str>, lease_ms: u64) -> ShardView {
         let members = self.pods.iter().map(|p| {
             let name = p.metadata.name.as_deref().unwrap_or_default();
@@ -277,7 +277,7 @@ impl ShardRound {
         });
         ShardView {
             now: world.now,
-            leader: world.leader,
+            coordinating: world.coordinating,
             record: self.record.clone(),
             lease_ms,
             members: members.collect(),
@@ -301,30 +301,34 @@ impl Coordinator {
         &self,
         pods: &Store<Pod>,
         facts: Facts,
-        memory: &mut LeaderMemory,
+        memory: &mut CoordinatorMemory,
         done: &mpsc::Sender<Finished>,
     ) {
         let grouped = world::group(&pods.state());
         let valkey = self.observe_and_read(&grouped, &mut memory.repl).await;
         let shards = rounds(grouped, valkey, &memory.repl);
         let now = self.clock.now();
-        let leader = self.leadership.borrow().may_act(now);
-        self.metrics.coordinator_leader(leader);
+        let coordinating = self.term.borrow().may_act(now);
+        self.metrics.set_coordinating(coordinating);
+        let started = std::time::Instant::now();
         let members = shards.iter().flat_map(ShardRound::plan_members).collect();
-        let world = self.world(members, (pods, facts), memory, now, leader);
+        let world = self.world(members, (pods, facts), memory, now, coordinating);
         let plan = decide(&world, &self.policy);
         self.answer_plan(&plan, &world, memory);
         self.report(&plan, pods, memory);
-        let conditions = leader.then(|| status::conditions(&world, &self.policy, &plan));
+        let conditions = coordinating.then(|| status::conditions(&world, &self.policy, &plan));
         self.report_roll(&world, &plan, pods, memory);
+        if coordinating {
+            self.metrics.coordinator_round(started.elapsed());
+        }
         self.evict_outdated(&plan.replacements, pods, memory).await;
         let planned = plan.actions.clone();
         for action in plan.actions {
-            self.start_switchover(action, &shards, memory, done);
+            self.start_handover(action, &shards, memory, done);
         }
         self.failovers(&shards, &world, &planned, memory, done);
         self.publish(conditions, memory);
-        if leader {
+        if coordinating {
             let stale = self.stale_primaries(&shards);
             let why = "removed the primary label of a pod the shard record no longer names";
             self.clear_role_labels(&stale, (pods, &mut memory.label_retry), now, why)
@@ -383,8 +387,8 @@ impl Coordinator {
         observed
     }
 
-    fn record_client(&self, shard: &str) -> ShardLeaseClient {
-        ShardLeaseClient::new(
+    fn record_client(&self, shard: &str) -> RecordClient {
+        RecordClient::new(
             self.client.clone(),
             &self.namespace,
             (&self.cluster, shard),
@@ -409,42 +413,41 @@ impl Coordinator {
         Links::new(connectors)
     }
 
-    /// Starts a planned move as a switchover, if the record still names its `from`.
-    fn start_switchover(
+    /// Starts a planned move as a record hand-over, if the record still names its `from`.
+    fn start_handover(
         &self,
         action: Action,
         shards: &[ShardRound],
-        memory: &mut LeaderMemory,
+        memory: &mut CoordinatorMemory,
         done: &mpsc::Sender<Finished>,
     ) {
         let Some(s) = shards.iter().find(|s| s.name == action.shard) else {
             return;
         };
-        let (Some(plan), Some(record)) = (
-            self.switchover_plan(&action, s),
-            memory.repl.client(&s.name),
-        ) else {
-            tracing::warn!(shard = %action.shard, from = %action.from, "switchover not started: the record does not name the primary, or the target has no address");
+        let (Some(plan), Some(record)) =
+            (self.handover_plan(&action, s), memory.repl.client(&s.name))
+        else {
+            tracing::warn!(shard = %action.shard, from = %action.from, "hand-over not started: the record does not name the primary, or the target has no address");
             return;
         };
         let links = self.links(s);
         let started = self.begin(&action, s.reference(&action.from), memory);
-        let (lead, clock) = (self.leadership.clone(), self.clock);
+        let (lead, clock) = (self.term.clone(), self.clock);
         let run = async move {
             let may_act = || lead.borrow().may_act(clock.now());
-            execute::switchover(plan, links, record, clock, may_act).await
+            execute::record_handover(plan, links, record, clock, may_act).await
         };
         spawn_move(started, run, done);
     }
 
-    fn switchover_plan(&self, action: &Action, s: &ShardRound) -> Option<SwitchoverPlan> {
+    fn handover_plan(&self, action: &Action, s: &ShardRound) -> Option<RecordHandoverPlan> {
         let record = s.existing()?;
         if record.recorded_primary() != Some(action.from.as_str()) {
             return None;
         }
         let to_addr = format!("{} {}", pod_ip(s.pod(&action.to)?)?, self.connector.port);
         let others = s.names().filter(|n| *n != action.from && *n != action.to);
-        Some(SwitchoverPlan {
+        Some(RecordHandoverPlan {
             from: action.from.clone(),
             to: action.to.clone(),
             to_addr,
@@ -460,7 +463,7 @@ impl Coordinator {
         shards: &[ShardRound],
         world: &World,
         planned: &[Action],
-        memory: &mut LeaderMemory,
+        memory: &mut CoordinatorMemory,
         done: &mpsc::Sender<Finished>,
     ) {
         let names = shards.iter().map(|s| s.name.as_str());
@@ -474,7 +477,7 @@ impl Coordinator {
         for s in shards.iter().filter(|s| free.contains(&s.name)) {
             let zone = preferred_zone(&grouped, &self.policy, &s.name);
             let view = s.view(world, zone, self.timings.lease_ms);
-            match promote(&view, &self.failover) {
+            match promotion::decide(&view, &self.failover) {
                 Ok(p) => self.start_promotion(s, p, memory, done),
                 Err(hold) => memory.repl.note_hold(&s.name, &hold),
             }
@@ -485,7 +488,7 @@ impl Coordinator {
         &self,
         s: &ShardRound,
         p: Promotion,
-        memory: &mut LeaderMemory,
+        memory: &mut CoordinatorMemory,
         done: &mpsc::Sender<Finished>,
     ) {
         let Some(record) = memory.repl.client(&s.name) else {
@@ -501,7 +504,7 @@ impl Coordinator {
             fence_ms: self.timings.lease_ms,
             consent_ms: self.consent_ms,
         };
-        let (lead, clock) = (self.leadership.clone(), self.clock);
+        let (lead, clock) = (self.term.clone(), self.clock);
         let run = async move {
             let may_act = || lead.borrow().may_act(clock.now());
             execute::run_promotion(&p, links, &record, waits, clock, may_act).await
@@ -515,7 +518,7 @@ impl Coordinator {
         shard: &str,
         p: &Promotion,
         reference: Option<ObjectReference>,
-        memory: &mut LeaderMemory,
+        memory: &mut CoordinatorMemory,
     ) -> Move {
         memory
             .moves

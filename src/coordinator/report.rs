@@ -1,4 +1,4 @@
-//! What the leader tells: its status for the Lease writer (`core::status`), drift and blocked
+//! What the coordinator tells: its status for the Lease writer (`core::status`), drift and blocked
 //! moves, Events on the pods they are about, and a follower's report that it does not lead.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -11,7 +11,7 @@ use valkey_sidecar_core::plan::Plan;
 use valkey_sidecar_core::status::{self, Condition, Decision, Status};
 
 use super::execute::MoveOutcome;
-use super::{Coordinator, LeaderMemory, Move, replication_round};
+use super::{Coordinator, CoordinatorMemory, Move, replication_round};
 use crate::k8s::events::{Event, EventType};
 use crate::k8s::lease::StatusAnnotations;
 
@@ -23,7 +23,7 @@ pub(super) fn wall_clock() -> String {
 }
 
 /// The last decision shows how its move ended (unless a newer one replaced it meanwhile).
-pub(super) fn ended(memory: &mut LeaderMemory, done: &Move, result: &'static str) {
+pub(super) fn ended(memory: &mut CoordinatorMemory, done: &Move, result: &'static str) {
     let last = memory.last_decision.as_mut();
     let same = |d: &&mut Decision| d.shard == done.shard && Some(d.kind) == done.decision;
     if let Some(d) = last.filter(same) {
@@ -53,7 +53,7 @@ pub(super) fn completion(shard: &str, outcome: &MoveOutcome) -> (EventType, Stri
 }
 
 /// Pods labelled primary, by shard (`world::group`: `valkey.io/shard-index`): what the rule "a
-/// shard without a labelled primary" reads, exported by the leader because it alone sees every pod
+/// shard without a labelled primary" reads, exported by the coordinator because it alone sees every pod
 /// (a pod's own agent cannot report that its shard lacks a primary when that pod is gone).
 fn labelled_primaries(pods: &[Arc<Pod>], key: &str, primary: &str) -> BTreeMap<String, i64> {
     super::world::group(pods)
@@ -74,8 +74,8 @@ fn labelled_primaries(pods: &[Arc<Pod>], key: &str, primary: &str) -> BTreeMap<S
 impl Coordinator {
     /// A follower's round: it reports that it does not lead and forgets what it tracked, so that
     /// when it leads again the quiet periods start afresh instead of from a history it did not see.
-    pub(super) fn follow(&self, memory: &mut LeaderMemory) {
-        self.metrics.coordinator_leader(false);
+    pub(super) fn follow(&self, memory: &mut CoordinatorMemory) {
+        self.metrics.set_coordinating(false);
         self.metrics.drift(std::iter::empty());
         self.metrics.shard_primaries(&BTreeMap::new());
         // Only the holder reports the roll: a former holder's gauges must not keep an alert up.
@@ -96,7 +96,7 @@ impl Coordinator {
 
     /// Drift into metrics, and an Event (on the pod it is about) when a drift first appears;
     /// blocked moves logged when they first appear.
-    pub(super) fn report(&self, plan: &Plan, pods: &Store<Pod>, memory: &mut LeaderMemory) {
+    pub(super) fn report(&self, plan: &Plan, pods: &Store<Pod>, memory: &mut CoordinatorMemory) {
         self.metrics.drift(plan.drift.iter().map(|d| d.reason));
         let primaries = labelled_primaries(&pods.state(), &self.role_label, &self.primary_value);
         self.metrics.shard_primaries(&primaries);
@@ -123,8 +123,12 @@ impl Coordinator {
     }
 
     /// Hands the status to the Lease writer when it changed (the writer sends whatever is current
-    /// with its next renewal); `None` clears it, so a lost leadership leaves nothing stale behind.
-    pub(super) fn publish(&self, conditions: Option<Vec<Condition>>, memory: &mut LeaderMemory) {
+    /// with its next renewal); `None` clears it, so a lost Lease leaves nothing stale behind.
+    pub(super) fn publish(
+        &self,
+        conditions: Option<Vec<Condition>>,
+        memory: &mut CoordinatorMemory,
+    ) {
         let next = conditions.map(|conditions| Status {
             conditions,
             last_decision: memory.last_decision.clone(),

@@ -13,7 +13,7 @@ use valkey_sidecar_core::requests::{Outcome, SwitchoverAnswer, SwitchoverRequest
 use super::execute::MoveOutcome;
 use super::report::completion;
 use super::world::shard_of;
-use super::{Coordinator, LeaderMemory, Move};
+use super::{Coordinator, CoordinatorMemory, Move};
 
 /// What the holder keeps of the requests between rounds.
 #[derive(Debug, Default)]
@@ -31,7 +31,7 @@ pub(super) struct Asked {
 impl Coordinator {
     /// The pause and the switchover asked for, for this round's world; an unreadable switchover
     /// request is refused here (and consumed) rather than half-understood.
-    pub(super) fn asked(&self, pods: &Store<Pod>, memory: &mut LeaderMemory) -> Option<Ask> {
+    pub(super) fn asked(&self, pods: &Store<Pod>, memory: &mut CoordinatorMemory) -> Option<Ask> {
         let requests = self.requests.get();
         let asked = &mut memory.asked;
         asked.paused = requests.paused;
@@ -51,7 +51,7 @@ impl Coordinator {
     }
 
     /// The planner refused the switchover asked for, or started it (the move answers at its end).
-    pub(super) fn answer_plan(&self, plan: &Plan, world: &World, memory: &mut LeaderMemory) {
+    pub(super) fn answer_plan(&self, plan: &Plan, world: &World, memory: &mut CoordinatorMemory) {
         if let Some((id, reason)) = &plan.refused {
             self.answer(memory, id.clone(), Outcome::Refused, reason.clone());
         } else if let Some(a) = plan.actions.iter().find(|a| a.kind == Kind::Switchover) {
@@ -66,7 +66,7 @@ impl Coordinator {
         &self,
         started: &Move,
         outcome: &MoveOutcome,
-        memory: &mut LeaderMemory,
+        memory: &mut CoordinatorMemory,
     ) {
         if started.decision != Some(Kind::Switchover) {
             return;
@@ -86,7 +86,13 @@ impl Coordinator {
         self.answer(memory, id, verdict, message);
     }
 
-    fn answer(&self, memory: &mut LeaderMemory, id: String, outcome: Outcome, message: String) {
+    fn answer(
+        &self,
+        memory: &mut CoordinatorMemory,
+        id: String,
+        outcome: Outcome,
+        message: String,
+    ) {
         tracing::info!(%id, outcome = outcome.as_str(), %message, "switchover request answered");
         self.requests.consume();
         memory.asked.answer = Some(SwitchoverAnswer {

@@ -15,7 +15,7 @@ use kube::{Api, Resource};
 use valkey_sidecar_core::plan::{Plan, Replacement, World};
 use valkey_sidecar_core::time::Millis;
 
-use super::{Coordinator, LeaderMemory};
+use super::{Coordinator, CoordinatorMemory};
 use crate::k8s::events::EventType;
 
 /// How long a deleted pod's shard stays out of the roll at most, should its successor never
@@ -51,7 +51,7 @@ impl Coordinator {
     pub(super) fn replacing(
         &self,
         pods: &Store<Pod>,
-        memory: &mut LeaderMemory,
+        memory: &mut CoordinatorMemory,
         now: Millis,
     ) -> BTreeSet<String> {
         memory
@@ -77,17 +77,17 @@ impl Coordinator {
         &self,
         deletions: &[Replacement],
         pods: &Store<Pod>,
-        memory: &mut LeaderMemory,
+        memory: &mut CoordinatorMemory,
     ) {
         for d in deletions {
-            if !self.leadership.borrow().may_act(self.clock.now()) {
+            if !self.term.borrow().may_act(self.clock.now()) {
                 return;
             }
             self.evict_one(d, pods, memory).await;
         }
     }
 
-    async fn evict_one(&self, d: &Replacement, pods: &Store<Pod>, memory: &mut LeaderMemory) {
+    async fn evict_one(&self, d: &Replacement, pods: &Store<Pod>, memory: &mut CoordinatorMemory) {
         if memory.replacing.refused.contains_key(&d.pod) {
             return;
         }
@@ -140,7 +140,7 @@ impl Coordinator {
         world: &World,
         plan: &Plan,
         pods: &Store<Pod>,
-        memory: &mut LeaderMemory,
+        memory: &mut CoordinatorMemory,
     ) {
         if self.policy.roll.is_none() {
             return;

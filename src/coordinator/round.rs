@@ -18,14 +18,18 @@ use valkey_sidecar_core::time::Millis;
 use super::execute::MoveOutcome;
 use super::report::{completion, ended, wall_clock};
 use super::watches::Facts;
-use super::{Coordinator, Finished, LeaderMemory, Move, execute, spawn_move, world};
+use super::{Coordinator, CoordinatorMemory, Finished, Move, execute, spawn_move, world};
 use crate::k8s::events::EventType;
 use crate::k8s::pods::pod_ip;
 use crate::valkey::Connector;
 
 impl Coordinator {
     /// With `SIDECAR_CLUSTER_SHARDS`: a formation round when `core::formation::round_due` says so.
-    pub(super) async fn form_if_incomplete(&self, pods: &Store<Pod>, memory: &mut LeaderMemory) {
+    pub(super) async fn form_if_incomplete(
+        &self,
+        pods: &Store<Pod>,
+        memory: &mut CoordinatorMemory,
+    ) {
         let Some(shards) = self.formation_shards else {
             return;
         };
@@ -60,32 +64,36 @@ impl Coordinator {
         &self,
         pods: &Store<Pod>,
         facts: Facts,
-        memory: &mut LeaderMemory,
+        memory: &mut CoordinatorMemory,
         done: &mpsc::Sender<Finished>,
     ) {
         let now = self.clock.now();
-        let leader = self.leadership.borrow().may_act(now);
-        self.metrics.coordinator_leader(leader);
+        let coordinating = self.term.borrow().may_act(now);
+        self.metrics.set_coordinating(coordinating);
         let Some(shards) = self.shards(now) else {
-            self.publish(leader.then(status::without_view), memory);
+            self.publish(coordinating.then(status::without_view), memory);
             return;
         };
-        if let Some(d) = memory.deaths.as_mut().filter(|_| leader) {
+        if let Some(d) = memory.deaths.as_mut().filter(|_| coordinating) {
             d.track(&shards, &self.connector);
         }
+        let started = std::time::Instant::now();
         let members = world::members(&shards, &pods.state());
-        let world = self.world(members, (pods, facts), memory, now, leader);
+        let world = self.world(members, (pods, facts), memory, now, coordinating);
         let plan = decide(&world, &self.policy);
         self.answer_plan(&plan, &world, memory);
         self.report(&plan, pods, memory);
-        let conditions = leader.then(|| status::conditions(&world, &self.policy, &plan));
+        let conditions = coordinating.then(|| status::conditions(&world, &self.policy, &plan));
         self.report_roll(&world, &plan, pods, memory);
+        if coordinating {
+            self.metrics.coordinator_round(started.elapsed());
+        }
         self.evict_outdated(&plan.replacements, pods, memory).await;
         for action in plan.actions {
             self.start(action, &shards, pods, memory, done);
         }
         self.publish(conditions, memory);
-        if leader {
+        if coordinating {
             self.clear_dead_labels(&world, pods, &mut memory.label_retry)
                 .await;
         }
@@ -97,9 +105,9 @@ impl Coordinator {
         &self,
         mut members: Vec<Member>,
         (pods, facts): (&Store<Pod>, Facts),
-        memory: &mut LeaderMemory,
+        memory: &mut CoordinatorMemory,
         now: Millis,
-        leader: bool,
+        coordinating: bool,
     ) -> World {
         for pod in members.iter_mut().filter_map(|m| m.pod.as_mut()) {
             pod.updated = facts.revisions.get(&pod.name).copied();
@@ -108,14 +116,14 @@ impl Coordinator {
         let switchover = self.asked(pods, memory);
         let operator_busy = facts.operator_busy;
         self.metrics.holds(
-            leader && memory.asked.paused.is_some(),
-            leader && operator_busy,
+            coordinating && memory.asked.paused.is_some(),
+            coordinating && operator_busy,
         );
         memory.moves.settle(&members, now);
         memory.shards = track(&memory.shards, &members, now);
         World {
             now,
-            leader,
+            coordinating,
             members,
             nodes: facts.nodes,
             steady_since: memory
@@ -143,7 +151,7 @@ impl Coordinator {
         action: Action,
         shards: &[Shard],
         pods: &Store<Pod>,
-        memory: &mut LeaderMemory,
+        memory: &mut CoordinatorMemory,
         done: &mpsc::Sender<Finished>,
     ) {
         let Some(target) = self.target(&action, shards) else {
@@ -154,7 +162,7 @@ impl Coordinator {
             .pod_of(&action.from, shards, pods)
             .map(|p| p.object_ref(&()));
         let started = self.begin(&action, reference, memory);
-        let (lead, clock, limit) = (self.leadership.clone(), self.clock, self.handover_timeout);
+        let (lead, clock, limit) = (self.term.clone(), self.clock, self.handover_timeout);
         let run = async move {
             let may_act = || lead.borrow().may_act(clock.now());
             execute::handover(&action, target, peers, may_act, limit).await
@@ -167,7 +175,7 @@ impl Coordinator {
         &self,
         action: &Action,
         reference: Option<ObjectReference>,
-        memory: &mut LeaderMemory,
+        memory: &mut CoordinatorMemory,
     ) -> Move {
         let now = self.clock.now();
         let kind = Started::Planned(action.kind);
@@ -198,7 +206,7 @@ impl Coordinator {
         }
     }
 
-    pub(super) fn finished(&self, done: Finished, memory: &mut LeaderMemory) {
+    pub(super) fn finished(&self, done: Finished, memory: &mut CoordinatorMemory) {
         let Finished { started, outcome } = done;
         self.answer_move(&started, &outcome, memory);
         let done = matches!(outcome, MoveOutcome::Done { .. });

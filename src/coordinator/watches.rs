@@ -1,4 +1,4 @@
-//! The leader's watches: the cluster's pods and the nodes (reflector stores the rounds plan from)
+//! The coordinator's watches: the cluster's pods and the nodes (reflector stores the rounds plan from)
 //! and, in replication mode, the shard records changing hands.
 
 use std::collections::BTreeMap;
@@ -21,8 +21,8 @@ use valkey_sidecar_core::replication::ShardRecord;
 
 use super::{Coordinator, world};
 
-/// The watches of the cluster's pods and of the nodes. Only the leader runs them: a follower costs
-/// the apiserver nothing beyond its own pod's watch, and a new leader lists afresh (milliseconds).
+/// The watches of the cluster's pods and of the nodes. Only the coordinator runs them: a follower costs
+/// the apiserver nothing beyond its own pod's watch, and a new coordinator lists afresh (milliseconds).
 pub(super) struct Watches {
     pub(super) pods: Store<Pod>,
     pub(super) nodes: Store<Node>,
@@ -110,7 +110,7 @@ impl Drop for Watches {
 }
 
 impl Coordinator {
-    /// Starts the watches a leader plans from.
+    /// Starts the watches a coordinator plans from.
     pub(super) fn watch(&self, records: &mpsc::Sender<String>) -> Watches {
         let (pods, pods_task) = self.watch_pods();
         let nodes_forbidden = Arc::new(AtomicBool::new(false));

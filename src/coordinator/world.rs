@@ -8,12 +8,11 @@ use std::sync::Arc;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::core::DynamicObject;
-use valkey_sidecar_core::observation::Role;
 use valkey_sidecar_core::operator::{OperatorCondition, settled};
 use valkey_sidecar_core::placement::ZONE_LABEL;
 use valkey_sidecar_core::plan::{Member, NodeInfo, Pending, PodInfo};
 use valkey_sidecar_core::replication::{MemberValkey, ShardMember, ShardRecord};
-use valkey_sidecar_core::shards::{NodeHealth, Shard};
+use valkey_sidecar_core::shards::Shard;
 
 use crate::k8s::pods::{
     DEFAULT_SHARD, SHARD_INDEX_LABEL, cordoned, is_ready, node_index, node_ready, pod_ip,
@@ -194,10 +193,7 @@ pub fn shard_member(
     }
 }
 
-/// A pod of a shard as the planner sees it (id = pod name).
-///
-/// Only the recorded primary counts as primary: any other master is one the keepers are about to
-/// demote or fence, never a primary to hand over from or to balance.
+/// A pod of a shard as the planner sees it (`core::plan::Member::replicated`).
 pub fn plan_member(
     shard: &str,
     p: &Pod,
@@ -206,33 +202,7 @@ pub fn plan_member(
 ) -> Member {
     let info = pod_info(p);
     let recorded = record.and_then(ShardRecord::recorded_primary) == Some(info.name.as_str());
-    let role = match valkey.map(|v| v.role) {
-        Some(Role::Primary) if !recorded => Role::Unknown,
-        Some(role) => role,
-        None => Role::Unknown,
-    };
-    Member {
-        id: info.name.clone(),
-        shard: shard.to_owned(),
-        role,
-        offset: valkey.map_or(0, |v| v.offset),
-        health: health(role, valkey),
-        pod: Some(info),
-    }
-}
-
-/// Online: a primary that answers, or a replica whose link is up (down during a full sync too).
-fn health(role: Role, valkey: Option<&MemberValkey>) -> NodeHealth {
-    let online = match role {
-        Role::Primary => true,
-        Role::Replica => valkey.is_some_and(|v| v.link_up),
-        Role::Unknown => false,
-    };
-    if online {
-        NodeHealth::Online
-    } else {
-        NodeHealth::Unknown
-    }
+    Member::replicated(shard, info, valkey, recorded)
 }
 
 #[cfg(test)]
@@ -241,6 +211,7 @@ mod tests {
     use kube::api::ObjectMeta;
 
     use super::*;
+    use valkey_sidecar_core::observation::Role;
 
     fn pod(name: &str, shard: Option<&str>, node: &str) -> Arc<Pod> {
         let labels = shard.map(|s| BTreeMap::from([(SHARD_INDEX_LABEL.to_owned(), s.to_owned())]));
@@ -278,66 +249,6 @@ mod tests {
         assert_eq!(names(&shards["1"]), ["v-1-0", "v-1-1"]);
     }
 
-    fn valkey(role: Role, offset: u64, link_up: bool) -> MemberValkey {
-        MemberValkey {
-            role,
-            offset,
-            link_up,
-            fresh: false,
-            keys: offset,
-        }
-    }
-
-    #[test]
-    fn only_the_recorded_primary_is_a_primary_for_the_planner() {
-        let record = ShardRecord::bootstrap("v-0-0");
-        let p = pod("v-0-0", None, "n1");
-        let v = valkey(Role::Primary, 90, false);
-        let m = plan_member("0", &p, Some(&v), Some(&record));
-        assert_eq!((m.id.as_str(), m.shard.as_str()), ("v-0-0", "0"));
-        assert_eq!(
-            (m.role, m.offset, m.health),
-            (Role::Primary, 90, NodeHealth::Online)
-        );
-        let stray = plan_member("0", &pod("v-0-2", None, "n1"), Some(&v), Some(&record));
-        assert_eq!(
-            (stray.role, stray.health),
-            (Role::Unknown, NodeHealth::Unknown)
-        );
-        let unrecorded = plan_member("0", &p, Some(&v), None);
-        assert_eq!(
-            unrecorded.role,
-            Role::Unknown,
-            "no record: no primary to move"
-        );
-    }
-
-    #[test]
-    fn a_replica_is_online_for_the_planner_only_with_its_link_up() {
-        let record = ShardRecord::bootstrap("v-0-0");
-        let p = pod("v-0-1", None, "n2");
-        let up = plan_member(
-            "0",
-            &p,
-            Some(&valkey(Role::Replica, 80, true)),
-            Some(&record),
-        );
-        assert_eq!((up.role, up.health), (Role::Replica, NodeHealth::Online));
-        let down = plan_member(
-            "0",
-            &p,
-            Some(&valkey(Role::Replica, 80, false)),
-            Some(&record),
-        );
-        assert_eq!(down.health, NodeHealth::Unknown);
-        let silent = plan_member("0", &p, None, Some(&record));
-        assert_eq!(
-            (silent.role, silent.health),
-            (Role::Unknown, NodeHealth::Unknown)
-        );
-        assert_eq!(silent.pod.map(|i| i.node), Some(Some("n2".to_owned())));
-    }
-
     #[test]
     fn a_shard_member_carries_its_node_facts() {
         let nodes = BTreeMap::from([(
@@ -348,7 +259,12 @@ mod tests {
                 unschedulable: true,
             },
         )]);
-        let v = valkey(Role::Replica, 7, true);
+        let v = MemberValkey {
+            role: Role::Replica,
+            offset: 7,
+            link_up: true,
+            ..MemberValkey::default()
+        };
         let m = shard_member(&pod("v-0-1", None, "n1"), Some(&v), &nodes);
         assert_eq!(m.pod, "v-0-1");
         assert_eq!(m.zone.as_deref(), Some("zone-a"));

@@ -1,5 +1,5 @@
 //! The Lease election adapter: reads and writes one `coordination.k8s.io/v1` Lease for
-//! `core::lease::Elector`, and publishes who leads.
+//! `core::lease::Candidate`, and publishes who leads.
 //!
 //! Writes carry the `resourceVersion` of the record they were based on, so a concurrent writer
 //! gets 409 and nobody overwrites a renewal it has not seen. `renewTime` is written for humans and
@@ -15,7 +15,7 @@
 //!
 //! One annotation outlives holders and releases: `valkey.io/cluster-formed` ([`FormedMarker`]),
 //! when the coordinator first saw the cluster formed. Every write carries it on, so after a full
-//! restart without persistence the next leader knows that the empty cluster it forms replaces
+//! restart without persistence the next coordinator knows that the empty cluster it forms replaces
 //! one that held data.
 
 use std::collections::BTreeMap;
@@ -28,7 +28,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
 use kube::api::ObjectMeta;
 use kube::runtime::watcher;
 use tokio::sync::watch;
-use valkey_sidecar_core::lease::{Elector, LeaseAction, LeaseRecord, LeaseTimings};
+use valkey_sidecar_core::lease::{Candidate, LeaseAction, LeaseRecord, LeaseTimings};
 use valkey_sidecar_core::requests::{PAUSED, Requests, SWITCHOVER};
 use valkey_sidecar_core::time::Millis;
 
@@ -40,13 +40,13 @@ use crate::runtime::clock::Clock;
 
 /// Who leads, as this agent knows it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Leadership {
+pub struct CoordinatorTerm {
     /// The agent may act until this local time (its renew deadline); `None`: it does not lead.
     pub until: Option<Millis>,
     pub holder: Option<String>,
 }
 
-impl Leadership {
+impl CoordinatorTerm {
     /// Whether the agent may issue an action at `now`.
     pub fn may_act(&self, now: Millis) -> bool {
         self.until.is_some_and(|u| now < u)
@@ -300,17 +300,17 @@ pub fn record_of(lease: &Lease) -> LeaseRecord {
     }
 }
 
-/// Runs the election until shutdown, publishing [`Leadership`] after every step; releases the
+/// Runs the election until shutdown, publishing [`CoordinatorTerm`] after every step; releases the
 /// Lease on the way out so a successor takes over at once.
 pub async fn run(
     lease: LeaseClient,
     identity: String,
     timings: LeaseTimings,
     clock: Clock,
-    tx: watch::Sender<Leadership>,
+    tx: watch::Sender<CoordinatorTerm>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut e = Elector::new(identity, timings);
+    let mut e = Candidate::new(identity, timings);
     let mut follow = Follow::new(lease.changes());
     loop {
         let now = clock.now();
@@ -322,7 +322,7 @@ pub async fn run(
             LeaseAction::Read => read(&lease, &mut e, &clock).await,
             LeaseAction::Acquire | LeaseAction::Renew => write(&lease, &mut e, &clock).await,
             LeaseAction::Wait { until } => {
-                // Wake at the acting deadline too, so leadership ends on time even while waiting.
+                // Wake at the acting deadline too, so the term ends on time even while waiting.
                 let wake = e
                     .acting_deadline()
                     .filter(|d| *d > now)
@@ -342,7 +342,7 @@ pub async fn run(
 }
 
 /// A follower's watch on the Lease: its changes fed to the election in place of a read every
-/// retry period (`Elector::set_watching`), from its initial list on; any error or a Lease of an
+/// retry period (`Candidate::set_watching`), from its initial list on; any error or a Lease of an
 /// unknown format falls back to reads until the watch is listed again.
 struct Follow {
     changes: BoxStream<'static, Result<watcher::Event<Lease>, watcher::Error>>,
@@ -373,7 +373,7 @@ impl Follow {
         &mut self,
         change: Option<Result<watcher::Event<Lease>, watcher::Error>>,
         lease: &LeaseClient,
-        e: &mut Elector,
+        e: &mut Candidate,
         clock: &Clock,
     ) {
         let event = match change {
@@ -411,7 +411,7 @@ impl Follow {
 
     /// Feeds the Lease as it is now (`None`: gone) to a follower's election; false when it
     /// cannot be read (a newer format: the reads then report it).
-    fn seen(l: Option<&Lease>, lease: &LeaseClient, e: &mut Elector, clock: &Clock) -> bool {
+    fn seen(l: Option<&Lease>, lease: &LeaseClient, e: &mut Candidate, clock: &Clock) -> bool {
         if !e.wants_changes() {
             return true;
         }
@@ -428,18 +428,18 @@ impl Follow {
     }
 }
 
-fn publish(tx: &watch::Sender<Leadership>, e: &Elector, now: Millis) {
-    let until = e.is_leader(now).then(|| e.acting_deadline()).flatten();
-    let next = Leadership {
+fn publish(tx: &watch::Sender<CoordinatorTerm>, e: &Candidate, now: Millis) {
+    let until = e.is_coordinator(now).then(|| e.acting_deadline()).flatten();
+    let next = CoordinatorTerm {
         until,
         holder: e.holder().map(str::to_owned),
     };
     tx.send_if_modified(|l| {
         let changed = *l != next;
-        // Every renewal moves the deadline; only a change of leader or holder is news.
+        // Every renewal moves the deadline; only a change of coordinator or holder is news.
         let news = l.until.is_some() != next.until.is_some() || l.holder != next.holder;
         if news {
-            tracing::info!(leader = next.until.is_some(), holder = ?next.holder, "coordinator lease");
+            tracing::info!(coordinating = next.until.is_some(), holder = ?next.holder, "coordinator lease");
         }
         if changed {
             *l = next;
@@ -448,7 +448,7 @@ fn publish(tx: &watch::Sender<Leadership>, e: &Elector, now: Millis) {
     });
 }
 
-async fn read(lease: &LeaseClient, e: &mut Elector, clock: &Clock) {
+async fn read(lease: &LeaseClient, e: &mut Candidate, clock: &Clock) {
     match lease.read().await {
         Ok(rec) => e.observe(rec, clock.now()),
         Err(err) => {
@@ -458,7 +458,7 @@ async fn read(lease: &LeaseClient, e: &mut Elector, clock: &Clock) {
     }
 }
 
-async fn write(lease: &LeaseClient, e: &mut Elector, clock: &Clock) {
+async fn write(lease: &LeaseClient, e: &mut Candidate, clock: &Clock) {
     let sent = clock.now();
     match lease.write(&e.record_to_write(), e.exists()).await {
         Ok(rec) => e.written(rec, sent),
@@ -471,8 +471,8 @@ async fn write(lease: &LeaseClient, e: &mut Elector, clock: &Clock) {
     }
 }
 
-async fn release(lease: &LeaseClient, e: &mut Elector, clock: &Clock) {
-    if !e.is_leader(clock.now()) {
+async fn release(lease: &LeaseClient, e: &mut Candidate, clock: &Clock) {
+    if !e.is_coordinator(clock.now()) {
         return;
     }
     let mut rec = e.record_to_write();

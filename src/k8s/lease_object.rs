@@ -1,5 +1,5 @@
 //! One `coordination.k8s.io/v1` Lease read and written with optimistic concurrency: what the
-//! coordinator's Lease (`k8s::lease`) and the shard records (`k8s::shard_lease`) share. Reads
+//! coordinator's Lease (`k8s::lease`) and the shard records (`k8s::record`) share. Reads
 //! refuse a Lease of a newer format and learn the owner's UID; writes set the owner (so the Lease
 //! goes with it, `k8s::owner`), create when there is nothing to replace, and replace only the
 //! `resourceVersion` they were based on (409 when someone wrote in between). Every call is

@@ -8,7 +8,7 @@ pub mod lease_object;
 pub mod members;
 pub mod owner;
 pub mod pods;
-pub mod shard_lease;
+pub mod record;
 
 use std::collections::BTreeMap;
 

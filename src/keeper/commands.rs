@@ -7,7 +7,7 @@ use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::ListParams;
-use valkey_sidecar_core::observation::{Mode, Role};
+use valkey_sidecar_core::observation::Mode;
 use valkey_sidecar_core::replication::Successor;
 use valkey_sidecar_core::time::Millis;
 
@@ -114,10 +114,7 @@ async fn has_data_as_master(keeper: &Keeper, ip: String) -> bool {
 pub(super) async fn successor(keeper: &Keeper, addr: &str) -> Option<Successor> {
     let (host, port) = addr.rsplit_once(':')?;
     let obs = look_at(keeper, host.to_owned(), port.parse().ok()?).await?;
-    Some(Successor {
-        primary: obs.role == Role::Primary,
-        history: obs.history,
-    })
+    Some(Successor::of(&obs))
 }
 
 /// One observation of another pod's Valkey, with the agent's own credentials.

@@ -21,11 +21,9 @@ use tokio::sync::watch;
 use valkey_sidecar_core::health::{Bounds, HealthState};
 use valkey_sidecar_core::heartbeat::{PeerSight, Promise};
 use valkey_sidecar_core::lease::LeaseTimings;
-use valkey_sidecar_core::observation::{Observation, Role};
 use valkey_sidecar_core::replication::{
-    Claim, Holding, LocalAction, LocalRole, LocalValkey, LocalView, RunTrust, SeenRecord,
-    ShardRecord, awaiting_promotion, claim, keeper_read_due, local, may_advertise,
-    successor_wanted, unvouched,
+    Claim, Holding, LocalAction, LocalValkey, LocalView, SeenRecord, ShardRecord, ValkeyMemory,
+    awaiting_promotion, claim, keeper, keeper_read_due, may_advertise, successor_wanted, unvouched,
 };
 use valkey_sidecar_core::time::Millis;
 
@@ -33,7 +31,7 @@ use crate::k8s::KubeError;
 use crate::k8s::format::FormatNotice;
 use crate::k8s::owner::LeaseOwner;
 use crate::k8s::pods::{DEFAULT_SHARD, SHARD_INDEX_LABEL, node_index};
-use crate::k8s::shard_lease::ShardLeaseClient;
+use crate::k8s::record::RecordClient;
 use crate::runtime::clock::Clock;
 use crate::runtime::metrics::Metrics;
 use crate::valkey::{Connector, Session};
@@ -68,7 +66,7 @@ pub struct Keeper {
     /// This pod's UID (`POD_UID`), for the Events' reference.
     pub pod_uid: Option<String>,
     /// This pod's shard and its record as the keeper last read it, for the coordinator of the
-    /// same agent (same monotonic clock): a new leader starts judging expiry from it instead of
+    /// same agent (same monotonic clock): a new coordinator starts judging expiry from it instead of
     /// from its own first read, so losing the primary and the coordinator together costs one
     /// lease, not two.
     pub seed: watch::Sender<RecordSeed>,
@@ -109,11 +107,8 @@ struct KeeperMemory {
     seen: Option<SeenRecord>,
     holding: Option<Holding>,
     fenced_until: Option<Millis>,
-    /// The local role and run as last observed, and since when.
-    role: Option<(LocalRole, String, Millis)>,
-    /// The current Valkey run and whether its data is trusted (`core::replication::RunTrust`). A
-    /// restart with persistence costs a failover; that is the safe side.
-    run: Option<RunTrust>,
+    /// The local Valkey's role and run, and whether its data is trusted.
+    valkey: ValkeyMemory,
     /// Pod name → (`ip:port`, when looked up), for the recorded primary.
     addrs: BTreeMap<String, (String, Millis)>,
     /// The pod outside the shard a record last named (reported once, `foreign`).
@@ -142,7 +137,7 @@ impl Keeper {
         let name = ShardRecord::lease_name(&self.cluster, &seat.shard);
         let lease_timeout = self.api_limit();
         let lease = Duration::from_millis(self.timings.lease_ms);
-        let records = ShardLeaseClient::new(
+        let records = RecordClient::new(
             self.client.clone(),
             &self.namespace,
             (&self.cluster, &seat.shard),
@@ -248,7 +243,7 @@ impl Keeper {
     async fn step(
         &self,
         seat: &Seat,
-        records: &ShardLeaseClient,
+        records: &RecordClient,
         session: &mut Session,
         memory: &mut KeeperMemory,
     ) {
@@ -341,7 +336,7 @@ impl Keeper {
     async fn decide(
         &self,
         seat: &Seat,
-        records: &ShardLeaseClient,
+        records: &RecordClient,
         session: &mut Session,
         memory: &mut KeeperMemory,
     ) {
@@ -358,7 +353,7 @@ impl Keeper {
             {
                 view.successor = commands::successor(self, &addr).await;
             }
-            let action = local(&view);
+            let action = keeper::decide(&view);
             self.log(&action, memory);
             self.report_unfollowed(&action, &view, &mut memory.unfollowed)
                 .await;
@@ -378,7 +373,7 @@ impl Keeper {
         }
         let valkey = self.local_valkey(memory);
         let view = self.view(seat, valkey, memory, false);
-        if let action @ LocalAction::Fence { until, .. } = local(&view) {
+        if let action @ LocalAction::Fence { until, .. } = keeper::decide(&view) {
             self.log(&action, memory);
             self.count_isolation(&view);
             commands::fence(session, until.since(view.now), memory, until).await;
@@ -428,36 +423,14 @@ impl Keeper {
         let obs = state.current(now, &self.bounds).cloned()?;
         let observed_at = state.observation.as_ref().map_or(now, |(at, _)| *at);
         drop(state);
-        if obs.loading {
-            return None;
-        }
-        let role = local_role(&obs)?;
-        let run_id = obs.run_id.clone().unwrap_or_default();
-        let since = match &memory.role {
-            Some((r, id, since)) if *r == role && *id == run_id => *since,
-            _ => now,
-        };
-        memory.role = Some((role.clone(), run_id.clone(), since));
-        let synced = obs.link.as_ref().is_some_and(|l| l.ever_up);
-        let trust = RunTrust::observe(memory.run.as_ref(), &run_id, &role, obs.fresh(), synced);
-        // Only a master is judged by how its run started; a replica that synced is not empty.
-        let fresh = obs.fresh() || (role == LocalRole::Primary && trust.untrusted);
-        memory.run = Some(trust);
-        Some(LocalValkey {
-            role,
-            fresh,
-            run_id,
-            since,
-            observed_at,
-            history: obs.history,
-        })
+        LocalValkey::read(&obs, observed_at, now, &mut memory.valkey)
     }
 
     /// Reads the record every retry period, at once when the local role changed since the last
     /// read, and after a refused write.
     async fn read_if_due(
         &self,
-        records: &ShardLeaseClient,
+        records: &RecordClient,
         valkey: Option<&LocalValkey>,
         memory: &mut KeeperMemory,
     ) {
@@ -546,7 +519,7 @@ impl Keeper {
         &self,
         action: LocalAction,
         view: &LocalView,
-        records: &ShardLeaseClient,
+        records: &RecordClient,
         session: &mut Session,
         memory: &mut KeeperMemory,
     ) -> bool {
@@ -562,7 +535,7 @@ impl Keeper {
         &self,
         action: LocalAction,
         view: &LocalView,
-        records: &ShardLeaseClient,
+        records: &RecordClient,
         session: &mut Session,
         memory: &mut KeeperMemory,
     ) -> bool {
@@ -605,7 +578,7 @@ impl Keeper {
     async fn renew(
         &self,
         view: &LocalView,
-        records: &ShardLeaseClient,
+        records: &RecordClient,
         memory: &mut KeeperMemory,
     ) -> bool {
         let Some(rec) = memory.seen.as_ref().and_then(|s| s.record.clone()) else {
@@ -619,7 +592,7 @@ impl Keeper {
         &self,
         rec: &ShardRecord,
         view: &LocalView,
-        records: &ShardLeaseClient,
+        records: &RecordClient,
         memory: &mut KeeperMemory,
     ) -> bool {
         let sent = self.clock.now();
@@ -627,9 +600,7 @@ impl Keeper {
             Ok(written) => {
                 let run_id = view.valkey.as_ref().map(|v| v.run_id.clone());
                 let run_id = run_id.unwrap_or_default();
-                if let Some(t) = memory.run.as_mut().filter(|t| t.run_id == run_id) {
-                    *t = t.held();
-                }
+                memory.valkey.held(&run_id);
                 memory.holding = Some(Holding {
                     epoch: written.epoch,
                     renewed_at: sent,
@@ -643,7 +614,7 @@ impl Keeper {
 
     async fn release(
         &self,
-        records: &ShardLeaseClient,
+        records: &RecordClient,
         session: &mut Session,
         memory: &mut KeeperMemory,
         answering: bool,
@@ -749,12 +720,7 @@ impl Keeper {
 
     /// Graceful stop: a holder pauses writes and releases, so a successor can be promoted now.
     /// The record is read first: the stop often follows a switchover that moved it on.
-    async fn stop(
-        &self,
-        records: &ShardLeaseClient,
-        session: &mut Session,
-        memory: &mut KeeperMemory,
-    ) {
+    async fn stop(&self, records: &RecordClient, session: &mut Session, memory: &mut KeeperMemory) {
         if memory.holding.is_none() {
             return;
         }
@@ -806,7 +772,7 @@ fn moved(memory: &KeeperMemory, rec: &ShardRecord) -> bool {
 
 /// Folds a read (or our own write) into the memory. The clock of an unchanged record restarts
 /// after a gap in the reads longer than `gap_ms`, as in the coordinator's own reads: this view
-/// seeds a new leader of the same agent, and after an apiserver outage it would otherwise judge
+/// seeds a new coordinator of the same agent, and after an apiserver outage it would otherwise judge
 /// the primary's record stale at once (a CI run failed over a primary 82 ms after a 60 s outage).
 fn seen(memory: &mut KeeperMemory, record: Option<ShardRecord>, at: (Millis, Millis), gap_ms: u64) {
     let prev = memory.seen.take();
@@ -827,24 +793,10 @@ fn seat_of(pod: &Pod) -> Seat {
     }
 }
 
-fn local_role(obs: &Observation) -> Option<LocalRole> {
-    match obs.role {
-        Role::Primary => Some(LocalRole::Primary),
-        Role::Replica => {
-            let link = obs.link.as_ref()?;
-            Some(LocalRole::Replica {
-                of: format!("{}:{}", link.host, link.port),
-            })
-        }
-        Role::Unknown => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::k8s::pods::{NODE_INDEX_LABEL, POD_INDEX_LABEL};
-    use valkey_sidecar_core::observation::PrimaryLink;
 
     #[test]
     fn the_seat_comes_from_the_static_labels_with_shard_0_by_default() {
@@ -890,7 +842,7 @@ mod tests {
             Millis(5),
             "read every second: unchanged since the first"
         );
-        // The apiserver was silent for a minute: the seed a new leader starts from must give the
+        // The apiserver was silent for a minute: the seed a new coordinator starts from must give the
         // holder a full lease from now, not call it expired at once.
         seen(
             &mut memory,
@@ -909,35 +861,5 @@ mod tests {
         both.insert(NODE_INDEX_LABEL.to_owned(), "1".to_owned());
         assert_eq!(node_index(&both), Some(1), "the operator's label wins");
         assert_eq!(node_index(&BTreeMap::new()), None);
-    }
-
-    #[test]
-    fn a_replica_is_fresh_only_without_keys_and_offset() {
-        let mut obs = Observation {
-            role: Role::Replica,
-            link: Some(PrimaryLink {
-                host: "127.1.0.2".into(),
-                port: 6379,
-                ..PrimaryLink::default()
-            }),
-            ..Observation::default()
-        };
-        assert!(obs.fresh());
-        assert_eq!(
-            local_role(&obs),
-            Some(LocalRole::Replica {
-                of: "127.1.0.2:6379".into()
-            })
-        );
-        if let Some(l) = obs.link.as_mut() {
-            l.offset = 10;
-        }
-        assert!(!obs.fresh());
-        let primary = Observation {
-            role: Role::Primary,
-            keys: 1,
-            ..Observation::default()
-        };
-        assert!(!primary.fresh());
     }
 }

@@ -8,7 +8,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use valkey_sidecar_core::heartbeat::{PeerSight, cluster_sight};
 use valkey_sidecar_core::observation::Observation;
-use valkey_sidecar_core::quorum::{Guard, QuorumPolicy, Sight, guard_after_gap};
+use valkey_sidecar_core::quorum::{Guard, QuorumPolicy, Sight, decide};
 
 use crate::runtime::clock::Clock;
 
@@ -82,7 +82,7 @@ impl QuorumFence {
         let gap = self.last.replace(now).map_or(Duration::ZERO, |t| now - t);
         let gap_ms = crate::runtime::clock::millis(gap);
         let heard = self.heard(obs);
-        match guard_after_gap(obs, obs.server_time_ms, gap_ms, fenced, &self.policy, heard) {
+        match decide(obs, obs.server_time_ms, gap_ms, fenced, &self.policy, heard) {
             Guard::Fence { ms, reason } => {
                 if !fenced && heard.is_some_and(|h| h.minority()) {
                     self.metrics.heartbeat("isolation_fence");

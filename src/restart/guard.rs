@@ -58,10 +58,10 @@ impl StartGuard {
         let replicas = match restart::takeover(last.as_ref()) {
             Ok(t) if !running => t.replicas,
             // Running (or nothing to wait for): the rule answers without asking anyone.
-            _ => return (restart::permit(last.as_ref(), None), false),
+            _ => return (restart::decide(last.as_ref(), None), false),
         };
         let views = self.ask(&replicas).await;
-        (restart::permit(last.as_ref(), Some(&views)), true)
+        (restart::decide(last.as_ref(), Some(&views)), true)
     }
 
     /// `CLUSTER SHARDS` of every replica that answers in time.

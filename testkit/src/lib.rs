@@ -5,7 +5,7 @@
 //! - [`ReplicationSet`]: a primary and N replicas, synced before `start` returns.
 //! - [`ValkeyCluster`]: a real Valkey Cluster formed with cluster commands, `cluster_state:ok`
 //!   everywhere before `start` returns.
-//! - [`TlsServer`]: a TLS-only server (Debian's `redis-server`) with a generated CA, server and client
+//! - [`TlsServer`]: a TLS-only server (Valkey 8.0.1 built with TLS) with a generated CA, server and client
 //!   certificates, and an unrelated CA for mismatch tests.
 //!
 //! The `valkey-server` binary comes from `$VALKEY_SERVER`, else from `scripts/valkey-bin.sh`
@@ -64,6 +64,7 @@
 // Testkit and bench are read and changed as often as the agent: the same length limit.
 #![warn(clippy::too_many_lines)]
 
+mod agent;
 mod binaries;
 mod cluster;
 pub mod faults;
@@ -74,11 +75,11 @@ pub mod process;
 mod replication;
 pub mod resp;
 mod server;
-mod sidecar;
 mod tls;
 
+pub use agent::{Agent, AgentOptions, http_get};
 pub use binaries::{
-    TLS_SERVER_ENV, VALKEY_SERVER_ENV, redis_cli_bin, tls_server_bin, valkey_server_bin,
+    TLS_SERVER_ENV, VALKEY_SERVER_ENV, tls_cli_bin, tls_server_bin, valkey_server_bin,
     valkey_server_for_tag,
 };
 pub use cluster::{CLUSTER_SLOTS, ClusterOptions, ValkeyCluster};
@@ -89,7 +90,6 @@ pub use replication::{ReplicationOptions, ReplicationSet};
 pub use server::{
     DEFAULT_CLUSTER_NODE_TIMEOUT_MS, POLL, ServerOptions, ValkeyServer, cached_query,
 };
-pub use sidecar::{Sidecar, SidecarOptions, http_get};
 pub use tls::{TLS_SERVER_NAME, TlsCerts, TlsClientAuth, TlsOptions, TlsServer};
 
 /// Re-exported so tests use the same `redis` version as the harness (`redis::Value`, `redis::Role`).

@@ -1,7 +1,7 @@
 //! A TLS-enabled server and the certificates to talk to it.
 //!
-//! The PyPI valkey build has no TLS, so this runs Debian's `redis-server` (7.0, same protocol and TLS
-//! options). Certificates come from the `openssl` CLI: a CA, a server certificate for
+//! The PyPI valkey builds have no TLS, so this runs Valkey 8.0.1 built with `BUILD_TLS=yes` from
+//! the vendored source (`scripts/valkey-src-bin.sh`). Certificates come from the `openssl` CLI: a CA, a server certificate for
 //! `IP:127.0.0.1`/`DNS:valkey.test`, a client certificate, and an unrelated second CA (with its own
 //! client certificate) for mismatch tests. Keys are ECDSA P-256, which rustls and OpenSSL both accept.
 
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, bail};
 
 use crate::Result;
-use crate::binaries::{redis_cli_bin, tls_server_bin};
+use crate::binaries::{tls_cli_bin, tls_server_bin};
 use crate::net::free_port;
 use crate::process::{ProcessSpec, ServerProcess};
 use crate::server::POLL;
@@ -208,7 +208,7 @@ impl Default for TlsOptions {
     }
 }
 
-/// A TLS-only `redis-server` with generated certificates. Dropping it kills the process and removes
+/// A TLS-only `valkey-server` with generated certificates. Dropping it kills the process and removes
 /// its dir, certificates included.
 pub struct TlsServer {
     process: ServerProcess,
@@ -231,7 +231,7 @@ impl TlsServer {
             }
         }
         Err(last_error.unwrap_or_else(|| anyhow!("no start attempt was made")))
-            .context(format!("redis-server lost its port {BIND_ATTEMPTS} times"))
+            .context(format!("valkey-server lost its port {BIND_ATTEMPTS} times"))
     }
 
     /// `Err((bind_conflict, error))`.
@@ -250,12 +250,12 @@ impl TlsServer {
             .into_iter()
             .collect();
         let certs = TlsCerts::generate(&dir.path().join("tls"), &extra_ips).map_err(plain)?;
-        let log = dir.path().join("redis.log");
+        let log = dir.path().join("valkey.log");
         let addr = SocketAddr::new(opts.bind, port);
         let spec = ProcessSpec {
             program: bin.to_path_buf(),
             args: tls_args(opts, port, &certs, dir.path(), &log),
-            label: format!("redis-server (TLS) {addr}"),
+            label: format!("valkey-server (TLS) {addr}"),
         };
         let server = Self {
             process: ServerProcess::spawn(spec, dir, log).map_err(plain)?,
@@ -377,10 +377,10 @@ impl TlsServer {
         self.wait_serving().map_err(|(_, e)| e)
     }
 
-    /// Runs `redis-cli --tls` against this server with the good CA and client certificate (and the
-    /// password, if any), e.g. `server.redis_cli(&["PING"])`.
-    pub fn redis_cli(&self, args: &[&str]) -> Result<Output> {
-        let mut cmd = Command::new(redis_cli_bin()?);
+    /// Runs `valkey-cli --tls` against this server with the good CA and client certificate (and
+    /// the password, if any), e.g. `server.cli(&["PING"])`.
+    pub fn cli(&self, args: &[&str]) -> Result<Output> {
+        let mut cmd = Command::new(tls_cli_bin()?);
         cmd.args(["--tls", "-h", &self.host(), "-p", &self.port().to_string()])
             .arg("--cacert")
             .arg(self.ca_file())
@@ -389,10 +389,10 @@ impl TlsServer {
             .arg("--key")
             .arg(self.client_key());
         if let Some(pw) = &self.password {
-            // Via the environment: `-a` makes redis-cli print a warning into the output.
-            cmd.env("REDISCLI_AUTH", pw);
+            // Via the environment: `-a` makes the CLI print a warning into the output.
+            cmd.env("VALKEYCLI_AUTH", pw).env("REDISCLI_AUTH", pw);
         }
-        cmd.args(args).output().context("running redis-cli --tls")
+        cmd.args(args).output().context("running valkey-cli --tls")
     }
 }
 

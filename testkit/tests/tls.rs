@@ -1,17 +1,17 @@
-//! The TLS server, checked with `redis-cli --tls`.
+//! The TLS server, checked with `valkey-cli --tls`.
 
 use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Result, ensure};
-use valkey_sidecar_testkit::{TlsClientAuth, TlsOptions, TlsServer, redis_cli_bin};
+use valkey_sidecar_testkit::{TlsClientAuth, TlsOptions, TlsServer, tls_cli_bin};
 
 #[test]
-fn reachable_with_redis_cli_tls() -> Result<()> {
+fn reachable_with_valkey_cli_tls() -> Result<()> {
     let started = Instant::now();
     let server = TlsServer::start(TlsOptions::default())?;
     eprintln!("TLS server (certs + start): {:?}", started.elapsed());
-    let out = server.redis_cli(&["PING"])?;
+    let out = server.cli(&["PING"])?;
     ensure!(
         String::from_utf8_lossy(&out.stdout).trim() == "PONG",
         "stdout {:?} stderr {:?}",
@@ -19,7 +19,7 @@ fn reachable_with_redis_cli_tls() -> Result<()> {
         String::from_utf8_lossy(&out.stderr)
     );
     // The server certificate does not chain to the unrelated CA.
-    let wrong = Command::new(redis_cli_bin()?)
+    let wrong = Command::new(tls_cli_bin()?)
         .args([
             "--tls",
             "-h",
@@ -42,9 +42,9 @@ fn required_client_certificates_reject_a_foreign_one() -> Result<()> {
         requirepass: Some("pw".into()),
         ..TlsOptions::default()
     })?;
-    ensure!(String::from_utf8_lossy(&server.redis_cli(&["PING"])?.stdout).trim() == "PONG");
+    ensure!(String::from_utf8_lossy(&server.cli(&["PING"])?.stdout).trim() == "PONG");
     let certs = server.certs();
-    let foreign = Command::new(redis_cli_bin()?)
+    let foreign = Command::new(tls_cli_bin()?)
         .args([
             "--tls",
             "-h",

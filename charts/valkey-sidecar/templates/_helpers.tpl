@@ -223,6 +223,24 @@ required so that no image can skip the registry by accident. */ -}}
 {{- with $secrets }}{{ toYaml . }}{{ end -}}
 {{- end -}}
 
+{{- /* Valkey's TLS Secret: tls.existingSecret, or the one cert-manager makes. */ -}}
+{{- define "valkey-sidecar.tlsSecret" -}}
+{{- if .Values.tls.certManager.enabled -}}
+{{- default (printf "%s-tls" (include "valkey-sidecar.cluster" .)) .Values.tls.existingSecret -}}
+{{- else -}}
+{{- required "tls.existingSecret is required with tls.enabled (or tls.certManager.enabled)" .Values.tls.existingSecret -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* The agent's client certificate Secret (unless tls.authClients is no). */ -}}
+{{- define "valkey-sidecar.agentTlsSecret" -}}
+{{- if .Values.tls.certManager.enabled -}}
+{{- default (printf "%s-agent-tls" (include "valkey-sidecar.cluster" .)) .Values.tls.agentExistingSecret -}}
+{{- else -}}
+{{- required "tls.agentExistingSecret is required unless tls.authClients is no (or with tls.certManager.enabled)" .Values.tls.agentExistingSecret -}}
+{{- end -}}
+{{- end -}}
+
 {{- /* The TLS server name the agent verifies in Valkey's certificate. */ -}}
 {{- define "valkey-sidecar.tlsServerName" -}}
 {{- default (printf "%s.%s.svc" (include "valkey-sidecar.cluster" .) .Release.Namespace) .Values.tls.serverName -}}

@@ -1,10 +1,10 @@
 //! Each agent's rules for its own Valkey and its shard's record: renew, fence, release, follow,
-//! bootstrap ([`local`]).
+//! bootstrap ([`decide`]).
 
 use super::record::{SeenRecord, ShardRecord};
 use crate::heartbeat::{PeerSight, Promise};
 use crate::lease::LeaseTimings;
-use crate::observation::History;
+use crate::observation::{History, Observation, Role};
 use crate::time::Millis;
 
 /// The role of the local Valkey.
@@ -32,6 +32,77 @@ pub struct LocalValkey {
     pub history: History,
 }
 
+/// What the keeper remembers of its Valkey from one observation to the next.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ValkeyMemory {
+    /// The role and run as last observed, and since when.
+    role: Option<(LocalRole, String, Millis)>,
+    /// The current run and whether its data is trusted ([`RunTrust`]). A restart with
+    /// persistence costs a failover; that is the safe side.
+    run: Option<RunTrust>,
+}
+
+impl ValkeyMemory {
+    /// After run `run_id` held the record: its data is the shard's ([`RunTrust::held`]).
+    pub fn held(&mut self, run_id: &str) {
+        if let Some(t) = self.run.as_mut().filter(|t| t.run_id == run_id) {
+            *t = t.held();
+        }
+    }
+}
+
+impl LocalRole {
+    /// The role an observation shows; `None` while unknown, or for a replica without a primary.
+    pub fn of(obs: &Observation) -> Option<LocalRole> {
+        match obs.role {
+            Role::Primary => Some(LocalRole::Primary),
+            Role::Replica => {
+                let link = obs.link.as_ref()?;
+                Some(LocalRole::Replica {
+                    of: format!("{}:{}", link.host, link.port),
+                })
+            }
+            Role::Unknown => None,
+        }
+    }
+}
+
+impl LocalValkey {
+    /// The local Valkey as a fresh observation taken at `observed_at` shows it at `now`; `None`
+    /// while it loads or its role is unknown. Tracks in `memory` since when its role (and
+    /// primary) and run have been what they are, and whether its run's data is trusted.
+    pub fn read(
+        obs: &Observation,
+        observed_at: Millis,
+        now: Millis,
+        memory: &mut ValkeyMemory,
+    ) -> Option<LocalValkey> {
+        if obs.loading {
+            return None;
+        }
+        let role = LocalRole::of(obs)?;
+        let run_id = obs.run_id.clone().unwrap_or_default();
+        let since = match &memory.role {
+            Some((r, id, since)) if *r == role && *id == run_id => *since,
+            _ => now,
+        };
+        memory.role = Some((role.clone(), run_id.clone(), since));
+        let synced = obs.link.as_ref().is_some_and(|l| l.ever_up);
+        let trust = RunTrust::observe(memory.run.as_ref(), &run_id, &role, obs.fresh(), synced);
+        // Only a master is judged by how its run started; a replica that synced is not empty.
+        let fresh = obs.fresh() || (role == LocalRole::Primary && trust.untrusted);
+        memory.run = Some(trust);
+        Some(LocalValkey {
+            role,
+            fresh,
+            run_id,
+            since,
+            observed_at,
+            history: obs.history.clone(),
+        })
+    }
+}
+
 /// The recorded primary's Valkey as this agent saw it, asked directly just before deciding
 /// whether its own master, holding data, may follow it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +110,16 @@ pub struct Successor {
     /// It answers as master.
     pub primary: bool,
     pub history: History,
+}
+
+impl Successor {
+    /// The recorded primary's Valkey as one observation of it shows it.
+    pub fn of(obs: &Observation) -> Successor {
+        Successor {
+            primary: obs.role == Role::Primary,
+            history: obs.history.clone(),
+        }
+    }
 }
 
 /// Whether the data of the local Valkey's current run can be trusted, as the keeper tracks it
@@ -219,7 +300,7 @@ impl LocalAction {
 ///
 /// The adapter may call it again right after acting (e.g. fence, then renew, then unfence), and
 /// must also call it at the holding's deadline, not only on its next tick.
-pub fn local(view: &LocalView) -> LocalAction {
+pub fn decide(view: &LocalView) -> LocalAction {
     match &view.valkey {
         None => not_answering(view),
         Some(v) => match &v.role {

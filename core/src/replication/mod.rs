@@ -4,13 +4,13 @@
 //! written on a per-shard Lease, the [`ShardRecord`] (`<cluster>-<shard>-primary`): *whoever holds
 //! it may be primary* (CloudNativePG 1.30). Three parties read it:
 //!
-//! - **every agent**, about its own Valkey: [`local`] — renew the record, fence writes when the
+//! - **every agent**, about its own Valkey: [`keeper::decide`] — renew the record, fence writes when the
 //!   record can no longer be renewed, release it when Valkey is gone, follow the recorded primary,
 //!   bootstrap the very first record;
-//! - **the coordinator** (holder of the cluster Lease), when a primary is lost: [`promote`] — the
+//! - **the coordinator** (holder of the cluster Lease), when a primary is lost: [`promotion::decide`] — the
 //!   only place a new epoch is chosen for an unplanned failover;
 //! - **the coordinator**, for a planned move (pod deletion, drain, fail-back, balance): the
-//!   [`Switchover`] step machine — pause, catch up, write the record, promote, repoint, unpause.
+//!   [`RecordHandoverRun`] step machine — pause, catch up, write the record, promote, repoint, unpause.
 //!
 //! # Why it is safe
 //! - *Never two writable primaries past the fencing deadline.* A holder counts its renew deadline
@@ -22,7 +22,7 @@
 //!   `CLIENT PAUSE` has to land in; the adapter wakes at the deadline rather than at its next tick.
 //! - More generally, a Valkey that is master accepts writes only while its agent holds a valid
 //!   renewal of a record naming it ([`Holding`]); every other master is fenced or demoted.
-//! - *No acknowledged write lost in a switchover.* The old primary's writes are paused before its
+//! - *No acknowledged write lost in a hand-over.* The old primary's writes are paused before its
 //!   offset is read, and the record moves only once the target has replicated up to that offset.
 //! - *Only the coordinator promotes.* No local action makes a Valkey primary: agents renew what
 //!   the record already says, and create the record only when none exists
@@ -31,22 +31,29 @@
 //!
 //! # Layout
 //! - [`record`]: the [`ShardRecord`] and [`SeenRecord`];
-//! - [`keeper`]: every agent's [`local`] rules;
-//! - [`promotion`]: the coordinator's [`promote`];
+//! - [`keeper`]: every agent's [`keeper::decide`] rules;
+//! - [`promotion`]: the coordinator's [`promotion::decide`];
 //! - [`promotion_run`]: a decided promotion carried out step by step ([`PromotionRun`]);
-//! - [`switchover`]: the planned [`Switchover`].
+//! - [`handover`]: the planned [`RecordHandoverRun`].
 
+pub mod handover;
 pub mod keeper;
 pub mod promotion;
 pub mod promotion_run;
 pub mod record;
-pub mod switchover;
 
 pub use crate::lease::{MAX_LEASE_MS, judged_lease_ms};
-pub use keeper::*;
-pub use promotion::*;
+// Named, not globbed: each module's entry point is `decide` (`keeper::decide`,
+// `promotion::decide`), called through its module.
+pub use handover::*;
+pub use keeper::{
+    Claim, Holding, LocalAction, LocalRole, LocalValkey, LocalView, NOT_FOLLOWING, RunTrust,
+    Successor, ValkeyMemory, awaiting_promotion, claim, may_advertise, successor_wanted, unvouched,
+};
+pub use promotion::{
+    FailoverPolicy, Hold, HoldKind, MemberValkey, Promotion, ShardMember, ShardView, candidates,
+};
 pub use promotion_run::{
     PromotionAnswer, PromotionCommand, PromotionRun, PromotionStep, PromotionStop, WithoutLease,
 };
 pub use record::*;
-pub use switchover::*;

@@ -1,4 +1,4 @@
-//! The coordinator's choice of a new primary when a shard's primary is lost ([`promote`]): the
+//! The coordinator's choice of a new primary when a shard's primary is lost ([`decide`]): the
 //! only place an unplanned failover picks an epoch.
 
 use std::cmp::Reverse;
@@ -62,7 +62,7 @@ impl MemberValkey {
 pub struct ShardView {
     pub now: Millis,
     /// Whether this agent holds the cluster Lease *now* (before its acting deadline).
-    pub leader: bool,
+    pub coordinating: bool,
     /// `None`: not read yet.
     pub record: Option<SeenRecord>,
     /// The shard Lease's duration.
@@ -131,7 +131,7 @@ pub enum HoldKind {
     /// Automatic failover is off.
     Disabled,
     /// This agent is not the coordinator.
-    NotLeader,
+    NotCoordinator,
     /// The record has not been read, or does not exist (the shard is not bootstrapped).
     NoRecord,
     /// The record is held and was seen changing within the lease: its holder may still act.
@@ -155,12 +155,12 @@ fn hold(kind: HoldKind, reason: impl Into<String>) -> Hold {
 }
 
 /// Decides whether to promote a replica of the shard now.
-pub fn promote(view: &ShardView, policy: &FailoverPolicy) -> Result<Promotion, Hold> {
+pub fn decide(view: &ShardView, policy: &FailoverPolicy) -> Result<Promotion, Hold> {
     if !policy.automatic {
         return Err(hold(HoldKind::Disabled, "automatic failover is off"));
     }
-    if !view.leader {
-        return Err(hold(HoldKind::NotLeader, "not the coordinator"));
+    if !view.coordinating {
+        return Err(hold(HoldKind::NotCoordinator, "not the coordinator"));
     }
     let Some(seen) = &view.record else {
         return Err(hold(HoldKind::NoRecord, "the record has not been read"));

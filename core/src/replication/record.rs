@@ -111,7 +111,7 @@ pub struct SeenRecord {
     /// When this agent first saw the record in this form (same `resourceVersion`).
     pub changed_at: Millis,
     /// The highest epoch this agent has read on the record, kept while it is absent: a record
-    /// that vanishes is re-created above it (`promote`).
+    /// that vanishes is re-created above it (`promotion::decide`).
     pub last_epoch: Option<u64>,
 }
 

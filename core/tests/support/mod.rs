@@ -6,8 +6,8 @@
 use valkey_sidecar_core::lease::LeaseTimings;
 use valkey_sidecar_core::observation::{History, Role};
 use valkey_sidecar_core::replication::{
-    Holding, LocalRole, LocalValkey, LocalView, MemberValkey, SeenRecord, ShardMember, ShardRecord,
-    ShardView, Successor, SwitchoverObservation, SwitchoverPlan, WriteOutcome,
+    Holding, LocalRole, LocalValkey, LocalView, MemberValkey, RecordHandoverPlan, SeenRecord,
+    ShardMember, ShardRecord, ShardView, Successor,
 };
 use valkey_sidecar_core::time::Millis;
 
@@ -149,7 +149,7 @@ pub fn member(pod: &str, role: Role, offset: u64, zone: &str) -> ShardMember {
 pub fn shard(now: u64) -> ShardView {
     ShardView {
         now: Millis(now),
-        leader: true,
+        coordinating: true,
         record: Some(seen(Some(record(Some("pod-0"), Some("pod-0"), 5)), 0)),
         lease_ms: 15_000,
         members: vec![
@@ -161,25 +161,13 @@ pub fn shard(now: u64) -> ShardView {
     }
 }
 
-pub fn plan() -> SwitchoverPlan {
-    SwitchoverPlan {
+pub fn plan() -> RecordHandoverPlan {
+    RecordHandoverPlan {
         from: "pod-0".into(),
         to: "pod-1".into(),
         to_addr: "10.0.0.11 6379".into(),
         others: vec!["pod-2".into()],
         epoch: 5,
         timeout_ms: 5_000,
-    }
-}
-
-pub fn obs(
-    paused: Option<u64>,
-    target: Option<u64>,
-    write: Option<WriteOutcome>,
-) -> SwitchoverObservation {
-    SwitchoverObservation {
-        paused_offset: paused,
-        target_offset: target,
-        write,
     }
 }

@@ -1,5 +1,5 @@
 //! Carries out one move, one protocol a file: [`mod@handover`] (cluster mode's coordinated
-//! `CLUSTER FAILOVER`, and a crash's forced one), [`mod@switchover`] (replication mode's planned
+//! `CLUSTER FAILOVER`, and a crash's forced one), [`mod@record_handover`] (replication mode's planned
 //! move), [`promotion`] (replication mode's unplanned failover). This file holds what they share:
 //! the [`MoveOutcome`], the [`Links`] to a shard's members, and the commands more than one of
 //! them sends.
@@ -9,21 +9,21 @@
 //!   sent to the target replica, then a wait until the target reports itself primary. Never
 //!   `FORCE` or `TAKEOVER` for a planned move: it must lose nothing, and a coordinated failover
 //!   makes the target catch up with the primary (which pauses its clients) before it switches.
-//! - Replication mode, [`mod@switchover`]: a planned move, driven by `core::replication::step` —
+//! - Replication mode, [`mod@record_handover`]: a planned move, driven by `core::replication::RecordHandoverRun` —
 //!   pause the old primary, wait for the target to catch up, move the record, promote, repoint,
 //!   unpause (or unpause and leave everything as it was).
 //! - Replication mode, [`run_promotion`]: an unplanned failover (`core::replication::Promotion`) in its
 //!   documented order: record first, then fence, promote, repoint.
 //!
 //! Every command that changes anything is preceded by a check of the cluster Lease's acting
-//! deadline (`may_act`); past it the executor stops and sends nothing more. A switchover stopped
+//! deadline (`may_act`); past it the executor stops and sends nothing more. A hand-over stopped
 //! that way leaves its pause on the old primary to expire by itself (at most twice the hand-over
 //! timeout): lifting it without the Lease could undo the pause of a successor coordinator's own
 //! switchover, and every agent's keeper resolves the rest from the record.
 
 pub mod handover;
 pub mod promotion;
-pub mod switchover;
+pub mod record_handover;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -35,7 +35,7 @@ use crate::valkey::{Connector, Session};
 
 pub use handover::{force, handover};
 pub use promotion::{Waits, run_promotion};
-pub use switchover::switchover;
+pub use record_handover::record_handover;
 
 /// How one move ended.
 #[derive(Debug)]
@@ -45,7 +45,7 @@ pub enum MoveOutcome {
     },
     /// The acting deadline passed before a command could be sent: nothing more was done.
     NoLease,
-    /// The switchover was undone: writes resumed on the old primary, the record is unchanged.
+    /// The hand-over was undone: writes resumed on the old primary, the record is unchanged.
     RolledBack(String),
     /// The record changed since the decision (a 409): nothing was done.
     Conflict(String),

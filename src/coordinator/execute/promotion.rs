@@ -11,7 +11,7 @@ use valkey_sidecar_core::replication::{
 };
 
 use super::{Links, MoveOutcome, not_applied, replicaof_no_one, repoint, unpause};
-use crate::k8s::shard_lease::ShardLeaseClient;
+use crate::k8s::record::RecordClient;
 use crate::runtime::clock::Clock;
 
 /// Where a promotion's commands go: the shard's members and its record.
@@ -23,7 +23,7 @@ pub(super) trait Target {
 struct Shard<'a> {
     promotion: &'a Promotion,
     links: Links,
-    record: &'a ShardLeaseClient,
+    record: &'a RecordClient,
     /// The record's `resourceVersion` as this promotion wrote it: a later one with the same
     /// claim is the target's agent renewing it, its consent.
     written: Option<String>,
@@ -40,7 +40,7 @@ pub struct Waits {
 pub async fn run_promotion(
     p: &Promotion,
     links: Links,
-    record: &ShardLeaseClient,
+    record: &RecordClient,
     waits: Waits,
     clock: Clock,
     may_act: impl Fn() -> bool,

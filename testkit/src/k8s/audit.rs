@@ -373,14 +373,14 @@ mod tests {
         assert_eq!(usage.writes(&who), 1);
         assert_eq!(usage.total(&who), 1);
         assert!((usage.per_minute(1) - 1.0).abs() < 1e-9);
-        let table = usage.verb_table(&[("leader".into(), who.clone())]);
+        let table = usage.verb_table(&[("coordinator".into(), who.clone())]);
         assert!(
-            table.contains("| leader | 0.0 | 0.0 | 0.0 | 0.0 | 1.0 | 0.0 | 0.0 | 1.0 | 1.0 |"),
+            table.contains("| coordinator | 0.0 | 0.0 | 0.0 | 0.0 | 1.0 | 0.0 | 0.0 | 1.0 | 1.0 |"),
             "{table}"
         );
-        let detail = usage.detail_table(&[("leader".into(), who)]);
+        let detail = usage.detail_table(&[("coordinator".into(), who)]);
         assert!(
-            detail.contains("| leader | update | leases | 1 | 1.0 |"),
+            detail.contains("| coordinator | update | leases | 1 | 1.0 |"),
             "{detail}"
         );
     }

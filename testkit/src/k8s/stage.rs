@@ -621,6 +621,37 @@ impl Stage {
             .unwrap_or_default())
     }
 
+    /// Waits until every pod's role label says what its Valkey says, and its shard and zone
+    /// labels are set.
+    pub async fn wait_labels_true(&self, timeout: Duration) -> Result<()> {
+        poll_until(
+            "labels match Valkey",
+            timeout,
+            Duration::from_millis(50),
+            || async {
+                for p in &self.pods {
+                    if !self.labelled_true(p).await? {
+                        return Ok(false);
+                    }
+                }
+                Ok(true)
+            },
+        )
+        .await
+    }
+
+    async fn labelled_true(&self, pod: &str) -> Result<bool> {
+        let want = match self.role(pod).as_deref() {
+            Some("master") => "primary",
+            Some("slave") => "replica",
+            _ => return Ok(false),
+        };
+        let labels = self.labels(pod).await?;
+        Ok(labels.get(ROLE_LABEL).map(String::as_str) == Some(want)
+            && labels.contains_key("valkey.io/shard-id")
+            && labels.contains_key("valkey.io/zone"))
+    }
+
     /// Sends `signal` (e.g. `STOP`, `CONT`) to one container's process: the rest of the pod
     /// runs on (a hung agent, a frozen Valkey).
     pub fn signal_container(&self, pod: &str, container: &str, signal: &str) -> Result<()> {

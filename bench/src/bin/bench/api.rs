@@ -30,7 +30,7 @@ async fn usage_until(log: &AuditLog, from: SystemTime, window: Duration) -> Resu
 pub async fn run(bin: &Path) -> Result<()> {
     const STEADY: Duration = Duration::from_secs(60);
     const HANDOVER: Duration = Duration::from_secs(30);
-    let (stage, leader) = coordinated_stage(bin, &[], true).await?;
+    let (stage, coordinator) = coordinated_stage(bin, &[], true).await?;
     let log = stage.plane.audit_log().context("the audit log is off")?;
     // The agents' start-up requests (lists, label writes) are behind them.
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -45,11 +45,11 @@ pub async fn run(bin: &Path) -> Result<()> {
     let moving = usage_until(&log, cordoned, HANDOVER).await?;
     let moving_metric = since(&request_totals(&stage.plane).await?, &counted);
     cordon(&stage, &node, false).await?;
-    if stage.coordinator_holder().await?.as_deref() != Some(leader.as_str()) {
+    if stage.coordinator_holder().await?.as_deref() != Some(coordinator.as_str()) {
         bail!("the Lease changed hands during the measurement");
     }
     let roles = Roles {
-        leader: &leader,
+        coordinator: &coordinator,
         primary: &primary,
         replica: &replica,
     };
@@ -79,7 +79,7 @@ pub async fn run(bin: &Path) -> Result<()> {
 
 /// Who the measured agents are: the coordinator, and the primary that is handed over to the replica.
 struct Roles<'a> {
-    leader: &'a str,
+    coordinator: &'a str,
     primary: &'a str,
     replica: &'a str,
 }
@@ -88,8 +88,8 @@ impl Roles<'_> {
     /// Each agent's row name (pod and role, `moved`: during the hand-over) and audit identity.
     fn agents(&self, stage: &Stage, moved: bool) -> Vec<(String, String)> {
         let role = |p: &str| {
-            let base = if p == self.leader {
-                "leader"
+            let base = if p == self.coordinator {
+                "coordinator"
             } else {
                 "follower"
             };
@@ -120,14 +120,17 @@ fn print_steady(stage: &Stage, roles: &Roles, steady: &Usage, window: Duration) 
     );
     println!("#### Steady state ({} s window)\n", window.as_secs());
     println!("{}", steady.verb_table(&roles.agents(stage, false)));
-    let followers = stage.pods.iter().filter(|p| p.as_str() != roles.leader);
+    let followers = stage
+        .pods
+        .iter()
+        .filter(|p| p.as_str() != roles.coordinator);
     let follower_writes = followers
         .map(|p| steady.writes(&pod_identity(&stage.namespace, p)))
         .max()
         .unwrap_or(0);
-    let me = pod_identity(&stage.namespace, roles.leader);
+    let me = pod_identity(&stage.namespace, roles.coordinator);
     println!(
-        "Writes per minute: leader {:.1}, of which Lease renewals (`update leases`) {:.1}; followers at most {:.1}. The whole apiserver served {:.0} requests per minute in the window (the harness kubelet, node heartbeats, scheduler and controller-manager included).\n",
+        "Writes per minute: coordinator {:.1}, of which Lease renewals (`update leases`) {:.1}; followers at most {:.1}. The whole apiserver served {:.0} requests per minute in the window (the harness kubelet, node heartbeats, scheduler and controller-manager included).\n",
         steady.per_minute(steady.writes(&me)),
         steady.per_minute(steady.get(&me, "update", "leases")),
         steady.per_minute(follower_writes),
@@ -180,8 +183,8 @@ async fn drain(bin: &Path) -> Result<Drained> {
     }
     let usage = usage_until(&log, from, WINDOW).await?;
     let metric = since(&request_totals(&stage.plane).await?, &counted);
-    let leader = stage.coordinator_holder().await?.unwrap_or_default();
-    let agents = chart_agents(&stage, &after, &leader, &old, primary);
+    let coordinator = stage.coordinator_holder().await?.unwrap_or_default();
+    let agents = chart_agents(&stage, &after, &coordinator, &old, primary);
     println!(
         "#### During a `kubectl drain` ({} s window from the drain's start)\n",
         WINDOW.as_secs()
@@ -223,7 +226,7 @@ fn name(p: &Pod) -> String {
 fn chart_agents(
     stage: &Stage,
     pods: &[Pod],
-    leader: &str,
+    coordinator: &str,
     old: &str,
     primary: &Pod,
 ) -> Vec<(String, String)> {
@@ -235,7 +238,11 @@ fn chart_agents(
     pods.iter()
         .map(|p| {
             let pod = name(p);
-            let mut part = vec![if pod == leader { "leader" } else { "follower" }];
+            let mut part = vec![if pod == coordinator {
+                "coordinator"
+            } else {
+                "follower"
+            }];
             if pod == old {
                 part.push("evicted primary, recreated");
             }
@@ -327,7 +334,7 @@ const AGENT_CALLS: [(&str, &str); 8] = [
 fn cross_check(windows: &[(&str, &Usage, &Totals, &Vec<String>)]) {
     println!("#### Cross-check with the apiserver's `apiserver_request_total`\n");
     println!(
-        "`apiserver_request_total` has no label naming the client (its labels: verb, dry_run, group, version, resource, subresource, scope, component, code), so it cannot split requests by user agent; the tables above split them by the pod named in each audit event. To check that method, the counter was scraped from the apiserver's `/metrics` at the start and end of each window: its increase (all clients: the harness kubelet's node leases and the scheduler's and controller-manager's leader election use `leases` too) against the audit log's count of all clients and of the agents alone, in the same window. The counter's window is about a second longer (it is scraped again only after the audit log's last second has reached the file), hence a few more requests in its column.\n"
+        "`apiserver_request_total` has no label naming the client (its labels: verb, dry_run, group, version, resource, subresource, scope, component, code), so it cannot split requests by user agent; the tables above split them by the pod named in each audit event. To check that method, the counter was scraped from the apiserver's `/metrics` at the start and end of each window: its increase (all clients: the harness kubelet's node leases and the scheduler's and controller-manager's coordinator election use `leases` too) against the audit log's count of all clients and of the agents alone, in the same window. The counter's window is about a second longer (it is scraped again only after the audit log's last second has reached the file), hence a few more requests in its column.\n"
     );
     println!(
         "| window | verb | resource | `apiserver_request_total` increase | audit log, all clients | audit log, the agents |"
@@ -349,7 +356,7 @@ fn cross_check(windows: &[(&str, &Usage, &Totals, &Vec<String>)]) {
     println!();
 }
 
-fn all_requests(usage: &Usage) -> u64 {
+pub(crate) fn all_requests(usage: &Usage) -> u64 {
     usage.by_client.values().flat_map(|c| c.values()).sum()
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Result;
 use valkey_sidecar_bench::sentinel::{SentinelOptions, Sentinels};
 use valkey_sidecar_testkit::{
-    ClusterOptions, ReplicationSet, ServerOptions, Sidecar, SidecarOptions, ValkeyCluster,
+    Agent, AgentOptions, ClusterOptions, ReplicationSet, ServerOptions, ValkeyCluster,
 };
 
 /// Clock ticks per second of `/proc/<pid>/stat`'s utime and stime (USER_HZ on Linux).
@@ -64,7 +64,7 @@ pub fn run(bin: &Path) -> Result<()> {
     let set = ReplicationSet::start(2, ServerOptions::default())?;
     let sentinels = Sentinels::monitor(&set, SentinelOptions::default())?;
     std::thread::sleep(Duration::from_secs(2));
-    let mut pids: Vec<u32> = agents.iter().map(Sidecar::pid).collect();
+    let mut pids: Vec<u32> = agents.iter().map(Agent::pid).collect();
     pids.push(cluster.nodes()[0].pid());
     pids.extend(sentinels.pids().first());
     let idle = measure(&pids, WINDOW, || {})?;
@@ -133,11 +133,11 @@ fn print_deployed(usage: &[Usage], window: Duration) {
     summarize(agents, sentinel, window, Kind::Deployed);
 }
 
-fn start_agents(bin: &Path, cluster: &ValkeyCluster) -> Result<Vec<Sidecar>> {
-    let agents: Vec<Sidecar> = cluster
+fn start_agents(bin: &Path, cluster: &ValkeyCluster) -> Result<Vec<Agent>> {
+    let agents: Vec<Agent> = cluster
         .nodes()
         .iter()
-        .map(|n| Sidecar::start(SidecarOptions::new(bin, n.addr(), "cluster")))
+        .map(|n| Agent::start(AgentOptions::new(bin, n.addr(), "cluster")))
         .collect::<Result<_>>()?;
     for a in &agents {
         a.wait_code("/readyz", 200, Duration::from_secs(10))?;

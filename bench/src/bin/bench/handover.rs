@@ -28,7 +28,8 @@ const NODE_TIMEOUT_MS: u64 = 5000;
 /// `bench handover`: `runs` hand-overs and `runs` crashes of a primary's Valkey on one
 /// coordinated stage, then the same moves by Valkey on its own, and the comparison.
 pub async fn run(bin: &Path, runs: usize) -> Result<()> {
-    let (stage, leader) = coordinated_stage(bin, &[("SIDECAR_BALANCE", "false")], false).await?;
+    let (stage, coordinator) =
+        coordinated_stage(bin, &[("SIDECAR_BALANCE", "false")], false).await?;
     let moves = handovers(&stage, runs).await?;
     let crashes = crashes(&stage, runs).await?;
     drop(stage);
@@ -36,7 +37,7 @@ pub async fn run(bin: &Path, runs: usize) -> Result<()> {
     let alone =
         tokio::task::spawn_blocking(move || crate::alone::measure(runs, NODE_TIMEOUT_MS, wait))
             .await??;
-    print_handovers(&moves, &leader);
+    print_handovers(&moves, &coordinator);
     print_crashes(&crashes, &alone);
     let pauses: Vec<Duration> = moves.iter().map(|m| m.pause).collect();
     crate::alone::report(
@@ -188,7 +189,7 @@ async fn handovers(stage: &Stage, runs: usize) -> Result<Vec<Handover>> {
     Ok(results)
 }
 
-fn print_handovers(results: &[Handover], leader: &str) {
+fn print_handovers(results: &[Handover], coordinator: &str) {
     let runs = results.len();
     let pauses = sorted(results.iter().map(|r| r.pause).collect());
     let demoted = sorted(results.iter().map(|r| r.demoted).collect());
@@ -196,7 +197,7 @@ fn print_handovers(results: &[Handover], leader: &str) {
         "### Hand-over when a primary's node is cordoned (real kube-apiserver v1.37.2, {runs} hand-overs)\n"
     );
     println!(
-        "Command: `BENCH_HANDOVERS={runs} target/release/bench handover`. Every run of the agents starts from an empty dataset (`FLUSHALL` on the primaries, which the replicas follow), so the chart's default `maxmemory` (768 MiB of the `small` preset's 1Gi) is never reached over the runs. One coordinated stage of the chart's pods (3 shards × 2 members, Lease holder {leader}; settings: {}); each run starts a writer (one `SET` at a time, unique keys) on the next shard, cordons the node of its primary, waits until the old primary is a replica, stops the writer a second later, reads every acknowledged key back from the new primary, uncordons and waits for the shard to settle. The pause is the longest gap between two acknowledged writes in the run, as the client sees it (target: p99 ≤ 250 ms). With {runs} runs p99 is the maximum.\n",
+        "Command: `BENCH_HANDOVERS={runs} target/release/bench handover`. Every run of the agents starts from an empty dataset (`FLUSHALL` on the primaries, which the replicas follow), so the chart's default `maxmemory` (768 MiB of the `small` preset's 1Gi) is never reached over the runs. One coordinated stage of the chart's pods (3 shards × 2 members, Lease holder {coordinator}; settings: {}); each run starts a writer (one `SET` at a time, unique keys) on the next shard, cordons the node of its primary, waits until the old primary is a replica, stops the writer a second later, reads every acknowledged key back from the new primary, uncordons and waits for the shard to settle. The pause is the longest gap between two acknowledged writes in the run, as the client sees it (target: p99 ≤ 250 ms). With {runs} runs p99 is the maximum.\n",
         agent_config()
     );
     println!("| measure | hand-overs | p50 ms | p99 ms | max ms |");
@@ -511,8 +512,8 @@ async fn handover(stage: &Stage, shard: usize) -> Result<Handover> {
     })
 }
 
-/// Successful hand-overs as the agents count them (only a leader counts; the sum survives a
-/// change of leader).
+/// Successful hand-overs as the agents count them (only a coordinator counts; the sum survives a
+/// change of coordinator).
 async fn handovers_ok(stage: &Stage) -> Result<u64> {
     const OK: &str = "valkey_sidecar_coordinator_actions_total{kind=\"Handover\",result=\"ok\"}";
     let mut n = 0;

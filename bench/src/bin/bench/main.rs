@@ -1,7 +1,7 @@
 //! Benchmarks of the agent against real Valkey; prints Markdown for `docs/benchmarks.md` and
 //! writes its plots (`$BENCH_PLOTS_DIR`, default `docs/plots`).
 //!
-//! `bench [probes|footprint|labels|api|handover|failover|switchover|partition|sentinel|planner|all]` runs
+//! `bench [probes|footprint|labels|api|handover|failover|switchover|partition|sentinel|planner|scale|all]` runs
 //! sections; `bench faults <log>` prints the fault table, `bench summary <log>` the headline block,
 //! `bench summary-readme <log>` its README shape (seven rows), `bench readme <block> <readme>`
 //! copies a block into the README, and
@@ -25,9 +25,7 @@ use kube::api::{Patch, PatchParams};
 use report::percentile;
 use summary::Shape;
 use valkey_sidecar_testkit::k8s::{Stage, StageOptions};
-use valkey_sidecar_testkit::{
-    ServerOptions, Sidecar, SidecarOptions, ValkeyServer, http_get, redis,
-};
+use valkey_sidecar_testkit::{Agent, AgentOptions, ServerOptions, ValkeyServer, http_get, redis};
 
 mod alone;
 mod api;
@@ -41,13 +39,14 @@ mod partition;
 mod planner;
 mod plot;
 mod report;
+mod scale;
 mod sentinels;
 mod settings;
 mod summary;
 
 /// The sections `bench` knows (`faults`, `summary`, `summary-readme`, `readme` and `compare` take
 /// paths too).
-const SECTIONS: [&str; 16] = [
+const SECTIONS: [&str; 17] = [
     "probes",
     "footprint",
     "labels",
@@ -58,6 +57,7 @@ const SECTIONS: [&str; 16] = [
     "partition",
     "sentinel",
     "planner",
+    "scale",
     "faults",
     "summary",
     "summary-readme",
@@ -136,6 +136,10 @@ fn with_agent(what: &str, bin: &Path) -> Result<()> {
     }
     if what == "partition" || all {
         runtime()?.block_on(partition::run(bin))?;
+    }
+    // Not in `all`: three installs of up to 100 pods, its own section of the benchmark command.
+    if what == "scale" {
+        runtime()?.block_on(scale::run(bin))?;
     }
     if all {
         planner::run()?;
@@ -322,7 +326,7 @@ fn summarize(label: &str, samples: &[(Duration, u16)]) -> String {
 
 fn probes(bin: &Path) -> Result<()> {
     let server = ValkeyServer::start(ServerOptions::default())?;
-    let agent = Sidecar::start(SidecarOptions::new(bin, server.addr(), "replication"))?;
+    let agent = Agent::start(AgentOptions::new(bin, server.addr(), "replication"))?;
     agent.wait_code("/readyz", 200, Duration::from_secs(5))?;
     let paths = ["/livez", "/readyz", "/startupz", "/status"];
     let idle = load(agent.probe_addr(), 1000, Duration::from_secs(4), &paths);
@@ -388,8 +392,8 @@ async fn coordinated_stage(
         opts = opts.env(k, v);
     }
     let stage = Stage::start(opts).await?;
-    let leader = stage.wait_coordinator(Duration::from_secs(30)).await?;
-    Ok((stage, leader))
+    let coordinator = stage.wait_coordinator(Duration::from_secs(30)).await?;
+    Ok((stage, coordinator))
 }
 
 /// Marks the node (un)schedulable, as `kubectl cordon` does, with one API call (timed from here).

@@ -1,13 +1,15 @@
 //! `bench planner`: what a coordinator round's pure rules cost as the deployment grows —
 //! `plan::decide` (hand-over, fail-back, balance, drift), `status::conditions` and
-//! `formation::plan` over worlds of 10, 100, 1,000 and 10,000 shards (3 members each, spread over
+//! `formation::decide` over worlds of 10, 100, 1,000 and 10,000 shards (3 members each, spread over
 //! nodes in 3 zones, one primary out of its zone and one node cordoned, so every rule has work).
 //! Timed in-process, many calls per size; the median and p99 of the calls are reported.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use valkey_sidecar_core::formation::{ClusterNode, FormationView, Seat, plan as formation_plan};
+use valkey_sidecar_core::formation::{
+    ClusterNode, FormationView, Seat, decide as decide_formation,
+};
 use valkey_sidecar_core::observation::Role;
 use valkey_sidecar_core::plan::{Member, NodeInfo, PodInfo, Policy, World, decide};
 use valkey_sidecar_core::shards::NodeHealth;
@@ -65,7 +67,7 @@ fn world(shards: usize) -> World {
         .collect();
     World {
         now: Millis(10_000_000),
-        leader: true,
+        coordinating: true,
         steady_since: (0..shards).map(|s| (format!("s{s}"), Millis(0))).collect(),
         members,
         nodes,
@@ -133,13 +135,13 @@ const FORMATION_NOTE: &str = "Formation is timed up to 1,000 shards only: its vi
 node ids it knows (n² ids in all, 900 million strings at 10,000 shards × 3), and Valkey Cluster itself is not run \
 beyond about 1,000 nodes.";
 
-/// `formation::plan` p50 / p99 for a formed cluster of `shards`, or "–" past 1,000 shards.
+/// `formation::decide` p50 / p99 for a formed cluster of `shards`, or "–" past 1,000 shards.
 fn formation(shards: usize, calls: usize) -> String {
     if shards > 1000 {
         return "–".into();
     }
     let f = formation_view(shards);
-    let p = time(calls, || drop(std::hint::black_box(formation_plan(&f))));
+    let p = time(calls, || drop(std::hint::black_box(decide_formation(&f))));
     format!("{} / {}", fmt(p.0), fmt(p.1))
 }
 
@@ -172,7 +174,7 @@ pub fn run() -> anyhow::Result<()> {
         "Command: `target/release/bench planner`. Worlds of N shards × 3 members on max(N, 6) nodes in 3 zones, one primary out of its preferred zone and one node cordoned; release build, one core, the calls one after the other (median and p99 of the calls).\n"
     );
     println!(
-        "| shards | members | `plan::decide` p50 / p99 | `status::conditions` p50 / p99 | `formation::plan` p50 / p99 | calls |"
+        "| shards | members | `plan::decide` p50 / p99 | `status::conditions` p50 / p99 | `formation::decide` p50 / p99 | calls |"
     );
     println!("|---|---|---|---|---|---|");
     let mut lines = [

@@ -23,13 +23,13 @@ use super::owner::LeaseOwner;
 
 /// One shard's record, read and written with optimistic concurrency ([`LeaseObject`]).
 #[derive(Clone)]
-pub struct ShardLeaseClient {
+pub struct RecordClient {
     lease: LeaseObject,
     cluster: String,
     lease_seconds: i32,
 }
 
-impl ShardLeaseClient {
+impl RecordClient {
     /// The client of `cluster`'s record for `shard` (`<cluster>-<shard>-primary`).
     pub fn new(
         client: kube::Client,
@@ -37,9 +37,9 @@ impl ShardLeaseClient {
         (cluster, shard): (&str, &str),
         timeout: Duration,
         lease: Duration,
-    ) -> ShardLeaseClient {
+    ) -> RecordClient {
         let name = ShardRecord::lease_name(cluster, shard);
-        ShardLeaseClient {
+        RecordClient {
             lease: LeaseObject::new(client, namespace, name, timeout, "shard"),
             cluster: cluster.to_owned(),
             lease_seconds: i32::try_from(lease.as_secs().max(1)).unwrap_or(i32::MAX),
@@ -47,13 +47,13 @@ impl ShardLeaseClient {
     }
 
     /// Where a record of an unknown format is told.
-    pub fn telling(mut self, notice: FormatNotice) -> ShardLeaseClient {
+    pub fn telling(mut self, notice: FormatNotice) -> RecordClient {
         self.lease.set_notice(notice);
         self
     }
 
     /// The owner to put on the Lease.
-    pub fn owned_by(mut self, owner: Option<LeaseOwner>) -> ShardLeaseClient {
+    pub fn owned_by(mut self, owner: Option<LeaseOwner>) -> RecordClient {
         self.lease.set_owner(owner);
         self
     }

@@ -15,7 +15,7 @@ use crate::process::{ProcessSpec, ServerProcess};
 
 /// How to start an agent. Every setting is passed as a flag (each has one, see `--help`).
 #[derive(Clone, Debug)]
-pub struct SidecarOptions {
+pub struct AgentOptions {
     /// Path of the `valkey-sidecar` binary (in tests: `env!("CARGO_BIN_EXE_valkey-sidecar")`).
     pub bin: PathBuf,
     /// The Valkey it watches, `host:port`.
@@ -30,7 +30,7 @@ pub struct SidecarOptions {
     pub runner: Option<PathBuf>,
 }
 
-impl SidecarOptions {
+impl AgentOptions {
     pub fn new(bin: impl Into<PathBuf>, valkey: impl ToString, mode: &str) -> Self {
         Self {
             bin: bin.into(),
@@ -56,15 +56,15 @@ impl SidecarOptions {
 }
 
 /// A running agent; killed and cleaned up on drop.
-pub struct Sidecar {
+pub struct Agent {
     process: ServerProcess,
     probe: SocketAddr,
     admin: SocketAddr,
 }
 
-impl Sidecar {
+impl Agent {
     /// Starts the agent and waits until its probe listener answers.
-    pub fn start(opts: SidecarOptions) -> Result<Self> {
+    pub fn start(opts: AgentOptions) -> Result<Self> {
         let probe = SocketAddr::new(opts.ip, free_port(opts.ip)?);
         let admin = SocketAddr::new(
             IpAddr::from([127, 0, 0, 1]),
@@ -185,7 +185,7 @@ impl Sidecar {
     }
 }
 
-fn args(opts: &SidecarOptions, probe: SocketAddr, admin: SocketAddr) -> Vec<OsString> {
+fn args(opts: &AgentOptions, probe: SocketAddr, admin: SocketAddr) -> Vec<OsString> {
     let mut args: Vec<OsString> = Vec::new();
     let mut push = |k: &str, v: &str| {
         args.push(k.into());

@@ -1,0 +1,387 @@
+//! Scale (issue 33): chart installs of 10, 25 and 50 shards × 2 pods on the real control plane,
+//! the agents' release binary, one run per size: how long the install takes to be formed,
+//! labelled, Ready and synced; the coordinator's round time and memory; every agent's memory;
+//! apiserver requests per minute by agent class from the audit log; one hand-over on cordon under
+//! a writer; a `kubectl drain` of every node in turn under a writer per 5 shards. Each figure is
+//! plotted against the size, its growth stated, and its value at 1,000 pods predicted from it.
+
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, Result, bail};
+use valkey_sidecar_testkit::k8s::audit::pod_identity;
+use valkey_sidecar_testkit::k8s::writer::Writer;
+use valkey_sidecar_testkit::k8s::{ROLE_LABEL, Stage, StageOptions, poll_until};
+
+use crate::plot::{Line, growth};
+use crate::{cordon, proc_stats};
+
+/// How long an install of the largest size may take to settle.
+const SETTLE: Duration = Duration::from_secs(900);
+/// The steady-state window the request rates come from.
+const STEADY: Duration = Duration::from_secs(60);
+/// Shards per writer during the drains.
+const SHARDS_PER_WRITER: usize = 5;
+
+/// One size's figures.
+#[derive(Debug, Clone, Default)]
+struct Row {
+    shards: usize,
+    pods: usize,
+    settled: Duration,
+    round_mean: Duration,
+    round_p99: Duration,
+    coordinator_rss_kib: u64,
+    agent_rss_median_kib: u64,
+    agent_rss_max_kib: u64,
+    /// Requests per minute: the coordinator, the busiest follower, the whole apiserver.
+    coordinator_rpm: f64,
+    follower_rpm: f64,
+    apiserver_rpm: f64,
+    handover_pause: Duration,
+    handover_lost: usize,
+    drains: usize,
+    drain_longest: Duration,
+    drain_pause: Duration,
+    drain_acked: usize,
+    drain_lost: usize,
+}
+
+/// The sizes to run (`BENCH_SCALE_SHARDS`, default `10 25 50`).
+fn sizes() -> Result<Vec<usize>> {
+    let text = std::env::var("BENCH_SCALE_SHARDS").unwrap_or_else(|_| "10 25 50".into());
+    let sizes: Vec<usize> = text
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("BENCH_SCALE_SHARDS={text:?}"))?;
+    if sizes.is_empty() {
+        bail!("BENCH_SCALE_SHARDS names no size");
+    }
+    Ok(sizes)
+}
+
+/// Runs every size, then prints the table, the plots and the growth of each figure.
+pub async fn run(bin: &Path) -> Result<()> {
+    let mut rows = Vec::new();
+    for shards in sizes()? {
+        let row = one(bin, shards).await?;
+        eprintln!("scale {shards} shards: {row:?}");
+        rows.push(row);
+    }
+    print_table(&rows);
+    print_growth(&rows);
+    print_plots(&rows)
+}
+
+/// One install of `shards` × 2 pods, measured, then torn down.
+async fn one(bin: &Path, shards: usize) -> Result<Row> {
+    let mut opts = StageOptions::cluster(&format!("scale-{shards}"), shards, 1);
+    opts.kubelet = opts.kubelet.sidecar_bin(bin);
+    opts.plane.audit = true;
+    let t = Instant::now();
+    let stage = Stage::install(opts).await?;
+    stage.wait_settled(shards * 2, shards, SETTLE).await?;
+    stage.wait_synced(SETTLE).await?;
+    let settled = t.elapsed();
+    let coordinator = stage.wait_coordinator(Duration::from_secs(60)).await?;
+    let mut row = Row {
+        shards,
+        pods: shards * 2,
+        settled,
+        ..Row::default()
+    };
+    steady(&stage, &coordinator, &mut row).await?;
+    memory(&stage, &coordinator, &mut row)?;
+    handover(&stage, &mut row).await?;
+    drains(&stage, &mut row).await?;
+    (row.round_mean, row.round_p99) = round_time(&stage, &coordinator).await?;
+    Ok(row)
+}
+
+/// A minute of steady state from the audit log: the coordinator, the busiest follower, all.
+async fn steady(stage: &Stage, coordinator: &str, row: &mut Row) -> Result<()> {
+    let log = stage.plane.audit_log().context("the audit log is off")?;
+    // The agents' start-up requests (lists, label writes) are behind them.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let from = SystemTime::now();
+    tokio::time::sleep(STEADY + Duration::from_secs(1)).await;
+    let usage = log.usage(from, from + STEADY)?;
+    let rate = |pod: &str| usage.per_minute(usage.total(&pod_identity(&stage.namespace, pod)));
+    row.coordinator_rpm = rate(coordinator);
+    let followers = stage.pods.iter().filter(|p| p.as_str() != coordinator);
+    row.follower_rpm = followers.map(|p| rate(p)).fold(0.0, f64::max);
+    row.apiserver_rpm = usage.per_minute(crate::api::all_requests(&usage));
+    Ok(())
+}
+
+/// The agents' resident memory, the coordinator's apart.
+fn memory(stage: &Stage, coordinator: &str, row: &mut Row) -> Result<()> {
+    let mut agents = Vec::new();
+    for pod in &stage.pods {
+        let pid = stage
+            .kubelet
+            .container_pid(&stage.namespace, pod, "valkey-sidecar")
+            .with_context(|| format!("no agent process in {pod}"))?;
+        let (rss, _) = proc_stats(pid)?;
+        if pod == coordinator {
+            row.coordinator_rss_kib = rss;
+        }
+        agents.push(rss);
+    }
+    agents.sort_unstable();
+    row.agent_rss_median_kib = agents.get(agents.len() / 2).copied().unwrap_or(0);
+    row.agent_rss_max_kib = agents.last().copied().unwrap_or(0);
+    Ok(())
+}
+
+/// The coordinator's round time from its histogram: the mean, and the upper bound of the bucket
+/// that holds the 99th percentile.
+async fn round_time(stage: &Stage, coordinator: &str) -> Result<(Duration, Duration)> {
+    let metric = "valkey_sidecar_coordinator_round_duration_seconds";
+    let (code, text) = valkey_sidecar_testkit::k8s::http_get(
+        stage.agent(coordinator)?,
+        "/metrics",
+        Duration::from_secs(5),
+    )
+    .await?;
+    if code != 200 {
+        bail!("{coordinator}: /metrics answered {code}");
+    }
+    let value = |name: &str| -> f64 {
+        let prefix = format!("{name} ");
+        let line = text.lines().find_map(|l| l.strip_prefix(prefix.as_str()));
+        line.and_then(|v| v.trim().parse().ok()).unwrap_or(0.0)
+    };
+    let count = value(&format!("{metric}_count"));
+    if count == 0.0 {
+        bail!("{coordinator} counted no coordinator round");
+    }
+    let mean = value(&format!("{metric}_sum")) / count;
+    let p99 = bucket_quantile(&text, metric, count, 0.99);
+    Ok((Duration::from_secs_f64(mean), Duration::from_secs_f64(p99)))
+}
+
+/// The upper bound of the first bucket of `metric` holding the `q` quantile of `count` samples.
+fn bucket_quantile(text: &str, metric: &str, count: f64, q: f64) -> f64 {
+    let prefix = format!("{metric}_bucket{{le=\"");
+    let buckets = text.lines().filter_map(|l| {
+        let rest = l.strip_prefix(prefix.as_str())?;
+        let (le, n) = rest.split_once("\"} ")?;
+        Some((
+            le.parse::<f64>().unwrap_or(f64::INFINITY),
+            n.trim().parse::<f64>().ok()?,
+        ))
+    });
+    buckets
+        .filter(|(_, n)| *n >= count * q)
+        .map(|(le, _)| le)
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// One hand-over under a writer: the node of shard 1's primary cordoned.
+async fn handover(stage: &Stage, row: &mut Row) -> Result<()> {
+    let shard = 1.min(row.shards - 1);
+    let (primary, _) = stage.primary_and_replicas(shard)?;
+    let node = stage.node_of(&primary).await?;
+    let writer = stage.shard_writer(shard)?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    cordon(stage, &node, true).await?;
+    let moved = poll_until(
+        "the primary handed over",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || async {
+            Ok(stage
+                .labels(&primary)
+                .await?
+                .get(ROLE_LABEL)
+                .map(String::as_str)
+                == Some("replica"))
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let tag = writer.tag.clone();
+    let written = writer.stop()?;
+    cordon(stage, &node, false).await?;
+    moved?;
+    let (now_primary, _) = stage.primary_and_replicas(shard)?;
+    row.handover_lost = stage.lost(&now_primary, &tag, &written.acked)?;
+    row.handover_pause = written.longest_pause;
+    Ok(())
+}
+
+/// `kubectl drain` of every node in turn under a writer per [`SHARDS_PER_WRITER`] shards; each
+/// drain waits for the deployment to settle again before the next.
+async fn drains(stage: &Stage, row: &mut Row) -> Result<()> {
+    let writers: Vec<(usize, Writer)> = (0..row.shards)
+        .step_by(SHARDS_PER_WRITER)
+        .map(|k| Ok((k, stage.shard_writer(k)?)))
+        .collect::<Result<_>>()?;
+    for node in stage.nodes.names() {
+        let t = Instant::now();
+        let args = [
+            "drain",
+            &node,
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--timeout=300s",
+        ];
+        stage.plane.kubectl(&args).await?;
+        stage.plane.kubectl(&["uncordon", &node]).await?;
+        stage.wait_settled(row.pods, row.shards, SETTLE).await?;
+        stage.wait_synced(SETTLE).await?;
+        row.drain_longest = row.drain_longest.max(t.elapsed());
+        row.drains += 1;
+    }
+    for (shard, writer) in writers {
+        let tag = writer.tag.clone();
+        let written = writer.stop()?;
+        let (primary, _) = stage.primary_and_replicas(shard)?;
+        row.drain_lost += stage.lost(&primary, &tag, &written.acked)?;
+        row.drain_acked += written.acked.len();
+        row.drain_pause = row.drain_pause.max(written.longest_pause);
+    }
+    Ok(())
+}
+
+fn print_table(rows: &[Row]) {
+    println!("### Scale: chart installs of N shards × 2 pods\n");
+    println!(
+        "Command: `BENCH_SCALE_SHARDS=\"10 25 50\" target/release/bench scale`. Each size is one chart install with the chart's defaults (cluster mode, 1 replica per shard) on 6 fake nodes in 3 zones, the agents' release binary, real kube-apiserver, scheduler and controller-manager on this 2-core machine. Settled: `helm install` until every pod is Ready, labelled and every replica synced. Round: the coordinator's `valkey_sidecar_coordinator_round_duration_seconds` over the whole run (mean, and the bucket bound holding the p99). Requests: the audit log over a {} s steady window. Hand-over: shard 1's primary node cordoned under a writer. Drains: `kubectl drain` of each node in turn, the deployment settled again before the next, under a writer per {SHARDS_PER_WRITER} shards.\n",
+        STEADY.as_secs()
+    );
+    println!(
+        "| shards | pods | settled | round mean / p99 | coordinator RSS | agent RSS median / max | requests/min coordinator / busiest follower / apiserver | hand-over pause, lost | drains: longest, longest write pause, acked, lost |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        println!(
+            "| {} | {} | {:.1} s | {:.2} / {:.2} ms | {} MiB | {} / {} MiB | {:.1} / {:.1} / {:.0} | {} ms, {} | {} nodes: {:.1} s, {} ms, {}, {} |",
+            r.shards,
+            r.pods,
+            r.settled.as_secs_f64(),
+            r.round_mean.as_secs_f64() * 1e3,
+            r.round_p99.as_secs_f64() * 1e3,
+            r.coordinator_rss_kib / 1024,
+            r.agent_rss_median_kib / 1024,
+            r.agent_rss_max_kib / 1024,
+            r.coordinator_rpm,
+            r.follower_rpm,
+            r.apiserver_rpm,
+            r.handover_pause.as_millis(),
+            r.handover_lost,
+            r.drains,
+            r.drain_longest.as_secs_f64(),
+            r.drain_pause.as_millis(),
+            r.drain_acked,
+            r.drain_lost,
+        );
+    }
+    println!();
+}
+
+/// The figures whose growth is stated, as (name, value per row).
+fn figures(rows: &[Row]) -> Vec<(&'static str, Vec<f64>)> {
+    let secs = |d: Duration| d.as_secs_f64();
+    let of = |f: &dyn Fn(&Row) -> f64| rows.iter().map(f).collect::<Vec<f64>>();
+    vec![
+        ("settle time (s)", of(&|r| secs(r.settled))),
+        (
+            "coordinator round, mean (ms)",
+            of(&|r| secs(r.round_mean) * 1e3),
+        ),
+        (
+            "coordinator RSS (MiB)",
+            of(&|r| r.coordinator_rss_kib as f64 / 1024.0),
+        ),
+        (
+            "agent RSS, median (MiB)",
+            of(&|r| r.agent_rss_median_kib as f64 / 1024.0),
+        ),
+        ("requests/min, coordinator", of(&|r| r.coordinator_rpm)),
+        ("requests/min, busiest follower", of(&|r| r.follower_rpm)),
+        ("requests/min, apiserver", of(&|r| r.apiserver_rpm)),
+        (
+            "hand-over write pause (ms)",
+            of(&|r| secs(r.handover_pause) * 1e3),
+        ),
+    ]
+}
+
+/// Each figure's growth between the smallest and the largest size, as the exponent `k` of
+/// `figure ∝ pods^k`, and its value at 1,000 pods from that power law.
+fn print_growth(rows: &[Row]) {
+    let (Some(first), Some(last)) = (rows.first(), rows.last()) else {
+        return;
+    };
+    if last.pods <= first.pods {
+        return;
+    }
+    println!(
+        "| figure | growth (k in figure ∝ pods^k) | at {} pods | predicted at 1,000 pods |",
+        last.pods
+    );
+    println!("|---|---|---|---|");
+    let span = (last.pods as f64 / first.pods as f64).ln();
+    for (name, values) in figures(rows) {
+        let (a, b) = (values[0].max(1e-9), values[values.len() - 1].max(1e-9));
+        let k = (b / a).ln() / span;
+        let predicted = b * (1000.0 / last.pods as f64).powf(k);
+        println!(
+            "| {name} | {} ({k:.2}) | {b:.1} | {predicted:.1} |",
+            shape(k)
+        );
+    }
+    println!();
+}
+
+/// A word for an exponent of growth.
+fn shape(k: f64) -> &'static str {
+    match k {
+        k if k < 0.25 => "flat",
+        k if k < 0.75 => "sub-linear",
+        k if k < 1.25 => "linear",
+        k if k < 1.75 => "super-linear",
+        _ => "quadratic or worse",
+    }
+}
+
+fn print_plots(rows: &[Row]) -> Result<()> {
+    let line = |label: &str, f: &dyn Fn(&Row) -> Duration| {
+        let mut l = Line::new(label);
+        for r in rows {
+            l.push(r.pods, f(r));
+        }
+        l
+    };
+    let times = [
+        line("settled", &|r| r.settled),
+        line("drain, longest", &|r| r.drain_longest),
+        line("hand-over write pause", &|r| r.handover_pause),
+        line("coordinator round, mean", &|r| r.round_mean),
+    ];
+    let title = "Scale: times against the number of pods";
+    println!("{}", growth("scale", title, "pods", "ms", &times)?);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_p99_bucket_is_the_first_whose_count_reaches_it() {
+        let text = "m_bucket{le=\"0.001\"} 50\nm_bucket{le=\"0.002\"} 99\nm_bucket{le=\"0.004\"} 100\nm_bucket{le=\"+Inf\"} 100\n";
+        assert_eq!(bucket_quantile(text, "m", 100.0, 0.99), 0.002);
+        assert_eq!(bucket_quantile(text, "m", 100.0, 1.0), 0.004);
+    }
+
+    #[test]
+    fn growth_words() {
+        assert_eq!(shape(0.1), "flat");
+        assert_eq!(shape(1.0), "linear");
+        assert_eq!(shape(2.0), "quadratic or worse");
+    }
+}

@@ -1,0 +1,201 @@
+//! `lease`: its tables, through the module's public entry points (tests of private helpers stay in the module).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use valkey_sidecar_core::lease::*;
+use valkey_sidecar_core::time::Millis;
+
+#[test]
+fn a_call_gets_one_retry_period_and_at_least_half_a_second() {
+    let t = |retry_ms| {
+        LeaseTimings {
+            retry_ms,
+            ..LeaseTimings::default()
+        }
+        .call_limit_ms()
+    };
+    assert_eq!((t(2_000), t(500), t(100)), (2_000, 500, 500));
+}
+
+const T: LeaseTimings = LeaseTimings {
+    lease_ms: 15_000,
+    renew_deadline_ms: 10_000,
+    retry_ms: 2_000,
+};
+
+fn held_by(h: &str, version: &str) -> LeaseRecord {
+    LeaseRecord {
+        holder: Some(h.into()),
+        lease_ms: 15_000,
+        transitions: 0,
+        version: version.into(),
+    }
+}
+
+#[test]
+fn timings_follow_client_go() {
+    assert!(T.validate().is_ok());
+    assert!(
+        LeaseTimings {
+            lease_ms: 10_000,
+            ..T
+        }
+        .validate()
+        .is_err()
+    );
+    assert!(
+        LeaseTimings {
+            retry_ms: 9_000,
+            ..T
+        }
+        .validate()
+        .is_err()
+    );
+}
+
+#[test]
+fn acquires_a_missing_lease() {
+    let mut e = Candidate::new("a", T);
+    assert_eq!(e.next(Millis(0)).0, LeaseAction::Read);
+    e.observe(None, Millis(0));
+    assert!(!e.exists());
+    assert_eq!(e.next(Millis(0)).0, LeaseAction::Acquire);
+    e.written(held_by("a", "1"), Millis(0));
+    assert!(e.is_coordinator(Millis(1)));
+    assert_eq!(
+        e.next(Millis(1_000)).0,
+        LeaseAction::Wait {
+            until: Millis(2_000)
+        }
+    );
+    assert_eq!(e.next(Millis(2_000)).0, LeaseAction::Renew);
+}
+
+#[test]
+fn takes_over_only_after_a_full_lease_without_change() {
+    let mut e = Candidate::new("b", T);
+    e.observe(Some(held_by("a", "1")), Millis(0));
+    assert_eq!(
+        e.next(Millis(1_000)).0,
+        LeaseAction::Wait {
+            until: Millis(2_000)
+        }
+    );
+    assert_eq!(e.next(Millis(14_999)).0, LeaseAction::Read);
+    // The holder renewed at 10 s (new version): the clock starts again.
+    e.observe(Some(held_by("a", "2")), Millis(10_000));
+    assert_eq!(e.next(Millis(20_000)).0, LeaseAction::Read);
+    e.observe(Some(held_by("a", "2")), Millis(20_000));
+    assert_eq!(e.next(Millis(25_000)).0, LeaseAction::Acquire);
+    assert_eq!(e.record_to_write().transitions, 1);
+}
+
+/// A watching follower reads nothing while the holder renews; it takes over a full lease
+/// after the last change delivered, as a polling one does; a broken watch polls again.
+#[test]
+fn a_watching_follower_reads_nothing_and_takes_over_on_the_same_clock() {
+    let mut e = Candidate::new("b", T);
+    e.set_watching(true);
+    assert_eq!(e.next(Millis(0)).0, LeaseAction::Read, "nothing known yet");
+    e.observe(Some(held_by("a", "1")), Millis(0));
+    let wait = |until| LeaseAction::Wait {
+        until: Millis(until),
+    };
+    assert_eq!(e.next(Millis(1_000)).0, wait(15_000));
+    // A renewal delivered by the watch at 2 s moves expiry to 17 s.
+    e.observe(Some(held_by("a", "2")), Millis(2_000));
+    assert_eq!(e.next(Millis(14_999)).0, wait(17_000));
+    assert_eq!(e.next(Millis(17_000)).0, LeaseAction::Acquire);
+    // A release delivered by the watch is taken at once.
+    e.observe(Some(LeaseRecord::default()), Millis(3_000));
+    assert_eq!(e.next(Millis(3_000)).0, LeaseAction::Acquire);
+    // The watch broke: back to a read every retry period.
+    e.observe(Some(held_by("a", "3")), Millis(4_000));
+    e.set_watching(false);
+    assert_eq!(e.next(Millis(5_000)).0, wait(6_000));
+    assert_eq!(e.next(Millis(6_000)).0, LeaseAction::Read);
+    assert!(e.wants_changes());
+    e.written(held_by("b", "4"), Millis(6_000));
+    assert!(!e.wants_changes(), "a holder needs no watch");
+}
+
+#[test]
+fn a_longer_lease_of_the_holder_counts_but_at_most_twice_our_own() {
+    let mut e = Candidate::new("b", T);
+    let long = |ms| LeaseRecord {
+        lease_ms: ms,
+        ..held_by("a", "1")
+    };
+    e.observe(Some(long(20_000)), Millis(0));
+    assert_eq!(e.next(Millis(19_999)).0, LeaseAction::Read);
+    assert_eq!(e.next(Millis(20_000)).0, LeaseAction::Acquire);
+    // A forged hour (or more) is honoured for two of our leases only.
+    for forged in [MAX_LEASE_MS, u64::MAX] {
+        let mut f = Candidate::new("b", T);
+        f.observe(Some(long(forged)), Millis(0));
+        assert_eq!(f.next(Millis(29_999)).0, LeaseAction::Read);
+        assert_eq!(f.next(Millis(30_000)).0, LeaseAction::Acquire);
+    }
+}
+
+#[test]
+fn a_recreated_pod_of_the_same_name_waits_out_the_old_holders_lease() {
+    let old = election_identity("valkey-0-0", Some("uid-1"));
+    let restarted = Candidate::new(old.clone(), T);
+    let recreated = Candidate::new(election_identity("valkey-0-0", Some("uid-2")), T);
+    for (mut e, takes) in [(restarted, true), (recreated, false)] {
+        e.observe(Some(held_by(&old, "1")), Millis(1_000));
+        let acquires = e.next(Millis(1_000)).0 == LeaseAction::Acquire;
+        assert_eq!(acquires, takes, "{}", e.identity);
+    }
+    assert_eq!(election_identity("p", None), "p");
+}
+
+#[test]
+fn holder_steps_down_at_the_renew_deadline() {
+    let mut e = Candidate::new("a", T);
+    e.observe(None, Millis(0));
+    e.written(held_by("a", "1"), Millis(0));
+    e.write_failed(Millis(2_000));
+    e.write_failed(Millis(9_999));
+    assert!(e.is_coordinator(Millis(9_999)));
+    assert!(!e.is_coordinator(Millis(10_000)));
+    assert_eq!(e.acting_deadline(), Some(Millis(10_000)));
+}
+
+#[test]
+fn reading_someone_else_as_holder_ends_its_term() {
+    let mut e = Candidate::new("a", T);
+    e.observe(None, Millis(0));
+    e.written(held_by("a", "1"), Millis(0));
+    e.observe(Some(held_by("b", "5")), Millis(100));
+    assert!(!e.is_coordinator(Millis(100)));
+}
+
+#[test]
+fn failed_reads_are_paced() {
+    let mut e = Candidate::new("b", T);
+    e.observe(Some(held_by("a", "1")), Millis(0));
+    e.read_failed(Millis(2_000));
+    assert_eq!(
+        e.next(Millis(2_001)).0,
+        LeaseAction::Wait {
+            until: Millis(4_000)
+        }
+    );
+}
+
+#[test]
+fn released_lease_is_taken_at_once() {
+    let mut e = Candidate::new("b", T);
+    e.observe(Some(held_by("a", "1")), Millis(0));
+    // The holder released it: holder emptied, new version.
+    e.observe(
+        Some(LeaseRecord {
+            holder: Some(String::new()),
+            version: "2".into(),
+            ..LeaseRecord::default()
+        }),
+        Millis(500),
+    );
+    assert_eq!(e.next(Millis(500)).0, LeaseAction::Acquire);
+}
