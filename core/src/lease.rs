@@ -1,7 +1,7 @@
 //! Lease election with client-go semantics, as a pure state machine.
 //!
 //! The adapter reads the Lease, feeds the record to [`Candidate::observe`] with the local monotonic
-//! time, asks [`Candidate::decide`] what to do, performs the write (carrying the record's
+//! time, asks [`Candidate::next`] what to do, performs the write (carrying the record's
 //! `resourceVersion`, so a concurrent writer gets 409) and reports back with
 //! [`Candidate::written`] or [`Candidate::write_failed`].
 //!

@@ -1,7 +1,7 @@
 //! The supervised rolling update: which pod to replace next, so that every primary moves once.
 //!
 //! The chart's StatefulSets use `updateStrategy: OnDelete`; the coordinator replaces the pods not
-//! at their set's update revision itself, one step at a time ([`next`]):
+//! at their set's update revision itself, one step at a time ([`decide`]):
 //! 1. Replicas first, one per shard at a time: an out-of-sync or unready one first (replacing it
 //!    costs nothing), else the highest ordinal — and only while every *other* pod of the shard is
 //!    Ready, in sync and staying, with a live primary among them.
