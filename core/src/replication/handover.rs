@@ -18,6 +18,9 @@ pub const WRITE_RETRY_MS: u64 = 100;
 /// a millisecond, and every look is one `INFO` on one replica.
 pub const CATCH_UP_POLL_MS: u64 = 2;
 
+/// Why a hand-over rolls back when the record's epoch is at its maximum.
+const EPOCH_EXHAUSTED: &str = "the epoch cannot increase any further";
+
 /// One command of a hand-over, as data.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RecordHandoverCommand {
@@ -228,10 +231,6 @@ impl RecordHandoverRun {
         }
     }
 
-    pub fn plan(&self) -> &RecordHandoverPlan {
-        &self.plan
-    }
-
     pub fn phase(&self) -> &Phase {
         &self.phase
     }
@@ -343,7 +342,7 @@ impl RecordHandoverRun {
     /// The target has every acknowledged write: hand it the record at the next epoch.
     fn write_record(&mut self) -> RecordHandoverStep {
         let Some(command) = self.record_write() else {
-            return self.roll_back("the epoch cannot increase any further".into());
+            return self.roll_back(EPOCH_EXHAUSTED.into());
         };
         self.phase = Phase::Writing;
         self.send(command)
@@ -400,7 +399,7 @@ impl RecordHandoverRun {
     fn retry_write(&mut self) -> RecordHandoverStep {
         match self.record_write() {
             Some(command) => self.wait(WRITE_RETRY_MS, command),
-            None => self.roll_back("the epoch cannot increase any further".into()),
+            None => self.roll_back(EPOCH_EXHAUSTED.into()),
         }
     }
 
