@@ -56,6 +56,7 @@ fn seen_record(exists: f64) -> impl Strategy<Value = SeenRecord> {
         SeenRecord {
             record: r,
             read_at: Millis(read),
+            heard_at: Millis(read),
             changed_at: Millis(changed.min(read)),
             last_epoch,
         }
@@ -652,7 +653,7 @@ proptest! {
         v.holding = None;
         if has_record {
             let last_epoch = Some(rec.epoch);
-            v.record = Some(SeenRecord { record: Some(rec), read_at: v.now, changed_at: v.now, last_epoch });
+            v.record = Some(SeenRecord { record: Some(rec), read_at: v.now, changed_at: v.now, last_epoch, heard_at: v.now });
         } else {
             v.other_master = true;
         }

@@ -17,6 +17,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::ListParams;
+use kube::runtime::watcher;
 use tokio::sync::watch;
 use valkey_sidecar_core::health::{Bounds, HealthState};
 use valkey_sidecar_core::heartbeat::{PeerSight, Promise};
@@ -116,6 +117,9 @@ struct KeeperMemory {
     /// The successor last refused (reported once, `foreign`).
     unfollowed: Option<String>,
     force_read: bool,
+    /// When the watch of the record last delivered a change; `None` after an error (reads every
+    /// retry period resume until it delivers again).
+    last_event: Option<Millis>,
     last_reason: String,
 }
 
@@ -162,10 +166,7 @@ impl Keeper {
                 _ = tokio::time::sleep(wake) => {}
                 () = sight_changed(&mut beats) => {}
                 Ok(()) = observed.changed() => {}
-                Some(change) = changes.next() => match change {
-                    Ok(rec) => memory.force_read |= moved(&memory, &rec),
-                    Err(e) => self.metrics.watch_error("shard_record", &e),
-                },
+                Some(change) = changes.next() => self.heard(change, &mut memory),
                 _ = shutdown.changed() => break,
             }
             self.step(&seat, &records, &mut session, &mut memory).await;
@@ -426,8 +427,33 @@ impl Keeper {
         LocalValkey::read(&obs, observed_at, now, &mut memory.valkey)
     }
 
-    /// Reads the record every retry period, at once when the local role changed since the last
-    /// read, and after a refused write.
+    /// A change the record's watch delivered: a moved claim is read at once (decisions rest on
+    /// quorum reads); a renewal of the same claim is taken as it is, unless this agent holds the
+    /// record (its own writes keep it current); an error brings back the periodic reads.
+    fn heard(&self, change: Result<ShardRecord, watcher::Error>, memory: &mut KeeperMemory) {
+        let rec = match change {
+            Ok(rec) => rec,
+            Err(e) => {
+                self.metrics.watch_error("shard_record", &e);
+                memory.last_event = None;
+                return;
+            }
+        };
+        let now = self.clock.now();
+        memory.last_event = Some(now);
+        if moved(memory, &rec) {
+            memory.force_read = true;
+            return;
+        }
+        if memory.holding.is_none()
+            && let Some(next) = memory.seen.as_ref().and_then(|s| s.after_event(rec, now))
+        {
+            memory.seen = Some(next);
+        }
+    }
+
+    /// Reads the record at once when the local role changed since the last read, after a
+    /// refused write or a moved claim, and every retry period while its watch is not live.
     async fn read_if_due(
         &self,
         records: &RecordClient,
@@ -437,7 +463,15 @@ impl Keeper {
         let now = self.clock.now();
         let since = valkey.map(|v| v.since);
         let seen = memory.seen.as_ref();
-        if !keeper_read_due(seen, memory.force_read, since, now, self.timings.retry_ms) {
+        let periods = (self.timings.retry_ms, self.timings.lease_ms);
+        if !keeper_read_due(
+            seen,
+            memory.force_read,
+            since,
+            now,
+            periods,
+            memory.last_event,
+        ) {
             return;
         }
         match records.read().await {

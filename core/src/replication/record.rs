@@ -113,6 +113,10 @@ pub struct SeenRecord {
     /// The highest epoch this agent has read on the record, kept while it is absent: a record
     /// that vanishes is re-created above it (`promotion::decide`).
     pub last_epoch: Option<u64>,
+    /// When the apiserver last told this agent about the record: the last read's send, or the
+    /// receipt of the last change a watch delivered ([`SeenRecord::after_event`]). The gap rule
+    /// of [`SeenRecord::after_continuous_read`] measures from it.
+    pub heard_at: Millis,
 }
 
 impl SeenRecord {
@@ -140,7 +144,31 @@ impl SeenRecord {
             record,
             read_at: sent,
             changed_at,
+            heard_at: sent,
         }
+    }
+
+    /// The record as a watch delivered it at `received`, when it makes the same claim as the one
+    /// read (a renewal): its new `resourceVersion` counts as changed at the receipt — after the
+    /// write it shows, so an expiry judged from it is never early — but `read_at` stays the last
+    /// quorum read's, which is what the keeper's decisions rest on. `None`: the claim moved (or
+    /// nothing was read yet), which calls for a read instead.
+    pub fn after_event(&self, record: ShardRecord, received: Millis) -> Option<SeenRecord> {
+        let same = self.record.as_ref().is_some_and(|r| r.same_claim(&record));
+        if !same {
+            return None;
+        }
+        let changed = self
+            .record
+            .as_ref()
+            .is_none_or(|r| r.version != record.version);
+        Some(SeenRecord {
+            changed_at: if changed { received } else { self.changed_at },
+            last_epoch: self.last_epoch.max(Some(record.epoch)),
+            record: Some(record),
+            heard_at: received,
+            ..self.clone()
+        })
     }
 
     /// [`SeenRecord::after_read`], for a judge of expiry: a read after a gap of more than `gap_ms`
@@ -156,7 +184,7 @@ impl SeenRecord {
         gap_ms: u64,
     ) -> SeenRecord {
         let mut seen = SeenRecord::after_read(prev, record, sent, received);
-        if prev.is_some_and(|p| sent.since(p.read_at) > gap_ms) {
+        if prev.is_some_and(|p| sent.since(p.heard_at.max(p.read_at)) > gap_ms) {
             seen.changed_at = received;
         }
         seen
@@ -201,18 +229,29 @@ pub fn calm<'a>(
     !busy && linked && record.holder().is_some_and(serving)
 }
 
-/// Whether an agent's keeper reads its record now: at its first read, after a refused write
-/// (`forced`), once per retry period, and at once when its Valkey's role changed after the last
-/// read (`role_since`).
+/// Whether an agent's keeper reads its record now: at its first read, after a refused write or a
+/// watched change of the claim (`forced`), at once when its Valkey's role changed after the last
+/// read (`role_since`), and once per retry period — unless its watch of the record is live.
+///
+/// Live: the watch delivered a change (`last_event`) within the last lease. While a holder
+/// renews, each renewal is a change, so a live watch hears one every retry period; a follower
+/// then reads only when something moved, and costs the apiserver nothing. A watch that goes quiet
+/// for a lease — broken, stalled, or a holder that stopped renewing — brings the reads back, just
+/// as a failover may be near.
 pub fn keeper_read_due(
     seen: Option<&SeenRecord>,
     forced: bool,
     role_since: Option<Millis>,
     now: Millis,
-    retry_ms: u64,
+    (retry_ms, lease_ms): (u64, u64),
+    last_event: Option<Millis>,
 ) -> bool {
     let Some(s) = seen else {
         return true;
     };
-    forced || now.since(s.read_at) >= retry_ms || role_since.is_some_and(|t| t > s.read_at)
+    if forced || role_since.is_some_and(|t| t > s.read_at) {
+        return true;
+    }
+    let live = last_event.is_some_and(|t| now.since(t) < lease_ms);
+    !live && now.since(s.read_at) >= retry_ms
 }

@@ -32,6 +32,7 @@ pub fn seen(record: Option<ShardRecord>, read_at: u64) -> SeenRecord {
         last_epoch: record.as_ref().map(|r| r.epoch),
         record,
         read_at: Millis(read_at),
+        heard_at: Millis(read_at),
         changed_at: Millis(read_at),
     }
 }
