@@ -184,6 +184,7 @@ fn observer(
             .then_some(config.quorum_fence)
             .flatten()
             .map(|p| quorum_fence(p, shared)),
+        claim: shared.claim.as_ref().map(|(_, rx)| rx.clone()),
     }
 }
 

@@ -30,6 +30,9 @@ pub struct Observer {
     pub hurry: watch::Receiver<bool>,
     /// Cluster mode: pauses writes while this primary hears only a minority of primaries.
     pub quorum: Option<QuorumFence>,
+    /// Replication mode with a coordinator: whether the keeper may advertise Valkey as primary
+    /// (readiness, as `/readyz` says it, for the metrics).
+    pub claim: Option<watch::Receiver<bool>>,
 }
 
 /// The tick period while hurried: the promoted node is seen (and advertised) within this.
@@ -110,7 +113,8 @@ impl Observer {
         let now = self.clock.now();
         self.state.send_modify(|h| h.record(now, outcome));
         let state = self.state.borrow();
-        let ready = state.readiness(now, &self.bounds, self.mode).ok;
+        let claim = self.claim.as_ref().map(|rx| *rx.borrow());
+        let ready = state.readiness(now, &self.bounds, self.mode, claim).ok;
         self.metrics.update(&state, now, &self.bounds, ready);
     }
 }

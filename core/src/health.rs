@@ -194,12 +194,24 @@ impl HealthState {
     }
 
     /// `/readyz`: the node can serve its role — a primary that serves, a replica that is in sync.
-    pub fn readiness(&self, now: Millis, bounds: &Bounds, mode: Mode) -> Verdict {
+    /// `claim`: where the role is checked against a record (replication mode), whether this
+    /// master is the one on record; one that is not (fenced, superseded, or an empty restart) is
+    /// not ready: its writes are not the shard's, and a PodDisruptionBudget must not count it.
+    pub fn readiness(
+        &self,
+        now: Millis,
+        bounds: &Bounds,
+        mode: Mode,
+        claim: Option<bool>,
+    ) -> Verdict {
         let obs = match self.fresh(now, bounds) {
             Ok(obs) => obs,
             Err(v) => return v,
         };
         match obs.role {
+            Role::Primary if claim == Some(false) => {
+                Verdict::fail("primary, but not on record: fenced or superseded")
+            }
             Role::Primary => self.primary_ready(obs, mode),
             Role::Replica => replica_ready(obs, bounds.max_lag_bytes),
             Role::Unknown => Verdict::fail("role unknown"),

@@ -86,9 +86,14 @@ fn standalone_primary() {
     assert_eq!(o.failover_state.as_deref(), Some("no-failover"));
     assert!(o.cluster.is_none());
     let (h, now) = health(&["standalone-primary"], Mode::Replication);
-    assert!(h.readiness(now, &BOUNDS, Mode::Replication).ok);
+    assert!(h.readiness(now, &BOUNDS, Mode::Replication, None).ok);
     assert!(h.primary(now, &BOUNDS).ok);
     assert!(!h.replica(now, &BOUNDS, None).ok);
+    // Where a record is kept: ready only on record (a fenced or superseded master holds no data a
+    // PodDisruptionBudget may count on).
+    assert!(h.readiness(now, &BOUNDS, Mode::Replication, Some(true)).ok);
+    let off = h.readiness(now, &BOUNDS, Mode::Replication, Some(false));
+    assert!(!off.ok && off.reason.contains("not on record"), "{off:?}");
 }
 
 #[test]
@@ -99,7 +104,9 @@ fn replica_link_up_is_ready() {
     assert!(link.up && !link.sync_in_progress);
     assert!(link.port > 0 && !link.host.is_empty());
     let (h, now) = health(&["replica-link-up"], Mode::Replication);
-    assert!(h.readiness(now, &BOUNDS, Mode::Replication).ok);
+    assert!(h.readiness(now, &BOUNDS, Mode::Replication, None).ok);
+    // A replica is not held to the primary's record.
+    assert!(h.readiness(now, &BOUNDS, Mode::Replication, Some(false)).ok);
     assert!(
         h.replica(now, &BOUNDS, Some(0)).ok,
         "lag unknown in replication mode: link decides"
@@ -110,7 +117,7 @@ fn replica_link_up_is_ready() {
 #[test]
 fn replica_link_down_is_not_ready() {
     let (h, now) = health(&["replica-link-down"], Mode::Replication);
-    let v = h.readiness(now, &BOUNDS, Mode::Replication);
+    let v = h.readiness(now, &BOUNDS, Mode::Replication, None);
     assert!(!v.ok);
     assert_eq!(v.reason, "link to primary is down");
     assert_eq!(
@@ -130,7 +137,7 @@ fn replica_syncing_is_not_ready() {
         let o = obs(state, Mode::Replication);
         assert!(o.link.as_ref().unwrap().sync_in_progress, "{state}");
         let (h, now) = health(&[state], Mode::Replication);
-        let v = h.readiness(now, &BOUNDS, Mode::Replication);
+        let v = h.readiness(now, &BOUNDS, Mode::Replication, None);
         assert!(!v.ok, "{state}");
         assert_eq!(h.role(now, &BOUNDS), Role::Replica);
     }
@@ -145,7 +152,7 @@ fn loading_is_alive_but_not_ready_and_role_unknown() {
     let (h, now) = health(&["loading"], Mode::Replication);
     assert_eq!(h.role(now, &BOUNDS), Role::Unknown);
     assert_eq!(
-        h.readiness(now, &BOUNDS, Mode::Replication).reason,
+        h.readiness(now, &BOUNDS, Mode::Replication, None).reason,
         "loading dataset"
     );
     assert!(h.liveness(now, &BOUNDS).ok);
@@ -175,7 +182,7 @@ fn cluster_primary_sees_its_shard() {
             .all(|n| n.health == NodeHealth::Online && n.availability_zone.is_some())
     );
     let (h, now) = health(&["cluster-primary"], Mode::Cluster);
-    assert!(h.readiness(now, &BOUNDS, Mode::Cluster).ok);
+    assert!(h.readiness(now, &BOUNDS, Mode::Cluster, None).ok);
 }
 
 #[test]
@@ -185,12 +192,12 @@ fn cluster_replica_knows_its_lag() {
     let lag = o.lag_bytes(None).unwrap();
     assert!(lag < 1024, "synced replica, lag {lag}");
     let (h, now) = health(&["cluster-replica"], Mode::Cluster);
-    assert!(h.readiness(now, &BOUNDS, Mode::Cluster).ok);
+    assert!(h.readiness(now, &BOUNDS, Mode::Cluster, None).ok);
     let tight = Bounds {
         max_lag_bytes: 0,
         ..BOUNDS
     };
-    assert_eq!(h.readiness(now, &tight, Mode::Cluster).ok, lag == 0);
+    assert_eq!(h.readiness(now, &tight, Mode::Cluster, None).ok, lag == 0);
 }
 
 #[test]
@@ -213,10 +220,10 @@ fn cluster_fail_is_sticky_once_joined() {
     );
     // A node that never saw the cluster healthy is not ready…
     let (fresh, now) = health(&["cluster-fail"], Mode::Cluster);
-    assert!(!fresh.readiness(now, &BOUNDS, Mode::Cluster).ok);
+    assert!(!fresh.readiness(now, &BOUNDS, Mode::Cluster, None).ok);
     // …but a joined node stays ready when another shard fails, so PDBs do not see every pod drop.
     let (joined, now) = health(&["cluster-primary", "cluster-fail"], Mode::Cluster);
-    assert!(joined.readiness(now, &BOUNDS, Mode::Cluster).ok);
+    assert!(joined.readiness(now, &BOUNDS, Mode::Cluster, None).ok);
 }
 
 #[test]
@@ -233,7 +240,7 @@ fn cluster_failover_flips_roles() {
 fn cluster_replica_loading_has_unknown_role() {
     let (h, now) = health(&["cluster-replica-loading"], Mode::Cluster);
     assert_eq!(h.role(now, &BOUNDS), Role::Unknown);
-    assert!(!h.readiness(now, &BOUNDS, Mode::Cluster).ok);
+    assert!(!h.readiness(now, &BOUNDS, Mode::Cluster, None).ok);
 }
 
 #[test]
@@ -254,7 +261,7 @@ fn stale_observations_lose_role_and_readiness() {
     let later = now.plus(BOUNDS.stale_after_ms + 1);
     assert_eq!(h.role(later, &BOUNDS), Role::Unknown);
     h.record(later, Outcome::Unreachable("connect: refused".into()));
-    let v = h.readiness(later, &BOUNDS, Mode::Replication);
+    let v = h.readiness(later, &BOUNDS, Mode::Replication, None);
     assert!(!v.ok && v.reason.contains("refused"), "{v:?}");
     assert!(h.liveness(later, &BOUNDS).ok, "within the liveness window");
     let dead = later.plus(BOUNDS.liveness_window_ms);

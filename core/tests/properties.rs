@@ -131,7 +131,7 @@ proptest! {
         for (dt, o) in steps {
             now = now.plus(dt);
             h.record(now, o);
-            let ready = h.readiness(now, &BOUNDS, mode).ok;
+            let ready = h.readiness(now, &BOUNDS, mode, None).ok;
             let fresh = h.observation.as_ref().filter(|(at, _)| now.since(*at) <= BOUNDS.stale_after_ms).map(|(_, o)| o);
             match fresh {
                 None => {

@@ -94,7 +94,7 @@ impl App {
         let b = &self.bounds;
         match path {
             "/livez" => verdict(self.held(state.liveness(now, b), state.down)),
-            "/readyz" => verdict(state.readiness(now, b, self.mode)),
+            "/readyz" => verdict(state.readiness(now, b, self.mode, self.claim())),
             "/startupz" => verdict(state.startup()),
             "/primary" => verdict(claimed(state.primary(now, b), self.claim.as_ref())),
             "/replica" => match lag_param(query) {
@@ -125,6 +125,11 @@ fn known_path(path: &str) -> &'static str {
 }
 
 impl App {
+    /// Replication mode with a coordinator: whether the keeper may advertise its Valkey as primary.
+    pub(super) fn claim(&self) -> Option<bool> {
+        self.claim.as_ref().map(|rx| *rx.borrow())
+    }
+
     /// `/valkey-start`: `valkey-sidecar await`'s question. Without a guard (replication mode) it
     /// is always "go": there the shard record keeps a restarted primary from being trusted.
     fn start_verdict(&self) -> Verdict {

@@ -47,7 +47,7 @@ struct ValkeyStatus<'a> {
 
 /// Renders the status document.
 pub(super) fn render(state: &HealthState, app: &App, now: Millis) -> String {
-    let ready = state.readiness(now, &app.bounds, app.mode);
+    let ready = state.readiness(now, &app.bounds, app.mode, app.claim());
     let id = &app.identity;
     let status = Status {
         agent_version: env!("CARGO_PKG_VERSION"),
