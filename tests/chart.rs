@@ -343,6 +343,37 @@ fn cert_manager_makes_the_secrets_the_pods_mount() {
     );
 }
 
+/// With TLS in cluster mode, Valkey announces each node by the hostname its certificate names,
+/// so a cluster client that follows a redirect can verify whom it reaches; without TLS, or in
+/// replication mode (no redirects), the addresses stay as they were.
+#[test]
+fn a_tls_cluster_announces_hostnames_its_certificate_names() {
+    let args = |sets: &[&str]| {
+        let objects = rendered_objects(&render_sets(sets).unwrap());
+        let sts = of_kind(&objects, "StatefulSet")[0].clone();
+        let valkey = container(&sts, "valkey").clone();
+        (valkey["args"].to_string(), env_of(&valkey, "POD_NAME"))
+    };
+    let tls = ["tls.enabled=true", "tls.existingSecret=t"];
+    let (on, pod_name) = args(&tls);
+    assert!(
+        on.contains(r#""--cluster-announce-hostname","$(POD_NAME).valkey-headless.valkey.svc""#),
+        "{on}"
+    );
+    assert!(
+        on.contains(r#""--cluster-preferred-endpoint-type","hostname""#),
+        "{on}"
+    );
+    assert_eq!(
+        pod_name["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.name"
+    );
+    let (plain, _) = args(&[]);
+    assert!(!plain.contains("announce-hostname"), "{plain}");
+    let (replication, _) = args(&[tls[0], tls[1], "mode=replication"]);
+    assert!(!replication.contains("announce-hostname"), "{replication}");
+}
+
 /// Many deployments side by side: two releases in one namespace and one in another, each at the
 /// longest name the chart takes (40 characters, differing only in the last), with every optional
 /// object on. No two objects share a name (cluster-scoped ones across namespaces too); every name

@@ -276,6 +276,13 @@ config file, so the pod needs no init step; secrets come in through `$(VAR)` fro
 {{- if eq $v.mode "cluster" }}
 - --tls-cluster
 - "yes"
+# A cluster client follows redirects to the address each node announces: by hostname, which the
+# certificate names (`*.<name>-headless.<namespace>.svc`), a TLS client can verify it; an IP it
+# could not.
+- --cluster-announce-hostname
+- "$(POD_NAME).{{ include "valkey-sidecar.cluster" .root }}-headless.{{ .root.Release.Namespace }}.svc"
+- --cluster-preferred-endpoint-type
+- hostname
 {{- end }}
 {{- else }}
 - --port
