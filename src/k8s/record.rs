@@ -13,7 +13,7 @@ use futures::stream::{BoxStream, StreamExt};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
 use kube::api::ObjectMeta;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use valkey_sidecar_core::replication::ShardRecord;
 
 use super::KubeError;
@@ -62,14 +62,22 @@ impl RecordClient {
         self.lease.name()
     }
 
-    /// The record each time the Lease changes (from a watch, re-established with backoff), or the
-    /// watch's error. Only a hint that something changed: a watch may lag, so decisions read the
-    /// record first.
-    pub fn watch(&self) -> BoxStream<'static, Result<ShardRecord, watcher::Error>> {
+    /// The record each time the Lease changes (from a watch, re-established with backoff), `None`
+    /// when it was deleted, or the watch's error. A watch may lag: what it says moved is read
+    /// before anything is decided on it.
+    pub fn watch(&self) -> BoxStream<'static, Result<Option<ShardRecord>, watcher::Error>> {
         self.lease
             .changes()
-            .applied_objects()
-            .map(|lease| lease.map(|l| record_of(&l)))
+            .filter_map(|event| async move {
+                match event {
+                    Ok(watcher::Event::Apply(l) | watcher::Event::InitApply(l)) => {
+                        Some(Ok(Some(record_of(&l))))
+                    }
+                    Ok(watcher::Event::Delete(_)) => Some(Ok(None)),
+                    Ok(watcher::Event::Init | watcher::Event::InitDone) => None,
+                    Err(e) => Some(Err(e)),
+                }
+            })
             .boxed()
     }
 

@@ -430,9 +430,13 @@ impl Keeper {
     /// A change the record's watch delivered: a moved claim is read at once (decisions rest on
     /// quorum reads); a renewal of the same claim is taken as it is, unless this agent holds the
     /// record (its own writes keep it current); an error brings back the periodic reads.
-    fn heard(&self, change: Result<ShardRecord, watcher::Error>, memory: &mut KeeperMemory) {
-        let rec = match change {
-            Ok(rec) => rec,
+    fn heard(
+        &self,
+        change: Result<Option<ShardRecord>, watcher::Error>,
+        memory: &mut KeeperMemory,
+    ) {
+        let change = match change {
+            Ok(change) => change,
             Err(e) => {
                 self.metrics.watch_error("shard_record", &e);
                 memory.last_event = None;
@@ -441,6 +445,11 @@ impl Keeper {
         };
         let now = self.clock.now();
         memory.last_event = Some(now);
+        // Deleted: read it (the holder re-creates it one epoch up, not by its next renewal).
+        let Some(rec) = change else {
+            memory.force_read = true;
+            return;
+        };
         if moved(memory, &rec) {
             memory.force_read = true;
             return;
