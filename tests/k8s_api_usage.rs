@@ -1,11 +1,13 @@
 //! API usage per agent in steady state, from the apiserver's own records (its audit log): a
 //! follower writes nothing and follows the Lease through a watch (no read every retry period),
-//! the Lease holder writes nothing but its Lease renewals.
+//! the Lease holder writes nothing but its Lease renewals; in replication mode the same holds for
+//! the shard record, which its holder renews and the others watch.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, SystemTime};
 
 use valkey_sidecar_testkit::k8s::audit::pod_identity;
+use valkey_sidecar_testkit::k8s::shard::record;
 use valkey_sidecar_testkit::k8s::{ROLE_LABEL, Stage, StageOptions, poll_until};
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -18,10 +20,8 @@ async fn holder(s: &Stage) -> Option<String> {
     s.coordinator_holder().await.unwrap()
 }
 
-/// The chart's 3 × 2 cluster with the apiserver's audit log on; returns it once some agent holds
-/// the Lease.
-async fn coordinated_stage(namespace: &str) -> (Stage, String) {
-    let mut o = StageOptions::cluster(namespace, 3, 1);
+/// The stage `o` with the apiserver's audit log on; returns it once some agent holds the Lease.
+async fn coordinated_stage(mut o: StageOptions) -> (Stage, String) {
     o.plane = o.plane.audit();
     let s = Stage::start(o).await.unwrap();
     let h = s.wait_coordinator(30 * SECOND).await.unwrap();
@@ -51,7 +51,7 @@ async fn wait_steady(s: &Stage) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_steady_state_followers_write_nothing_and_the_holder_only_renews() {
-    let (s, coordinator) = coordinated_stage("api-usage").await;
+    let (s, coordinator) = coordinated_stage(StageOptions::cluster("api-usage", 3, 1)).await;
     wait_steady(&s).await;
     let from = SystemTime::now();
     tokio::time::sleep(WINDOW).await;
@@ -113,4 +113,48 @@ async fn in_steady_state_followers_write_nothing_and_the_holder_only_renews() {
         renewals as f64 <= 1.5 * expected && renewals as f64 >= 0.5 * expected,
         "{renewals} renewals in {WINDOW:?}, expected about {expected}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_replication_mode_followers_watch_both_leases_and_the_holders_only_renew() {
+    let (s, coordinator) = coordinated_stage(StageOptions::replication("api-usage-repl", 2)).await;
+    wait_steady(&s).await;
+    let primary = record(&s, "0").await.and_then(|r| r.holder).expect("a record holder");
+    let from = SystemTime::now();
+    tokio::time::sleep(WINDOW).await;
+    let to = SystemTime::now();
+    assert_eq!(holder(&s).await.as_deref(), Some(coordinator.as_str()));
+    assert_eq!(
+        record(&s, "0").await.and_then(|r| r.holder).as_deref(),
+        Some(primary.as_str()),
+        "the record changed hands during the window"
+    );
+    tokio::time::sleep(SECOND).await;
+    let log = s.plane.audit_log().unwrap();
+    let usage = log.usage(from, to).unwrap();
+    let who = |pod: &str| pod_identity(&s.namespace, pod);
+    let agents: Vec<(String, String)> = s.pods.iter().map(|p| (p.clone(), who(p))).collect();
+    println!(
+        "coordinator {coordinator}, record holder {primary}; requests per minute over {WINDOW:?}:\n{}\n{}",
+        usage.verb_table(&agents),
+        usage.detail_table(&agents)
+    );
+    let expected = WINDOW.as_secs_f64() / RETRY_PERIOD.as_secs_f64();
+    for p in &s.pods {
+        // Two Leases followed (the coordinator's and the record): at most one re-established
+        // watch each in the window, where polling the record read 15 times.
+        let lease_reads: u64 = ["get", "list", "watch"]
+            .iter()
+            .map(|verb| usage.get(&who(p), verb, "leases"))
+            .sum();
+        assert!(lease_reads <= 2, "{p} read the Leases {lease_reads} times");
+        // One renewal per retry period for each Lease the pod holds, and no other write.
+        let held = [*p == coordinator, *p == primary].iter().filter(|h| **h).count() as f64;
+        let renewals = usage.get(&who(p), "update", "leases");
+        assert_eq!(usage.writes(&who(p)), renewals, "{p} wrote more than renewals");
+        assert!(
+            renewals as f64 <= 1.5 * held * expected && renewals as f64 >= 0.5 * held * expected,
+            "{p} renewed {renewals} times in {WINDOW:?}, holding {held} Leases"
+        );
+    }
 }
