@@ -90,14 +90,23 @@ async fn a_deleted_cluster_node_comes_back_with_its_node_id() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_one_pod_shard_without_persistence_needs_its_record_removed_after_a_restart() {
     // The documented gap (docs/operations.md, "A shard of one pod"): the pod comes back empty, its
-    // agent will not take back a claim made by an earlier run, and nobody else can. The documented
-    // way out works: remove the record and the pod bootstraps a new one.
+    // agent will not take back a claim made by an earlier run, and nobody else can. Its empty
+    // master is not on record, so it is neither labelled nor Ready (no Service sends it clients,
+    // no budget counts it). The documented way out works: remove the record and the pod
+    // bootstraps a new one.
     let s = Stage::start(StageOptions::replication("one-pod-empty", 0))
         .await
         .unwrap();
     let name = "valkey-0-0";
-    s.recycle(name, 120 * SECOND).await.unwrap();
+    s.api().delete(name, &Default::default()).await.unwrap();
+    s.wait_gone(name, 60 * SECOND).await.unwrap();
+    s.wait_valkey_up(1, 120 * SECOND).await.unwrap();
     tokio::time::sleep(5 * SECOND).await;
+    let pods = s.pod_objects().await.unwrap();
+    assert!(
+        !pods.iter().any(valkey_sidecar_testkit::k8s::pod_is_ready),
+        "an empty master not on record is Ready"
+    );
     let labels = s.labels(name).await.unwrap();
     assert_eq!(labels.get("valkey.io/role"), None, "{labels:?}");
     let leases: Api<Lease> = Api::namespaced(s.plane.client(), &s.namespace);

@@ -9,8 +9,8 @@ use valkey_sidecar_core::heartbeat::{PeerSight, Promise, VouchedUntil};
 use valkey_sidecar_core::observation::{History, Observation, PrimaryLink, Role};
 use valkey_sidecar_core::replication::{
     LocalAction, LocalRole, LocalValkey, LocalView, NOT_FOLLOWING, RunTrust, SeenRecord,
-    ShardRecord, Successor, ValkeyMemory, awaiting_promotion, claim, keeper, may_advertise,
-    successor_wanted,
+    ShardRecord, Successor, ValkeyMemory, address_fresh, awaiting_promotion, claim, keeper,
+    may_advertise, successor_wanted,
 };
 use valkey_sidecar_core::time::Millis;
 
@@ -894,6 +894,18 @@ fn the_role_is_dated_from_its_first_sight_in_this_run() {
     };
     let r = read(&replica, 400, &mut memory);
     assert_eq!((r.since, r.observed_at), (Millis(400), Millis(400)));
+    assert!(!r.linked, "the link is not up yet");
+    let mut linked = replica.clone();
+    if let Some(l) = linked.link.as_mut() {
+        l.up = true;
+    }
+    let r = read(&linked, 500, &mut memory);
+    assert!(r.linked);
+    assert_eq!(
+        r.since,
+        Millis(400),
+        "the link coming up does not change the role"
+    );
 }
 
 #[test]
@@ -917,4 +929,40 @@ fn a_master_whose_run_started_empty_or_restarted_stays_fresh_until_it_holds_the_
     // Holding the record with another run does not vouch for this one.
     memory.held("r1");
     assert!(fresh(&run(Role::Primary, "r2", 9), &mut memory));
+}
+
+// address_fresh: how long the recorded primary's looked-up address is used.
+
+#[test]
+fn an_address_is_asked_again_after_10_s_unless_proven_then_after_5_min() {
+    let addr = "10.0.0.10:6379";
+    let linked = LocalValkey {
+        linked: true,
+        ..replica_of(addr, 0)
+    };
+    let unlinked = replica_of(addr, 0);
+    let elsewhere = LocalValkey {
+        linked: true,
+        ..replica_of("10.0.0.11:6379", 0)
+    };
+    let cases: [(&str, u64, bool, Option<&LocalValkey>, bool); 9] = [
+        ("young, unproven", 9_999, false, None, true),
+        ("old, unproven", 10_000, false, None, false),
+        ("old, link down", 60_000, false, Some(&unlinked), false),
+        ("old, linked to it", 60_000, false, Some(&linked), true),
+        (
+            "old, linked elsewhere",
+            60_000,
+            false,
+            Some(&elsewhere),
+            false,
+        ),
+        ("old, a master", 60_000, false, Some(&master("r", 0)), false),
+        ("old, its own", 60_000, true, None, true),
+        ("rechecked, linked", 300_000, false, Some(&linked), false),
+        ("rechecked, its own", 300_000, true, None, false),
+    ];
+    for (name, age, own, valkey, fresh) in cases {
+        assert_eq!(address_fresh(addr, age, own, valkey), fresh, "{name}");
+    }
 }

@@ -157,6 +157,7 @@ fn local_valkey() -> impl Strategy<Value = LocalValkey> {
             since: Millis(since),
             observed_at: Millis(since),
             history,
+            linked: false,
         })
 }
 

@@ -24,7 +24,8 @@ use valkey_sidecar_core::heartbeat::{PeerSight, Promise};
 use valkey_sidecar_core::lease::LeaseTimings;
 use valkey_sidecar_core::replication::{
     Claim, Holding, LocalAction, LocalValkey, LocalView, SeenRecord, ShardRecord, ValkeyMemory,
-    awaiting_promotion, claim, keeper, keeper_read_due, may_advertise, successor_wanted, unvouched,
+    address_fresh, awaiting_promotion, claim, keeper, keeper_read_due, may_advertise,
+    successor_wanted, unvouched,
 };
 use valkey_sidecar_core::time::Millis;
 
@@ -88,9 +89,6 @@ pub struct KeeperBeats {
 
 /// A shard and its record as seen by this agent's keeper.
 pub type RecordSeed = Option<(String, SeenRecord)>;
-
-/// How long a looked-up primary address is trusted.
-const ADDR_REFRESH_MS: u64 = 10_000;
 
 /// Where this pod sits, from its own labels.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -344,7 +342,7 @@ impl Keeper {
         for _ in 0..3 {
             let valkey = self.local_valkey(memory);
             self.read_if_due(records, valkey.as_ref(), memory).await;
-            self.resolve_primary(seat, memory).await;
+            self.resolve_primary(seat, valkey.as_ref(), memory).await;
             let other_master = self.other_master(seat, memory).await;
             let mut view = self.view(seat, valkey, memory, other_master);
             if let Some(addr) = view
@@ -492,11 +490,16 @@ impl Keeper {
         }
     }
 
-    /// The address of the recorded primary: looked up when unknown and again every
-    /// [`ADDR_REFRESH_MS`] (a recreated pod keeps its name but gets a new IP). Only a pod of this
-    /// cluster and shard has an address: a record naming any other pod (forged, or from another
-    /// deployment) never makes this Valkey replicate from it.
-    async fn resolve_primary(&self, seat: &Seat, memory: &mut KeeperMemory) {
+    /// The address of the recorded primary: looked up when unknown and again when no longer
+    /// [`address_fresh`] (a recreated pod keeps its name but gets a new IP). Only a pod of
+    /// this cluster and shard has an address: a record naming any other pod (forged, or from
+    /// another deployment) never makes this Valkey replicate from it.
+    async fn resolve_primary(
+        &self,
+        seat: &Seat,
+        valkey: Option<&LocalValkey>,
+        memory: &mut KeeperMemory,
+    ) {
         let Some(primary) = memory
             .seen
             .as_ref()
@@ -506,8 +509,9 @@ impl Keeper {
             return;
         };
         let now = self.clock.now();
-        let fresh = |(_, at): &(String, Millis)| now.since(*at) < ADDR_REFRESH_MS;
-        if memory.addrs.get(&primary).is_some_and(fresh) {
+        let cached = memory.addrs.get(&primary);
+        let own = primary == self.pod;
+        if cached.is_some_and(|(addr, at)| address_fresh(addr, now.since(*at), own, valkey)) {
             return;
         }
         match self.member_ip(seat, &primary).await {

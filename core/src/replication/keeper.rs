@@ -30,6 +30,9 @@ pub struct LocalValkey {
     pub observed_at: Millis,
     /// Its replication stream, compared with a successor's before following it.
     pub history: History,
+    /// A replica whose link to its primary is up (`master_link_status:up`): proof that the
+    /// primary still answers at `of`.
+    pub linked: bool,
 }
 
 /// What the keeper remembers of its Valkey from one observation to the next.
@@ -99,8 +102,26 @@ impl LocalValkey {
             since,
             observed_at,
             history: obs.history.clone(),
+            linked: obs.link.as_ref().is_some_and(|l| l.up),
         })
     }
+}
+
+/// How long a looked-up address of the recorded primary is used without proof that it holds.
+pub const ADDR_REFRESH_MS: u64 = 10_000;
+/// How long a proven address is used: only the check that its pod is a member of the shard is
+/// repeated, so a follower in steady state asks the API once in this period, not six times a
+/// minute (followers cost ~nothing).
+pub const ADDR_RECHECK_MS: u64 = 300_000;
+
+/// Whether the recorded primary's address `addr`, looked up `age_ms` ago, is still good: for
+/// [`ADDR_REFRESH_MS`], and for [`ADDR_RECHECK_MS`] when proven — it is this pod's own (`own`: a
+/// pod's IP is fixed for its life, which is the agent's) or the local replica's link is up to it
+/// (a recreated primary, at a new IP, breaks the link, and the next step looks again).
+pub fn address_fresh(addr: &str, age_ms: u64, own: bool, valkey: Option<&LocalValkey>) -> bool {
+    let linked = valkey
+        .is_some_and(|v| v.linked && matches!(&v.role, LocalRole::Replica { of } if of == addr));
+    age_ms < ADDR_REFRESH_MS || ((own || linked) && age_ms < ADDR_RECHECK_MS)
 }
 
 /// The recorded primary's Valkey as this agent saw it, asked directly just before deciding

@@ -47,8 +47,9 @@ pub use crate::lease::{MAX_LEASE_MS, judged_lease_ms};
 // `promotion::decide`), called through its module.
 pub use handover::*;
 pub use keeper::{
-    Claim, Holding, LocalAction, LocalRole, LocalValkey, LocalView, NOT_FOLLOWING, RunTrust,
-    Successor, ValkeyMemory, awaiting_promotion, claim, may_advertise, successor_wanted, unvouched,
+    ADDR_RECHECK_MS, ADDR_REFRESH_MS, Claim, Holding, LocalAction, LocalRole, LocalValkey,
+    LocalView, NOT_FOLLOWING, RunTrust, Successor, ValkeyMemory, address_fresh, awaiting_promotion,
+    claim, may_advertise, successor_wanted, unvouched,
 };
 pub use promotion::{
     FailoverPolicy, Hold, HoldKind, MemberValkey, Promotion, ShardMember, ShardView, candidates,

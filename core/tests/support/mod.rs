@@ -45,6 +45,7 @@ pub fn master(run: &str, since: u64) -> LocalValkey {
         since: Millis(since),
         observed_at: Millis(since),
         history: stream("A", 1_000),
+        linked: false,
     }
 }
 

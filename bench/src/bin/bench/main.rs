@@ -42,6 +42,7 @@ mod report;
 mod scale;
 mod sentinels;
 mod settings;
+mod stall;
 mod summary;
 
 /// The sections `bench` knows (`faults`, `summary`, `summary-readme`, `readme` and `compare` take

@@ -2,7 +2,8 @@
 //! `plan::decide` (hand-over, fail-back, balance, drift), `status::conditions` and
 //! `formation::decide` over worlds of 10, 100, 1,000 and 10,000 shards (3 members each, spread over
 //! nodes in 3 zones, one primary out of its zone and one node cordoned, so every rule has work).
-//! Timed in-process, many calls per size; the median and p99 of the calls are reported.
+//! Timed in-process, many calls per size; the median and p99 of the calls are reported. Then what
+//! those rules, run back to back at 1,000 shards, do to the probes (`stall`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -213,5 +214,6 @@ pub fn run() -> anyhow::Result<()> {
         "{}",
         crate::plot::growth("planner", title, "shards", "ms per call", &lines)?
     );
-    Ok(())
+    let size = SUMMARY_SHARDS;
+    crate::stall::run(size, world(size), policy, formation_view(size))
 }
