@@ -470,15 +470,9 @@ impl Keeper {
         let now = self.clock.now();
         let since = valkey.map(|v| v.since);
         let seen = memory.seen.as_ref();
-        let periods = (self.timings.retry_ms, self.timings.lease_ms);
-        if !keeper_read_due(
-            seen,
-            memory.force_read,
-            since,
-            now,
-            periods,
-            memory.last_event,
-        ) {
+        let retry_ms = self.timings.retry_ms;
+        let (forced, last_event) = (memory.force_read, memory.last_event);
+        if !keeper_read_due(seen, forced, since, now, retry_ms, last_event) {
             return;
         }
         match records.read().await {

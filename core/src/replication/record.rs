@@ -229,21 +229,28 @@ pub fn calm<'a>(
     !busy && linked && record.holder().is_some_and(serving)
 }
 
+/// Renewals a watch may miss before its keeper reads the record every retry period again: one
+/// late event is no news, two are.
+pub const QUIET_PERIODS: u64 = 2;
+
 /// Whether an agent's keeper reads its record now: at its first read, after a refused write or a
 /// watched change of the claim (`forced`), at once when its Valkey's role changed after the last
 /// read (`role_since`), and once per retry period — unless its watch of the record is live.
 ///
-/// Live: the watch delivered a change (`last_event`) within the last lease. While a holder
-/// renews, each renewal is a change, so a live watch hears one every retry period; a follower
-/// then reads only when something moved, and costs the apiserver nothing. A watch that goes quiet
-/// for a lease — broken, stalled, or a holder that stopped renewing — brings the reads back, just
-/// as a failover may be near.
+/// Live: the watch delivered a change (`last_event`) within the last [`QUIET_PERIODS`] retry
+/// periods. While a holder renews, each renewal is a change, so a live watch hears one every
+/// retry period; a follower then reads only when something moved, and costs the apiserver
+/// nothing. A watch quiet for longer — broken, stalled, or a holder that stopped renewing —
+/// brings the reads back well before the holder's lease runs out, so an agent that comes to
+/// judge its expiry (a new coordinator, seeded from its keeper) has heard from the apiserver all
+/// along and judges from the last renewal: a lease after it, not a lease after its own first
+/// read ([`SeenRecord::after_continuous_read`]'s gap rule).
 pub fn keeper_read_due(
     seen: Option<&SeenRecord>,
     forced: bool,
     role_since: Option<Millis>,
     now: Millis,
-    (retry_ms, lease_ms): (u64, u64),
+    retry_ms: u64,
     last_event: Option<Millis>,
 ) -> bool {
     let Some(s) = seen else {
@@ -252,6 +259,6 @@ pub fn keeper_read_due(
     if forced || role_since.is_some_and(|t| t > s.read_at) {
         return true;
     }
-    let live = last_event.is_some_and(|t| now.since(t) < lease_ms);
+    let live = last_event.is_some_and(|t| now.since(t) < QUIET_PERIODS * retry_ms);
     !live && now.since(s.read_at) >= retry_ms
 }
