@@ -20,11 +20,13 @@ use kube::Api;
 use kube::api::{DeleteParams, EvictParams, PostParams};
 use valkey_sidecar_testkit::faults::{self, Outcome, show};
 use valkey_sidecar_testkit::k8s::chart::{cmd, label, node_of, role, shards, text};
+use valkey_sidecar_testkit::k8s::follow::{Addresses, Watcher, stop_writers, writers};
 use valkey_sidecar_testkit::k8s::valkey::valkey_addr;
 use valkey_sidecar_testkit::k8s::{
     Stage, StageOptions, holder_pod, http_get, pod_is_ready, poll_until,
 };
 use valkey_sidecar_testkit::redis;
+use valkey_sidecar_testkit::resp::ClientOptions;
 
 const SECOND: Duration = Duration::from_secs(1);
 const ROLE: &str = "valkey.io/role";
@@ -787,7 +789,9 @@ async fn passwords_rotate_in_three_upgrades_without_a_restart_or_a_failover() {
     // The documented procedure (docs/operations.md) on the chart's generated Secret: accept the
     // next passwords everywhere (a roll), promote them (no roll; the kubelet refreshes the
     // agents' files), drop the old ones (a roll). Every step keeps every pair of Valkey and agent
-    // able to talk, so the rolls hand the primary over and nothing fails over or restarts.
+    // able to talk, so the rolls hand the primary over and nothing fails over or restarts. An
+    // application writes throughout, switching to the next password between promote and drop,
+    // as the procedure tells it to: no write is refused for its password, none is lost.
     let mut opts = StageOptions::replication("rotate", 2);
     opts.helm_install = true;
     opts.kubelet.volume_refresh = 5 * SECOND;
@@ -802,6 +806,10 @@ async fn passwords_rotate_in_three_upgrades_without_a_restart_or_a_failover() {
     );
     let old = (old.0.as_str(), old.1.as_str());
     assert_eq!(accepted(&stage, &[old]).await, [true, true]);
+    let pods = stage.pod_objects().await.unwrap();
+    let addresses = Addresses::new(&pods);
+    let watcher = Watcher::start(&stage, addresses.clone());
+    let app = writers(&stage, &pods, &addresses, false).unwrap();
 
     let before = uids(&stage).await;
     println!("{}", stage.upgrade(&["auth.rotation=accept"]).unwrap());
@@ -836,6 +844,9 @@ async fn passwords_rotate_in_three_upgrades_without_a_restart_or_a_failover() {
     })
     .await
     .unwrap();
+    for (_, w) in &app {
+        w.switch_client(ClientOptions::default().password(next.0));
+    }
 
     println!("{}", stage.upgrade(&["auth.rotation="]).unwrap());
     stage.wait_rolled(300 * SECOND).await.unwrap();
@@ -854,6 +865,12 @@ async fn passwords_rotate_in_three_upgrades_without_a_restart_or_a_failover() {
     }
     tokio::time::sleep(2 * SECOND).await;
     stage.wait_settled(3, 1, 60 * SECOND).await.unwrap();
+    drop(watcher.stop());
+    for w in stop_writers(&stage, app).await.unwrap() {
+        println!("the application's writes: {w:?}");
+        assert!(w.acked > 0, "{w:?}");
+        assert_eq!((w.lost, w.auth_failures), (0, 0), "{w:?}");
+    }
     assert_eq!(valkey_restarts(&stage).await, 0);
     let events = stage.events().await.unwrap();
     assert!(!events.contains("FailoverStarted"), "{events}");

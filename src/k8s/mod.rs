@@ -23,7 +23,7 @@ pub const FIELD_MANAGER: &str = "valkey-sidecar";
 pub enum KubeError {
     #[error("no Kubernetes credentials (KUBECONFIG or in-cluster service account): {0}")]
     Credentials(#[source] kube::Error),
-    #[error("kubernetes API: {0}")]
+    #[error("kubernetes API: {0}{hint}", hint = unauthorized_hint(.0))]
     Api(#[from] kube::Error),
     #[error("kubernetes API did not answer within {0:?}")]
     Timeout(std::time::Duration),
@@ -34,11 +34,25 @@ pub enum KubeError {
     },
 }
 
+/// What a 401 means for an agent, said where the error is logged: its token file no longer
+/// authenticates, and only the kubelet can write a new one.
+fn unauthorized_hint(e: &kube::Error) -> &'static str {
+    match e {
+        kube::Error::Api(s) if s.code == 401 => {
+            " (this pod's ServiceAccount token was refused: it expired, or the ServiceAccount was \
+             deleted or recreated, which revokes every token bound to it; the kubelet writes a new \
+             token by 80% of its lifetime, and the agent reads the file again each minute)"
+        }
+        _ => "",
+    }
+}
+
 impl KubeError {
     /// A short stable label for the metrics.
     pub fn kind(&self) -> &'static str {
         match self {
             KubeError::Credentials(_) => "credentials",
+            KubeError::Api(kube::Error::Api(s)) if s.code == 401 => "unauthorized",
             KubeError::Api(kube::Error::Api(s)) if s.code == 409 => "conflict",
             KubeError::Api(kube::Error::Api(s)) if s.code == 403 => "forbidden",
             KubeError::Api(kube::Error::Api(s)) if s.code == 422 => "invalid",

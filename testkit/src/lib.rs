@@ -76,6 +76,7 @@ mod replication;
 pub mod resp;
 mod server;
 mod tls;
+pub mod tls_client;
 
 pub use agent::{Agent, AgentOptions, http_get};
 pub use binaries::{

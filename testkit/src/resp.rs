@@ -12,11 +12,13 @@
 //! be on its way); drop it and connect again, as a real client would.
 
 use std::fmt;
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::time::Duration;
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+use crate::tls_client::{TlsClient, TlsStream};
 
 /// The timeout real clients commonly use, and the default here.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -41,6 +43,8 @@ pub struct ClientOptions {
     pub source: Option<Ipv4Addr>,
     /// Bounds the connect and every read and write. Must not be zero.
     pub timeout: Duration,
+    /// TLS, verifying the client's server name; `None`: plain TCP.
+    pub tls: Option<TlsClient>,
 }
 
 impl Default for ClientOptions {
@@ -50,6 +54,7 @@ impl Default for ClientOptions {
             password: None,
             source: None,
             timeout: DEFAULT_TIMEOUT,
+            tls: None,
         }
     }
 }
@@ -77,6 +82,12 @@ impl ClientOptions {
     /// Connect, read and write timeout.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// Over TLS, as `tls` says.
+    pub fn tls(mut self, tls: TlsClient) -> Self {
+        self.tls = Some(tls);
         self
     }
 }
@@ -210,9 +221,49 @@ impl RespError {
     }
 }
 
+/// A connection's byte stream: plain or TLS.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream>),
+}
+
+impl Stream {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Stream::Plain(s) => s,
+            Stream::Tls(s) => &s.sock,
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.flush(),
+            Stream::Tls(s) => s.flush(),
+        }
+    }
+}
+
 /// One connection to one server.
 pub struct Conn {
-    stream: BufReader<TcpStream>,
+    stream: BufReader<Stream>,
     peer: SocketAddr,
 }
 
@@ -233,6 +284,10 @@ impl Conn {
         stream.set_write_timeout(Some(opts.timeout))?;
         // One small command at a time: Nagle would hold each one back waiting for an ACK.
         stream.set_nodelay(true)?;
+        let stream = match &opts.tls {
+            None => Stream::Plain(stream),
+            Some(tls) => Stream::Tls(Box::new(tls.wrap(stream)?)),
+        };
         let mut conn = Conn {
             stream: BufReader::new(stream),
             peer: addr,
@@ -274,7 +329,7 @@ impl Conn {
 
     /// This end's address, as the server sees it (`CLIENT LIST`'s `addr`).
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.stream.get_ref().local_addr()
+        self.stream.get_ref().tcp().local_addr()
     }
 
     fn auth(&mut self, opts: &ClientOptions) -> Result<(), RespError> {

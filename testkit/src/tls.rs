@@ -65,6 +65,32 @@ impl TlsCerts {
         Ok(certs)
     }
 
+    /// A CA, a Valkey certificate naming `names` (DNS) and 127.0.0.1, good for server and client
+    /// authentication (Valkey dials its peers with it: replication and the cluster bus), and a
+    /// client certificate, into `dir`: the contents of the `kubernetes.io/tls` Secrets a
+    /// cert-manager `Certificate` writes.
+    pub fn generate_for(dir: &Path, names: &[String]) -> Result<Self> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let certs = Self {
+            dir: dir.to_path_buf(),
+        };
+        certs.make_ca("ca", "valkey-testkit CA")?;
+        certs.make_ca("wrong-ca", "unrelated CA")?;
+        let mut sans = vec!["IP:127.0.0.1".to_string()];
+        sans.extend(names.iter().map(|n| format!("DNS:{n}")));
+        let server_ext = format!(
+            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n\
+             extendedKeyUsage=serverAuth,clientAuth\nsubjectAltName={}\n",
+            sans.join(",")
+        );
+        let client_ext = "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n\
+                          extendedKeyUsage=clientAuth\n";
+        let cn = names.first().map_or(TLS_SERVER_NAME, String::as_str);
+        certs.make_leaf("server", cn, "ca", 2, &server_ext)?;
+        certs.make_leaf("client", "valkey-testkit client", "ca", 3, client_ext)?;
+        Ok(certs)
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }

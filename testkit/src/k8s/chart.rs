@@ -238,10 +238,12 @@ async fn apply_rendered(plane: &ControlPlane, opts: &StageOptions) -> Result<(St
     let (policies, rest): (Vec<&str>, Vec<&str>) = docs.into_iter().partition(is_policy);
     let cluster = cluster_of(&rendered)?;
     let dir = plane.dir();
-    let manifest = dir.join(format!("chart-{}.yaml", opts.namespace));
+    // One set of files per release: several may be installed side by side.
+    let base = format!("chart-{}-{}", opts.namespace, opts.release);
+    let manifest = dir.join(format!("{base}.yaml"));
     std::fs::write(&manifest, &rendered)?;
     if !policies.is_empty() {
-        let file = dir.join(format!("chart-{}-policies.yaml", opts.namespace));
+        let file = dir.join(format!("{base}-policies.yaml"));
         kubectl_apply(plane, &file, &policies, opts).await?;
     }
     let mutating = policies
@@ -251,7 +253,7 @@ async fn apply_rendered(plane: &ControlPlane, opts: &StageOptions) -> Result<(St
     if mutating.count() > 0 {
         wait_mutating_policies(plane, &opts.namespace, &cluster, zones).await?;
     }
-    let file = dir.join(format!("chart-{}-objects.yaml", opts.namespace));
+    let file = dir.join(format!("{base}-objects.yaml"));
     kubectl_apply(plane, &file, &rest, opts).await?;
     Ok((cluster, manifest))
 }
@@ -260,7 +262,8 @@ async fn apply_rendered(plane: &ControlPlane, opts: &StageOptions) -> Result<(St
 async fn helm_install(plane: &ControlPlane, opts: &StageOptions) -> Result<(String, PathBuf)> {
     let rendered = render_stage(opts, &capabilities(plane).await?)?;
     let cluster = cluster_of(&rendered)?;
-    let manifest = plane.dir().join(format!("chart-{}.yaml", opts.namespace));
+    let base = format!("chart-{}-{}", opts.namespace, opts.release);
+    let manifest = plane.dir().join(format!("{base}.yaml"));
     std::fs::write(&manifest, &rendered)?;
     let mut args: Vec<String> = vec!["install".into(), opts.release.clone()];
     args.extend(chart_source(opts));

@@ -153,6 +153,8 @@ pub struct ShardWrites {
     pub acked: usize,
     pub lost: usize,
     pub longest_pause: Duration,
+    /// Connections and writes refused for their credentials ([`super::writer::Written`]).
+    pub auth_failures: usize,
 }
 
 /// Stops the writers and reads every acknowledged write back from its shard's primary now.
@@ -177,6 +179,7 @@ pub async fn stop_writers(
             acked,
             lost,
             longest_pause,
+            auth_failures: written.auth_failures,
         });
     }
     Ok(out)

@@ -38,7 +38,7 @@ use serde_json::{Value, json};
 use super::chart::{self, label, node_of};
 use super::storage::create_local_volumes;
 use super::util::poll_until;
-use super::valkey::{CLUSTER_LABEL, SIDECAR_PORT, VALKEY_PORT, apply, cmd_as, valkey_addr};
+use super::valkey::{CLUSTER_LABEL, SIDECAR_PORT, VALKEY_PORT, apply, cmd_with, valkey_addr};
 use super::writer::{Targets, Writer, WriterOptions, missing, tag_for_with};
 use super::{
     ControlPlane, ControlPlaneOptions, FakeNodes, FakeNodesOptions, Kubelet, KubeletOptions,
@@ -46,6 +46,7 @@ use super::{
 };
 use crate::Result;
 use crate::resp::ClientOptions;
+use crate::tls_client::TlsClient;
 
 /// The role label key the chart and the agent use by default.
 pub const ROLE_LABEL: &str = "valkey.io/role";
@@ -82,6 +83,10 @@ pub struct StageOptions {
     /// Where the chart comes from, as helm arguments (e.g. `oci://…/valkey-sidecar --version 0.1.0
     /// --plain-http`); empty: this repository's `charts/valkey-sidecar`.
     pub chart: Vec<String>,
+    /// The chart's Valkey serves TLS only (`tls.enabled`): how the harness's own clients connect
+    /// (the CA, their certificate), each verifying the name a real client would — a pod's
+    /// headless-Service hostname, else the client Service's.
+    pub tls: Option<TlsClient>,
 }
 
 impl Default for StageOptions {
@@ -101,6 +106,7 @@ impl Default for StageOptions {
             install_as: None,
             namespace_labels: Vec::new(),
             chart: Vec::new(),
+            tls: None,
         }
     }
 }
@@ -214,11 +220,12 @@ impl StageOptions {
 }
 
 /// A running chart install; fields drop in declaration order: pods' processes, nodes, control
-/// plane.
+/// plane (shared with the releases installed beside it, [`Stage::install_beside`]: the last one
+/// dropped stops them).
 pub struct Stage {
-    pub kubelet: Kubelet,
-    pub nodes: FakeNodes,
-    pub plane: ControlPlane,
+    pub kubelet: Arc<Kubelet>,
+    pub nodes: Arc<FakeNodes>,
+    pub plane: Arc<ControlPlane>,
     pub namespace: String,
     /// The Helm release.
     pub release: String,
@@ -237,6 +244,8 @@ pub struct Stage {
     pub installed_as: Option<String>,
     /// Where the chart came from, as helm arguments ([`StageOptions::chart`]).
     chart: Vec<String>,
+    /// [`StageOptions::tls`].
+    pub tls: Option<TlsClient>,
 }
 
 impl Stage {
@@ -297,9 +306,30 @@ impl Stage {
             create_local_volumes(&plane.client(), &root, &names, opts.local_volumes).await?;
         }
         let kubelet = Kubelet::start(&plane, &nodes, opts.kubelet.clone()).await?;
-        plane
-            .kubectl(&["create", "namespace", &opts.namespace])
-            .await?;
+        let shared = (Arc::new(kubelet), Arc::new(nodes), Arc::new(plane));
+        Stage::install_release(shared, opts).await
+    }
+
+    /// Installs `opts`'s chart beside this stage's release: on the same control plane, nodes and
+    /// kubelet (`opts.plane`, `opts.nodes` and `opts.kubelet` are not used), in the same namespace
+    /// or another. Returns once everything is applied, like [`Stage::install`].
+    pub async fn install_beside(&self, opts: StageOptions) -> Result<Stage> {
+        let shared = (self.kubelet.clone(), self.nodes.clone(), self.plane.clone());
+        Stage::install_release(shared, opts).await
+    }
+
+    /// The namespace (created unless it exists), its binding for the installing user, the
+    /// objects and the chart of `opts`, on a running control plane.
+    async fn install_release(
+        (kubelet, nodes, plane): (Arc<Kubelet>, Arc<FakeNodes>, Arc<ControlPlane>),
+        opts: StageOptions,
+    ) -> Result<Stage> {
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(plane.client());
+        if namespaces.get_opt(&opts.namespace).await?.is_none() {
+            plane
+                .kubectl(&["create", "namespace", &opts.namespace])
+                .await?;
+        }
         for label in &opts.namespace_labels {
             plane
                 .kubectl(&["label", "namespace", &opts.namespace, label])
@@ -340,6 +370,7 @@ impl Stage {
             password: None,
             installed_as: opts.install_as.clone(),
             chart,
+            tls: opts.tls.clone(),
         };
         stage.learn_deployment().await?;
         Ok(stage)
@@ -515,12 +546,15 @@ impl Stage {
 
     /// One command to `pod`'s Valkey as the default user.
     pub fn cmd(&self, pod: &str, args: &[&str]) -> Result<redis::Value> {
-        cmd_as(self.valkey(pod)?, self.password.as_deref(), args)
+        let mut client = self.client();
+        let name = format!("{pod}.{}-headless.{}.svc", self.cluster, self.namespace);
+        client.tls = client.tls.map(|t| t.named(&name));
+        cmd_with(self.valkey(pod)?, &client, args)
     }
 
     /// One command to the Valkey at `addr` as the default user.
     pub fn cmd_at(&self, addr: SocketAddr, args: &[&str]) -> Result<redis::Value> {
-        cmd_as(addr, self.password.as_deref(), args)
+        cmd_with(addr, &self.client(), args)
     }
 
     /// Empties every primary (`FLUSHALL SYNC`, which their replicas follow): a benchmark's runs
@@ -867,11 +901,10 @@ impl Stage {
                 let Some(addr) = valkey_addr(pod) else {
                     return Ok(false);
                 };
-                let password = self.password.clone();
-                let up = tokio::task::spawn_blocking(move || {
-                    cmd_as(addr, password.as_deref(), &["PING"]).is_ok()
-                })
-                .await?;
+                let client = self.client();
+                let up =
+                    tokio::task::spawn_blocking(move || cmd_with(addr, &client, &["PING"]).is_ok())
+                        .await?;
                 if !up {
                     return Ok(false);
                 }
@@ -1011,8 +1044,10 @@ impl Stage {
 impl Stage {
     /// How a client of this deployment connects (the default user's password, 1 s timeouts).
     pub fn client(&self) -> ClientOptions {
+        let service = format!("{}.{}.svc", self.cluster, self.namespace);
         ClientOptions {
             password: self.password.clone(),
+            tls: self.tls.as_ref().map(|t| t.named(&service)),
             ..ClientOptions::default()
         }
     }

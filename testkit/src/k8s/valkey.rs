@@ -12,6 +12,7 @@ use kube::{Api, Client};
 use serde_json::Value;
 
 use crate::Result;
+use crate::resp::{ClientOptions, Conn, Reply};
 
 /// The agent's container port (probes, status, metrics).
 pub const SIDECAR_PORT: u16 = 9736;
@@ -79,6 +80,32 @@ pub fn cmd_as(addr: SocketAddr, password: Option<&str>, args: &[&str]) -> Result
     }
     c.query(&mut conn)
         .with_context(|| format!("{name} on {addr}"))
+}
+
+/// [`cmd_as`] with `client`'s password, and over TLS when `client` has it (a TLS-only Valkey:
+/// the name `client` verifies must be in the server's certificate).
+pub fn cmd_with(addr: SocketAddr, client: &ClientOptions, args: &[&str]) -> Result<redis::Value> {
+    if client.tls.is_none() {
+        return cmd_as(addr, client.password.as_deref(), args);
+    }
+    let opts = ClientOptions {
+        timeout: Duration::from_secs(5),
+        ..client.clone()
+    };
+    let mut conn = Conn::connect(addr, &opts).with_context(|| format!("connecting to {addr}"))?;
+    conn.call(args).map(value)
+}
+
+/// A reply as the `redis` crate's value, which the harness's queries parse.
+fn value(reply: Reply) -> redis::Value {
+    match reply {
+        Reply::Simple(s) => redis::Value::SimpleString(s),
+        Reply::Error(e) => redis::Value::SimpleString(e),
+        Reply::Int(i) => redis::Value::Int(i),
+        Reply::Bulk(Some(b)) => redis::Value::BulkString(b),
+        Reply::Array(Some(items)) => redis::Value::Array(items.into_iter().map(value).collect()),
+        Reply::Bulk(None) | Reply::Array(None) => redis::Value::Nil,
+    }
 }
 
 /// `podIP:6379`, once the pod has an IP.

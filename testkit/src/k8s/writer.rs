@@ -87,6 +87,9 @@ pub struct Written {
     /// Writes sent whose outcome is unknown: no reply within the timeout, or the connection broke
     /// before the reply. Not acknowledged, and also counted in `errors`.
     pub timeouts: usize,
+    /// Connections whose `AUTH` was refused, and writes refused `NOAUTH`: a password the node
+    /// did not take. Also counted in `errors`.
+    pub auth_failures: usize,
 }
 
 impl Written {
@@ -138,7 +141,12 @@ pub struct Writer {
     stop: Arc<AtomicBool>,
     thread: JoinHandle<Written>,
     pub tag: String,
+    /// How it connects; replaced by [`Writer::switch_client`].
+    client: SharedClient,
 }
+
+/// The writer's client options and how many times they were replaced.
+type SharedClient = Arc<Mutex<(u64, ClientOptions)>>;
 
 /// Addresses a writer may use, updated while it runs (pods recreated elsewhere get new IPs).
 pub type Targets = Arc<Mutex<Vec<SocketAddr>>>;
@@ -167,8 +175,22 @@ impl Writer {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let tag = opts.tag.clone();
-        let thread = std::thread::spawn(move || WriteLoop::new(opts).run(&targets, &flag));
-        Writer { stop, thread, tag }
+        let client = Arc::new(Mutex::new((0, opts.client.clone())));
+        let shared = client.clone();
+        let thread = std::thread::spawn(move || WriteLoop::new(opts, shared).run(&targets, &flag));
+        Writer {
+            stop,
+            thread,
+            tag,
+            client,
+        }
+    }
+
+    /// From now on connect as `client` says (say, with a new password), dropping every open
+    /// connection, as an application switching credentials reconnects its pool.
+    pub fn switch_client(&self, client: ClientOptions) {
+        let mut shared = lock(&self.client);
+        *shared = (shared.0 + 1, client);
     }
 
     /// Ends the writer (within one timeout: an attempt in flight is finished first).
@@ -186,8 +208,10 @@ enum Attempt {
     /// The node answered and refused (MOVED, READONLY, NOREPLICAS, NOAUTH, …): the connection is
     /// fine, the node is not the primary (or not yet).
     Refused,
-    /// No connection (refused, timed out, AUTH failed): nothing was sent.
+    /// No connection (refused, timed out): nothing was sent.
     Unconnected,
+    /// `AUTH` refused, or a write refused `NOAUTH`: nothing was written.
+    AuthFailed,
     /// Sent, but no reply: the outcome is unknown, and so is the connection's state.
     Unknown,
 }
@@ -195,6 +219,8 @@ enum Attempt {
 /// The writer thread's state.
 struct WriteLoop {
     opts: WriterOptions,
+    /// The options' source, and the generation `opts.client` was taken from.
+    client: (SharedClient, u64),
     addrs: Vec<SocketAddr>,
     /// One connection per address, opened on first use and dropped when its state is unknown.
     conns: Vec<Option<Conn>>,
@@ -205,9 +231,10 @@ struct WriteLoop {
 }
 
 impl WriteLoop {
-    fn new(opts: WriterOptions) -> Self {
+    fn new(opts: WriterOptions, client: SharedClient) -> Self {
         Self {
             opts,
+            client: (client, 0),
             addrs: Vec::new(),
             conns: Vec::new(),
             target: 0,
@@ -232,8 +259,14 @@ impl WriteLoop {
 
     /// The caller may have replaced the list (a recreated pod): start over with the new one.
     fn follow(&mut self, targets: &Targets) {
+        let (generation, client) = lock(&self.client.0).clone();
+        let switched = generation != self.client.1;
+        if switched {
+            self.client.1 = generation;
+            self.opts.client = client;
+        }
         let current = lock(targets).clone();
-        if current != self.addrs {
+        if switched || current != self.addrs {
             self.conns = current.iter().map(|_| None).collect();
             self.addrs = current;
             self.target = 0;
@@ -246,6 +279,7 @@ impl WriteLoop {
             Some(c) => c,
             slot => match Conn::connect(node, &self.opts.client) {
                 Ok(c) => slot.insert(c),
+                Err(crate::resp::RespError::Auth(_)) => return Attempt::AuthFailed,
                 Err(_) => return Attempt::Unconnected,
             },
         };
@@ -258,6 +292,9 @@ impl WriteLoop {
                 sent,
                 at: Instant::now(),
             }),
+            Ok(reply) if reply.error().is_some_and(|e| e.starts_with("NOAUTH")) => {
+                Attempt::AuthFailed
+            }
             Ok(_) => Attempt::Refused,
             Err(_) => Attempt::Unknown,
         }
@@ -283,6 +320,10 @@ impl WriteLoop {
                 self.conns[self.target] = None;
             }
             Attempt::Unconnected => self.conns[self.target] = None,
+            Attempt::AuthFailed => {
+                self.w.auth_failures += 1;
+                self.conns[self.target] = None;
+            }
         }
         // Not (or no longer) the primary, or unreachable: try the next member, with the same n.
         self.w.errors += 1;
@@ -595,6 +636,40 @@ mod tests {
         std::thread::sleep(Duration::from_millis(100));
         let anon = writer.stop().unwrap();
         assert!(anon.acks.is_empty() && anon.errors > 0, "{anon:?}");
+        assert_eq!(
+            anon.auth_failures, anon.errors,
+            "every refusal was NOAUTH: {anon:?}"
+        );
+    }
+
+    #[test]
+    fn a_switched_password_is_used_on_fresh_connections_and_a_refused_one_is_counted() {
+        let server =
+            ValkeyServer::start(ServerOptions::default().user("app on >old >new ~* +@all"))
+                .unwrap();
+        let as_app = |pw: &str| ClientOptions::default().user("app", pw);
+        let writer = Writer::start_with(
+            targets(vec![server.addr()]),
+            WriterOptions::new("s").client(as_app("old")),
+        );
+        let progress = |keys: i64| {
+            wait_until(Duration::from_secs(10), Duration::from_millis(10), || {
+                dbsize(&server) >= keys
+            })
+        };
+        assert!(progress(20));
+        writer.switch_client(as_app("new"));
+        // Only `new` is accepted from now on: a writer still on `old` would stop here.
+        server
+            .query::<String>(&["ACL", "SETUSER", "app", "<old"])
+            .unwrap();
+        let at = dbsize(&server);
+        assert!(progress(at + 20));
+        writer.switch_client(as_app("gone"));
+        std::thread::sleep(Duration::from_millis(100));
+        let w = writer.stop().unwrap();
+        assert!(w.auth_failures > 0, "{w:?}");
+        assert_eq!(w.timeouts, 0, "{w:?}");
     }
 
     #[test]

@@ -586,6 +586,16 @@ impl Kubelet {
             .memory_use()
     }
 
+    /// Has the pod's ServiceAccount token renewed at the next sync, as the kubelet does at 80% of
+    /// its lifetime: a new TokenRequest, written over the file the kubeconfig names. `false` when
+    /// the pod is not here.
+    pub fn renew_token(&self, namespace: &str, name: &str) -> bool {
+        self.shared
+            .find(namespace, name)
+            .map(|p| p.renew_token_now())
+            .is_some()
+    }
+
     /// The kubeconfig the pod's entitled containers get (`KUBECONFIG`): the pod's ServiceAccount token.
     pub fn pod_kubeconfig(&self, namespace: &str, name: &str) -> Option<PathBuf> {
         self.shared

@@ -155,6 +155,14 @@ impl PodRuntime {
     fn token_path(&self) -> PathBuf {
         self.dir.path().join("token")
     }
+
+    /// The token is renewed at the next sync (a pod without API credentials has none).
+    pub fn renew_token_now(&self) {
+        let mut at = lock(&self.token_refresh_at);
+        if at.is_some() {
+            *at = Some(Instant::now());
+        }
+    }
 }
 
 /// The pod's life, from its first sighting to its removal. Returns when the pod object is gone

@@ -1,0 +1,192 @@
+//! A TLS-only install end to end (issue 32): the chart with `tls.enabled` (the plain port closed,
+//! `tls-replication`, `tls-cluster`, clients' certificates required), Valkey 8.0.1 built with TLS
+//! (the harness runs it for the image tag `8.0.1`), the agents with their own client
+//! certificate, the Secrets holding what cert-manager's `Certificate`s would (the chart's names:
+//! every client Service, every pod under the headless Service). In both modes: formation and
+//! labels, a hand-over on cordon, a crash failover and a drain, under TLS writers that verify the
+//! client Service's name in Valkey's certificate, nothing acknowledged lost (a crash only the
+//! stream its replica had not received).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use serde_json::{Value, json};
+use valkey_sidecar_testkit::TlsCerts;
+use valkey_sidecar_testkit::k8s::follow::{Addresses, Watcher, stop_writers, writers};
+use valkey_sidecar_testkit::k8s::writer::missing;
+use valkey_sidecar_testkit::k8s::{ROLE_LABEL, Stage, StageOptions, poll_until};
+use valkey_sidecar_testkit::tls_client::TlsClient;
+
+const SECOND: Duration = Duration::from_secs(1);
+
+/// The names the chart's Valkey `Certificate` gives (templates/certificates.yaml).
+fn names(cluster: &str, ns: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for suffix in ["svc", "svc.cluster.local"] {
+        names.push(format!("{cluster}.{ns}.{suffix}"));
+        names.push(format!("{cluster}-read.{ns}.{suffix}"));
+        names.push(format!("*.{cluster}-headless.{ns}.{suffix}"));
+    }
+    names.push("localhost".into());
+    names
+}
+
+/// A `kubernetes.io/tls` Secret of `cert`, `key` and the CA.
+fn secret(name: &str, dir: &Path, cert: &str, key: &str) -> Value {
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
+    json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": { "name": name },
+        "type": "kubernetes.io/tls",
+        "stringData": { "tls.crt": read(cert), "tls.key": read(key), "ca.crt": read("ca.crt") },
+    })
+}
+
+/// `o` with TLS only: the Secrets, the chart's TLS values, Valkey 8.0.1, and the harness's
+/// clients presenting the client certificate.
+fn tls(mut o: StageOptions, certs_dir: &Path) -> StageOptions {
+    let certs = TlsCerts::generate_for(certs_dir, &names(&o.release, &o.namespace)).unwrap();
+    let dir = certs.dir();
+    o.objects
+        .push(secret("valkey-tls", dir, "server.crt", "server.key"));
+    o.objects
+        .push(secret("valkey-agent-tls", dir, "client.crt", "client.key"));
+    for set in [
+        "tls.enabled=true",
+        "tls.existingSecret=valkey-tls",
+        "tls.authClients=yes",
+        "tls.agentExistingSecret=valkey-agent-tls",
+        "tls.autoReloadInterval=0",
+        "valkey.image.tag=8.0.1",
+    ] {
+        o = o.set(set);
+    }
+    let client = (certs.client_cert(), certs.client_key());
+    let client = Some((client.0.as_path(), client.1.as_path()));
+    o.tls = Some(TlsClient::new(&certs.ca_file(), client, "localhost").unwrap());
+    o
+}
+
+async fn cordon(s: &Stage, node: &str, on: bool) {
+    let nodes: Api<Node> = Api::all(s.plane.client());
+    let patch = json!({ "spec": { "unschedulable": on } });
+    let params = PatchParams::default();
+    nodes
+        .patch(node, &params, &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+/// Until `pod` is labelled with role `role`.
+async fn labelled(s: &Stage, pod: &str, role: &str) {
+    let what = format!("{pod} labelled {role}");
+    poll_until(&what, 60 * SECOND, SECOND / 20, || async {
+        Ok(s.labels(pod).await?.get(ROLE_LABEL).map(String::as_str) == Some(role))
+    })
+    .await
+    .unwrap();
+}
+
+/// Every pod Ready and labelled, one primary per shard, replicas synced.
+async fn settled(s: &Stage) {
+    let shards = s.pods.len() / s.members.max(1);
+    s.wait_settled(s.pods.len(), shards, 180 * SECOND)
+        .await
+        .unwrap();
+    s.wait_synced(120 * SECOND).await.unwrap();
+    s.wait_labels_true(60 * SECOND).await.unwrap();
+}
+
+/// Shard 0's primary handed over when its node is cordoned.
+async fn hand_over_on_cordon(s: &Stage) {
+    let (primary, _) = s.primary_and_replicas(0).unwrap();
+    let node = s.node_of(&primary).await.unwrap();
+    cordon(s, &node, true).await;
+    labelled(s, &primary, "replica").await;
+    cordon(s, &node, false).await;
+    settled(s).await;
+}
+
+/// Shard 0's primary's Valkey killed under a TLS writer; another member takes over, and only
+/// what the replica had not received when it died is lost.
+async fn crash(s: &Stage) {
+    const TAIL: Duration = Duration::from_millis(500);
+    let (primary, _) = s.primary_and_replicas(0).unwrap();
+    let writer = s.shard_writer(0).unwrap();
+    let tag = writer.tag.clone();
+    tokio::time::sleep(SECOND).await;
+    let killed = Instant::now();
+    s.kubelet
+        .crash_container(&s.namespace, &primary, "valkey")
+        .unwrap();
+    poll_until(
+        "another member primary",
+        60 * SECOND,
+        SECOND / 50,
+        || async { Ok(s.primary_and_replicas(0).is_ok_and(|(p, _)| p != primary)) },
+    )
+    .await
+    .unwrap();
+    settled(s).await;
+    let w = writer.stop().unwrap();
+    let (now, _) = s.primary_and_replicas(0).unwrap();
+    let lost = missing(s.valkey(&now).unwrap(), &s.client(), &tag, &w.acked).unwrap();
+    println!(
+        "crash of {primary}: {} acknowledged over TLS, {} lost",
+        w.acked.len(),
+        lost.len()
+    );
+    assert_eq!(w.auth_failures, 0, "{w:?}");
+    w.only_tail_lost(&lost, killed, TAIL).unwrap();
+}
+
+/// The node of shard 0's primary drained, then uncordoned.
+async fn drain(s: &Stage) {
+    let (primary, _) = s.primary_and_replicas(0).unwrap();
+    let node = s.node_of(&primary).await.unwrap();
+    let drained = s.drain(&node, 300 * SECOND).await;
+    assert!(drained.is_ok(), "kubectl drain {node}: {drained:?}");
+    s.plane.kubectl(&["uncordon", &node]).await.unwrap();
+    settled(s).await;
+}
+
+/// A hand-over and a drain under a TLS writer per shard, every acknowledged write read back
+/// over TLS; then a crash.
+async fn moves_lose_nothing(s: Stage, cluster: bool) {
+    settled(&s).await;
+    let pods = s.pod_objects().await.unwrap();
+    let addresses = Addresses::new(&pods);
+    let watcher = Watcher::start(&s, addresses.clone());
+    let app = writers(&s, &pods, &addresses, cluster).unwrap();
+    tokio::time::sleep(SECOND).await;
+    hand_over_on_cordon(&s).await;
+    drain(&s).await;
+    drop(watcher.stop());
+    for w in stop_writers(&s, app).await.unwrap() {
+        println!("TLS writer through a hand-over and a drain: {w:?}");
+        assert!(w.acked > 0, "{w:?}");
+        assert_eq!((w.lost, w.auth_failures), (0, 0), "{w:?}");
+    }
+    crash(&s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_only_cluster_forms_labels_and_moves_its_primaries_under_tls_writers() {
+    let certs = tempfile::tempdir().unwrap();
+    let o = tls(StageOptions::cluster("tls-cluster", 3, 1), certs.path());
+    let s = Stage::start(o).await.unwrap();
+    moves_lose_nothing(s, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_only_replication_shard_moves_its_primary_under_a_tls_writer() {
+    let certs = tempfile::tempdir().unwrap();
+    let o = tls(StageOptions::replication("tls-repl", 2), certs.path());
+    let s = Stage::start(o).await.unwrap();
+    moves_lose_nothing(s, false).await;
+}
