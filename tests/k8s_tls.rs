@@ -251,3 +251,76 @@ async fn a_tls_only_replication_shard_moves_its_primary_under_a_tls_writer() {
     let s = Stage::start(o).await.unwrap();
     moves_lose_nothing(s, false).await;
 }
+
+/// `documents` as one file, applied server-side in dry-run with strict field validation.
+async fn dry_run(
+    plane: &valkey_sidecar_testkit::k8s::ControlPlane,
+    dir: &Path,
+    documents: &[String],
+) -> valkey_sidecar_testkit::Result<String> {
+    let file = dir.join("certificates.yaml");
+    std::fs::write(&file, documents.join("\n---\n"))?;
+    let file = file.display().to_string();
+    let args = [
+        "apply",
+        "--server-side",
+        "--dry-run=server",
+        "--validate=strict",
+    ];
+    plane
+        .kubectl(&[&args[..], &["-n", "certs", "-f", &file]].concat())
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_charts_certificates_pass_the_apiserver_against_cert_managers_schema() {
+    use valkey_sidecar_testkit::k8s::chart::{documents, kind_of, render};
+    use valkey_sidecar_testkit::k8s::{ControlPlane, ControlPlaneOptions};
+    let plane = ControlPlane::start(ControlPlaneOptions::apiserver_only())
+        .await
+        .unwrap();
+    let crd = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/cert-manager/certificates-crd.yaml");
+    let crd = crd.display().to_string();
+    plane
+        .kubectl(&["apply", "--server-side", "-f", &crd])
+        .await
+        .unwrap();
+    let established = "--for=condition=Established";
+    let args = [
+        "wait",
+        established,
+        "crd/certificates.cert-manager.io",
+        "--timeout=60s",
+    ];
+    plane.kubectl(&args).await.unwrap();
+    plane
+        .kubectl(&["create", "namespace", "certs"])
+        .await
+        .unwrap();
+    let sets: Vec<String> = [
+        "tls.enabled=true",
+        "tls.certManager.enabled=true",
+        "tls.certManager.issuerRef.name=valkey-ca",
+        "tls.authClients=yes",
+    ]
+    .map(String::from)
+    .to_vec();
+    let rendered = render("valkey", "certs", &[], &sets).unwrap();
+    let certs: Vec<String> = documents(&rendered)
+        .into_iter()
+        .filter(|d| kind_of(d) == Some("Certificate"))
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(certs.len(), 2, "Valkey's and the agent's");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dry_run(&plane, dir.path(), &certs).await.unwrap();
+    println!("{out}");
+    // The schema has teeth: a usage cert-manager does not know, and a field it does not have.
+    let usage = certs[0].replace("server auth", "server-auth");
+    let refused = dry_run(&plane, dir.path(), &[usage]).await;
+    assert!(refused.is_err_and(|e| format!("{e:#}").contains("usages")));
+    let field = certs[0].replace("  duration:", "  lifetime:");
+    let refused = dry_run(&plane, dir.path(), &[field]).await;
+    assert!(refused.is_err_and(|e| format!("{e:#}").contains("lifetime")));
+}
