@@ -37,57 +37,41 @@ impl TlsCerts {
     /// `localhost`), a client certificate and a second, unrelated CA with its own client
     /// certificate, into `dir`.
     pub fn generate(dir: &Path, extra_ips: &[IpAddr]) -> Result<Self> {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let certs = Self {
-            dir: dir.to_path_buf(),
-        };
-        certs.make_ca("ca", "valkey-testkit CA")?;
-        certs.make_ca("wrong-ca", "unrelated CA")?;
-        let mut sans = vec!["IP:127.0.0.1".to_string()];
-        sans.extend(extra_ips.iter().map(|ip| format!("IP:{ip}")));
+        let mut sans: Vec<String> = extra_ips.iter().map(|ip| format!("IP:{ip}")).collect();
         sans.extend([format!("DNS:{TLS_SERVER_NAME}"), "DNS:localhost".into()]);
-        let server_ext = format!(
-            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n\
-             extendedKeyUsage=serverAuth\nsubjectAltName={}\n",
-            sans.join(",")
-        );
-        let client_ext = "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n\
-                          extendedKeyUsage=clientAuth\n";
-        certs.make_leaf("server", TLS_SERVER_NAME, "ca", 2, &server_ext)?;
-        certs.make_leaf("client", "valkey-testkit client", "ca", 3, client_ext)?;
-        certs.make_leaf(
-            "wrong-client",
-            "unrelated client",
-            "wrong-ca",
-            4,
-            client_ext,
-        )?;
-        Ok(certs)
+        Self::generate_with(dir, TLS_SERVER_NAME, &sans, "serverAuth")
     }
 
-    /// A CA, a Valkey certificate naming `names` (DNS) and 127.0.0.1, good for server and client
-    /// authentication (Valkey dials its peers with it: replication and the cluster bus), and a
-    /// client certificate, into `dir`: the contents of the `kubernetes.io/tls` Secrets a
-    /// cert-manager `Certificate` writes.
+    /// Like [`TlsCerts::generate`], but the server certificate names `names` (DNS) and
+    /// 127.0.0.1 and is good for client authentication too (Valkey dials its peers with it:
+    /// replication and the cluster bus): what a cert-manager `Certificate` writes into the
+    /// `kubernetes.io/tls` Secret the chart mounts.
     pub fn generate_for(dir: &Path, names: &[String]) -> Result<Self> {
+        let sans: Vec<String> = names.iter().map(|n| format!("DNS:{n}")).collect();
+        let cn = names.first().map_or(TLS_SERVER_NAME, String::as_str);
+        Self::generate_with(dir, cn, &sans, "serverAuth,clientAuth")
+    }
+
+    /// The CAs and certificates, the server's named `cn`, with 127.0.0.1 and `sans`, for
+    /// `usages` (extended key usages).
+    fn generate_with(dir: &Path, cn: &str, sans: &[String], usages: &str) -> Result<Self> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let certs = Self {
             dir: dir.to_path_buf(),
         };
         certs.make_ca("ca", "valkey-testkit CA")?;
         certs.make_ca("wrong-ca", "unrelated CA")?;
-        let mut sans = vec!["IP:127.0.0.1".to_string()];
-        sans.extend(names.iter().map(|n| format!("DNS:{n}")));
         let server_ext = format!(
             "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n\
-             extendedKeyUsage=serverAuth,clientAuth\nsubjectAltName={}\n",
+             extendedKeyUsage={usages}\nsubjectAltName=IP:127.0.0.1,{}\n",
             sans.join(",")
         );
         let client_ext = "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n\
                           extendedKeyUsage=clientAuth\n";
-        let cn = names.first().map_or(TLS_SERVER_NAME, String::as_str);
         certs.make_leaf("server", cn, "ca", 2, &server_ext)?;
         certs.make_leaf("client", "valkey-testkit client", "ca", 3, client_ext)?;
+        let wrong = ("wrong-client", "unrelated client", "wrong-ca");
+        certs.make_leaf(wrong.0, wrong.1, wrong.2, 4, client_ext)?;
         Ok(certs)
     }
 
