@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Api;
 use kube::api::ListParams;
+use valkey_sidecar_testkit::k8s::follow::{Addresses, Watcher, stop_writers, writers};
 use valkey_sidecar_testkit::k8s::shard::record;
 use valkey_sidecar_testkit::k8s::{Stage, StageOptions};
 
@@ -129,9 +130,16 @@ async fn releases_side_by_side_keep_to_themselves_through_a_shared_drain() {
             s.cluster
         );
     }
-    // A drain of the node they share most, a writer on shard 0 of each.
+    // A drain of the node they share most, a writer per shard of each, following its pods to
+    // their new addresses.
     let node = shared_node(&stages).await;
-    let writers: Vec<_> = stages.iter().map(|s| s.shard_writer(0).unwrap()).collect();
+    let mut apps = Vec::new();
+    for (s, cluster) in stages.iter().zip([true, false, false]) {
+        let pods = s.pod_objects().await.unwrap();
+        let addresses = Addresses::new(&pods);
+        let watcher = Watcher::start(s, addresses.clone());
+        apps.push((watcher, writers(s, &pods, &addresses, cluster).unwrap()));
+    }
     tokio::time::sleep(SECOND).await;
     let drained = a.drain(&node, 300 * SECOND).await;
     assert!(drained.is_ok(), "kubectl drain {node}: {drained:?}");
@@ -143,24 +151,19 @@ async fn releases_side_by_side_keep_to_themselves_through_a_shared_drain() {
             .unwrap();
         s.wait_synced(120 * SECOND).await.unwrap();
     }
-    for (s, w) in stages.iter().zip(writers) {
-        let tag = w.tag.clone();
-        let written = w.stop().unwrap();
-        let (primary, _) = s.primary_and_replicas(0).unwrap();
-        let lost = s.lost(&primary, &tag, &written.acked).unwrap();
-        println!(
-            "{}/{}: {} acked, {lost} lost, longest pause {:?}",
-            s.namespace,
-            s.cluster,
-            written.acked.len(),
-            written.longest_pause
-        );
-        assert!(
-            !written.acked.is_empty(),
-            "{}: nothing acknowledged",
-            s.cluster
-        );
-        assert_eq!(lost, 0, "{}/{} lost writes", s.namespace, s.cluster);
+    for (s, (watcher, app)) in stages.iter().zip(apps) {
+        drop(watcher.stop());
+        for w in stop_writers(s, app).await.unwrap() {
+            println!("{}/{} shard {}: {w:?}", s.namespace, s.cluster, w.shard);
+            assert!(w.acked > 0, "{}: nothing acknowledged", s.cluster);
+            assert_eq!(w.lost, 0, "{}/{} lost writes", s.namespace, s.cluster);
+            // Its connections went to its own release's pods only (another's password fails).
+            assert_eq!(
+                w.auth_failures, 0,
+                "{}/{} reached another release",
+                s.namespace, s.cluster
+            );
+        }
         let holder = s.coordinator_holder().await.unwrap().unwrap();
         assert!(
             s.pods.contains(&holder),

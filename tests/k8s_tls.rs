@@ -18,7 +18,7 @@ use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
 use valkey_sidecar_testkit::TlsCerts;
 use valkey_sidecar_testkit::k8s::follow::{Addresses, Watcher, stop_writers, writers};
-use valkey_sidecar_testkit::k8s::writer::missing;
+use valkey_sidecar_testkit::k8s::writer::{missing, targets};
 use valkey_sidecar_testkit::k8s::{ROLE_LABEL, Stage, StageOptions, poll_until};
 use valkey_sidecar_testkit::tls_client::TlsClient;
 
@@ -115,10 +115,17 @@ async fn hand_over_on_cordon(s: &Stage) {
 
 /// Shard 0's primary's Valkey killed under a TLS writer; another member takes over, and only
 /// what the replica had not received when it died is lost.
-async fn crash(s: &Stage) {
+async fn crash(s: &Stage, cluster: bool) {
     const TAIL: Duration = Duration::from_millis(500);
     let (primary, _) = s.primary_and_replicas(0).unwrap();
-    let writer = s.shard_writer(0).unwrap();
+    let writer = match cluster {
+        true => s.shard_writer(0).unwrap(),
+        // One shard: every pod's address (a crash restarts the container, the pod keeps its IP).
+        false => {
+            let addrs = s.pods.iter().map(|p| s.valkey(p).unwrap()).collect();
+            s.writer_with(targets(addrs), "crash", s.client())
+        }
+    };
     let tag = writer.tag.clone();
     tokio::time::sleep(SECOND).await;
     let killed = Instant::now();
@@ -173,7 +180,7 @@ async fn moves_lose_nothing(s: Stage, cluster: bool) {
         assert!(w.acked > 0, "{w:?}");
         assert_eq!((w.lost, w.auth_failures), (0, 0), "{w:?}");
     }
-    crash(&s).await;
+    crash(&s, cluster).await;
 }
 
 /// A Python with valkey-py: `$VALKEY_PY` (scripts/test.sh sets it), else from the script.

@@ -77,10 +77,12 @@ impl Watcher {
         let api = stage.api();
         let seen = Arc::new(Mutex::new(BTreeMap::new()));
         let log = seen.clone();
+        // This deployment's Valkey pods only: not the chart's credentials Job, nor another
+        // release's pods in the same namespace.
+        let selector = format!("valkey.io/cluster={}", stage.cluster);
         let task = tokio::spawn(async move {
             loop {
-                // The Valkey pods only (not the chart's credentials Job, say).
-                let valkey = ListParams::default().labels("valkey.io/cluster");
+                let valkey = ListParams::default().labels(&selector);
                 if let Ok(list) = api.list(&valkey).await {
                     addresses.update(&list.items);
                     observe(&mut lock(&log), &list.items);
