@@ -375,7 +375,12 @@ impl Keeper {
         if let action @ LocalAction::Fence { until, .. } = keeper::decide(&view) {
             self.log(&action, memory);
             self.count_isolation(&view);
-            commands::fence(session, until.since(view.now), memory, until).await;
+            // Counted like every other fence: this one comes first whenever the deadline passed
+            // before the step's read (an apiserver that does not answer), and was missing from
+            // `keeper_actions_total{kind="fence"}`.
+            if commands::fence(session, until.since(view.now), memory, until).await {
+                self.metrics.keeper_action(action.kind());
+            }
             self.publish(&seat.shard, &view, memory);
         }
     }
