@@ -66,7 +66,9 @@ async fn budgets_select_only_their_own(s: &Stage) {
     let api: Api<PodDisruptionBudget> = Api::namespaced(s.plane.client(), &s.namespace);
     let pods: Api<k8s_openapi::api::core::v1::Pod> =
         Api::namespaced(s.plane.client(), &s.namespace);
-    for name in owned::<PodDisruptionBudget>(s).await {
+    let budgets = owned::<PodDisruptionBudget>(s).await;
+    assert!(!budgets.is_empty(), "{} has no budget", s.cluster);
+    for name in budgets {
         let pdb = api.get(&name).await.unwrap();
         let labels = pdb.spec.and_then(|p| p.selector?.match_labels).unwrap();
         let selector: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -74,6 +76,7 @@ async fn budgets_select_only_their_own(s: &Stage) {
             .list(&ListParams::default().labels(&selector.join(",")))
             .await
             .unwrap();
+        assert!(!selected.items.is_empty(), "budget {name} selects nothing");
         for p in selected.items {
             let name = p.metadata.name.unwrap_or_default();
             assert!(
@@ -108,7 +111,13 @@ async fn releases_side_by_side_keep_to_themselves_through_a_shared_drain() {
     // Separate names: Services, budgets, Leases; each coordinator a pod of its own release.
     let mut services = BTreeSet::new();
     for s in stages {
-        for name in owned::<Service>(s).await {
+        let owned_services = owned::<Service>(s).await;
+        assert!(
+            owned_services.len() >= 2,
+            "{}: {owned_services:?}",
+            s.cluster
+        );
+        for name in owned_services {
             assert!(
                 services.insert((s.namespace.clone(), name.clone())),
                 "{name} twice"
