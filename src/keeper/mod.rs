@@ -248,7 +248,7 @@ impl Keeper {
     ) {
         // First, with what is known and no API call: a fence due now must not wait behind a
         // request to an apiserver that may not answer.
-        self.fence_first(seat, session, memory).await;
+        self.fence_first(seat, records, session, memory).await;
         // A holder's requests never outlive its deadline: a renewal hanging on a frozen
         // apiserver would otherwise hold the fence back by up to the request timeout. Cut off at
         // the deadline, the step fences at once (an unanswered renewal may still have landed;
@@ -262,7 +262,7 @@ impl Keeper {
         };
         if let Some(why) = cut {
             tracing::warn!("{why}");
-            self.fence_first(seat, session, memory).await;
+            self.fence_first(seat, records, session, memory).await;
         }
     }
 
@@ -366,21 +366,23 @@ impl Keeper {
 
     /// Only for a holder (its deadline may have passed): any other fence can wait for a fresh
     /// read, and deciding it from a stale record would fence a primary just promoted.
-    async fn fence_first(&self, seat: &Seat, session: &mut Session, memory: &mut KeeperMemory) {
+    /// Carried out like every other action (`act`: counted in `keeper_actions_total`), only
+    /// without the read before it.
+    async fn fence_first(
+        &self,
+        seat: &Seat,
+        records: &RecordClient,
+        session: &mut Session,
+        memory: &mut KeeperMemory,
+    ) {
         if memory.holding.is_none() {
             return;
         }
         let valkey = self.local_valkey(memory);
         let view = self.view(seat, valkey, memory, false);
-        if let action @ LocalAction::Fence { until, .. } = keeper::decide(&view) {
+        if let action @ LocalAction::Fence { .. } = keeper::decide(&view) {
             self.log(&action, memory);
-            self.count_isolation(&view);
-            // Counted like every other fence: this one comes first whenever the deadline passed
-            // before the step's read (an apiserver that does not answer), and was missing from
-            // `keeper_actions_total{kind="fence"}`.
-            if commands::fence(session, until.since(view.now), memory, until).await {
-                self.metrics.keeper_action(action.kind());
-            }
+            self.act(action, &view, records, session, memory).await;
             self.publish(&seat.shard, &view, memory);
         }
     }
