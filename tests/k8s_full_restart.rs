@@ -88,10 +88,8 @@ async fn delete_every_pod(s: &Stage) -> (Vec<String>, Instant) {
     .await;
     assert!(replaced.is_ok(), "{replaced:?}\n{}", s.describe().await);
     for p in &names {
-        s.kubelet
-            .wait_ready(&s.namespace, p, 180 * SECOND)
-            .await
-            .unwrap();
+        let ready = s.kubelet.wait_ready(&s.namespace, p, 180 * SECOND).await;
+        assert!(ready.is_ok(), "{ready:?}\n{}", s.stops_report());
         let ip = s.valkey(p).unwrap().ip().to_string();
         assert!(
             !before.contains(&ip),

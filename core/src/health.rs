@@ -36,6 +36,39 @@ pub enum Outcome {
 /// on when a failover depends on it.
 pub const GONE_AFTER_FAILURES: u32 = 2;
 
+/// How long `/prestop` must have found its pod free to stop before it answers. The coordinator
+/// can start a hand-over to a replica just before it sees that replica's pod deleted (every pod of
+/// a shard deleted at once: it sees the primary's deletion first); the hand-over lands within this
+/// (p99 ~250 ms, a poll later in the agent's view), so the replica, primary now, waits for its own
+/// hand-over instead of leaving the shard with no copy. Every stop is this much later.
+pub const STOP_SETTLE_MS: u64 = 2_000;
+
+/// `/prestop`'s wait: [`HealthState::stop`]'s answer only once it has held for
+/// [`STOP_SETTLE_MS`] without a break.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StopWait {
+    free_since: Option<Millis>,
+}
+
+impl StopWait {
+    /// The answer, once settled (`Ok`); else when to look again (`Err(None)`: at the next change).
+    pub fn step(
+        &mut self,
+        verdict: Option<Verdict>,
+        now: Millis,
+    ) -> Result<Verdict, Option<Millis>> {
+        let Some(verdict) = verdict else {
+            self.free_since = None;
+            return Err(None);
+        };
+        let since = *self.free_since.get_or_insert(now);
+        match now.since(since) >= STOP_SETTLE_MS {
+            true => Ok(verdict),
+            false => Err(Some(since.plus(STOP_SETTLE_MS))),
+        }
+    }
+}
+
 /// A probe answer and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verdict {
@@ -77,6 +110,9 @@ pub struct HealthState {
     /// The last thing learned about Valkey's socket is that nothing listens there (cleared by the
     /// next answer; timeouts and backoff in between do not clear it).
     pub down: bool,
+    /// Valkey was seen as a primary with a replica in this run (cleared when Valkey restarts): its
+    /// shard has replica pods, and one that failed or was deleted gets a replacement.
+    pub replica_seen: bool,
 }
 
 impl HealthState {
@@ -118,6 +154,8 @@ impl HealthState {
             .is_some_and(|(_, old)| old.run_id != obs.run_id);
         let state_ok = obs.cluster.as_ref().and_then(|c| c.state_ok);
         self.cluster_joined = (self.cluster_joined && !restarted) || state_ok == Some(true);
+        let serving = obs.role == Role::Primary && obs.has_replica();
+        self.replica_seen = (self.replica_seen && !restarted) || serving;
         self.last_answer = Some(at);
         self.first_observation.get_or_insert(at);
         self.observation = Some((at, obs));
@@ -257,9 +295,11 @@ impl HealthState {
     }
 
     /// `/prestop`: whether the pod may stop now (`Some`, and why) or should wait for its hand-over
-    /// (`None`). Not primary: nothing to hand over. A primary with no replica at all (a one-pod
-    /// shard, every replica failed): no hand-over can come, so waiting would only hold up the
-    /// drain — it stops as primary, and without persistence its data goes with it.
+    /// (`None`). Not primary: nothing to hand over. A primary that never had a replica in this run
+    /// (a one-pod shard): no hand-over can come, so waiting would only hold up the drain — it stops
+    /// as primary, and without persistence its data goes with it. One whose replicas failed or were
+    /// deleted waits on: their pods come back empty and sync from it (every pod deleted at once,
+    /// the replicas' replacements are its only way out), and the wait is bounded by its limit.
     pub fn stop(&self, now: Millis, bounds: &Bounds) -> Option<Verdict> {
         let role = self.role(now, bounds);
         if role != Role::Primary {
@@ -269,8 +309,8 @@ impl HealthState {
             )));
         }
         let obs = self.current(now, bounds)?;
-        (!obs.has_replica())
-            .then(|| Verdict::pass("primary without a replica: nothing can take over"))
+        (!obs.has_replica() && !self.replica_seen)
+            .then(|| Verdict::pass("primary without a replica in this run: nothing can take over"))
     }
 
     /// `/replica?lag=`: 200 only on an in-sync replica within `max_lag` bytes (default: the bound).

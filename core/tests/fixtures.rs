@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use serde_json::Value as Json;
-use valkey_sidecar_core::health::{Bounds, HealthState, Outcome};
+use valkey_sidecar_core::health::{Bounds, HealthState, Outcome, StopWait, Verdict};
 use valkey_sidecar_core::observation::{Mode, Observation, Replies, Role, observe};
 use valkey_sidecar_core::reply::Reply;
 use valkey_sidecar_core::shards::NodeHealth;
@@ -335,6 +335,28 @@ fn a_pod_may_stop_when_it_is_not_primary_or_no_replica_can_take_over() {
     assert!(v.ok && v.reason.contains("without a replica"), "{v:?}");
 }
 
+#[test]
+fn a_primary_whose_replicas_went_away_waits_for_their_replacements() {
+    let with = obs("standalone-primary", Mode::Replication);
+    assert!(with.has_replica());
+    let mut without = with.clone();
+    without.replicas.clear();
+    let mut h = HealthState::new(Millis(0));
+    h.record(Millis(10), Outcome::Observed(Box::new(with)));
+    // Its replica's pod deleted too (every pod at once): the replica's Valkey exits first.
+    h.record(Millis(20), Outcome::Observed(Box::new(without.clone())));
+    assert_eq!(
+        h.stop(Millis(20), &BOUNDS),
+        None,
+        "a replacement syncs from it"
+    );
+    // A restarted Valkey starts over: what it had before is not its shard's any more.
+    let mut restarted = without;
+    restarted.run_id = Some("another run".into());
+    h.record(Millis(30), Outcome::Observed(Box::new(restarted)));
+    assert!(h.stop(Millis(30), &BOUNDS).is_some_and(|v| v.ok));
+}
+
 /// The quorum fence reads real `CLUSTER NODES` with Valkey's own clock: a primary that lost one
 /// shard of three (both nodes killed, flagged `fail`) still hears a majority and is not fenced;
 /// with its ping to a second primary pending long enough, it is.
@@ -431,4 +453,31 @@ fn every_captured_role_reply_reads_as_its_first_word() {
     assert_eq!(role_reply(&Reply::Array(vec![])), None);
     let sentinel = Reply::Array(vec![Reply::Text("sentinel".into())]);
     assert_eq!(role_reply(&sentinel), Some(Role::Unknown));
+}
+
+#[test]
+fn the_prestop_wait_answers_only_once_the_pod_stayed_free_to_stop() {
+    let pass = || {
+        Some(Verdict {
+            ok: true,
+            reason: "valkey is replica: nothing to hand over".into(),
+        })
+    };
+    let settle = valkey_sidecar_core::health::STOP_SETTLE_MS;
+    let mut wait = StopWait::default();
+    assert_eq!(
+        wait.step(pass(), Millis(100)),
+        Err(Some(Millis(100 + settle)))
+    );
+    // A hand-over to it lands meanwhile: primary now, it waits for its own hand-over.
+    assert_eq!(wait.step(None, Millis(300)), Err(None));
+    assert_eq!(
+        wait.step(pass(), Millis(900)),
+        Err(Some(Millis(900 + settle)))
+    );
+    assert_eq!(
+        wait.step(pass(), Millis(900 + settle - 1)),
+        Err(Some(Millis(900 + settle)))
+    );
+    assert_eq!(wait.step(pass(), Millis(900 + settle)), pass().ok_or(None));
 }

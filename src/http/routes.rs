@@ -8,7 +8,7 @@ use http_body_util::Full;
 use hyper::header::CONTENT_TYPE;
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::sync::watch;
-use valkey_sidecar_core::health::{Bounds, HealthState, Verdict};
+use valkey_sidecar_core::health::{Bounds, HealthState, StopWait, Verdict};
 use valkey_sidecar_core::labels::advertised;
 use valkey_sidecar_core::observation::{Mode, Role};
 use valkey_sidecar_core::restart::{self, Permit};
@@ -53,25 +53,29 @@ impl App {
     }
 
     /// `/prestop`: blocks until the local Valkey is no longer primary (the coordinator has handed
-    /// it over) or `limit` passes. Read-only: it never triggers anything itself.
+    /// it over) or `limit` passes, and that has held for `STOP_SETTLE_MS` (`core::health::StopWait`).
+    /// Read-only: it never triggers anything itself.
     async fn prestop(&self, limit: Duration) -> Verdict {
         let mut state = self.state.clone();
         let deadline = tokio::time::Instant::now() + limit;
+        let mut wait = StopWait::default();
         loop {
-            let done = state
-                .borrow_and_update()
-                .stop(self.clock.now(), &self.bounds);
-            if let Some(verdict) = done {
-                return verdict;
-            }
-            if tokio::time::timeout_at(deadline, state.changed())
-                .await
-                .map_or(true, |r| r.is_err())
-            {
-                return Verdict {
+            let now = self.clock.now();
+            let verdict = state.borrow_and_update().stop(now, &self.bounds);
+            let wake = match wait.step(verdict.clone(), now) {
+                Ok(settled) => return settled,
+                Err(wake) => wake,
+            };
+            let until = wake.map_or(deadline, |at| {
+                let d = Duration::from_millis(at.since(now));
+                deadline.min(tokio::time::Instant::now() + d)
+            });
+            let changed = tokio::time::timeout_at(until, state.changed()).await;
+            if matches!(changed, Ok(Err(_))) || tokio::time::Instant::now() >= deadline {
+                return verdict.unwrap_or_else(|| Verdict {
                     ok: false,
                     reason: format!("still primary after {limit:?}"),
-                };
+                });
             }
         }
     }

@@ -60,6 +60,7 @@ pub mod writer;
 
 mod bins;
 mod control_plane;
+mod diagnose;
 mod kubeconfig;
 mod kubelet;
 mod nodes;

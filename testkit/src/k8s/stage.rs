@@ -924,7 +924,8 @@ impl Stage {
         })
         .await;
         if let Err(e) = waited {
-            bail!("{e:#}\n{}", self.describe().await);
+            let (pods, why) = (self.describe().await, self.diagnose_unsettled().await);
+            bail!("{e:#}\n{pods}\n{why}");
         }
         self.pod_objects().await
     }
@@ -949,7 +950,8 @@ impl Stage {
         })
         .await;
         if let Err(e) = waited {
-            bail!("{e:#}\n{}", self.describe().await);
+            let (pods, why) = (self.describe().await, self.diagnose_unsettled().await);
+            bail!("{e:#}\n{pods}\n{why}");
         }
         self.pod_objects().await
     }

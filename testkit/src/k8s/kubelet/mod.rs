@@ -225,6 +225,11 @@ pub struct StopRecord {
     pub at: Instant,
     /// From SIGTERM to exit.
     pub took: Duration,
+    /// How long its preStop hook ran (zero without one).
+    pub pre_stop: Duration,
+    /// The last lines of its log when it exited: a replaced pod's log is gone with its
+    /// directory, and a failed test must still be able to say what its agent did last.
+    pub log_tail: String,
 }
 
 struct PodEntry {

@@ -31,6 +31,9 @@ use super::{Shared, StopRecord};
 use crate::Result;
 use crate::net::lock;
 
+/// Log lines kept of a stopped container ([`StopRecord::log_tail`]).
+const STOP_LOG_LINES: usize = 30;
+
 /// The kubelet's minimum time for SIGTERM after a preStop hook used up the grace period.
 const MIN_TERM_GRACE: Duration = Duration::from_secs(2);
 
@@ -135,9 +138,11 @@ async fn stop_container(
     deadline: Instant,
     turns: &Turns,
 ) {
+    let hooked = Instant::now();
     if let Some(handler) = c.spec.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()) {
         run_hook(shared, pod, &c, "preStop", handler, grace).await;
     }
+    let pre_stop = hooked.elapsed();
     turns.wait(&c.name, deadline).await;
     let term_grace = deadline
         .saturating_duration_since(Instant::now())
@@ -168,6 +173,8 @@ async fn stop_container(
         graceful,
         at,
         took,
+        pre_stop,
+        log_tail: c.log_tail(STOP_LOG_LINES),
     });
 }
 
