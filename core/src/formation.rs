@@ -12,7 +12,8 @@
 //! - **An existing cluster** — some node owns slots: introduce any node that knows only itself; make
 //!   every slot-less master that the cluster knows a replica of its shard's primary (the node of
 //!   the same shard index that owns slots), once it knows that primary; forget, on every node,
-//!   a node marked failed that no pod is any more (the previous identity of a replaced pod); and
+//!   a node marked failed that no pod is any more (the previous identity of a replaced pod) unless
+//!   it is a primary still serving its shard's slots (`forgettable`); and
 //!   introduce again every node that some node (itself included) lists at an address that is not
 //!   its pod's any more ([`readdress`]): after a full restart every pod has a new IP and every
 //!   `nodes.conf` names the old ones, so no node could reach another by itself. A `CLUSTER MEET`
@@ -32,7 +33,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use crate::observation::{Observation, Role};
-use crate::shards::{NodeHealth, Shard};
+use crate::shards::{NodeHealth, Shard, ShardNode};
 use crate::time::Millis;
 
 /// Valkey Cluster's slot count.
@@ -129,6 +130,21 @@ fn entry_hash(id: &str, ip: &str) -> u64 {
     h.finish()
 }
 
+/// The failed nodes a node lists, but for a failed primary still serving its shard's slots: its
+/// replica is about to be elected in its place (Valkey's own election, or the agent's after a
+/// crash), and a replica whose primary was forgotten can never be — the slots would be served by
+/// nobody for good. Once a replica took over, the old node serves nothing and is forgotten.
+fn forgettable(shards: &[Shard]) -> impl Iterator<Item = String> + '_ {
+    shards.iter().flat_map(|s| {
+        let serving = |n: &&ShardNode| n.role == Role::Primary && !s.slots.is_empty();
+        s.nodes
+            .iter()
+            .filter(|n| n.health == NodeHealth::Failed)
+            .filter(move |n| !serving(n))
+            .map(|n| n.id.clone())
+    })
+}
+
 impl ClusterNode {
     /// What formation needs of a node's own observation; `None` for a node that is loading or
     /// not in cluster mode.
@@ -149,10 +165,9 @@ impl ClusterNode {
         let owns_slots = obs.role == Role::Primary && mine.is_some_and(|s| !s.slots.is_empty());
         let listed = || view.shards.iter().flat_map(|s| &s.nodes);
         let knows = listed().map(|n| n.id.clone());
-        let failed = listed().filter(|n| n.health == NodeHealth::Failed);
         Some(ClusterNode {
             knows: knows.chain([id.clone()]).collect(),
-            failed: failed.map(|n| n.id.clone()).collect(),
+            failed: forgettable(&view.shards).collect(),
             addrs: listed().map(|n| (n.id.clone(), n.ip.clone())).collect(),
             id,
             role: obs.role,

@@ -481,3 +481,18 @@ fn the_prestop_wait_answers_only_once_the_pod_stayed_free_to_stop() {
     );
     assert_eq!(wait.step(pass(), Millis(900 + settle)), pass().ok_or(None));
 }
+
+/// Real `CLUSTER SHARDS` of a cluster whose shard 2 lost both nodes (SIGKILL, marked `fail`): the
+/// failed replica may be forgotten once it is no pod; the failed primary still serving the slots
+/// may not — a replica of it could still be elected, and forgotten it never can be.
+#[test]
+fn a_failed_primary_that_still_serves_its_slots_is_not_forgettable() {
+    use valkey_sidecar_core::formation::ClusterNode;
+    let node = ClusterNode::observed(&obs("cluster-fail", Mode::Cluster)).unwrap();
+    let failed: Vec<&str> = node.failed.iter().map(String::as_str).collect();
+    assert_eq!(failed, ["835cc1c1ea944e632afe7e1bff28e02dc6fe4983"]);
+    assert!(
+        node.knows
+            .contains("08298011e91072d0e69e816fcbf96f6405e94439")
+    );
+}
