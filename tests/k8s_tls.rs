@@ -161,6 +161,12 @@ async fn drain(s: &Stage) {
     assert!(drained.is_ok(), "kubectl drain {node}: {drained:?}");
     s.plane.kubectl(&["uncordon", &node]).await.unwrap();
     settled(s).await;
+    // How each evicted pod's wait ended: a primary's is its hand-over (HTTP 200), or a timeout.
+    for h in s.kubelet.hook_runs() {
+        if h.namespace == s.namespace && h.hook == "preStop" && h.container == "valkey" {
+            println!("preStop {}: {:?} after {:?}", h.pod, h.result, h.took);
+        }
+    }
 }
 
 /// A hand-over and a drain under a TLS writer per shard, every acknowledged write read back

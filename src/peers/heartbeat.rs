@@ -23,7 +23,8 @@ use tokio::sync::watch;
 use tokio::time::MissedTickBehavior;
 use valkey_sidecar_core::health::{Bounds, HealthState};
 use valkey_sidecar_core::heartbeat::{
-    Beat, IsolationPolicy, PeerSight, Pinger, Promise, ResponderView, answer, cluster_targets,
+    Beat, IsolationPolicy, PeerSight, Pinger, Promise, ResponderView, Spread, answer,
+    cluster_targets,
 };
 use valkey_sidecar_core::observation::{Mode, Observation, Role};
 use valkey_sidecar_core::ratelimit::TokenBucket;
@@ -106,6 +107,9 @@ struct Beating {
     targets: BTreeMap<String, IpAddr>,
     /// When this run of pinging began (silence is judged a window later).
     pinging_since: Option<Millis>,
+    /// Rounds so far, and the vouch window for how the pings are spread over them now.
+    round: u64,
+    policy: IsolationPolicy,
     buf: Vec<u8>,
 }
 
@@ -126,6 +130,8 @@ impl Heartbeat {
             limits: Limits::new(self.clock.now()),
             targets: BTreeMap::new(),
             pinging_since: None,
+            round: 0,
+            policy: self.policy,
             buf: vec![0; 2_048],
         };
         let mut ticker = tokio::time::interval(Duration::from_millis(self.policy.interval_ms));
@@ -154,6 +160,14 @@ impl Heartbeat {
             (false, since) => since,
         };
         b.targets = targets;
+        // Cluster mode spreads a primary's pings over rounds (`core::heartbeat::Spread`); every
+        // peer still counts, with a window that outlasts the rounds between its pings.
+        let spread = match self.mode {
+            Mode::Cluster => Spread::cluster(b.targets.len()),
+            Mode::Replication => Spread::EVERY_ROUND,
+        };
+        b.policy = self.policy.spread_over(spread);
+        b.round = b.round.wrapping_add(1);
         if !b.targets.is_empty() {
             let seq = b.pinger.ping(now, wants_promise);
             let ping = Beat::Ping {
@@ -164,7 +178,8 @@ impl Heartbeat {
                 wants_promise,
             };
             let wire = b.keys.seal(&ping.encode());
-            for ip in b.targets.values() {
+            let due = b.targets.iter().filter(|(id, _)| spread.due(id, b.round));
+            for (_, ip) in due {
                 let _ = socket
                     .send_to(&wire, SocketAddr::new(*ip, self.bind.port()))
                     .await;
@@ -228,8 +243,8 @@ impl Heartbeat {
         b.pinger.retain(&pinged);
         let sight = PeerSight {
             expected: b.pinger.vouchers().intersection(&pinged).cloned().collect(),
-            vouches: b.pinger.valid(now, &self.policy),
-            judged_from: since.plus(self.policy.fence_after_ms),
+            vouches: b.pinger.valid(now, &b.policy),
+            judged_from: since.plus(b.policy.fence_after_ms),
         };
         self.metrics.peers_vouching(sight.vouches.len());
         self.sight.send_if_modified(|old| {

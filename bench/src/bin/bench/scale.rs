@@ -34,6 +34,12 @@ struct Row {
     coordinator_rss_kib: u64,
     agent_rss_median_kib: u64,
     agent_rss_max_kib: u64,
+    /// Each agent's CPU over the steady window, in % of one core: the median and the busiest.
+    agent_cpu_median_pct: f64,
+    agent_cpu_max_pct: f64,
+    /// UDP datagrams sent per second on the machine over the steady window: the agents' peer
+    /// heartbeats (Valkey's cluster bus is TCP), every primary pinging every other primary.
+    udp_out_per_s: f64,
     /// Requests per minute: the coordinator, the busiest follower, the whole apiserver.
     coordinator_rpm: f64,
     follower_rpm: f64,
@@ -136,7 +142,19 @@ async fn steady(stage: &Stage, coordinator: &str, row: &mut Row) -> Result<()> {
     // The agents' start-up requests (lists, label writes) are behind them.
     tokio::time::sleep(Duration::from_secs(10)).await;
     let from = SystemTime::now();
+    let (ticks, udp) = (agent_ticks(stage)?, udp_out()?);
     tokio::time::sleep(STEADY + Duration::from_secs(1)).await;
+    let (ticks_after, udp_after) = (agent_ticks(stage)?, udp_out()?);
+    let window = (STEADY + Duration::from_secs(1)).as_secs_f64();
+    row.udp_out_per_s = udp_after.saturating_sub(udp) as f64 / window;
+    let mut cpu: Vec<f64> = ticks_after
+        .iter()
+        .zip(&ticks)
+        .map(|(b, a)| b.saturating_sub(*a) as f64 / TICKS_PER_S / window * 100.0)
+        .collect();
+    cpu.sort_by(f64::total_cmp);
+    row.agent_cpu_median_pct = cpu.get(cpu.len() / 2).copied().unwrap_or(0.0);
+    row.agent_cpu_max_pct = cpu.last().copied().unwrap_or(0.0);
     let usage = log.usage(from, from + STEADY)?;
     let rate = |pod: &str| usage.per_minute(usage.total(&pod_identity(&stage.namespace, pod)));
     row.coordinator_rpm = rate(coordinator);
@@ -144,6 +162,40 @@ async fn steady(stage: &Stage, coordinator: &str, row: &mut Row) -> Result<()> {
     row.follower_rpm = followers.map(|p| rate(p)).fold(0.0, f64::max);
     row.apiserver_rpm = usage.per_minute(crate::api::all_requests(&usage));
     Ok(())
+}
+
+/// Clock ticks per second of `/proc/<pid>/stat` (`USER_HZ`, 100 on Linux).
+const TICKS_PER_S: f64 = 100.0;
+
+/// Every agent's CPU time so far, in clock ticks, in pod order.
+fn agent_ticks(stage: &Stage) -> Result<Vec<u64>> {
+    stage
+        .pods
+        .iter()
+        .map(|pod| {
+            let pid = stage
+                .kubelet
+                .container_pid(&stage.namespace, pod, "valkey-sidecar")
+                .with_context(|| format!("no agent process in {pod}"))?;
+            Ok(proc_stats(pid)?.1)
+        })
+        .collect()
+}
+
+/// UDP datagrams this machine has sent (`OutDatagrams` of `/proc/net/snmp`).
+fn udp_out() -> Result<u64> {
+    let snmp = std::fs::read_to_string("/proc/net/snmp")?;
+    let mut udp = snmp.lines().filter(|l| l.starts_with("Udp:"));
+    let (names, values) = (udp.next(), udp.next());
+    let (Some(names), Some(values)) = (names, values) else {
+        bail!("no Udp lines in /proc/net/snmp");
+    };
+    let at = names
+        .split_whitespace()
+        .position(|n| n == "OutDatagrams")
+        .context("no OutDatagrams")?;
+    let value = values.split_whitespace().nth(at).context("OutDatagrams")?;
+    Ok(value.parse()?)
 }
 
 /// The agents' resident memory, the coordinator's apart.
@@ -280,16 +332,16 @@ async fn drains(stage: &Stage, row: &mut Row) -> Result<()> {
 fn print_table(rows: &[Row]) {
     println!("### Scale: chart installs of N shards × 2 pods\n");
     println!(
-        "Command: `BENCH_SCALE_SHARDS=\"10 25 50\" target/release/bench scale`. Each size is one chart install with the chart's defaults (cluster mode, 1 replica per shard) on 6 fake nodes in 3 zones, the agents' release binary, real kube-apiserver, scheduler and controller-manager on this 2-core machine. Settled: `helm install` until every pod is Ready, labelled and every replica synced. Round: the coordinator's `valkey_sidecar_coordinator_round_duration_seconds` over the whole run — the first coordinator's rounds up to the drains, and those of whoever coordinates after the last drain (the drains restart the first one's pod): the mean over both, and the larger bucket bound holding a p99. Requests: the audit log over a {} s steady window. Hand-over: shard 1's primary node cordoned under a writer. Drains: `kubectl drain` of each node in turn, the deployment settled again before the next, under a writer per {SHARDS_PER_WRITER} shards.\n",
+        "Command: `BENCH_SCALE_SHARDS=\"10 25 50\" target/release/bench scale`. Each size is one chart install with the chart's defaults (cluster mode, 1 replica per shard) on 6 fake nodes in 3 zones, the agents' release binary, real kube-apiserver, scheduler and controller-manager on this 2-core machine. Settled: `helm install` until every pod is Ready, labelled and every replica synced. Round: the coordinator's `valkey_sidecar_coordinator_round_duration_seconds` over the whole run — the first coordinator's rounds up to the drains, and those of whoever coordinates after the last drain (the drains restart the first one's pod): the mean over both, and the larger bucket bound holding a p99. Requests: the audit log over a {} s steady window; agent CPU (`/proc/<pid>/stat`) and the machine's UDP datagrams sent (`/proc/net/snmp`: the agents' peer heartbeats) over the same window. Hand-over: shard 1's primary node cordoned under a writer. Drains: `kubectl drain` of each node in turn, the deployment settled again before the next, under a writer per {SHARDS_PER_WRITER} shards.\n",
         STEADY.as_secs()
     );
     println!(
-        "| shards | pods | settled | round mean / p99 | coordinator RSS | agent RSS median / max | requests/min coordinator / busiest follower / apiserver | hand-over pause, lost | drains: longest, longest write pause, acked, lost |"
+        "| shards | pods | settled | round mean / p99 | coordinator RSS | agent RSS median / max | agent CPU median / max | heartbeat datagrams/s | requests/min coordinator / busiest follower / apiserver | hand-over pause, lost | drains: longest, longest write pause, acked, lost |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         println!(
-            "| {} | {} | {:.1} s | {:.2} / {:.2} ms | {} MiB | {} / {} MiB | {:.1} / {:.1} / {:.0} | {} ms, {} | {} nodes: {:.1} s, {} ms, {}, {} |",
+            "| {} | {} | {:.1} s | {:.2} / {:.2} ms | {} MiB | {} / {} MiB | {:.1} / {:.1} % | {:.0} | {:.1} / {:.1} / {:.0} | {} ms, {} | {} nodes: {:.1} s, {} ms, {}, {} |",
             r.shards,
             r.pods,
             r.settled.as_secs_f64(),
@@ -298,6 +350,9 @@ fn print_table(rows: &[Row]) {
             r.coordinator_rss_kib / 1024,
             r.agent_rss_median_kib / 1024,
             r.agent_rss_max_kib / 1024,
+            r.agent_cpu_median_pct,
+            r.agent_cpu_max_pct,
+            r.udp_out_per_s,
             r.coordinator_rpm,
             r.follower_rpm,
             r.apiserver_rpm,
@@ -331,6 +386,11 @@ fn figures(rows: &[Row]) -> Vec<(&'static str, Vec<f64>)> {
             "agent RSS, median (MiB)",
             of(&|r| r.agent_rss_median_kib as f64 / 1024.0),
         ),
+        (
+            "agent CPU, median (% of a core)",
+            of(&|r| r.agent_cpu_median_pct),
+        ),
+        ("heartbeat datagrams/s", of(&|r| r.udp_out_per_s)),
         ("requests/min, coordinator", of(&|r| r.coordinator_rpm)),
         ("requests/min, busiest follower", of(&|r| r.follower_rpm)),
         ("requests/min, apiserver", of(&|r| r.apiserver_rpm)),
