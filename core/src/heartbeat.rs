@@ -1,7 +1,8 @@
 //! Peer heartbeats: how a primary learns within a fraction of a second that it is cut off.
 //!
 //! A primary's agent sends a [`Beat::Ping`] to each peer every interval (100 ms at the chart's
-//! defaults), over UDP on the agent port. Every agent answers every valid ping with a
+//! defaults; a cluster-mode primary with many peers, every few intervals: [`Spread`]), over UDP on
+//! the agent port. Every agent answers every valid ping with a
 //! [`Beat::Pong`] that echoes the ping's sequence number and says whether it *vouches* for the
 //! pinger: it can hear it, and in its own view the pinger is still the primary (cluster mode: a
 //! slot-serving primary not flagged failing; replication mode: the holder the shard record names at
