@@ -208,27 +208,39 @@ impl Heartbeat {
         (self.pod.clone(), members, claim.epoch, wants)
     }
 
+    /// Read under the state's lock, never cloned: it runs every round, and a clone of a large
+    /// cluster's observation per round and per datagram was most of an idle agent's CPU.
     fn cluster_peers(&self) -> (String, BTreeMap<String, IpAddr>, u64, bool) {
         let none = || (String::new(), BTreeMap::new(), 0, false);
-        let Some(obs) = self.observation() else {
+        let now = self.clock.now();
+        let state = self.state.borrow();
+        let Some(obs) = state.current(now, &self.bounds) else {
             return none();
         };
-        let (Some(me), Some(peers)) = cluster_me_and_peers(&obs) else {
+        let Some((me, peers)) = cluster_me_and_peers(obs) else {
             return none();
         };
         if obs.role != Role::Primary {
-            return (me, BTreeMap::new(), 0, false);
+            return (me.to_owned(), BTreeMap::new(), 0, false);
         }
-        let targets = cluster_targets(&peers)
+        let targets = cluster_targets(peers)
             .into_iter()
             .filter_map(|(id, ip)| Some((id, ip.parse().ok()?)))
             .collect();
-        (me, targets, 0, false)
+        (me.to_owned(), targets, 0, false)
     }
 
-    fn observation(&self) -> Option<Observation> {
+    /// This agent's identity as its pongs' addressee: the pod (replication mode), else the node id.
+    fn identity(&self) -> String {
+        if let (Mode::Replication, Some(_)) = (&self.mode, &self.shard) {
+            return self.pod.clone();
+        }
         let now = self.clock.now();
-        self.state.borrow().current(now, &self.bounds).cloned()
+        let state = self.state.borrow();
+        let obs = state.current(now, &self.bounds);
+        obs.and_then(cluster_me_and_peers)
+            .map(|(me, _)| me.to_owned())
+            .unwrap_or_default()
     }
 
     /// What the fence reads: the expected peers (those pinged that vouched before in this run,
@@ -274,8 +286,7 @@ impl Heartbeat {
                 vouch,
                 promise_ms,
             } => {
-                let me = self.targets().0;
-                if cluster != self.cluster || to != me {
+                if cluster != self.cluster || to != self.identity() {
                     return self.metrics.heartbeat(Drop::Foreign.kind());
                 }
                 if b.pinger.pong(&peer, seq, vouch, promise_ms) {
@@ -294,9 +305,24 @@ impl Heartbeat {
             return self.metrics.heartbeat(Drop::Foreign.kind());
         }
         let now = self.clock.now();
-        let obs = self.observation();
-        let (me, view) = self.responder(obs.as_ref());
-        let Some((pong, promise)) = answer(ping, &me, &view.as_view(), now, &self.policy) else {
+        let answered = {
+            let state = self.state.borrow();
+            let obs = state.current(now, &self.bounds);
+            match (&self.mode, obs.and_then(cluster_me_and_peers)) {
+                (Mode::Cluster, Some((me, peers))) => answer(
+                    ping,
+                    me,
+                    &ResponderView::Cluster { peers },
+                    now,
+                    &self.policy,
+                ),
+                _ => {
+                    let (me, view) = self.responder(obs);
+                    answer(ping, &me, &view.as_view(), now, &self.policy)
+                }
+            }
+        };
+        let Some((pong, promise)) = answered else {
             return;
         };
         if let Some(p) = promise {
@@ -307,7 +333,8 @@ impl Heartbeat {
         self.metrics.heartbeat("ping_answered");
     }
 
-    /// This agent's identity and what it knows, as a responder.
+    /// This agent's identity and what it knows, as a responder (replication mode; cluster mode
+    /// answers from the borrowed observation in [`Self::answer`]).
     fn responder(&self, obs: Option<&Observation>) -> (String, OwnedView) {
         match (&self.mode, &self.shard, obs) {
             (Mode::Replication, Some(links), Some(obs)) => {
@@ -318,10 +345,6 @@ impl Heartbeat {
                 let replica = obs.role == Role::Replica;
                 (self.pod.clone(), OwnedView::Replication { holder, replica })
             }
-            (Mode::Cluster, _, Some(obs)) => match cluster_me_and_peers(obs) {
-                (Some(me), Some(peers)) => (me, OwnedView::Cluster(peers)),
-                _ => (self.pod.clone(), OwnedView::Unknown),
-            },
             _ => (self.pod.clone(), OwnedView::Unknown),
         }
     }
@@ -337,22 +360,13 @@ fn changed(old: &PeerSight, new: &PeerSight, now: Millis) -> bool {
         || old.judged_from != new.judged_from
 }
 
-fn cluster_me_and_peers(
-    obs: &Observation,
-) -> (
-    Option<String>,
-    Option<Vec<valkey_sidecar_core::quorum::Peer>>,
-) {
-    let c = obs.cluster.as_ref();
-    (
-        c.and_then(|c| c.my_id.clone()),
-        c.and_then(|c| c.peers.clone()),
-    )
+fn cluster_me_and_peers(obs: &Observation) -> Option<(&str, &[valkey_sidecar_core::quorum::Peer])> {
+    let c = obs.cluster.as_ref()?;
+    Some((c.my_id.as_deref()?, c.peers.as_deref()?))
 }
 
-/// [`ResponderView`] with owned data (the borrowed watch values are released first).
+/// [`ResponderView`] with owned data, replication mode (the record's watch is released first).
 enum OwnedView {
-    Cluster(Vec<valkey_sidecar_core::quorum::Peer>),
     Replication {
         holder: Option<(String, u64)>,
         replica: bool,
@@ -363,7 +377,6 @@ enum OwnedView {
 impl OwnedView {
     fn as_view(&self) -> ResponderView<'_> {
         match self {
-            OwnedView::Cluster(peers) => ResponderView::Cluster { peers },
             OwnedView::Replication { holder, replica } => ResponderView::Replication {
                 holder: holder.as_ref().map(|(h, e)| (h.as_str(), *e)),
                 replica: *replica,
