@@ -45,7 +45,8 @@ impl Stage {
     }
 }
 
-fn settled(p: &Pod) -> bool {
+/// Ready and labelled with a role: what [`Stage::wait_settled`] waits for on every pod.
+pub(super) fn settled(p: &Pod) -> bool {
     super::pod_is_ready(p) && label(p, ROLE_LABEL).is_some()
 }
 

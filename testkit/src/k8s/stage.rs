@@ -939,16 +939,18 @@ impl Stage {
         timeout: Duration,
     ) -> Result<Vec<Pod>> {
         let what = format!("{count} pods Ready, {primaries} primaries");
-        let waited = poll_until(&what, timeout, Duration::from_millis(200), || async {
-            let pods = self.pod_objects().await?;
-            let settled = |p: &Pod| super::pod_is_ready(p) && label(p, ROLE_LABEL).is_some();
-            let led = pods
-                .iter()
-                .filter(|p| label(p, ROLE_LABEL) == Some("primary"))
-                .count();
-            Ok(pods.len() == count && pods.iter().all(settled) && led == primaries)
-        })
-        .await;
+        let waited =
+            poll_until(&what, timeout, Duration::from_millis(200), || async {
+                let pods = self.pod_objects().await?;
+                let led = pods
+                    .iter()
+                    .filter(|p| label(p, ROLE_LABEL) == Some("primary"))
+                    .count();
+                Ok(pods.len() == count
+                    && pods.iter().all(super::diagnose::settled)
+                    && led == primaries)
+            })
+            .await;
         if let Err(e) = waited {
             let (pods, why) = (self.describe().await, self.diagnose_unsettled().await);
             bail!("{e:#}\n{pods}\n{why}");
