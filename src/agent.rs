@@ -87,6 +87,9 @@ struct Shared {
     off: watch::Sender<Vec<Off>>,
     /// The peer heartbeats' channels; `None` when they are off.
     beats: Option<Beats>,
+    /// The coordinator's term, from the election: the observer reads the whole cluster map on
+    /// every tick while it leads.
+    lead: watch::Sender<CoordinatorTerm>,
 }
 
 /// What the heartbeat task shares with the fences (`crate::peers::heartbeat`).
@@ -146,6 +149,7 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         start: (config.mode == Mode::Cluster).then(|| watch::channel(restart::decide(None, None))),
         off: watch::Sender::new(config.off.clone()),
         beats: heartbeats_run(&config).then(Beats::new),
+        lead: watch::Sender::new(CoordinatorTerm::default()),
     };
     features::announce(&config.off);
     let mut tasks = serve(&config, &shared).await?;
@@ -185,6 +189,7 @@ fn observer(
             .flatten()
             .map(|p| quorum_fence(p, shared)),
         claim: shared.claim.as_ref().map(|(_, rx)| rx.clone()),
+        lead: shared.lead.subscribe(),
     }
 }
 
@@ -402,7 +407,7 @@ fn coordinator_tasks(
     client: kube::Client,
     owner: Owner,
 ) -> Vec<Task> {
-    let (lead_tx, lead_rx) = watch::channel(CoordinatorTerm::default());
+    let (lead_tx, lead_rx) = (shared.lead.clone(), shared.lead.subscribe());
     // The coordinator's status rides along in the Lease holder's renewals.
     let (status_tx, status_rx) = watch::channel(StatusAnnotations::new());
     // A Lease call must finish well inside the renew deadline to be of any use.

@@ -5,13 +5,16 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
+use valkey_sidecar_core::cluster_map::Reading;
 use valkey_sidecar_core::health::{Bounds, HealthState, Outcome};
 use valkey_sidecar_core::observation::{Mode, Observation, Role};
 use valkey_sidecar_core::placement::{Placement, zone_to_push};
 
+use crate::k8s::lease::CoordinatorTerm;
 use crate::peers::quorum::QuorumFence;
 use crate::runtime::clock::Clock;
 use crate::runtime::metrics::Metrics;
+use crate::valkey::observe::MapReader;
 use crate::valkey::{Connector, Session, ValkeyError, observe};
 
 /// Everything the loop needs.
@@ -33,6 +36,9 @@ pub struct Observer {
     /// Replication mode with a coordinator: whether the keeper may advertise Valkey as primary
     /// (readiness, as `/readyz` says it, for the metrics).
     pub claim: Option<watch::Receiver<bool>>,
+    /// The coordinator's term: while this agent leads, it reads the whole cluster map on every
+    /// tick (`core::cluster_map`).
+    pub lead: watch::Receiver<CoordinatorTerm>,
 }
 
 /// The tick period while hurried: the promoted node is seen (and advertised) within this.
@@ -45,7 +51,8 @@ impl Observer {
     /// Ticks until shutdown. A tick blocked on Valkey is abandoned at shutdown, not awaited.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         let mut session = Session::new(self.connector.clone());
-        let pipe = observe::pipeline(self.mode);
+        let pipe = observe::own_pipeline(self.mode);
+        let mut map = MapReader::default();
         let mut ticker = tokio::time::interval(self.interval);
         ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut log = LogOnChange::default();
@@ -58,13 +65,16 @@ impl Observer {
                 _ = ticker.tick() => {}
                 _ = tokio::time::sleep(HURRIED), if hurried => {}
                 Ok(()) = self.hurry.changed() => {}
+                // A new coordinator acts on a fresh map: read it now, not a tick later.
+                Ok(()) = self.lead.changed() => {}
                 _ = session.closed() => {}
                 () = quorum_news(&mut self.quorum) => {}
                 _ = shutdown.changed() => return,
             }
             let started = Instant::now();
+            let reading = self.reading(hurried);
             let (outcome, error) = tokio::select! {
-                r = observe::tick(&mut session, &pipe, self.mode) => r,
+                r = self.observe(&mut session, &pipe, &mut map, reading) => r,
                 _ = shutdown.changed() => return,
             };
             self.metrics
@@ -79,6 +89,29 @@ impl Observer {
                 self.push_zone(&mut session, obs, &mut zone_retry_at).await;
             }
             self.record(outcome);
+        }
+    }
+
+    /// What this tick is, for `core::cluster_map`.
+    fn reading(&self, hurried: bool) -> Reading {
+        Reading {
+            leading: self.lead.borrow().until.is_some(),
+            hurried,
+            fencing: self.quorum.is_some(),
+        }
+    }
+
+    /// One observation: in cluster mode through the map reader, in replication mode plainly.
+    async fn observe(
+        &self,
+        session: &mut Session,
+        pipe: &redis::Pipeline,
+        map: &mut MapReader,
+        reading: Reading,
+    ) -> (Outcome, Option<ValkeyError>) {
+        match self.mode {
+            Mode::Cluster => map.tick(session, pipe, self.clock.now(), reading).await,
+            Mode::Replication => observe::tick(session, pipe, self.mode).await,
         }
     }
 

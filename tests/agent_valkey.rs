@@ -186,6 +186,56 @@ fn cluster_failover_shows_in_status_within_a_poll() {
     );
 }
 
+/// How many times `command` (e.g. `cluster|shards`) ran on `server` since its last
+/// `CONFIG RESETSTAT`, from `INFO commandstats`.
+fn calls(server: &ValkeyServer, command: &str) -> u64 {
+    let stats: String = server.query(&["INFO", "commandstats"]).unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+#[test]
+fn the_cluster_map_is_read_when_it_changed_or_is_due_not_on_every_tick() {
+    let cluster = ValkeyCluster::start(3, 1, ClusterOptions::default()).unwrap();
+    let primary = &cluster.primaries()[0];
+    let replica = &cluster.replicas_of(0)[0];
+    let on_primary = Agent::start(sidecar(primary.addr(), "cluster")).unwrap();
+    let on_replica = Agent::start(sidecar(replica.addr(), "cluster")).unwrap();
+    on_primary.wait_code("/readyz", 200, 5 * SECOND).unwrap();
+    on_replica.wait_code("/readyz", 200, 5 * SECOND).unwrap();
+    for server in [primary, replica] {
+        server.cmd(&["CONFIG", "RESETSTAT"]).unwrap();
+    }
+    // 30 ticks of 100 ms; a 6-node map is re-read each second when nothing changes.
+    std::thread::sleep(3 * SECOND);
+    let seen = |s: &ValkeyServer| {
+        let names = ["cluster|info", "cluster|shards", "cluster|nodes"];
+        names.map(|c| calls(s, c))
+    };
+    let (on_p, on_r) = (seen(primary), seen(replica));
+    println!("in 3 s, CLUSTER INFO / SHARDS / NODES calls: primary {on_p:?}, replica {on_r:?}");
+    for (who, [info, shards, _]) in [("primary", on_p), ("replica", on_r)] {
+        assert!(info >= 15, "{who}: its own state is read every tick: {info}");
+        assert!(shards <= 6, "{who}: the map is read once a second, not every tick: {shards}");
+    }
+    assert!(on_p[2] >= 15, "the primary's quorum fence reads CLUSTER NODES every tick");
+    assert!(on_r[2] <= 6, "a replica reads CLUSTER NODES with the map: {}", on_r[2]);
+
+    // A failover changes the node's own state: the map is read on the tick that sees it.
+    replica.cmd(&["CONFIG", "RESETSTAT"]).unwrap();
+    replica.cmd(&["CLUSTER", "FAILOVER"]).unwrap();
+    on_replica
+        .wait_status("/role", "primary", 5 * SECOND)
+        .unwrap();
+    assert!(calls(replica, "cluster|shards") >= 1, "the map read with the new role");
+    let status = on_replica.status().unwrap();
+    println!("{status:#}");
+}
+
 #[test]
 fn cluster_metrics_and_status_describe_the_node() {
     let cluster = ValkeyCluster::start(3, 0, ClusterOptions::default()).unwrap();

@@ -11,6 +11,7 @@
 //! - [`info`]: `INFO` text into key/value fields.
 //! - [`shards`]: `CLUSTER SHARDS` into shards and nodes.
 //! - [`observation`]: one tick's replies into a typed [`observation::Observation`].
+//! - [`cluster_map`]: when an agent reads the whole cluster map, and the map carried between.
 //! - [`health`]: liveness, readiness, startup and role-endpoint verdicts from the cached state.
 //! - [`placement`]: zone and region from configuration, pod labels or the Node.
 //! - [`labels`]: the labels the agent keeps on its pod.
@@ -44,6 +45,7 @@
 #![cfg_attr(test, allow(clippy::too_many_lines))]
 
 pub mod check;
+pub mod cluster_map;
 pub mod crash;
 pub mod credentials;
 pub mod drain;

@@ -87,6 +87,9 @@ pub struct ClusterView {
     /// `CLUSTER NODES`, for the quorum fence; `None` when it could not be read (e.g. an ACL
     /// without `cluster|nodes`): then the agent does not fence.
     pub peers: Option<Vec<Peer>>,
+    /// `shards` were read on this very tick, not carried from an earlier one
+    /// ([`crate::cluster_map`]): the coordinator acts only on a map read this fresh.
+    pub fresh_map: bool,
 }
 
 /// Everything one tick learned about the local Valkey.
@@ -312,6 +315,7 @@ fn cluster_of(replies: &Replies, info: &Info) -> ClusterView {
             .map(parse_shards)
             .unwrap_or_default(),
         peers: text(&replies.nodes).map(|t| parse_nodes(&t)),
+        fresh_map: replies.shards.is_some(),
     }
 }
 

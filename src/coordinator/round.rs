@@ -47,17 +47,13 @@ impl Coordinator {
         }
     }
 
-    /// The shards as the local Valkey sees them, if the observation is fresh.
+    /// The shards as the local Valkey sees them, if the observation is fresh and read its map on
+    /// that tick: an agent that just began to lead may still hold a map carried for seconds
+    /// (`core::cluster_map`), and its next tick, at once, reads a new one.
     pub(super) fn shards(&self, now: Millis) -> Option<Vec<Shard>> {
         let state = self.state.borrow();
-        Some(
-            state
-                .current(now, &self.bounds)?
-                .cluster
-                .as_ref()?
-                .shards
-                .clone(),
-        )
+        let cluster = state.current(now, &self.bounds)?.cluster.as_ref()?;
+        cluster.fresh_map.then(|| cluster.shards.clone())
     }
 
     pub(super) async fn round(
