@@ -219,11 +219,24 @@ fn the_cluster_map_is_read_when_it_changed_or_is_due_not_on_every_tick() {
     let (on_p, on_r) = (seen(primary), seen(replica));
     println!("in 3 s, CLUSTER INFO / SHARDS / NODES calls: primary {on_p:?}, replica {on_r:?}");
     for (who, [info, shards, _]) in [("primary", on_p), ("replica", on_r)] {
-        assert!(info >= 15, "{who}: its own state is read every tick: {info}");
-        assert!(shards <= 6, "{who}: the map is read once a second, not every tick: {shards}");
+        assert!(
+            info >= 15,
+            "{who}: its own state is read every tick: {info}"
+        );
+        assert!(
+            shards <= 6,
+            "{who}: the map is read once a second, not every tick: {shards}"
+        );
     }
-    assert!(on_p[2] >= 15, "the primary's quorum fence reads CLUSTER NODES every tick");
-    assert!(on_r[2] <= 6, "a replica reads CLUSTER NODES with the map: {}", on_r[2]);
+    assert!(
+        on_p[2] >= 15,
+        "the primary's quorum fence reads CLUSTER NODES every tick"
+    );
+    assert!(
+        on_r[2] <= 6,
+        "a replica reads CLUSTER NODES with the map: {}",
+        on_r[2]
+    );
 
     // A failover changes the node's own state: the map is read on the tick that sees it.
     replica.cmd(&["CONFIG", "RESETSTAT"]).unwrap();
@@ -231,7 +244,10 @@ fn the_cluster_map_is_read_when_it_changed_or_is_due_not_on_every_tick() {
     on_replica
         .wait_status("/role", "primary", 5 * SECOND)
         .unwrap();
-    assert!(calls(replica, "cluster|shards") >= 1, "the map read with the new role");
+    assert!(
+        calls(replica, "cluster|shards") >= 1,
+        "the map read with the new role"
+    );
     let status = on_replica.status().unwrap();
     println!("{status:#}");
 }

@@ -90,14 +90,18 @@ impl MapSchedule {
     }
 
     fn stale(&self, now: Millis, key: &str) -> bool {
-        self.last.as_ref().is_none_or(|l| {
-            l.key != key || now.since(l.at) >= refresh_after(l.nodes)
-        })
+        self.last
+            .as_ref()
+            .is_none_or(|l| l.key != key || now.since(l.at) >= refresh_after(l.nodes))
     }
 
     /// The whole map was read at `now`, with `nodes` nodes; `key` as [`MapSchedule::need`] had it.
     pub fn read(&mut self, now: Millis, key: String, nodes: usize) {
-        self.last = Some(LastRead { at: now, key, nodes });
+        self.last = Some(LastRead {
+            at: now,
+            key,
+            nodes,
+        });
     }
 
     /// The map could not be read (Valkey loading, an error): read it again on the next tick.
@@ -152,7 +156,11 @@ pub fn key(obs: &Observation, cluster_info: Option<&str>) -> String {
         let id = |s: &Option<String>| s.clone().unwrap_or_default();
         key.push_str(&format!(" me={} shard={}", id(&c.my_id), id(&c.shard_id)));
     }
-    for line in cluster_info.unwrap_or_default().lines().filter(|l| moves_map(l)) {
+    for line in cluster_info
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| moves_map(l))
+    {
         key.push(' ');
         key.push_str(line.trim());
     }
@@ -356,13 +364,20 @@ mod tests {
         let mut carried = ClusterView::default();
         assert_eq!(known.fill(&mut carried, None, None), None);
         assert!(!carried.fresh_map, "a carried map is not fresh");
-        assert_eq!((&carried.shards, &carried.peers), (&read.shards, &read.peers));
+        assert_eq!(
+            (&carried.shards, &carried.peers),
+            (&read.shards, &read.peers)
+        );
     }
 
     #[test]
     fn a_map_that_failed_to_read_is_not_carried() {
         let mut known = KnownMap::default();
-        known.fill(&mut ClusterView::default(), Some(&shards_reply()), Some(&t(NODES)));
+        known.fill(
+            &mut ClusterView::default(),
+            Some(&shards_reply()),
+            Some(&t(NODES)),
+        );
         let mut loading = ClusterView::default();
         let error = Reply::Error("LOADING Valkey is loading the dataset in memory".into());
         assert_eq!(known.fill(&mut loading, Some(&error), Some(&error)), None);
@@ -370,13 +385,20 @@ mod tests {
         assert_eq!(loading.peers, None);
         let mut later = ClusterView::default();
         known.fill(&mut later, None, None);
-        assert!(later.shards.is_empty(), "the error, not the older map, is what is known");
+        assert!(
+            later.shards.is_empty(),
+            "the error, not the older map, is what is known"
+        );
     }
 
     #[test]
     fn nodes_alone_refresh_the_peers_and_keep_the_shards() {
         let mut known = KnownMap::default();
-        known.fill(&mut ClusterView::default(), Some(&shards_reply()), Some(&t(NODES)));
+        known.fill(
+            &mut ClusterView::default(),
+            Some(&shards_reply()),
+            Some(&t(NODES)),
+        );
         let failing = NODES.replace("myself,master", "myself,master,fail?");
         let mut view = ClusterView::default();
         assert_eq!(known.fill(&mut view, None, Some(&t(&failing))), None);

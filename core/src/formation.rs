@@ -31,6 +31,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
 
 use crate::observation::{Observation, Role};
 use crate::shards::{NodeHealth, Shard, ShardNode};
@@ -62,12 +63,14 @@ pub struct ClusterNode {
     pub owns_slots: bool,
     /// A replica's primary (node id).
     pub primary: Option<String>,
-    /// Every node id it knows, itself included (from `CLUSTER SHARDS`).
-    pub knows: BTreeSet<String>,
+    /// Every node id it knows, itself included (from `CLUSTER SHARDS`); shared between nodes
+    /// that know the same ([`Pool`]).
+    pub knows: Arc<BTreeSet<String>>,
     /// The node ids it marks failed.
     pub failed: BTreeSet<String>,
-    /// Node id → the IP it lists that node at (itself included); empty when not read.
-    pub addrs: Listing,
+    /// Node id → the IP it lists that node at (itself included); empty when not read. Shared
+    /// like `knows`.
+    pub addrs: Arc<Listing>,
 }
 
 /// Node id → IP, as one node lists the cluster, with a digest of the whole kept up to date: a
@@ -115,6 +118,43 @@ impl From<BTreeMap<String, String>> for Listing {
         let digest = digest(map.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         Listing { map, digest }
     }
+}
+
+/// The listings of a formation round's nodes, each distinct one kept once. In a formed cluster
+/// every node knows the same nodes at the same addresses, so a copy per node would be n² strings
+/// (1,000 pods: a million ids and addresses, ~150 MB, every formation round); shared, a round
+/// holds O(nodes).
+#[derive(Debug, Default)]
+pub struct Pool {
+    knows: Vec<Arc<BTreeSet<String>>>,
+    addrs: Vec<Arc<Listing>>,
+}
+
+/// Distinct listings kept for sharing; past it (a cluster in the middle of changing) a node
+/// keeps its own, and the search for an equal one stays short.
+const POOL_MAX: usize = 16;
+
+impl Pool {
+    /// Points the node's listings at equal ones seen before, or remembers them.
+    pub fn share(&mut self, node: &mut ClusterNode) {
+        node.knows = intern(&mut self.knows, &node.knows, |a, b| {
+            a.len() == b.len() && a == b
+        });
+        node.addrs = intern(&mut self.addrs, &node.addrs, |a, b| {
+            a.digest == b.digest && a == b
+        });
+    }
+}
+
+/// The pooled equal of `item` (`same`: cheap checks first), else `item`, pooled while there is room.
+fn intern<T>(pool: &mut Vec<Arc<T>>, item: &Arc<T>, same: impl Fn(&T, &T) -> bool) -> Arc<T> {
+    if let Some(found) = pool.iter().find(|p| same(p, item)) {
+        return Arc::clone(found);
+    }
+    if pool.len() < POOL_MAX {
+        pool.push(Arc::clone(item));
+    }
+    Arc::clone(item)
 }
 
 /// A digest of entries in any order: the sum of each entry's hash (`DefaultHasher`'s fixed keys:
@@ -166,9 +206,9 @@ impl ClusterNode {
         let listed = || view.shards.iter().flat_map(|s| &s.nodes);
         let knows = listed().map(|n| n.id.clone());
         Some(ClusterNode {
-            knows: knows.chain([id.clone()]).collect(),
+            knows: Arc::new(knows.chain([id.clone()]).collect()),
             failed: forgettable(&view.shards).collect(),
-            addrs: listed().map(|n| (n.id.clone(), n.ip.clone())).collect(),
+            addrs: Arc::new(listed().map(|n| (n.id.clone(), n.ip.clone())).collect()),
             id,
             role: obs.role,
             owns_slots,

@@ -3,11 +3,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use proptest::prelude::*;
 use valkey_sidecar_core::formation::{
-    ClusterNode, FormationView, Listing, MAX_PAIR_MEETS, PERIOD_MS, RECHECK_MS, SLOTS, Seat, Step,
-    decide, incomplete, round_due,
+    ClusterNode, FormationView, Listing, MAX_PAIR_MEETS, PERIOD_MS, Pool, RECHECK_MS, SLOTS, Seat,
+    Step, decide, incomplete, round_due,
 };
 use valkey_sidecar_core::observation::Role;
 use valkey_sidecar_core::shards::{NodeHealth, Shard, ShardNode};
@@ -27,9 +28,9 @@ fn seat(shard: u32, index: u32) -> Seat {
             role: Role::Primary,
             owns_slots: false,
             primary: None,
-            knows: BTreeSet::from([id.clone()]),
+            knows: Arc::new(BTreeSet::from([id.clone()])),
             failed: BTreeSet::new(),
-            addrs: BTreeMap::from([(id, ip)]).into(),
+            addrs: Arc::new(BTreeMap::from([(id, ip)]).into()),
         }),
     }
 }
@@ -60,8 +61,8 @@ fn formed(shards: u32, replicas: u32) -> FormationView {
     for s in &mut v.seats {
         let primary = format!("n{}0", s.shard.unwrap());
         let n = s.node.as_mut().unwrap();
-        n.knows = all.clone();
-        n.addrs = addrs.clone().into();
+        n.knows = Arc::new(all.clone());
+        n.addrs = Arc::new(addrs.clone().into());
         if s.index == Some(0) {
             n.owns_slots = true;
         } else {
@@ -198,7 +199,7 @@ fn met_nodes_become_replicas_of_their_shards_primary_once_they_know_it() {
         }]
     );
     // Not yet told about its primary by gossip: wait.
-    node(&mut v, "v-1-1").knows.remove("n10");
+    Arc::make_mut(&mut node(&mut v, "v-1-1").knows).remove("n10");
     let f = decide(&v);
     assert!(f.steps.is_empty() && f.reason.contains("does not know its primary"));
 }
@@ -213,9 +214,9 @@ fn a_replaced_pod_that_came_back_empty_is_introduced_again() {
         role: Role::Primary,
         owns_slots: false,
         primary: None,
-        knows: BTreeSet::from(["fresh".into()]),
+        knows: Arc::new(BTreeSet::from(["fresh".into()])),
         failed: BTreeSet::new(),
-        addrs: Listing::default(),
+        addrs: Arc::default(),
     };
     let f = decide(&v);
     assert_eq!(
@@ -233,7 +234,7 @@ fn a_replaced_pods_old_identity_is_forgotten_everywhere_but_a_live_failed_node_i
     let mut v = formed(2, 1);
     for s in &mut v.seats {
         let n = s.node.as_mut().unwrap();
-        n.knows.insert("old".into());
+        Arc::make_mut(&mut n.knows).insert("old".into());
         n.failed.insert("old".into());
     }
     // n11 is marked failed by one node (a partition) but is a current pod: never forgotten.
@@ -337,31 +338,23 @@ fn a_node_that_lists_only_itself_at_an_old_address_is_met_by_the_anchor_or_the_a
     let mut v = restarted(formed(2, 1));
     let current = current_addrs(&v);
     for s in &mut v.seats {
-        s.node.as_mut().unwrap().addrs = current.clone().into();
+        s.node.as_mut().unwrap().addrs = Arc::new(current.clone().into());
     }
     // Everybody else has learned n11's new address, but n11 still names itself by the old one
     // (Valkey learns its own address only from a MEET it receives).
-    node(&mut v, "v-1-1")
-        .addrs
-        .insert("n11".into(), "10.0.1.1".into());
+    Arc::make_mut(&mut node(&mut v, "v-1-1").addrs).insert("n11".into(), "10.0.1.1".into());
     assert_eq!(
         meets(&decide(&v).steps),
         [("v-0-0".into(), "10.1.1.1".into())]
     );
-    node(&mut v, "v-1-1")
-        .addrs
-        .insert("n11".into(), "10.1.1.1".into());
+    Arc::make_mut(&mut node(&mut v, "v-1-1").addrs).insert("n11".into(), "10.1.1.1".into());
     // The anchor itself is met by another node.
-    node(&mut v, "v-0-0")
-        .addrs
-        .insert("n00".into(), "10.0.0.0".into());
+    Arc::make_mut(&mut node(&mut v, "v-0-0").addrs).insert("n00".into(), "10.0.0.0".into());
     assert_eq!(
         meets(&decide(&v).steps),
         [("v-0-1".into(), "10.1.0.0".into())]
     );
-    node(&mut v, "v-0-0")
-        .addrs
-        .insert("n00".into(), "10.1.0.0".into());
+    Arc::make_mut(&mut node(&mut v, "v-0-0").addrs).insert("n00".into(), "10.1.0.0".into());
     let f = decide(&v);
     assert!(
         f.steps.is_empty() && f.reason.starts_with("formed"),
@@ -498,8 +491,8 @@ fn any_view() -> impl Strategy<Value = FormationView> {
                     },
                     owns_slots: owns && !replica,
                     primary: None,
-                    addrs: listed(&knows, &id, stale),
-                    knows: knows.into_iter().chain([id]).collect(),
+                    addrs: Arc::new(listed(&knows, &id, stale)),
+                    knows: Arc::new(knows.into_iter().chain([id]).collect()),
                     failed: BTreeSet::new(),
                 });
                 seat
@@ -534,4 +527,39 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn equal_listings_are_kept_once_and_decide_the_same() {
+    let separate = formed(3, 1);
+    let mut shared = separate.clone();
+    // One node lists n00 at an old address: its listing is its own.
+    Arc::make_mut(&mut node(&mut shared, "v-2-1").addrs).insert("n00".into(), "10.9.0.0".into());
+    let mut pool = Pool::default();
+    for s in &mut shared.seats {
+        pool.share(s.node.as_mut().unwrap());
+    }
+    let nodes: Vec<&ClusterNode> = shared
+        .seats
+        .iter()
+        .map(|s| s.node.as_ref().unwrap())
+        .collect();
+    let first = nodes[0];
+    for n in &nodes {
+        assert!(
+            Arc::ptr_eq(&n.knows, &first.knows),
+            "{} knows the same",
+            n.id
+        );
+        let same_addrs = Arc::ptr_eq(&n.addrs, &first.addrs);
+        assert_eq!(
+            same_addrs,
+            n.id != "n21",
+            "{} lists the same addresses",
+            n.id
+        );
+    }
+    let mut unshared = separate.clone();
+    Arc::make_mut(&mut node(&mut unshared, "v-2-1").addrs).insert("n00".into(), "10.9.0.0".into());
+    assert_eq!(decide(&shared), decide(&unshared));
 }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, NodeStatus, Pod};
 use kube::Api;
 use kube::core::{ApiResource, DynamicObject};
 use kube::runtime::reflector::{self, Store};
@@ -90,6 +90,21 @@ fn holder_change(
     let holder = lease.spec.as_ref().and_then(|s| s.holder_identity.clone());
     let before = holders.insert(name.to_owned(), holder.clone());
     (before != Some(holder)).then(|| shard.to_owned())
+}
+
+/// A Node as the coordinator keeps it: its name, labels, spec and conditions (`world::nodes`).
+/// The rest — the images a kubelet reports (up to 50 names each), addresses, capacity,
+/// annotations, managed fields — is most of a Node's size, and every Node of the Kubernetes
+/// cluster is kept: thousands of nodes would hold tens of MB for nothing.
+fn slim_node(node: &mut Node) {
+    node.metadata.managed_fields = None;
+    node.metadata.annotations = None;
+    if let Some(status) = node.status.as_mut() {
+        *status = NodeStatus {
+            conditions: status.conditions.take(),
+            ..NodeStatus::default()
+        };
+    }
 }
 
 /// Whether a watch error is the API refusing access.
@@ -220,7 +235,8 @@ impl Coordinator {
         let api: Api<K> = Api::namespaced(self.client.clone(), &self.namespace);
         let (reader, writer) = reflector::store();
         let config = watcher::Config::default().labels(&self.selector);
-        let stream = reflector::reflector(writer, watcher(api, config));
+        let slim = watcher(api, config).modify(|o: &mut K| o.meta_mut().managed_fields = None);
+        let stream = reflector::reflector(writer, slim);
         let metrics = self.metrics.clone();
         let task = stream.default_backoff().for_each(move |event| {
             if let Err(e) = &event {
@@ -237,7 +253,8 @@ impl Coordinator {
     ) -> (Store<Node>, JoinHandle<()>) {
         let api: Api<Node> = Api::all(self.client.clone());
         let (reader, writer) = reflector::store();
-        let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()));
+        let slim = watcher(api, watcher::Config::default()).modify(slim_node);
+        let stream = reflector::reflector(writer, slim);
         let metrics = self.metrics.clone();
         let task = stream.default_backoff().for_each(move |event| {
             match &event {
@@ -253,5 +270,70 @@ impl Coordinator {
             async {}
         });
         (reader, tokio::spawn(task))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{ContainerImage, NodeCondition, NodeSpec, Taint};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
+
+    use super::*;
+
+    fn node() -> Node {
+        let labels = BTreeMap::from([(
+            valkey_sidecar_core::placement::ZONE_LABEL.to_owned(),
+            "zone-b".to_owned(),
+        )]);
+        let image = |i: usize| ContainerImage {
+            names: Some(vec![format!("images.invalid/app-{i}@sha256:{i:064}")]),
+            size_bytes: Some(1 << 20),
+        };
+        Node {
+            metadata: ObjectMeta {
+                name: Some("worker-1".into()),
+                labels: Some(labels),
+                annotations: Some(BTreeMap::from([("a".into(), "b".repeat(1000))])),
+                managed_fields: Some(vec![ManagedFieldsEntry::default(); 5]),
+                ..ObjectMeta::default()
+            },
+            spec: Some(NodeSpec {
+                unschedulable: Some(true),
+                taints: Some(vec![Taint {
+                    key: "node.kubernetes.io/unschedulable".into(),
+                    effect: "NoSchedule".into(),
+                    ..Taint::default()
+                }]),
+                ..NodeSpec::default()
+            }),
+            status: Some(NodeStatus {
+                conditions: Some(vec![NodeCondition {
+                    type_: "Ready".into(),
+                    status: "False".into(),
+                    ..NodeCondition::default()
+                }]),
+                images: Some((0..50).map(image).collect()),
+                ..NodeStatus::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn a_slim_node_keeps_every_fact_the_planner_uses_and_drops_the_rest() {
+        let full = node();
+        let mut slim = full.clone();
+        slim_node(&mut slim);
+        let facts = |n: &Node| world::nodes(&[Arc::new(n.clone())]);
+        assert_eq!(facts(&slim), facts(&full));
+        let info = &facts(&slim)["worker-1"];
+        assert_eq!(
+            (info.zone.as_deref(), info.ready, info.unschedulable),
+            (Some("zone-b"), false, true)
+        );
+        let status = slim.status.as_ref().unwrap();
+        assert!(status.images.is_none() && slim.metadata.managed_fields.is_none());
+        let size = |n: &Node| serde_json::to_vec(n).unwrap().len();
+        println!("a Node: {} bytes, slim {} bytes", size(&full), size(&slim));
+        assert!(size(&slim) * 10 < size(&full));
     }
 }

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
-use valkey_sidecar_testkit::k8s::audit::pod_identity;
+use valkey_sidecar_testkit::k8s::audit::{Usage, pod_identity};
 use valkey_sidecar_testkit::k8s::writer::Writer;
 use valkey_sidecar_testkit::k8s::{ROLE_LABEL, Stage, StageOptions, poll_until};
 
@@ -44,6 +44,8 @@ struct Row {
     coordinator_rpm: f64,
     follower_rpm: f64,
     apiserver_rpm: f64,
+    /// What the busiest follower sent over the window: its pod, then verb and resource counts.
+    follower_requests: String,
     handover_pause: Duration,
     handover_lost: usize,
     drains: usize,
@@ -159,9 +161,25 @@ async fn steady(stage: &Stage, coordinator: &str, row: &mut Row) -> Result<()> {
     let rate = |pod: &str| usage.per_minute(usage.total(&pod_identity(&stage.namespace, pod)));
     row.coordinator_rpm = rate(coordinator);
     let followers = stage.pods.iter().filter(|p| p.as_str() != coordinator);
-    row.follower_rpm = followers.map(|p| rate(p)).fold(0.0, f64::max);
+    let busiest = followers.max_by(|a, b| rate(a).total_cmp(&rate(b)));
+    row.follower_rpm = busiest.map_or(0.0, |p| rate(p));
+    row.follower_requests = busiest.map_or_else(String::new, |p| {
+        requests_of(&usage, p, &pod_identity(&stage.namespace, p))
+    });
     row.apiserver_rpm = usage.per_minute(crate::api::all_requests(&usage));
     Ok(())
+}
+
+/// `pod: verb resource n, …` over the window, or `pod: none`.
+fn requests_of(usage: &Usage, pod: &str, who: &str) -> String {
+    let counts = usage.by_client.get(who).into_iter().flatten();
+    let listed: Vec<String> = counts
+        .map(|((verb, res), n)| format!("{verb} {res} {n}"))
+        .collect();
+    match listed.is_empty() {
+        true => format!("{pod}: none"),
+        false => format!("{pod}: {}", listed.join(", ")),
+    }
 }
 
 /// Clock ticks per second of `/proc/<pid>/stat` (`USER_HZ`, 100 on Linux).
@@ -364,6 +382,11 @@ fn print_table(rows: &[Row]) {
             r.drain_acked,
             r.drain_lost,
         );
+    }
+    println!();
+    println!("The busiest follower's requests over the steady window:\n");
+    for r in rows {
+        println!("- {} shards: {}", r.shards, r.follower_requests);
     }
     println!();
 }
