@@ -72,7 +72,7 @@ impl Observer {
                 _ = shutdown.changed() => return,
             }
             let started = Instant::now();
-            let reading = self.reading(hurried);
+            let reading = self.reading();
             let (outcome, error) = tokio::select! {
                 r = self.observe(&mut session, &pipe, &mut map, reading) => r,
                 _ = shutdown.changed() => return,
@@ -93,10 +93,9 @@ impl Observer {
     }
 
     /// What this tick is, for `core::cluster_map`.
-    fn reading(&self, hurried: bool) -> Reading {
+    fn reading(&self) -> Reading {
         Reading {
             leading: self.lead.borrow().until.is_some(),
-            hurried,
             fencing: self.quorum.is_some(),
         }
     }

@@ -6,7 +6,7 @@
 //! times that at 1,000), grow with the cluster. Most ticks learn nothing from it: what an agent
 //! labels and reports — its role, its shard, its replication link — comes from its own node's
 //! replies. So the map is read:
-//! - on every tick by the coordinator, whose rounds act on it, and while a promotion is due;
+//! - on every tick by the coordinator, whose rounds act on it;
 //! - whenever the node's own state or `CLUSTER INFO` changed (an epoch, a slot or node failure
 //!   count, the known nodes, the cluster state): every failover, join and failure detection moves
 //!   one of those, so the map is re-read on the tick that sees the change;
@@ -58,8 +58,6 @@ impl MapNeed {
 pub struct Reading {
     /// The agent leads the coordinator: its rounds act on the map.
     pub leading: bool,
-    /// A promotion of this node is due, or its primary was just lost.
-    pub hurried: bool,
     /// The quorum fence is on (cluster mode, `SIDECAR_QUORUM_FENCE`).
     pub fencing: bool,
 }
@@ -81,7 +79,7 @@ pub struct MapSchedule {
 impl MapSchedule {
     /// What the tick at `now` must read, given the node's own state `key` ([`key`]).
     pub fn need(&self, now: Millis, key: &str, obs: &Observation, reading: Reading) -> MapNeed {
-        let whole = reading.leading || reading.hurried || self.stale(now, key);
+        let whole = reading.leading || self.stale(now, key);
         let fenced_primary = reading.fencing && obs.role == Role::Primary;
         MapNeed {
             whole,
@@ -214,7 +212,6 @@ mod tests {
 
     const QUIET: Reading = Reading {
         leading: false,
-        hurried: false,
         fencing: true,
     };
 
@@ -277,22 +274,15 @@ mod tests {
     }
 
     #[test]
-    fn the_coordinator_and_a_hurried_node_read_the_whole_map_on_every_tick() {
+    fn the_coordinator_reads_the_whole_map_on_every_tick() {
         let obs = replica();
         let s = read_at(0, &obs, 100);
         let k = key(&obs, Some(INFO));
-        for reading in [
-            Reading {
-                leading: true,
-                ..QUIET
-            },
-            Reading {
-                hurried: true,
-                ..QUIET
-            },
-        ] {
-            assert!(s.need(Millis(10), &k, &obs, reading).whole, "{reading:?}");
-        }
+        let leading = Reading {
+            leading: true,
+            ..QUIET
+        };
+        assert!(s.need(Millis(10), &k, &obs, leading).whole);
     }
 
     #[test]

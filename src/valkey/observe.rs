@@ -72,11 +72,14 @@ impl MapReader {
     ) -> (Outcome, Option<ValkeyError>) {
         let replies = match session.query(pipe).await {
             Ok(values) => replies(values),
-            Err(e) => return failed(e),
+            Err(e) => return self.failed(e),
         };
         let mut obs = match observe(&replies, Mode::Cluster) {
             Ok(obs) => obs,
-            Err(refusal) => return (Outcome::Refused(refusal.0), None),
+            Err(refusal) => {
+                self.schedule.forget();
+                return (Outcome::Refused(refusal.0), None);
+            }
         };
         let info = replies.cluster_info.as_ref().and_then(Reply::as_text);
         let key = cluster_map::key(&obs, info);
@@ -85,9 +88,16 @@ impl MapReader {
             Ok(Some(nodes)) => self.schedule.read(now, key, nodes),
             Ok(None) if need.whole => self.schedule.forget(),
             Ok(None) => {}
-            Err(e) => return failed(e),
+            Err(e) => return self.failed(e),
         }
         (Outcome::Observed(Box::new(obs)), None)
+    }
+
+    /// A failed tick: whatever Valkey is after it (restarted, emptied, another node id), the
+    /// next tick that reaches it reads the whole map.
+    fn failed(&mut self, e: ValkeyError) -> (Outcome, Option<ValkeyError>) {
+        self.schedule.forget();
+        failed(e)
     }
 
     /// Reads what `need` asks for and fills the observation's map; the whole map's node count
