@@ -103,7 +103,15 @@ pub struct Candidate {
     /// A watch on the Lease delivers its changes ([`Candidate::set_watching`]): a follower then
     /// reads nothing while another holds it and judges expiry from the last change delivered.
     watching: bool,
+    /// Reads that failed in a row: a follower backs off ([`FOLLOWER_BACKOFF_MAX`]).
+    failed_reads: u32,
 }
+
+/// A follower whose reads keep failing (an apiserver too busy to answer) waits up to this many
+/// retry periods between reads and acquire attempts, doubling from one: every follower polling
+/// every retry period is what a busy apiserver least needs (the scale benchmark's 100 agents
+/// timed out every 2 s). The holder's renewals are never slowed.
+pub const FOLLOWER_BACKOFF_MAX: u64 = 4;
 
 impl Candidate {
     pub fn new(identity: impl Into<String>, timings: LeaseTimings) -> Candidate {
@@ -116,6 +124,7 @@ impl Candidate {
             last_write: None,
             last_read: None,
             watching: false,
+            failed_reads: 0,
         }
     }
 
@@ -139,6 +148,7 @@ impl Candidate {
     /// Records a read of the Lease (`None`: it does not exist).
     pub fn observe(&mut self, record: Option<LeaseRecord>, now: Millis) {
         self.last_read = Some(now);
+        self.failed_reads = 0;
         self.exists = record.is_some();
         let record = record.unwrap_or_default();
         if record.holder() != Some(self.identity.as_str()) {
@@ -171,9 +181,19 @@ impl Candidate {
         self.last_read = None;
     }
 
-    /// A read failed: try again after the retry period (and keep the last known record).
+    /// A read failed: try again after the retry period, longer after several (and keep the last
+    /// known record).
     pub fn read_failed(&mut self, at: Millis) {
         self.last_read = Some(at);
+        self.failed_reads = self.failed_reads.saturating_add(1);
+    }
+
+    /// A follower's pace: the retry period, doubled for each read that failed since the last one
+    /// that worked, up to [`FOLLOWER_BACKOFF_MAX`] periods.
+    fn follower_pace(&self) -> u64 {
+        let doublings = self.failed_reads.saturating_sub(1).min(2);
+        let periods = (1u64 << doublings).min(FOLLOWER_BACKOFF_MAX);
+        self.timings.retry_ms.saturating_mul(periods)
     }
 
     /// We released the Lease on shutdown.
@@ -203,10 +223,11 @@ impl Candidate {
         let Some((record, seen_at)) = &self.seen else {
             return (LeaseAction::Read, "nothing read yet");
         };
-        let retry = self.timings.retry_ms;
+        let (retry, pace) = (self.timings.retry_ms, self.follower_pace());
         let write_at = self.last_write.map_or(now, |t| t.plus(retry));
-        let read_at = self.last_read.map_or(now, |t| t.plus(retry));
-        let acquire = || at_or_wait(LeaseAction::Acquire, now, write_at);
+        let read_at = self.last_read.map_or(now, |t| t.plus(pace));
+        let acquire_at = self.last_write.map_or(now, |t| t.plus(pace));
+        let acquire = || at_or_wait(LeaseAction::Acquire, now, acquire_at);
         if self.renewed_at.is_some() {
             let renew = at_or_wait(LeaseAction::Renew, now, write_at);
             return (renew, "held: renewed every retry period");

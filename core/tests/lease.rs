@@ -185,6 +185,54 @@ fn failed_reads_are_paced() {
 }
 
 #[test]
+fn a_follower_whose_reads_keep_failing_backs_off_and_a_read_resets_it() {
+    let mut e = Candidate::new("b", T);
+    e.observe(Some(held_by("a", "1")), Millis(0));
+    let wait = |until| LeaseAction::Wait {
+        until: Millis(until),
+    };
+    // 2 s, 4 s, 8 s, then 8 s again: four retry periods at most.
+    for (failed_at, next_read) in [(100, 2_100), (2_100, 6_100), (6_100, 14_100)] {
+        e.read_failed(Millis(failed_at));
+        assert_eq!(
+            e.next(Millis(failed_at)).0,
+            wait(next_read),
+            "after {failed_at}"
+        );
+    }
+    // The lease expires unread at 15 s: the follower tries to acquire then, not later.
+    e.read_failed(Millis(14_100));
+    assert_eq!(e.next(Millis(14_100)).0, wait(15_000));
+    assert_eq!(e.next(Millis(15_000)).0, LeaseAction::Acquire);
+    // The acquire fails and so does the read after it: the next attempt waits 8 s, not 2 s.
+    e.write_failed(Millis(15_000));
+    e.read_failed(Millis(15_000));
+    assert_eq!(e.next(Millis(15_001)).0, wait(23_000));
+    // A read that works resets the pace to the retry period.
+    e.observe(Some(held_by("a", "2")), Millis(23_000));
+    assert_eq!(e.next(Millis(23_000)).0, wait(25_000));
+}
+
+#[test]
+fn a_holders_renewals_are_never_slowed_by_failed_reads() {
+    let mut e = Candidate::new("a", T);
+    e.observe(None, Millis(0));
+    e.written(held_by("a", "1"), Millis(0));
+    for at in [2_000, 4_000, 6_000] {
+        e.write_failed(Millis(at));
+        e.read_failed(Millis(at));
+    }
+    let next = e.next(Millis(6_001)).0;
+    assert_eq!(
+        next,
+        LeaseAction::Wait {
+            until: Millis(8_000)
+        }
+    );
+    assert_eq!(e.next(Millis(8_000)).0, LeaseAction::Renew);
+}
+
+#[test]
 fn released_lease_is_taken_at_once() {
     let mut e = Candidate::new("b", T);
     e.observe(Some(held_by("a", "1")), Millis(0));

@@ -53,6 +53,8 @@ struct Row {
     drain_pause: Duration,
     drain_acked: usize,
     drain_lost: usize,
+    /// Why this size stopped before its last phase (what was measured until then stays).
+    failed: Option<String>,
 }
 
 /// The sizes to run (`BENCH_SCALE_SHARDS`, default `10 25 50`).
@@ -73,17 +75,35 @@ fn sizes() -> Result<Vec<usize>> {
 pub async fn run(bin: &Path) -> Result<()> {
     let mut rows = Vec::new();
     for shards in sizes()? {
-        let row = one(bin, shards).await?;
+        let row = one(bin, shards).await;
         eprintln!("scale {shards} shards: {row:?}");
         rows.push(row);
     }
     print_table(&rows);
-    print_growth(&rows);
-    print_plots(&rows)
+    // A size that did not settle has no figure to grow from.
+    let settled: Vec<Row> = rows.into_iter().filter(|r| !r.settled.is_zero()).collect();
+    print_growth(&settled);
+    print_plots(&settled)
 }
 
-/// One install of `shards` × 2 pods, measured, then torn down.
-async fn one(bin: &Path, shards: usize) -> Result<Row> {
+/// One install of `shards` × 2 pods, measured, then torn down. A phase that fails ends the size:
+/// the figures measured before it stay in the report, beside the failure.
+async fn one(bin: &Path, shards: usize) -> Row {
+    let mut row = Row {
+        shards,
+        pods: shards * 2,
+        ..Row::default()
+    };
+    if let Err(e) = measure(bin, &mut row).await {
+        let why = format!("{e:#}");
+        eprintln!("scale {shards} shards failed: {why}");
+        row.failed = Some(why.lines().next().unwrap_or_default().to_owned());
+    }
+    row
+}
+
+async fn measure(bin: &Path, row: &mut Row) -> Result<()> {
+    let shards = row.shards;
     let mut opts = StageOptions::cluster(&format!("scale-{shards}"), shards, 1);
     opts.kubelet = opts.kubelet.sidecar_bin(bin);
     opts.plane.audit = true;
@@ -91,27 +111,21 @@ async fn one(bin: &Path, shards: usize) -> Result<Row> {
     let stage = Stage::install(opts).await?;
     stage.wait_settled(shards * 2, shards, SETTLE).await?;
     stage.wait_synced(SETTLE).await?;
-    let settled = t.elapsed();
+    row.settled = t.elapsed();
     let coordinator = stage.wait_coordinator(Duration::from_secs(60)).await?;
-    let mut row = Row {
-        shards,
-        pods: shards * 2,
-        settled,
-        ..Row::default()
-    };
-    steady(&stage, &coordinator, &mut row).await?;
-    memory(&stage, &coordinator, &mut row)?;
-    handover(&stage, &mut row).await?;
-    // What is measured so far outlives a later phase's failure.
+    steady(&stage, &coordinator, row).await?;
+    memory(&stage, &coordinator, row)?;
+    handover(&stage, row).await?;
     eprintln!("scale {shards} shards, up to the hand-over: {row:?}");
     // The drains restart the coordinator's pod (its histogram with it): its rounds so far first,
     // then whoever coordinates after the last drain.
     let before = round_time(&stage, &coordinator).await?;
-    drains(&stage, &mut row).await?;
+    (row.round_mean, row.round_p99) = before.merged(None);
+    drains(&stage, row).await?;
     let now = stage.wait_coordinator(Duration::from_secs(60)).await?;
     let after = round_time(&stage, &now).await.ok();
     (row.round_mean, row.round_p99) = before.merged(after);
-    Ok(row)
+    Ok(())
 }
 
 /// A coordinator's round histogram: the sum and count of its rounds, and its p99 bucket bound.
@@ -384,6 +398,14 @@ fn print_table(rows: &[Row]) {
         );
     }
     println!();
+    for r in rows {
+        if let Some(why) = &r.failed {
+            println!(
+                "**{} shards stopped early**: {why}. The figures measured before it are kept; the drains column counts the nodes drained before it.\n",
+                r.shards
+            );
+        }
+    }
     println!("The busiest follower's requests over the steady window:\n");
     for r in rows {
         println!("- {} shards: {}", r.shards, r.follower_requests);
@@ -465,7 +487,8 @@ fn shape(k: f64) -> &'static str {
 fn print_plots(rows: &[Row]) -> Result<()> {
     let line = |label: &str, f: &dyn Fn(&Row) -> Duration| {
         let mut l = Line::new(label);
-        for r in rows {
+        // A phase a size did not reach has no point (not a zero).
+        for r in rows.iter().filter(|r| !f(r).is_zero()) {
             l.push(r.pods, f(r));
         }
         l
