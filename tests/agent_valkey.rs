@@ -141,15 +141,20 @@ fn liveness_holds_while_valkey_loads_a_dataset() {
     println!("loading took {loaded:?}; /livez was 200 throughout the checks");
 }
 
-#[test]
-fn cluster_failover_shows_in_status_within_a_poll() {
+/// A 3 × 1 cluster with a ready agent beside shard 0's primary and one beside its replica.
+fn shard_zero_with_agents() -> (ValkeyCluster, Agent, Agent) {
     let cluster = ValkeyCluster::start(3, 1, ClusterOptions::default()).unwrap();
-    let primary = &cluster.primaries()[0];
-    let replica = &cluster.replicas_of(0)[0];
-    let on_primary = Agent::start(sidecar(primary.addr(), "cluster")).unwrap();
-    let on_replica = Agent::start(sidecar(replica.addr(), "cluster")).unwrap();
+    let on_primary = Agent::start(sidecar(cluster.primaries()[0].addr(), "cluster")).unwrap();
+    let on_replica = Agent::start(sidecar(cluster.replicas_of(0)[0].addr(), "cluster")).unwrap();
     on_primary.wait_code("/readyz", 200, 5 * SECOND).unwrap();
     on_replica.wait_code("/readyz", 200, 5 * SECOND).unwrap();
+    (cluster, on_primary, on_replica)
+}
+
+#[test]
+fn cluster_failover_shows_in_status_within_a_poll() {
+    let (cluster, on_primary, on_replica) = shard_zero_with_agents();
+    let replica = &cluster.replicas_of(0)[0];
     let status = on_replica.status().unwrap();
     assert_eq!(status["role"], "replica");
     let shard = status["valkey"]["shard_id"].as_str().unwrap().to_owned();
@@ -200,13 +205,8 @@ fn calls(server: &ValkeyServer, command: &str) -> u64 {
 
 #[test]
 fn the_cluster_map_is_read_when_it_changed_or_is_due_not_on_every_tick() {
-    let cluster = ValkeyCluster::start(3, 1, ClusterOptions::default()).unwrap();
-    let primary = &cluster.primaries()[0];
-    let replica = &cluster.replicas_of(0)[0];
-    let on_primary = Agent::start(sidecar(primary.addr(), "cluster")).unwrap();
-    let on_replica = Agent::start(sidecar(replica.addr(), "cluster")).unwrap();
-    on_primary.wait_code("/readyz", 200, 5 * SECOND).unwrap();
-    on_replica.wait_code("/readyz", 200, 5 * SECOND).unwrap();
+    let (cluster, _on_primary, on_replica) = shard_zero_with_agents();
+    let (primary, replica) = (&cluster.primaries()[0], &cluster.replicas_of(0)[0]);
     for server in [primary, replica] {
         server.cmd(&["CONFIG", "RESETSTAT"]).unwrap();
     }

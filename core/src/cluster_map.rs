@@ -342,6 +342,14 @@ mod tests {
 
     const NODES: &str = "a 10.0.0.1:6379@16379 myself,master - 0 0 1 connected 0-16383\n";
 
+    /// A map of one shard read once.
+    fn known_map() -> KnownMap {
+        let mut known = KnownMap::default();
+        let mut view = ClusterView::default();
+        known.fill(&mut view, Some(&shards_reply()), Some(&t(NODES)));
+        known
+    }
+
     #[test]
     fn a_map_read_once_is_carried_into_the_ticks_that_do_not_read_it() {
         let mut known = KnownMap::default();
@@ -362,12 +370,7 @@ mod tests {
 
     #[test]
     fn a_map_that_failed_to_read_is_not_carried() {
-        let mut known = KnownMap::default();
-        known.fill(
-            &mut ClusterView::default(),
-            Some(&shards_reply()),
-            Some(&t(NODES)),
-        );
+        let mut known = known_map();
         let mut loading = ClusterView::default();
         let error = Reply::Error("LOADING Valkey is loading the dataset in memory".into());
         assert_eq!(known.fill(&mut loading, Some(&error), Some(&error)), None);
@@ -383,12 +386,7 @@ mod tests {
 
     #[test]
     fn nodes_alone_refresh_the_peers_and_keep_the_shards() {
-        let mut known = KnownMap::default();
-        known.fill(
-            &mut ClusterView::default(),
-            Some(&shards_reply()),
-            Some(&t(NODES)),
-        );
+        let mut known = known_map();
         let failing = NODES.replace("myself,master", "myself,master,fail?");
         let mut view = ClusterView::default();
         assert_eq!(known.fill(&mut view, None, Some(&t(&failing))), None);
