@@ -2,8 +2,8 @@
 //! NODES`) rather than only its own node.
 //!
 //! The map lists every node of the cluster, so reading it on every tick makes each agent's cost,
-//! and each Valkey's (the two commands take ~190 µs of Valkey's one thread at 100 nodes, ten
-//! times that at 1,000), grow with the cluster. Most ticks learn nothing from it: what an agent
+//! and each Valkey's (the two commands took ~190 µs of Valkey's one thread at 100 nodes,
+//! measured; the cost grows with the node count), grow with the cluster. Most ticks learn nothing from it: what an agent
 //! labels and reports — its role, its shard, its replication link — comes from its own node's
 //! replies. So the map is read:
 //! - on every tick by the coordinator, whose rounds act on it;
@@ -42,15 +42,8 @@ pub fn refresh_after(nodes: usize) -> u64 {
 pub struct MapNeed {
     /// `CLUSTER SHARDS` and `CLUSTER NODES`: the whole map.
     pub whole: bool,
-    /// `CLUSTER NODES` only (the quorum fence's pings); implied by `whole`.
+    /// `CLUSTER NODES`: with the whole map, or alone for the quorum fence's pings.
     pub nodes: bool,
-}
-
-impl MapNeed {
-    /// Whether `CLUSTER NODES` is read at all.
-    pub fn reads_nodes(self) -> bool {
-        self.whole || self.nodes
-    }
 }
 
 /// Why this tick is special, as the adapter knows it.
@@ -241,7 +234,7 @@ mod tests {
     #[test]
     fn the_first_tick_reads_the_whole_map() {
         let need = MapSchedule::default().need(Millis(0), "k", &replica(), QUIET);
-        assert!(need.whole && need.reads_nodes());
+        assert!(need.whole && need.nodes);
     }
 
     #[test]

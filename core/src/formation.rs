@@ -122,7 +122,7 @@ impl From<BTreeMap<String, String>> for Listing {
 
 /// The listings of a formation round's nodes, each distinct one kept once. In a formed cluster
 /// every node knows the same nodes at the same addresses, so a copy per node would be n² strings
-/// (1,000 pods: a million ids and addresses, ~150 MB, every formation round); shared, a round
+/// (1,000 pods: a million ids and addresses, an estimated ~150 MB, every formation round); shared, a round
 /// holds O(nodes).
 #[derive(Debug, Default)]
 pub struct Pool {

@@ -26,8 +26,8 @@ use crate::valkey::{Connector, Session, observe};
 const OBSERVE_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Pods observed at once in a formation round. Each observation holds that pod's whole cluster
-/// map as replies until it is reduced to a [`ClusterNode`] (~0.5 MB at 100 nodes, ten times that
-/// at 1,000): all pods at once made a round's memory grow with pods × nodes.
+/// map as replies until it is reduced to a [`ClusterNode`] (an estimated ~0.5 MB at 100 nodes,
+/// growing with the nodes): all pods at once made a round's memory grow with pods × nodes.
 const OBSERVE_PARALLEL: usize = 16;
 
 impl Coordinator {

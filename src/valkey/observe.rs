@@ -109,7 +109,7 @@ impl MapReader {
         need: MapNeed,
     ) -> Result<Option<usize>, ValkeyError> {
         let mut read = Vec::new();
-        if need.reads_nodes() {
+        if need.nodes {
             read = session.query(&map_pipeline(need)).await?;
         }
         let mut read = read.into_iter().map(reply);
