@@ -22,6 +22,7 @@ use valkey_sidecar_core::restart::{self, Permit};
 use crate::cli::config::{Config, CoordinatorConfig, KubeConfig};
 use crate::cli::features::{self, Off};
 use crate::coordinator::Coordinator;
+use crate::coordinator::execute::Elections;
 use crate::http::{self, App};
 use crate::k8s::events::{Recorder, Reporter, pod_reference};
 use crate::k8s::format::FormatNotice;
@@ -521,6 +522,7 @@ fn coordinator(
         policy: co.policy.clone(),
         connector: shared.connector.clone(),
         handover_timeout: co.handover_timeout,
+        elections: Elections::default(),
         role_label: kube.policy.role_key.clone(),
         primary_value: kube.policy.primary_value.clone(),
         recorder: kube.events.then(|| Recorder::new(client, reporter(kube))),

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use valkey_sidecar::coordinator::execute::{self, MoveOutcome};
+use valkey_sidecar::coordinator::execute::{self, Elections, MoveOutcome};
 use valkey_sidecar::valkey::Connector;
 use valkey_sidecar_core::plan::{Action, Kind};
 use valkey_sidecar_testkit::{ServerOptions, ValkeyCluster, ValkeyServer};
@@ -49,8 +49,8 @@ async fn a_handover_waits_for_every_peer_to_know_the_target_then_fails_over() {
     let t = Instant::now();
     let out = execute::handover(
         &action,
-        of(replica),
-        peers,
+        (of(replica), peers),
+        &Elections::default(),
         accept_all,
         Duration::from_secs(1),
     )
@@ -72,8 +72,8 @@ async fn a_handover_waits_for_every_peer_to_know_the_target_then_fails_over() {
     let peers = vec![of(primary), gone];
     let out = execute::handover(
         &action,
-        of(replica),
-        peers,
+        (of(replica), peers),
+        &Elections::default(),
         accept_all,
         Duration::from_secs(10),
     )
@@ -81,4 +81,87 @@ async fn a_handover_waits_for_every_peer_to_know_the_target_then_fails_over() {
     println!("with the primary and an unreachable peer: {out:?}");
     assert!(matches!(out, MoveOutcome::Done { .. }), "{out:?}");
     assert!(replica.is_primary().unwrap());
+}
+
+fn log_lengths(cluster: &ValkeyCluster) -> Vec<usize> {
+    let len = |n: &ValkeyServer| std::fs::metadata(n.log_path()).map_or(0, |m| m.len() as usize);
+    cluster.nodes().iter().map(len).collect()
+}
+
+/// The time of day (ms) of the first line of `log` that contains `what` (Valkey's log lines
+/// read `pid:R dd Mon yyyy hh:mm:ss.mmm ...`).
+fn logged_at(log: &str, what: &str) -> Option<u64> {
+    let line = log.lines().find(|l| l.contains(what))?;
+    let (hms, ms) = line.split_whitespace().nth(4)?.split_once('.')?;
+    let mut at = 0;
+    for part in hms.split(':') {
+        at = at * 60 + part.parse::<u64>().ok()?;
+    }
+    Some(at * 1000 + ms.parse::<u64>().ok()?)
+}
+
+/// Each shard's election as its target replica logged it since `marks`: (start, won), in ms.
+fn elections(cluster: &ValkeyCluster, marks: &[usize]) -> Option<Vec<(u64, u64)>> {
+    let per_shard = cluster.nodes().len() / cluster.shard_count();
+    let mut out = Vec::new();
+    for s in 0..cluster.shard_count() {
+        let log = std::fs::read_to_string(cluster.shard(s)[1].log_path()).ok()?;
+        let log = log.get(marks[s * per_shard + 1]..)?;
+        let start = logged_at(log, "Starting a failover election")?;
+        out.push((start, logged_at(log, "Failover election won")?));
+    }
+    Some(out)
+}
+
+/// Hands every shard's primary over to its replica at once, sharing `elections`.
+async fn hand_over_every_shard(cluster: &ValkeyCluster, elections: &Elections) -> Vec<MoveOutcome> {
+    let ids = cluster.node_ids();
+    let runs = (0..cluster.shard_count()).map(|s| {
+        let (primary, replica) = (&cluster.shard(s)[0], &cluster.shard(s)[1]);
+        let action = Action {
+            kind: Kind::Handover,
+            shard: s.to_string(),
+            from: ids[2 * s].clone(),
+            to: ids[2 * s + 1].clone(),
+            reason: "test".into(),
+        };
+        async move {
+            let links = (of(replica), vec![of(primary)]);
+            execute::handover(
+                &action,
+                links,
+                elections,
+                accept_all,
+                Duration::from_secs(10),
+            )
+            .await
+        }
+    });
+    futures::future::join_all(runs).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hand_overs_of_several_shards_at_once_take_turns_to_elect_and_all_land() {
+    let cluster = ValkeyCluster::start(6, 1, ServerOptions::default()).unwrap();
+    let marks = log_lengths(&cluster);
+    let t = Instant::now();
+    let outcomes = hand_over_every_shard(&cluster, &Elections::default()).await;
+    println!(
+        "6 hand-overs sharing their elections: {outcomes:?} in {:?}",
+        t.elapsed()
+    );
+    for o in &outcomes {
+        assert!(matches!(o, MoveOutcome::Done { .. }), "{outcomes:?}");
+    }
+    for s in 0..6 {
+        assert!(cluster.shard(s)[1].is_primary().unwrap(), "shard {s}");
+    }
+    // Taking turns: no election began before the one before it was won, so no primary was asked
+    // for two votes in one epoch. (Valkey's log has millisecond times, on one clock here.)
+    let mut held = elections(&cluster, &marks).unwrap();
+    held.sort();
+    println!("elections (start, won), ms of the day: {held:?}");
+    for pair in held.windows(2) {
+        assert!(pair[1].0 >= pair[0].1, "two elections at once: {held:?}");
+    }
 }

@@ -203,7 +203,13 @@ pub struct Policy {
     pub quiet_period_ms: u64,
     pub balance: bool,
     pub cooldown_ms: u64,
+    /// Moves at once, of every kind but the two below (fail-back, balance, the roll's).
     pub max_concurrent: usize,
+    /// Safety hand-overs at once (primaries whose pod or node is going away), each on its own
+    /// shard: a drained node may carry many primaries, and each pod's `preStop` waits for its
+    /// own. The executor still runs their elections one at a time (`coordinator::execute`).
+    /// A switchover asked for is outside both limits.
+    pub max_handovers: usize,
     /// Configured preferred zone per shard id; otherwise the zone of the shard's node-index-0 pod.
     pub preferred_zones: BTreeMap<String, String>,
     /// The supervised rolling update (`SIDECAR_ROLL`), when the StatefulSets leave it to the
@@ -219,6 +225,7 @@ impl Default for Policy {
             balance: true,
             cooldown_ms: 30_000,
             max_concurrent: 1,
+            max_handovers: 8,
             preferred_zones: BTreeMap::new(),
             roll: None,
         }
@@ -348,18 +355,7 @@ pub fn decide(world: &World, policy: &Policy) -> Plan {
     }
     let mut busy: BTreeSet<&str> = world.in_flight.iter().map(|f| f.shard.as_str()).collect();
     let budget = policy.max_concurrent.saturating_sub(world.in_flight.len());
-    for shard in s.names() {
-        if plan.actions.len() >= budget {
-            break;
-        }
-        if busy.contains(shard) {
-            continue;
-        }
-        if let Some(action) = handover(&s, policy, shard, &mut plan.blocked) {
-            busy.insert(shard);
-            plan.actions.push(action);
-        }
-    }
+    handovers(&s, policy, &mut busy, &mut plan);
     asked(&s, policy, &mut busy, &mut plan);
     let rolling = supervise_roll(&s, policy, (&busy, budget), &mut plan);
     let idle = plan.actions.is_empty() && world.in_flight.is_empty();
@@ -369,6 +365,25 @@ pub fn decide(world: &World, policy: &Policy) -> Plan {
         plan.actions.extend(moved);
     }
     plan
+}
+
+/// Plans the safety hand-overs, shard by shard, up to `max_handovers` moves at once (the
+/// larger of the two limits: a hand-over is never held back further than any other move).
+fn handovers<'a>(s: &Shards<'a>, policy: &Policy, busy: &mut BTreeSet<&'a str>, plan: &mut Plan) {
+    let limit = policy.max_handovers.max(policy.max_concurrent);
+    let budget = limit.saturating_sub(s.world.in_flight.len());
+    for shard in s.names() {
+        if plan.actions.len() >= budget {
+            break;
+        }
+        if busy.contains(shard) {
+            continue;
+        }
+        if let Some(action) = handover(s, policy, shard, &mut plan.blocked) {
+            busy.insert(shard);
+            plan.actions.push(action);
+        }
+    }
 }
 
 /// Answers a switchover asked for: a move (the shard is no longer busy after it), a refusal,

@@ -185,37 +185,34 @@ fn followers_never_act() {
 }
 
 #[test]
-fn concurrency_limit_and_in_flight_shards() {
+fn hand_overs_of_several_shards_run_at_once_up_to_their_limit_and_skip_busy_shards() {
     let mut w = world();
     for p in ["p0", "p1"] {
         find(&mut w, p).pod.as_mut().unwrap().terminating = true;
     }
-    assert_eq!(decide(&w, &Policy::default()).actions.len(), 1);
-    assert_eq!(
-        decide(
-            &w,
-            &Policy {
-                max_concurrent: 3,
-                ..Policy::default()
-            }
-        )
-        .actions
-        .len(),
-        2
-    );
+    let limited = |n| Policy {
+        max_handovers: n,
+        ..Policy::default()
+    };
+    assert_eq!(decide(&w, &Policy::default()).actions.len(), 2);
+    assert_eq!(decide(&w, &limited(1)).actions.len(), 1);
+    // The larger limit counts: max_concurrent above max_handovers does not hold one back.
+    let wide = Policy {
+        max_concurrent: 3,
+        ..limited(1)
+    };
+    assert_eq!(decide(&w, &wide).actions.len(), 2);
     w.in_flight.push(InFlight {
         shard: "s0".into(),
         started: Millis(0),
     });
-    let plan = decide(
-        &w,
-        &Policy {
-            max_concurrent: 3,
-            ..Policy::default()
-        },
-    );
+    let plan = decide(&w, &limited(2));
     assert_eq!(plan.actions.len(), 1);
     assert_eq!(plan.actions[0].shard, "s1");
+    assert!(
+        decide(&w, &limited(1)).actions.is_empty(),
+        "the move in flight counts"
+    );
 }
 
 /// Shard 0's primary failed over to r0a (zone b): drift, then fail-back once steady.
@@ -488,15 +485,17 @@ fn ask(shards: &[usize], shard: usize, to: Option<usize>) -> Ask {
 }
 
 fn arb_policy() -> impl Strategy<Value = Policy> {
-    (prop::bool::ANY, prop::bool::ANY, 1usize..4).prop_map(|(failback, balance, max_concurrent)| {
-        Policy {
+    let limits = (1usize..4, 1usize..6);
+    (prop::bool::ANY, prop::bool::ANY, limits).prop_map(
+        |(failback, balance, (max_concurrent, max_handovers))| Policy {
             failback,
             balance,
             max_concurrent,
+            max_handovers,
             quiet_period_ms: 60_000,
             ..Policy::default()
-        }
-    })
+        },
+    )
 }
 
 /// What the property asks of every target, written out apart from the planner's own filter.
@@ -522,9 +521,18 @@ proptest! {
         if !w.coordinating {
             prop_assert!(plan.actions.is_empty(), "an action without the lease");
         }
-        // A switchover asked for is outside the budget: someone asked for it.
-        let planned = plan.actions.iter().filter(|a| a.kind != Kind::Switchover).count();
-        prop_assert!(planned + w.in_flight.len() <= policy.max_concurrent.max(w.in_flight.len()));
+        // A switchover asked for is outside the budget: someone asked for it. Safety hand-overs
+        // have their own, larger limit; any other move fits within max_concurrent, counting
+        // the hand-overs planned beside it.
+        let count = |f: &dyn Fn(Kind) -> bool| plan.actions.iter().filter(|a| f(a.kind)).count();
+        let handovers = count(&|k| k == Kind::Handover);
+        let others = count(&|k| k != Kind::Handover && k != Kind::Switchover);
+        let running = w.in_flight.len();
+        let limit = policy.max_handovers.max(policy.max_concurrent);
+        prop_assert!(handovers + running <= limit.max(running));
+        if others > 0 {
+            prop_assert!(others + handovers + running <= policy.max_concurrent);
+        }
         prop_assert!(plan.actions.iter().filter(|a| a.kind == Kind::Switchover).count() <= 1);
         let mut shards: Vec<&str> = plan.actions.iter().map(|a| a.shard.as_str()).collect();
         shards.extend(w.in_flight.iter().map(|f| f.shard.as_str()));

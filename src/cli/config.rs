@@ -199,6 +199,10 @@ pub struct RawConfig {
     /// Minimum time between two fail-back or balance moves.
     #[arg(long, env = "SIDECAR_MOVE_COOLDOWN", default_value = "30s")]
     pub move_cooldown: String,
+    /// Hand-overs of primaries whose pod or node is going away, on different shards at once
+    /// (a drained node may carry many primaries); their elections still run one at a time.
+    #[arg(long, env = "SIDECAR_MAX_HANDOVERS", default_value = "8")]
+    pub max_handovers: String,
     /// How long a hand-over may take before it counts as failed.
     #[arg(long, env = "SIDECAR_HANDOVER_TIMEOUT", default_value = "10s")]
     pub handover_timeout: String,
@@ -653,6 +657,11 @@ impl RawConfig {
             &self.preferred_zones,
             parse_zone_map,
         );
+        let handovers = c.check(
+            "SIDECAR_MAX_HANDOVERS",
+            &self.max_handovers,
+            parse_count(&self.max_handovers, 64),
+        );
         let roll = c.opt("SIDECAR_ROLL", &self.roll, parse_roll);
         if self.roll.is_some() && roll.is_none() {
             return None;
@@ -664,6 +673,7 @@ impl RawConfig {
             balance: balance?,
             cooldown_ms: cooldown?,
             max_concurrent: 1,
+            max_handovers: handovers?,
             preferred_zones: zones.unwrap_or_default(),
         })
     }
@@ -922,6 +932,14 @@ fn parse_shards(v: &str) -> Result<u32, String> {
     }
 }
 
+/// A count from 1 to `max`.
+fn parse_count(v: &str, max: usize) -> Result<usize, String> {
+    match v.trim().parse::<usize>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        _ => Err(format!("expected a count from 1 to {max}")),
+    }
+}
+
 fn parse_bool(v: &str) -> Result<bool, String> {
     match v {
         "true" | "1" | "yes" => Ok(true),
@@ -1085,6 +1103,33 @@ mod tests {
                 Duration::from_millis(250)
             ))
         );
+    }
+
+    #[test]
+    fn hand_overs_at_once_are_a_count_from_1_to_64() {
+        let handovers = |n: &str| {
+            let args = [
+                "valkey-sidecar",
+                "--pod-name",
+                "v-0",
+                "--pod-namespace",
+                "ns",
+            ];
+            let named = ["--cluster-name", "orders", "--max-handovers", n];
+            let raw = Cli::parse_from(args.iter().chain(&named)).agent;
+            match raw.validate() {
+                Ok(c) => Ok(c
+                    .kube
+                    .and_then(|k| k.coordinator)
+                    .map(|co| co.policy.max_handovers)),
+                Err(e) => Err(e.0.iter().map(|i| i.var).collect::<Vec<_>>()),
+            }
+        };
+        assert_eq!(handovers("8"), Ok(Some(8)));
+        assert_eq!(handovers("64"), Ok(Some(64)));
+        for bad in ["0", "65", "many"] {
+            assert_eq!(handovers(bad), Err(vec!["SIDECAR_MAX_HANDOVERS"]), "{bad}");
+        }
     }
 
     #[test]

@@ -279,9 +279,10 @@ impl Coordinator {
             reference,
         };
         let (lead, clock, limit) = (self.term.clone(), self.clock, self.handover_timeout);
+        let elections = self.elections.clone();
         let run = async move {
             let may_act = || lead.borrow().may_act(clock.now());
-            execute::force(&to, target, may_act, limit).await
+            execute::force(&to, target, &elections, may_act, limit).await
         };
         spawn_move(started, run, done);
     }

@@ -78,6 +78,8 @@ pub struct Coordinator {
     /// How to reach other Valkey nodes: host and port are replaced per target.
     pub connector: Connector,
     pub handover_timeout: Duration,
+    /// The failover elections of this cluster, one at a time (`execute::Elections`).
+    pub elections: execute::Elections,
     pub role_label: String,
     /// The role label's primary value (`SIDECAR_ROLE_VALUES`).
     pub primary_value: String,

@@ -159,9 +159,11 @@ impl Coordinator {
             .map(|p| p.object_ref(&()));
         let started = self.begin(&action, reference, memory);
         let (lead, clock, limit) = (self.term.clone(), self.clock, self.handover_timeout);
+        let elections = self.elections.clone();
         let run = async move {
             let may_act = || lead.borrow().may_act(clock.now());
-            execute::handover(&action, target, peers, may_act, limit).await
+            let links = (target, peers);
+            execute::handover(&action, links, &elections, may_act, limit).await
         };
         spawn_move(started, run, done);
     }

@@ -3,8 +3,10 @@
 //! `CLUSTER FAILOVER FORCE` — by sending each command the step machine asks for and feeding back
 //! what it saw. The order, the waits and when to give up are the step machine's.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use valkey_sidecar_core::handover::{HandoverAnswer, HandoverCommand, HandoverRun, HandoverStep};
 use valkey_sidecar_core::observation::{Role, role_reply};
@@ -15,12 +17,49 @@ use super::MoveOutcome;
 use crate::runtime::clock::{Clock, millis};
 use crate::valkey::{Connector, Session, observe};
 
+/// How long one election keeps the others waiting: an election that has not ended by then has
+/// most likely failed, and the next shard's need not wait for Valkey's own 5 s manual-failover
+/// timeout (it may then collide with a late vote; Valkey retries, nothing is unsafe).
+const ELECTION_HOLD: Duration = Duration::from_secs(2);
+
+/// One cluster's failover elections, run one at a time. A replica's election asks every primary
+/// for its vote, and a primary votes once per epoch: replicas of different shards electing at
+/// once split the votes, and a losing election waits Valkey's retry (on 8.0, up to its 5 s
+/// manual-failover timeout, then the hand-over starts over). An election takes ~50 ms here, so
+/// taking turns costs a drained node's eight primaries ~0.4 s, while the rest of each
+/// hand-over (the peers' check, the catch-up, the settling) overlaps.
+#[derive(Debug, Clone)]
+pub struct Elections(Arc<Semaphore>);
+
+impl Default for Elections {
+    fn default() -> Self {
+        Elections(Arc::new(Semaphore::new(1)))
+    }
+}
+
+/// This move's turn to elect, and when it began.
+struct Turn {
+    _permit: OwnedSemaphorePermit,
+    since: Instant,
+}
+
+impl Elections {
+    /// Waits for this move's turn; `None` only if the semaphore were closed (it never is).
+    async fn turn(&self) -> Option<Turn> {
+        let permit = self.0.clone().acquire_owned().await.ok()?;
+        Some(Turn {
+            _permit: permit,
+            since: Instant::now(),
+        })
+    }
+}
+
 /// A planned hand-over to `action.to` at `target` (the replica's address); `peers`: the shard's
 /// other members, which must know the target first. Given up after `limit`.
 pub async fn handover(
     action: &Action,
-    target: Connector,
-    peers: Vec<Connector>,
+    (target, peers): (Connector, Vec<Connector>),
+    elections: &Elections,
     may_act: impl Fn() -> bool,
     limit: Duration,
 ) -> MoveOutcome {
@@ -30,13 +69,14 @@ pub async fn handover(
     let mut cmd = redis::cmd("CLUSTER");
     cmd.arg("FAILOVER");
     let links = Links::new(&action.to, target, peers);
-    drive(run, links, &cmd, may_act, clock).await
+    drive(run, (links, elections), &cmd, may_act, clock).await
 }
 
 /// A crash failover to `to` at `target`: `CLUSTER FAILOVER FORCE`, no peer to wait for.
 pub async fn force(
     to: &str,
     target: Connector,
+    elections: &Elections,
     may_act: impl Fn() -> bool,
     limit: Duration,
 ) -> MoveOutcome {
@@ -44,14 +84,8 @@ pub async fn force(
     let run = HandoverRun::forced(to, clock.now(), millis(limit));
     let mut cmd = redis::cmd("CLUSTER");
     cmd.arg("FAILOVER").arg("FORCE");
-    drive(
-        run,
-        Links::new(to, target, Vec::new()),
-        &cmd,
-        may_act,
-        clock,
-    )
-    .await
+    let links = Links::new(to, target, Vec::new());
+    drive(run, (links, elections), &cmd, may_act, clock).await
 }
 
 /// The sessions a hand-over talks through: the target's, and one per peer.
@@ -73,18 +107,26 @@ impl Links {
     }
 }
 
-/// Sends what the step machine asks for until it ends; the Lease is checked right before the
-/// failover command, the one that changes anything.
+/// Sends what the step machine asks for until it ends; the failover command, the one that
+/// changes anything, waits for its election's turn (kept until the move ends or for
+/// [`ELECTION_HOLD`]), and the Lease is checked right before it is sent.
 async fn drive(
     mut run: HandoverRun,
-    mut links: Links,
+    (mut links, elections): (Links, &Elections),
     failover: &redis::Cmd,
     may_act: impl Fn() -> bool,
     clock: Clock,
 ) -> MoveOutcome {
     let started = Instant::now();
     let mut answer = HandoverAnswer::Start;
+    let mut turn: Option<Turn> = None;
     loop {
+        if turn
+            .as_ref()
+            .is_some_and(|t| t.since.elapsed() > ELECTION_HOLD)
+        {
+            turn = None;
+        }
         let command = match run.next(answer, clock.now()) {
             HandoverStep::Send(command) => command,
             HandoverStep::Retry { after_ms, command } => {
@@ -98,8 +140,13 @@ async fn drive(
             }
             HandoverStep::Failed(why) => return MoveOutcome::Failed(why),
         };
-        if command == HandoverCommand::Failover && !may_act() {
-            return MoveOutcome::NoLease;
+        if command == HandoverCommand::Failover {
+            if turn.is_none() {
+                turn = elections.turn().await;
+            }
+            if !may_act() {
+                return MoveOutcome::NoLease;
+            }
         }
         answer = send(&mut links, &command, failover).await;
     }

@@ -33,7 +33,7 @@ use valkey_sidecar_core::info::Info;
 use crate::k8s::KubeError;
 use crate::valkey::{Connector, Session};
 
-pub use handover::{force, handover};
+pub use handover::{Elections, force, handover};
 pub use promotion::{Waits, run_promotion};
 pub use record_handover::record_handover;
 
