@@ -66,6 +66,9 @@ pub struct ServerOptions {
     /// Read/write timeout of the connections made by [`ValkeyServer::client`]; a paused server makes
     /// commands fail after this instead of hanging the test.
     pub command_timeout: Duration,
+    /// The `valkey-server` to run (an older version, [`crate::valkey_server_for_tag`]); `None`:
+    /// [`valkey_server_bin`].
+    pub binary: Option<PathBuf>,
 }
 
 impl Default for ServerOptions {
@@ -83,11 +86,18 @@ impl Default for ServerOptions {
             availability_zone: None,
             startup_timeout: Duration::from_secs(10),
             command_timeout: Duration::from_secs(5),
+            binary: None,
         }
     }
 }
 
 impl ServerOptions {
+    /// Runs `binary` instead of the default `valkey-server`.
+    pub fn binary(mut self, binary: PathBuf) -> Self {
+        self.binary = Some(binary);
+        self
+    }
+
     /// Binds (and sources outgoing connections from) `ip`.
     pub fn bind(mut self, ip: IpAddr) -> Self {
         self.bind = ip;
@@ -186,7 +196,10 @@ impl ValkeyServer {
         if opts.cluster && opts.replica_of.is_some() {
             bail!("replica_of is standalone-only; in cluster mode use CLUSTER REPLICATE");
         }
-        let bin = valkey_server_bin()?;
+        let bin = match &opts.binary {
+            Some(bin) => bin.clone(),
+            None => valkey_server_bin()?,
+        };
         let mut last_error = None;
         for _ in 0..BIND_ATTEMPTS {
             match Self::try_start(&bin, &opts) {
@@ -525,7 +538,15 @@ fn server_args(
     // With the default (`disabled`) a replica saves the RDB to disk in a bio thread and the main
     // thread notices completion only on its 1 Hz replication cron: ~1 s per full sync. Loading from
     // the socket after a flush keeps the `loading:1` semantics of a disk load without that wait.
-    args.set("repl-diskless-load", ["flush-before-load".into()]);
+    // (Valkey 9.0's value: an older binary is given its own in `extra_args`, which a bad value
+    // here would stop before it is read.)
+    if !opts
+        .extra_args
+        .iter()
+        .any(|(n, _)| n == "repl-diskless-load")
+    {
+        args.set("repl-diskless-load", ["flush-before-load".into()]);
+    }
     args.set("daemonize", ["no".into()]);
     args.0.extend(["--dir".into(), dir.into()]);
     args.0.extend(["--logfile".into(), log.into()]);

@@ -43,7 +43,14 @@ struct Row {
     /// Requests per minute: the coordinator, the busiest follower, the whole apiserver.
     coordinator_rpm: f64,
     follower_rpm: f64,
+    /// The followers' mean: a busiest follower in a one-minute window is one whose watches were
+    /// re-established in it (each every few minutes).
+    follower_mean_rpm: f64,
     apiserver_rpm: f64,
+    /// The machine's 1-minute load average at the end of the steady window, and the highest at
+    /// the end of a drain: on 2 cores, past ~2 everything waits for CPU.
+    load_steady: f64,
+    load_drains: f64,
     /// What the busiest follower sent over the window: its pod, then verb and resource counts.
     follower_requests: String,
     handover_pause: Duration,
@@ -177,11 +184,28 @@ async fn steady(stage: &Stage, coordinator: &str, row: &mut Row) -> Result<()> {
     let followers = stage.pods.iter().filter(|p| p.as_str() != coordinator);
     let busiest = followers.max_by(|a, b| rate(a).total_cmp(&rate(b)));
     row.follower_rpm = busiest.map_or(0.0, |p| rate(p));
+    let followers: Vec<f64> = stage
+        .pods
+        .iter()
+        .filter(|p| p.as_str() != coordinator)
+        .map(|p| rate(p))
+        .collect();
+    row.follower_mean_rpm = followers.iter().sum::<f64>() / followers.len().max(1) as f64;
+    row.load_steady = load_average()?;
     row.follower_requests = busiest.map_or_else(String::new, |p| {
         requests_of(&usage, p, &pod_identity(&stage.namespace, p))
     });
     row.apiserver_rpm = usage.per_minute(crate::api::all_requests(&usage));
     Ok(())
+}
+
+/// The machine's 1-minute load average (`/proc/loadavg`).
+fn load_average() -> Result<f64> {
+    let text = std::fs::read_to_string("/proc/loadavg")?;
+    let first = text.split_whitespace().next().unwrap_or_default();
+    first
+        .parse()
+        .with_context(|| format!("/proc/loadavg: {text:?}"))
 }
 
 /// `pod: verb resource n, …` over the window, or `pod: none`.
@@ -348,6 +372,7 @@ async fn drains(stage: &Stage, row: &mut Row) -> Result<()> {
         stage.wait_settled(row.pods, row.shards, SETTLE).await?;
         stage.wait_synced(SETTLE).await?;
         row.drain_longest = row.drain_longest.max(t.elapsed());
+        row.load_drains = row.load_drains.max(load_average()?);
         row.drains += 1;
     }
     for (shard, writer) in writers {
@@ -364,16 +389,16 @@ async fn drains(stage: &Stage, row: &mut Row) -> Result<()> {
 fn print_table(rows: &[Row]) {
     println!("### Scale: chart installs of N shards × 2 pods\n");
     println!(
-        "Command: `BENCH_SCALE_SHARDS=\"10 25 50\" target/release/bench scale`. Each size is one chart install with the chart's defaults (cluster mode, 1 replica per shard) on 6 fake nodes in 3 zones, the agents' release binary, real kube-apiserver, scheduler and controller-manager on this 2-core machine. Settled: `helm install` until every pod is Ready, labelled and every replica synced. Round: the coordinator's `valkey_sidecar_coordinator_round_duration_seconds` over the whole run — the first coordinator's rounds up to the drains, and those of whoever coordinates after the last drain (the drains restart the first one's pod): the mean over both, and the larger bucket bound holding a p99. Requests: the audit log over a {} s steady window; agent CPU (`/proc/<pid>/stat`) and the machine's UDP datagrams sent (`/proc/net/snmp`: the agents' peer heartbeats) over the same window. Hand-over: shard 1's primary node cordoned under a writer. Drains: `kubectl drain` of each node in turn, the deployment settled again before the next, under a writer per {SHARDS_PER_WRITER} shards.\n",
+        "Command: `BENCH_SCALE_SHARDS=\"10 25 50\" target/release/bench scale`. Each size is one chart install with the chart's defaults (cluster mode, 1 replica per shard) on 6 fake nodes in 3 zones, the agents' release binary, real kube-apiserver, scheduler and controller-manager on this 2-core machine. Settled: `helm install` until every pod is Ready, labelled and every replica synced. Round: the coordinator's `valkey_sidecar_coordinator_round_duration_seconds` over the whole run — the first coordinator's rounds up to the drains, and those of whoever coordinates after the last drain (the drains restart the first one's pod): the mean over both, and the larger bucket bound holding a p99. Requests: the audit log over a {} s steady window; agent CPU (`/proc/<pid>/stat`) and the machine's UDP datagrams sent (`/proc/net/snmp`: the agents' peer heartbeats) over the same window. Hand-over: shard 1's primary node cordoned under a writer. Drains: `kubectl drain` of each node in turn, the deployment settled again before the next, under a writer per {SHARDS_PER_WRITER} shards. Load: the machine's 1-minute load average at the end of the steady window, and the highest at the end of a drain (2 cores: past ~2, every process waits for CPU, and every figure of that size includes the wait).\n",
         STEADY.as_secs()
     );
     println!(
-        "| shards | pods | settled | round mean / p99 | coordinator RSS | agent RSS median / max | agent CPU median / max | heartbeat datagrams/s | requests/min coordinator / busiest follower / apiserver | hand-over pause, lost | drains: longest, longest write pause, acked, lost |"
+        "| shards | pods | settled | round mean / p99 | coordinator RSS | agent RSS median / max | agent CPU median / max | heartbeat datagrams/s | requests/min coordinator / follower mean / busiest follower / apiserver | load steady / drains | hand-over pause, lost | drains: longest, longest write pause, acked, lost |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         println!(
-            "| {} | {} | {:.1} s | {:.2} / {:.2} ms | {} MiB | {} / {} MiB | {:.1} / {:.1} % | {:.0} | {:.1} / {:.1} / {:.0} | {} ms, {} | {} nodes: {:.1} s, {} ms, {}, {} |",
+            "| {} | {} | {:.1} s | {:.2} / {:.2} ms | {} MiB | {} / {} MiB | {:.1} / {:.1} % | {:.0} | {:.1} / {:.2} / {:.1} / {:.0} | {:.1} / {:.1} | {} ms, {} | {} nodes: {:.1} s, {} ms, {}, {} |",
             r.shards,
             r.pods,
             r.settled.as_secs_f64(),
@@ -386,8 +411,11 @@ fn print_table(rows: &[Row]) {
             r.agent_cpu_max_pct,
             r.udp_out_per_s,
             r.coordinator_rpm,
+            r.follower_mean_rpm,
             r.follower_rpm,
             r.apiserver_rpm,
+            r.load_steady,
+            r.load_drains,
             r.handover_pause.as_millis(),
             r.handover_lost,
             r.drains,
@@ -437,6 +465,7 @@ fn figures(rows: &[Row]) -> Vec<(&'static str, Vec<f64>)> {
         ),
         ("heartbeat datagrams/s", of(&|r| r.udp_out_per_s)),
         ("requests/min, coordinator", of(&|r| r.coordinator_rpm)),
+        ("requests/min, follower mean", of(&|r| r.follower_mean_rpm)),
         ("requests/min, busiest follower", of(&|r| r.follower_rpm)),
         ("requests/min, apiserver", of(&|r| r.apiserver_rpm)),
         (
@@ -462,7 +491,15 @@ fn print_growth(rows: &[Row]) {
     println!("|---|---|---|---|");
     let span = (last.pods as f64 / first.pods as f64).ln();
     for (name, values) in figures(rows) {
-        let (a, b) = (values[0].max(1e-9), values[values.len() - 1].max(1e-9));
+        let (a, b) = (values[0], values[values.len() - 1]);
+        // From zero there is no power law: any k fits, and a prediction would be made up.
+        if a <= 0.0 || b <= 0.0 {
+            println!(
+                "| {name} | none: 0 at {} pods | {b:.2} | — |",
+                if a <= 0.0 { first.pods } else { last.pods }
+            );
+            continue;
+        }
         let k = (b / a).ln() / span;
         let predicted = b * (1000.0 / last.pods as f64).powf(k);
         println!(
