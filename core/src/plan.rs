@@ -203,7 +203,8 @@ pub struct Policy {
     pub quiet_period_ms: u64,
     pub balance: bool,
     pub cooldown_ms: u64,
-    /// Moves at once, of every kind but the two below (fail-back, balance, the roll's).
+    /// Moves at once for fail-back, balance and the roll, counting the moves in flight and the
+    /// safety hand-overs planned beside them (those have their own limit below).
     pub max_concurrent: usize,
     /// Safety hand-overs at once (primaries whose pod or node is going away), each on its own
     /// shard: a drained node may carry many primaries, and each pod's `preStop` waits for its
