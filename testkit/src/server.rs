@@ -1,5 +1,6 @@
 //! A single real `valkey-server` on loopback.
 
+use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
@@ -525,31 +526,29 @@ fn server_args(
     dir: &Path,
     log: &Path,
 ) -> Vec<OsString> {
-    let mut args = ArgList::default();
+    // A name in `extra_args` replaces the harness's default of that name rather than following
+    // it: an older Valkey stops at a value it does not know before it reads the override.
+    let mut args = ArgList {
+        replaced: opts.extra_args.iter().map(|(n, _)| n.clone()).collect(),
+        ..ArgList::default()
+    };
     let ip = opts.bind.to_string();
     args.set("port", [port.to_string()]);
     args.set("bind", [ip.clone()]);
     args.set("bind-source-addr", [ip]);
-    args.set("save", [String::new()]);
-    args.set("appendonly", ["no".into()]);
-    args.set("enable-debug-command", ["yes".into()]);
+    args.unless_replaced("save", [String::new()]);
+    args.unless_replaced("appendonly", ["no".into()]);
+    args.unless_replaced("enable-debug-command", ["yes".into()]);
     // The 5 s default delays every initial replica sync by 5 s.
-    args.set("repl-diskless-sync-delay", ["0".into()]);
+    args.unless_replaced("repl-diskless-sync-delay", ["0".into()]);
     // With the default (`disabled`) a replica saves the RDB to disk in a bio thread and the main
     // thread notices completion only on its 1 Hz replication cron: ~1 s per full sync. Loading from
     // the socket after a flush keeps the `loading:1` semantics of a disk load without that wait.
-    // (Valkey 9.0's value: an older binary is given its own in `extra_args`, which a bad value
-    // here would stop before it is read.)
-    if !opts
-        .extra_args
-        .iter()
-        .any(|(n, _)| n == "repl-diskless-load")
-    {
-        args.set("repl-diskless-load", ["flush-before-load".into()]);
-    }
-    args.set("daemonize", ["no".into()]);
-    args.0.extend(["--dir".into(), dir.into()]);
-    args.0.extend(["--logfile".into(), log.into()]);
+    // (Valkey 9.0's value: Valkey 8.0 knows `on-empty-db`, given in `extra_args`.)
+    args.unless_replaced("repl-diskless-load", ["flush-before-load".into()]);
+    args.unless_replaced("daemonize", ["no".into()]);
+    args.args.extend(["--dir".into(), dir.into()]);
+    args.args.extend(["--logfile".into(), log.into()]);
     if let Some(bus) = bus_port {
         args.set("cluster-enabled", ["yes".into()]);
         args.set("cluster-config-file", ["nodes.conf".into()]);
@@ -580,16 +579,27 @@ fn server_args(
     for (name, values) in &opts.extra_args {
         args.set(name, values.iter().cloned());
     }
-    args.0
+    args.args
 }
 
 #[derive(Default)]
-struct ArgList(Vec<OsString>);
+struct ArgList {
+    args: Vec<OsString>,
+    /// The names `extra_args` sets: their defaults are left out.
+    replaced: BTreeSet<String>,
+}
 
 impl ArgList {
     fn set(&mut self, name: &str, values: impl IntoIterator<Item = String>) {
-        self.0.push(format!("--{name}").into());
-        self.0.extend(values.into_iter().map(OsString::from));
+        self.args.push(format!("--{name}").into());
+        self.args.extend(values.into_iter().map(OsString::from));
+    }
+
+    /// A harness default, unless `extra_args` sets the name itself.
+    fn unless_replaced(&mut self, name: &str, values: impl IntoIterator<Item = String>) {
+        if !self.replaced.contains(name) {
+            self.set(name, values);
+        }
     }
 }
 
@@ -634,5 +644,14 @@ mod tests {
             args[args.len() - 2..],
             ["--repl-diskless-sync-delay".to_string(), "5".to_string()]
         );
+    }
+
+    #[test]
+    fn an_extra_arg_replaces_the_default_of_its_name() {
+        let opts = ServerOptions::default().arg("repl-diskless-load", "on-empty-db");
+        let args = args_of(&opts);
+        let named = args.iter().filter(|a| *a == "--repl-diskless-load").count();
+        assert_eq!(named, 1, "{args:?}");
+        assert!(!args.iter().any(|a| a == "flush-before-load"), "{args:?}");
     }
 }

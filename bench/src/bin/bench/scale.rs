@@ -181,18 +181,18 @@ async fn steady(stage: &Stage, coordinator: &str, row: &mut Row) -> Result<()> {
     let usage = log.usage(from, from + STEADY)?;
     let rate = |pod: &str| usage.per_minute(usage.total(&pod_identity(&stage.namespace, pod)));
     row.coordinator_rpm = rate(coordinator);
-    let followers = stage.pods.iter().filter(|p| p.as_str() != coordinator);
-    let busiest = followers.max_by(|a, b| rate(a).total_cmp(&rate(b)));
-    row.follower_rpm = busiest.map_or(0.0, |p| rate(p));
-    let followers: Vec<f64> = stage
+    let followers: Vec<(&String, f64)> = stage
         .pods
         .iter()
         .filter(|p| p.as_str() != coordinator)
-        .map(|p| rate(p))
+        .map(|p| (p, rate(p)))
         .collect();
-    row.follower_mean_rpm = followers.iter().sum::<f64>() / followers.len().max(1) as f64;
+    let busiest = followers.iter().max_by(|a, b| a.1.total_cmp(&b.1));
+    row.follower_rpm = busiest.map_or(0.0, |(_, r)| *r);
+    let total: f64 = followers.iter().map(|(_, r)| r).sum();
+    row.follower_mean_rpm = total / followers.len().max(1) as f64;
     row.load_steady = load_average()?;
-    row.follower_requests = busiest.map_or_else(String::new, |p| {
+    row.follower_requests = busiest.map_or_else(String::new, |(p, _)| {
         requests_of(&usage, p, &pod_identity(&stage.namespace, p))
     });
     row.apiserver_rpm = usage.per_minute(crate::api::all_requests(&usage));
