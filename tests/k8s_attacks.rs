@@ -15,7 +15,7 @@ use tokio::net::{TcpSocket, TcpStream};
 use tokio::task::JoinSet;
 use valkey_sidecar_testkit::info_field;
 use valkey_sidecar_testkit::k8s::chart::text;
-use valkey_sidecar_testkit::k8s::shard::record;
+use valkey_sidecar_testkit::k8s::shard::{record, replace_fresh};
 use valkey_sidecar_testkit::k8s::{Stage, StageOptions, http_get, pod_is_ready, poll_until};
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -563,14 +563,15 @@ async fn a_forged_record_naming_a_pod_outside_the_shard_is_never_followed() {
     // With shard 1's agent token, the attacker names its own pod shard 0's primary, one epoch up.
     let before = record(&s, "0").await.unwrap();
     let leases: Api<Lease> = Api::namespaced(s.client_as_pod(foreign).await.unwrap(), &s.namespace);
-    let mut lease = leases.get("valkey-0-primary").await.unwrap();
     let forged_epoch = before.epoch + 1;
-    let annotations = lease.metadata.annotations.get_or_insert_default();
-    annotations.insert("valkey.io/epoch".into(), forged_epoch.to_string());
-    annotations.insert("valkey.io/primary".into(), foreign.into());
-    lease.spec.get_or_insert_default().holder_identity = Some(foreign.into());
-    leases
-        .replace("valkey-0-primary", &PostParams::default(), &lease)
+    let forgery = |mut lease: Lease| {
+        let annotations = lease.metadata.annotations.get_or_insert_default();
+        annotations.insert("valkey.io/epoch".into(), forged_epoch.to_string());
+        annotations.insert("valkey.io/primary".into(), foreign.into());
+        lease.spec.get_or_insert_default().holder_identity = Some(foreign.into());
+        lease
+    };
+    replace_fresh(&leases, "valkey-0-primary", forgery)
         .await
         .expect("without the policy the forgery is written");
     let forged = Instant::now();

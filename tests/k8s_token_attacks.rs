@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use valkey_sidecar_testkit::k8s::shard::{
-    Record, follows, new_primary, record, wait_steady, writable,
+    Record, follows, new_primary, record, replace_fresh, wait_steady, writable,
 };
 use valkey_sidecar_testkit::k8s::{ROLE_LABEL as ROLE, Stage, StageOptions, poll_until};
 
@@ -80,10 +80,8 @@ async fn a_forged_promotion_within_the_policy_loses_no_write_and_failover_still_
     tokio::time::sleep(2 * SECOND).await;
     let records = records_as(&s, &thief).await;
     let before = record(&s, "0").await.unwrap();
-    let lease = records.get("valkey-0-primary").await.unwrap();
-    let forgery = forged(lease, &thief, before.epoch + 1, 4);
-    records
-        .replace("valkey-0-primary", &PostParams::default(), &forgery)
+    let forgery = |lease| forged(lease, &thief, before.epoch + 1, 4);
+    replace_fresh(&records, "valkey-0-primary", forgery)
         .await
         .expect("the policy lets an agent name itself one epoch up");
     let t = Instant::now();
@@ -198,20 +196,18 @@ async fn without_the_policy_an_hour_long_forgery_freezes_nothing_for_long() {
     let writer = s.writer(addrs(&s), "w");
     tokio::time::sleep(2 * SECOND).await;
     let leases = records_as(&s, &thief).await;
-    let mut ghost = leases.get("valkey-coordinator").await.unwrap();
-    let spec = ghost.spec.get_or_insert_default();
-    spec.holder_identity = Some("valkey-9-9_ghost".into());
-    spec.lease_duration_seconds = Some(3600);
-    let pp = PostParams::default();
-    leases
-        .replace("valkey-coordinator", &pp, &ghost)
+    let ghost = |mut lease: Lease| {
+        let spec = lease.spec.get_or_insert_default();
+        spec.holder_identity = Some("valkey-9-9_ghost".into());
+        spec.lease_duration_seconds = Some(3600);
+        lease
+    };
+    replace_fresh(&leases, "valkey-coordinator", ghost)
         .await
         .unwrap();
     let before = record(&s, "0").await.unwrap();
-    let lease = leases.get("valkey-0-primary").await.unwrap();
-    let absent = forged(lease, "valkey-0-99", before.epoch + 1, 3600);
-    leases
-        .replace("valkey-0-primary", &pp, &absent)
+    let absent = |lease| forged(lease, "valkey-0-99", before.epoch + 1, 3600);
+    replace_fresh(&leases, "valkey-0-primary", absent)
         .await
         .unwrap();
     let t = Instant::now();
@@ -481,46 +477,44 @@ async fn an_agent_token_cannot_forge_a_shard_record() {
     )
     .await
     .unwrap();
-    let coordinator = api.get("valkey-coordinator").await.unwrap();
-    let held_by = |holder: &str| {
-        let mut lease = coordinator.clone();
-        lease.spec.as_mut().unwrap().holder_identity = Some(holder.into());
-        lease
+    let held_by = |holder: String| {
+        move |mut lease: Lease| {
+            lease.spec.get_or_insert_default().holder_identity = Some(holder.clone());
+            lease
+        }
     };
-    let c = code(
-        api.replace("valkey-coordinator", &pp, &held_by("valkey-9-9_made-up"))
-            .await,
-    );
+    let made_up = held_by("valkey-9-9_made-up".into());
+    let c = code(replace_fresh(&api, "valkey-coordinator", made_up).await);
     assert!(
         c == 403 || c == 422,
         "a made-up coordinator was allowed (HTTP {c})"
     );
     let pods: Api<Pod> = Api::namespaced(s.plane.client(), &s.namespace);
     let uid = pods.get(me).await.unwrap().metadata.uid.unwrap();
-    let c = code(
-        api.replace("valkey-coordinator", &pp, &held_by(&format!("{me}_{uid}")))
-            .await,
-    );
+    let itself = held_by(format!("{me}_{uid}"));
+    let c = code(replace_fresh(&api, "valkey-coordinator", itself).await);
     assert_eq!(
         c, 200,
         "an agent naming itself coordinator (as after a takeover)"
     );
     // An operator's requests are never an agent's to write: no pause, no switchover, and no
     // record format newer than the agents' own.
-    let mine = api.get("valkey-coordinator").await.unwrap();
     for (key, value) in [
         ("valkey.io/paused", "since now by a thief"),
         ("valkey.io/switchover", "id=x shard=0 to=valkey-0-1"),
         ("valkey.io/format", "2"),
     ] {
-        let mut lease = mine.clone();
-        let a = lease
-            .metadata
-            .annotations
-            .get_or_insert_with(Default::default);
-        a.insert(key.into(), value.into());
-        let c = code(api.replace("valkey-coordinator", &pp, &lease).await);
+        let c = code(replace_fresh(&api, "valkey-coordinator", annotated(key, value)).await);
         println!("coordinator Lease with {key}={value}: HTTP {c}");
         assert!(c == 403 || c == 422, "{key}={value} was allowed (HTTP {c})");
+    }
+}
+
+/// The coordinator Lease with one more annotation.
+fn annotated(key: &'static str, value: &'static str) -> impl Fn(Lease) -> Lease {
+    move |mut lease| {
+        let a = lease.metadata.annotations.get_or_insert_default();
+        a.insert(key.into(), value.into());
+        lease
     }
 }

@@ -166,3 +166,24 @@ pub async fn wait_steady(s: &Stage, timeout: Duration) -> Result<String> {
     let primary = crate::net::lock(&seen).take();
     primary.context("a steady shard was seen but not kept")
 }
+
+/// Replaces the Lease `name` with `edit` applied to it as last read. The running agents renew
+/// their Leases, so a write may meet a newer resourceVersion: HTTP 409 comes before admission has
+/// judged the write, so the Lease is read again and the write retried until admission answers.
+pub async fn replace_fresh(
+    api: &Api<Lease>,
+    name: &str,
+    edit: impl Fn(Lease) -> Lease,
+) -> std::result::Result<Lease, kube::Error> {
+    let mut tries = 0;
+    loop {
+        let lease = edit(api.get(name).await?);
+        match api
+            .replace(name, &kube::api::PostParams::default(), &lease)
+            .await
+        {
+            Err(kube::Error::Api(e)) if e.code == 409 && tries < 20 => tries += 1,
+            other => return other,
+        }
+    }
+}
