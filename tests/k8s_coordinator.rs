@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use valkey_sidecar_testkit::faults::{self, Outcome, show};
 use valkey_sidecar_testkit::k8s::chart::{label, node_of};
+use valkey_sidecar_testkit::k8s::slow_api::ApiDelay;
 use valkey_sidecar_testkit::k8s::writer::{Writer, Written, missing};
 use valkey_sidecar_testkit::k8s::{
     FakeNodesOptions, ROLE_LABEL, Stage, StageOptions, holder_pod, poll_until,
@@ -364,6 +365,60 @@ async fn with_the_apiserver_stopped_for_30s_nothing_acts_and_everything_resumes(
         stepped_down <= Duration::from_millis(4_500),
         "stepped down late: {stepped_down:?}"
     );
+}
+
+/// A loaded apiserver answers slowly, not never. With every request the agents send held 3 s
+/// (`testkit::k8s::slow_api`, a relay in front of the apiserver) — longer than the 2 s retry
+/// period that used to bound each call — the holder keeps the Lease past its renew deadline (a
+/// renewal may take what is left of its 10 s term), and still hands a primary over on cordon
+/// without losing a write. Seen in the 50-shard scale bench: at a load average of 134 the holder
+/// lost the Lease with 7 hand-overs under way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_every_api_request_taking_3s_the_holder_keeps_the_lease_and_hands_over() {
+    let delay = ApiDelay::default();
+    let mut o = StageOptions::cluster("coord-slow-api", 3, 1);
+    o.kubelet = o.kubelet.api_delay(delay.clone());
+    let (s, holder) = coordinated(o, &[]).await;
+    wait_coordinators(&s, 1, "exactly one coordinator", 5 * SECOND).await;
+    delay.set(3 * SECOND);
+    let slowed = Instant::now();
+    // Longer than the renew deadline (10 s) with every renewal taking 3 s.
+    while slowed.elapsed() < 15 * SECOND {
+        let n = coordinator_count(&s).await;
+        assert_eq!(
+            n,
+            1,
+            "coordinators {:?} after the slowdown",
+            slowed.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let s = &s;
+    let (w, tag, primary, replica, moved) = with_writer(s, 1, |primary| async move {
+        let node = s.node_of(&primary).await.unwrap();
+        let cordoned = Instant::now();
+        s.plane.kubectl(&["cordon", &node]).await.unwrap();
+        poll_until(
+            "the primary left the cordoned node",
+            30 * SECOND,
+            Duration::from_millis(10),
+            || async { Ok(s.role(&primary).as_deref() == Some("slave")) },
+        )
+        .await
+        .unwrap();
+        cordoned.elapsed()
+    })
+    .await;
+    println!(
+        "every agent request held 3 s: {holder} kept the Lease for {:?}; cordon → {primary} demoted after {moved:?}",
+        slowed.elapsed()
+    );
+    assert_eq!(lease_holder(s).await.as_deref(), Some(holder.as_str()));
+    assert_eq!(coordinator_count(s).await, 1);
+    assert_eq!(s.role(&replica).as_deref(), Some("master"));
+    let missing = s.lost(&replica, &tag, &w.acked).unwrap();
+    report(&w, missing);
+    delay.set(Duration::ZERO);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -207,6 +207,20 @@ impl Candidate {
             .is_some_and(|at| now.since(at) < self.timings.renew_deadline_ms)
     }
 
+    /// How long the write [`Candidate::next`] asks for at `now` may take. A holder's renewal may
+    /// take what is left of its term (at least [`LeaseTimings::call_limit_ms`]), as client-go
+    /// bounds its renew loop by the renew deadline, not each call by the retry period: an
+    /// apiserver that answers in 3 s under load still keeps its holder, where a 2 s bound on
+    /// every call would end the term with every renewal the server would have applied. An
+    /// acquire may take a renew deadline. Safety does not rest on this bound: a write's term
+    /// counts from when it was *sent* ([`Candidate::written`]), however late the answer.
+    pub fn write_limit_ms(&self, now: Millis) -> u64 {
+        match self.acting_deadline() {
+            Some(deadline) => deadline.since(now).max(self.timings.call_limit_ms()),
+            None => self.timings.renew_deadline_ms,
+        }
+    }
+
     /// The latest time at which this holder may still issue an action, if it leads.
     pub fn acting_deadline(&self) -> Option<Millis> {
         self.renewed_at

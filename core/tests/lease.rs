@@ -16,6 +16,24 @@ fn a_call_gets_one_retry_period_and_at_least_half_a_second() {
     assert_eq!((t(2_000), t(500), t(100)), (2_000, 500, 500));
 }
 
+#[test]
+fn a_renewal_may_take_what_is_left_of_the_term_and_an_acquire_a_renew_deadline() {
+    let mut e = Candidate::new("a", T);
+    e.observe(None, Millis(0));
+    assert_eq!(e.next(Millis(0)).0, LeaseAction::Acquire);
+    assert_eq!(e.write_limit_ms(Millis(0)), 10_000, "an acquire");
+    e.written(held_by("a", "1"), Millis(1_000));
+    // Renewed at 1 s: the term runs to 11 s.
+    let limits = [3_000, 9_500, 11_000, 60_000].map(|t| e.write_limit_ms(Millis(t)));
+    assert_eq!(limits, [8_000, 2_000, 2_000, 2_000], "a renewal");
+    e.observe(Some(held_by("b", "2")), Millis(4_000));
+    assert_eq!(
+        e.write_limit_ms(Millis(4_000)),
+        10_000,
+        "no longer the holder"
+    );
+}
+
 const T: LeaseTimings = LeaseTimings {
     lease_ms: 15_000,
     renew_deadline_ms: 10_000,

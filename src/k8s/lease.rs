@@ -231,11 +231,17 @@ impl LeaseClient {
         self.lease.changes()
     }
 
-    /// Creates the Lease, or replaces it if it exists (409 when someone wrote in between).
-    pub async fn write(&self, rec: &LeaseRecord, exists: bool) -> Result<LeaseRecord, KubeError> {
+    /// Creates the Lease, or replaces it if it exists (409 when someone wrote in between); the
+    /// write may take `limit`.
+    pub async fn write(
+        &self,
+        rec: &LeaseRecord,
+        exists: bool,
+        limit: Duration,
+    ) -> Result<LeaseRecord, KubeError> {
         let written = self
             .lease
-            .put(!exists, |owner| self.lease_of(rec, owner))
+            .put_within(limit, !exists, |owner| self.lease_of(rec, owner))
             .await?;
         self.formed.learn(&written);
         self.requests.learn(&written);
@@ -320,7 +326,11 @@ pub async fn run(
         }
         match action {
             LeaseAction::Read => read(&lease, &mut e, &clock).await,
-            LeaseAction::Acquire | LeaseAction::Renew => write(&lease, &mut e, &clock).await,
+            // A renewal may take seconds on a loaded apiserver: shutdown does not wait for it.
+            LeaseAction::Acquire | LeaseAction::Renew => tokio::select! {
+                _ = write(&lease, &mut e, &clock) => {}
+                _ = shutdown.changed() => break,
+            },
             LeaseAction::Wait { until } => {
                 // Wake at the acting deadline too, so the term ends on time even while waiting.
                 let wake = e
@@ -460,7 +470,8 @@ async fn read(lease: &LeaseClient, e: &mut Candidate, clock: &Clock) {
 
 async fn write(lease: &LeaseClient, e: &mut Candidate, clock: &Clock) {
     let sent = clock.now();
-    match lease.write(&e.record_to_write(), e.exists()).await {
+    let limit = Duration::from_millis(e.write_limit_ms(sent));
+    match lease.write(&e.record_to_write(), e.exists(), limit).await {
         Ok(rec) => e.written(rec, sent),
         Err(err) => {
             tracing::debug!(error = %err, "lease write failed");
@@ -477,7 +488,8 @@ async fn release(lease: &LeaseClient, e: &mut Candidate, clock: &Clock) {
     }
     let mut rec = e.record_to_write();
     rec.holder = Some(String::new());
-    match lease.write(&rec, true).await {
+    let limit = Duration::from_millis(e.timings.call_limit_ms());
+    match lease.write(&rec, true, limit).await {
         Ok(_) => tracing::info!("lease released"),
         Err(err) => {
             tracing::warn!(error = %err, "releasing the lease failed; successors wait for expiry")

@@ -3,7 +3,7 @@
 //! refuse a Lease of a newer format and learn the owner's UID; writes set the owner (so the Lease
 //! goes with it, `k8s::owner`), create when there is nothing to replace, and replace only the
 //! `resourceVersion` they were based on (409 when someone wrote in between). Every call is
-//! bounded by the configured timeout.
+//! bounded: by the configured timeout, or by the bound a write is given.
 
 use std::time::Duration;
 
@@ -100,14 +100,27 @@ impl LeaseObject {
         creating: bool,
         build: impl FnOnce(Option<OwnerReference>) -> Lease,
     ) -> Result<Lease, KubeError> {
+        self.put_within(self.timeout, creating, build).await
+    }
+
+    /// [`LeaseObject::put`] with its own bound on the write (a holder's renewal may take what is
+    /// left of its term: `core::lease::Candidate::write_limit_ms`).
+    pub async fn put_within(
+        &self,
+        limit: Duration,
+        creating: bool,
+        build: impl FnOnce(Option<OwnerReference>) -> Lease,
+    ) -> Result<Lease, KubeError> {
         let owner = for_write(self.owner.as_ref(), creating, self.timeout).await;
         let lease = build(owner);
         let params = PostParams::default();
-        if creating {
-            self.call(self.api.create(&params, &lease)).await
-        } else {
-            self.call(self.api.replace(&self.name, &params, &lease))
-                .await
-        }
+        let write = async {
+            if creating {
+                self.api.create(&params, &lease).await
+            } else {
+                self.api.replace(&self.name, &params, &lease).await
+            }
+        };
+        super::bounded(limit, write).await
     }
 }

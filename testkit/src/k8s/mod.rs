@@ -52,6 +52,7 @@ pub mod follow;
 pub mod netfault;
 pub mod primaries;
 pub mod shard;
+pub mod slow_api;
 pub mod smoke;
 pub mod stage;
 pub mod storage;

@@ -136,6 +136,7 @@ use self::probe::{ExecIn, exec_command};
 use super::control_plane::ControlPlane;
 use super::netfault::{Cgroups, NetFaults};
 use super::nodes::{FakeNodes, NodesShared};
+use super::slow_api::{ApiDelay, DelayRelay};
 use super::util::poll_until;
 use crate::Result;
 use crate::net::lock;
@@ -157,6 +158,9 @@ pub struct KubeletOptions {
     /// faults ([`Kubelet::partition`], [`Kubelet::power_off`], …) can cut its traffic. On by
     /// default; needs root, cgroup v2 and `nft`.
     pub network_faults: bool,
+    /// Pods reach the apiserver through a relay that holds what they send for this delay, set
+    /// and changed by the test ([`super::slow_api`]); `None`: directly.
+    pub api_delay: Option<ApiDelay>,
 }
 
 impl Default for KubeletOptions {
@@ -167,6 +171,7 @@ impl Default for KubeletOptions {
             token_ttl: Duration::from_secs(3600),
             volume_refresh: Duration::from_secs(60),
             network_faults: true,
+            api_delay: None,
         }
     }
 }
@@ -174,6 +179,12 @@ impl Default for KubeletOptions {
 impl KubeletOptions {
     pub fn sidecar_bin(mut self, path: impl Into<PathBuf>) -> Self {
         self.sidecar_bin = Some(path.into());
+        self
+    }
+
+    /// See [`KubeletOptions::api_delay`].
+    pub fn api_delay(mut self, delay: ApiDelay) -> Self {
+        self.api_delay = Some(delay);
         self
     }
 
@@ -257,6 +268,8 @@ pub(crate) struct Shared {
     /// With [`KubeletOptions::network_faults`]: the pods' cgroups and the drop rules. Declared
     /// rules first: the table goes before the cgroups it names.
     faults: Option<(NetFaults, Cgroups)>,
+    /// With [`KubeletOptions::api_delay`]: the relay `url` points to.
+    _relay: Option<DelayRelay>,
     hooks: Mutex<Vec<HookRun>>,
     starts: Mutex<Vec<StartRecord>>,
     stops: Mutex<Vec<StopRecord>>,
@@ -472,9 +485,11 @@ impl Kubelet {
             true => Some((NetFaults::create()?, Cgroups::create()?)),
             false => None,
         };
+        let (url, relay) = pods_apiserver(plane.url(), opts.api_delay.as_ref()).await?;
         let shared = Arc::new(Shared {
             client: plane.client(),
-            url: plane.url().to_owned(),
+            url,
+            _relay: relay,
             ca_pem: plane.ca_pem().to_vec(),
             nodes: nodes.shared(),
             host_ips: nodes
@@ -671,6 +686,18 @@ fn container_of(pod: &PodRuntime, name: &str) -> Result<Arc<container::Container
         .into_iter()
         .find(|c| c.name == name)
         .with_context(|| format!("pod {}/{} has no container {name}", pod.namespace, pod.name))
+}
+
+/// The apiserver URL the pods get: the apiserver's own, or a delaying relay's in front of it.
+async fn pods_apiserver(
+    url: &str,
+    delay: Option<&ApiDelay>,
+) -> Result<(String, Option<DelayRelay>)> {
+    let Some(delay) = delay else {
+        return Ok((url.to_owned(), None));
+    };
+    let relay = DelayRelay::start(apiserver_addr(url)?.into(), delay.clone()).await?;
+    Ok((format!("https://{}", relay.addr()), Some(relay)))
 }
 
 /// The apiserver's IP and port from its URL (`https://127.0.0.1:6443`).
