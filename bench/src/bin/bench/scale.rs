@@ -382,8 +382,30 @@ async fn drains(stage: &Stage, row: &mut Row) -> Result<()> {
         row.drain_lost += stage.lost(&primary, &tag, &written.acked)?;
         row.drain_acked += written.acked.len();
         row.drain_pause = row.drain_pause.max(written.longest_pause);
+        tell_longest_gap(shard, &written.acks);
     }
     Ok(())
+}
+
+/// Prints when a writer's longest gap between acknowledgements began and ended (Unix time, to
+/// find in the pods' logs) and which nodes acknowledged on either side.
+fn tell_longest_gap(shard: usize, acks: &[valkey_sidecar_testkit::k8s::writer::Ack]) {
+    let Some(pair) = acks.windows(2).max_by_key(|w| w[1].at - w[0].at) else {
+        return;
+    };
+    let unix = |at: Instant| {
+        let ago = Instant::now().saturating_duration_since(at);
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        now.unwrap_or_default().saturating_sub(ago).as_secs_f64()
+    };
+    eprintln!(
+        "bench scale: writer of shard {shard}: longest gap {:?} from {:.3} ({}) to {:.3} ({})",
+        pair[1].at - pair[0].at,
+        unix(pair[0].at),
+        pair[0].node,
+        unix(pair[1].at),
+        pair[1].node
+    );
 }
 
 fn print_table(rows: &[Row]) {
