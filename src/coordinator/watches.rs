@@ -159,7 +159,7 @@ impl Coordinator {
     /// trigger: decisions still rest on the round's own quorum read.
     pub(super) fn watch_records(&self, changed: mpsc::Sender<String>) -> JoinHandle<()> {
         let api: Api<Lease> = Api::namespaced(self.client.clone(), &self.namespace);
-        let config = watcher::Config::default().labels(&ShardRecord::selector(&self.cluster));
+        let config = crate::k8s::watch_config().labels(&ShardRecord::selector(&self.cluster));
         let cluster = self.cluster.clone();
         let mut holders: BTreeMap<String, Option<String>> = BTreeMap::new();
         let stream = watcher(api, config).default_backoff().applied_objects();
@@ -189,7 +189,7 @@ impl Coordinator {
         };
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.client.clone(), &self.namespace, &resource);
-        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let config = crate::k8s::watch_config().fields(&format!("metadata.name={name}"));
         let (tx, rx) = watch::channel(false);
         let metrics = self.metrics.clone();
         let task = watcher(api, config)
@@ -234,7 +234,7 @@ impl Coordinator {
     {
         let api: Api<K> = Api::namespaced(self.client.clone(), &self.namespace);
         let (reader, writer) = reflector::store();
-        let config = watcher::Config::default().labels(&self.selector);
+        let config = crate::k8s::watch_config().labels(&self.selector);
         let slim = watcher(api, config).modify(|o: &mut K| o.meta_mut().managed_fields = None);
         let stream = reflector::reflector(writer, slim);
         let metrics = self.metrics.clone();
@@ -253,7 +253,7 @@ impl Coordinator {
     ) -> (Store<Node>, JoinHandle<()>) {
         let api: Api<Node> = Api::all(self.client.clone());
         let (reader, writer) = reflector::store();
-        let slim = watcher(api, watcher::Config::default()).modify(slim_node);
+        let slim = watcher(api, crate::k8s::watch_config()).modify(slim_node);
         let stream = reflector::reflector(writer, slim);
         let metrics = self.metrics.clone();
         let task = stream.default_backoff().for_each(move |event| {

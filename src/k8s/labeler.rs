@@ -114,7 +114,7 @@ impl Labeler {
         let recorder = self.recorder();
         let reference = pod.object_ref(&());
         let fields = format!("metadata.name={}", self.config.pod_name);
-        let mut pod_events = watcher(self.pods(), watcher::Config::default().fields(&fields))
+        let mut pod_events = watcher(self.pods(), super::watch_config().fields(&fields))
             .default_backoff()
             .applied_objects()
             .boxed();

@@ -486,14 +486,27 @@ async fn release(lease: &LeaseClient, e: &mut Candidate, clock: &Clock) {
     if !e.is_coordinator(clock.now()) {
         return;
     }
-    let mut rec = e.record_to_write();
-    rec.holder = Some(String::new());
-    let limit = Duration::from_millis(e.timings.call_limit_ms());
-    match lease.write(&rec, true, limit).await {
+    let mut outcome = release_once(lease, e).await;
+    // A renewal the shutdown cut short may have been applied all the same (409): read what is
+    // there, and release it if it is still ours.
+    if outcome.as_ref().is_err_and(|err| err.kind() == "conflict") {
+        read(lease, e, clock).await;
+        if e.is_coordinator(clock.now()) {
+            outcome = release_once(lease, e).await;
+        }
+    }
+    match outcome {
         Ok(_) => tracing::info!("lease released"),
         Err(err) => {
             tracing::warn!(error = %err, "releasing the lease failed; successors wait for expiry")
         }
     }
     e.released();
+}
+
+async fn release_once(lease: &LeaseClient, e: &Candidate) -> Result<LeaseRecord, KubeError> {
+    let mut rec = e.record_to_write();
+    rec.holder = Some(String::new());
+    let limit = Duration::from_millis(e.timings.call_limit_ms());
+    lease.write(&rec, true, limit).await
 }

@@ -89,7 +89,7 @@ impl LeaseObject {
     /// apiserver a watch, not a read every retry period), re-established with backoff; errors
     /// are items, so the caller knows when it is not watching.
     pub fn changes(&self) -> BoxStream<'static, Result<watcher::Event<Lease>, watcher::Error>> {
-        let config = watcher::Config::default().fields(&format!("metadata.name={}", self.name));
+        let config = super::watch_config().fields(&format!("metadata.name={}", self.name));
         watcher(self.api.clone(), config).default_backoff().boxed()
     }
 

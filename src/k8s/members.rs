@@ -27,7 +27,7 @@ pub async fn follow(
     metrics: Arc<Metrics>,
 ) {
     let api: Api<Pod> = Api::namespaced(client, &namespace);
-    let config = watcher::Config::default().labels(&selector);
+    let config = super::watch_config().labels(&selector);
     let mut events = watcher(api, config).default_backoff().boxed();
     let mut pending: BTreeMap<String, IpAddr> = BTreeMap::new();
     loop {

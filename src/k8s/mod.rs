@@ -15,6 +15,36 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 
+/// The longest a watch request runs before it is made again: kube-rs's default. Over HTTP/1.1
+/// without keepalives this timeout is also what notices a connection that died silently, so no
+/// watch runs longer.
+const WATCH_TIMEOUT_MAX_SECS: u32 = 290;
+
+/// How much shorter, at random, each watch's timeout is. Agents started together (an install, a
+/// roll) would otherwise all make their watches again in the same second every 290 s: a burst of
+/// two requests per pod at the apiserver, and a one-minute measure that catches every agent's
+/// or none.
+const WATCH_TIMEOUT_JITTER_SECS: u32 = 90;
+
+/// A watch's configuration: kube-rs's, its timeout shortened at random ([`watch_timeout_secs`]).
+pub fn watch_config() -> kube::runtime::watcher::Config {
+    kube::runtime::watcher::Config::default().timeout(watch_timeout_secs(random_u64()))
+}
+
+/// A timeout from 200 to 290 s, picked by `random`.
+fn watch_timeout_secs(random: u64) -> u32 {
+    let span = u64::from(WATCH_TIMEOUT_JITTER_SECS) + 1;
+    let less = u32::try_from(random % span).unwrap_or(0);
+    WATCH_TIMEOUT_MAX_SECS - less
+}
+
+/// A random number from std's per-process random hash keys (new keys for each call): enough to
+/// spread timeouts, without a dependency for it.
+fn random_u64() -> u64 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(0u8)
+}
+
 /// The field manager of every server-side apply the agent makes.
 pub const FIELD_MANAGER: &str = "valkey-sidecar";
 
@@ -131,4 +161,23 @@ pub async fn nodes_forbidden(client: &kube::Client, limit: std::time::Duration) 
 /// The agent's own pod.
 pub fn pods(client: &kube::Client, namespace: &str) -> Api<Pod> {
     Api::namespaced(client.clone(), namespace)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watch_timeouts_spread_from_200_to_290_seconds() {
+        let picked = [0, 1, 90, 91, 181, 182].map(watch_timeout_secs);
+        assert_eq!(picked, [290, 289, 200, 290, 200, 290]);
+        let drawn: std::collections::BTreeSet<_> =
+            (0..50).map(|_| watch_config().timeout).collect();
+        assert!(drawn.len() > 10, "timeouts not spread: {drawn:?}");
+        assert!(
+            drawn
+                .iter()
+                .all(|t| t.is_some_and(|t| (200..=290).contains(&t)))
+        );
+    }
 }

@@ -151,23 +151,8 @@ fn formation(shards: usize, calls: usize) -> String {
     format!("{} / {}", fmt(p.0), fmt(p.1))
 }
 
-/// The size the summary quotes: well past most deployments, still run as one cluster.
-const SUMMARY_SHARDS: usize = 1000;
-
-/// The summary's planner row (no alternative: the pure rules of one coordinator round).
-fn summarize((p50, p99): (Duration, Duration), calls: usize) {
-    use crate::summary::{Row, Side, record};
-    record(&Row {
-        key: "planner".into(),
-        measure: format!(
-            "planner, one coordinator round (`plan::decide`) at {SUMMARY_SHARDS} shards × 3 members"
-        ),
-        ours: Side::pair("agent", "release build, one core", p50, p99),
-        theirs: None,
-        runs: format!("{calls} calls"),
-        why: String::new(),
-    });
-}
+/// The size the probe rows run at: well past most deployments, still run as one cluster.
+const PROBED_SHARDS: usize = 1000;
 
 /// Prints the table and plots how the cost grows.
 pub fn run() -> anyhow::Result<()> {
@@ -207,9 +192,6 @@ pub fn run() -> anyhow::Result<()> {
             "planner {shards} shards: decide {:?}, conditions {:?} (p50)",
             d.0, c.0
         );
-        if shards == SUMMARY_SHARDS {
-            summarize(d, calls);
-        }
         lines[0].push(shards, d.0);
         lines[1].push(shards, c.0);
     }
@@ -219,6 +201,6 @@ pub fn run() -> anyhow::Result<()> {
         "{}",
         crate::plot::growth("planner", title, "shards", "ms per call", &lines)?
     );
-    let size = SUMMARY_SHARDS;
+    let size = PROBED_SHARDS;
     crate::stall::run(size, world(size), policy, formation_view(size))
 }

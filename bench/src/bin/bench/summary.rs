@@ -23,7 +23,7 @@ pub const END: &str = "<!-- bench-summary:end -->";
 
 /// The summary's rows in order, by the key their sections log them under, and what each is in
 /// words (for the rows a run did not measure).
-pub const KEYS: [(&str, &str); 12] = [
+pub const KEYS: [(&str, &str); 11] = [
     ("labels", "the role label after a flip (`bench labels`)"),
     ("handover", "the cluster hand-over (`bench handover`)"),
     (
@@ -62,7 +62,6 @@ pub const KEYS: [(&str, &str); 12] = [
         "idle-bare",
         "the idle footprint of the bare agent (`bench footprint`)",
     ),
-    ("planner", "the planner (`bench planner`)"),
 ];
 
 /// The README's seven rows (the report has them all): the labels, the hand-over and the crash it
