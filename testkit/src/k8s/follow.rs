@@ -74,6 +74,12 @@ pub struct Watcher {
 
 impl Watcher {
     pub fn start(stage: &Stage, addresses: Addresses) -> Watcher {
+        Watcher::start_every(stage, addresses, Duration::from_millis(50))
+    }
+
+    /// [`Watcher::start`], listing the pods every `period` (a large deployment's list every
+    /// 50 ms would be much of what its apiserver serves).
+    pub fn start_every(stage: &Stage, addresses: Addresses, period: Duration) -> Watcher {
         let api = stage.api();
         let seen = Arc::new(Mutex::new(BTreeMap::new()));
         let log = seen.clone();
@@ -87,7 +93,7 @@ impl Watcher {
                     addresses.update(&list.items);
                     observe(&mut lock(&log), &list.items);
                 }
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                tokio::time::sleep(period).await;
             }
         });
         Watcher { task, seen }

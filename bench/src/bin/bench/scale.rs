@@ -10,7 +10,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
 use valkey_sidecar_testkit::k8s::audit::{Usage, pod_identity};
-use valkey_sidecar_testkit::k8s::writer::Writer;
+use valkey_sidecar_testkit::k8s::follow::{Addresses, Watcher};
+use valkey_sidecar_testkit::k8s::writer::{Writer, tag_for_with};
 use valkey_sidecar_testkit::k8s::{ROLE_LABEL, Stage, StageOptions, poll_until};
 
 use crate::plot::{Line, growth};
@@ -354,9 +355,15 @@ async fn handover(stage: &Stage, row: &mut Row) -> Result<()> {
 /// `kubectl drain` of every node in turn under a writer per [`SHARDS_PER_WRITER`] shards; each
 /// drain waits for the deployment to settle again before the next.
 async fn drains(stage: &Stage, row: &mut Row) -> Result<()> {
+    // A drained pod comes back with a new IP: the writers follow it, as a client follows a
+    // Service's endpoints (a fixed list left a writer waiting minutes for a pod it could not
+    // reach). Listed every 500 ms, not the tests' 50 ms: 100 pods listed 20 times a second
+    // would be much of what this apiserver serves.
+    let addresses = Addresses::new(&stage.pod_objects().await?);
+    let watcher = Watcher::start_every(stage, addresses.clone(), Duration::from_millis(500));
     let writers: Vec<(usize, Writer)> = (0..row.shards)
         .step_by(SHARDS_PER_WRITER)
-        .map(|k| Ok((k, stage.shard_writer(k)?)))
+        .map(|k| Ok((k, following_writer(stage, &addresses, k)?)))
         .collect::<Result<_>>()?;
     for node in stage.nodes.names() {
         let t = Instant::now();
@@ -384,7 +391,17 @@ async fn drains(stage: &Stage, row: &mut Row) -> Result<()> {
         row.drain_pause = row.drain_pause.max(written.longest_pause);
         tell_longest_gap(shard, &written.acks);
     }
+    watcher.stop();
     Ok(())
+}
+
+/// A writer on a key shard `k`'s primary serves, over the shard's pods' current addresses.
+fn following_writer(stage: &Stage, addresses: &Addresses, k: usize) -> Result<Writer> {
+    let (primary, _) = stage.primary_and_replicas(k)?;
+    let tag = tag_for_with(stage.valkey(&primary)?, &stage.client())?;
+    let targets = addresses.by_shard.get(&k.to_string());
+    let targets = targets.with_context(|| format!("no pods of shard {k}"))?;
+    Ok(stage.writer_with(targets.clone(), &tag, stage.client()))
 }
 
 /// Prints when a writer's longest gap between acknowledgements began and ended (Unix time, to
@@ -411,7 +428,7 @@ fn tell_longest_gap(shard: usize, acks: &[valkey_sidecar_testkit::k8s::writer::A
 fn print_table(rows: &[Row]) {
     println!("### Scale: chart installs of N shards × 2 pods\n");
     println!(
-        "Command: `BENCH_SCALE_SHARDS=\"10 25 50\" target/release/bench scale`. Each size is one chart install with the chart's defaults (cluster mode, 1 replica per shard) on 6 fake nodes in 3 zones, the agents' release binary, real kube-apiserver, scheduler and controller-manager on this 2-core machine. Settled: `helm install` until every pod is Ready, labelled and every replica synced. Round: the coordinator's `valkey_sidecar_coordinator_round_duration_seconds` over the whole run — the first coordinator's rounds up to the drains, and those of whoever coordinates after the last drain (the drains restart the first one's pod): the mean over both, and the larger bucket bound holding a p99. Requests: the audit log over a {} s steady window; agent CPU (`/proc/<pid>/stat`) and the machine's UDP datagrams sent (`/proc/net/snmp`: the agents' peer heartbeats) over the same window. Hand-over: shard 1's primary node cordoned under a writer. Drains: `kubectl drain` of each node in turn, the deployment settled again before the next, under a writer per {SHARDS_PER_WRITER} shards. Load: the machine's 1-minute load average at the end of the steady window, and the highest at the end of a drain (2 cores: past ~2, every process waits for CPU, and every figure of that size includes the wait).\n",
+        "Command: `BENCH_SCALE_SHARDS=\"10 25 50\" target/release/bench scale`. Each size is one chart install with the chart's defaults (cluster mode, 1 replica per shard) on 6 fake nodes in 3 zones, the agents' release binary, real kube-apiserver, scheduler and controller-manager on this 2-core machine. Settled: `helm install` until every pod is Ready, labelled and every replica synced. Round: the coordinator's `valkey_sidecar_coordinator_round_duration_seconds` over the whole run — the first coordinator's rounds up to the drains, and those of whoever coordinates after the last drain (the drains restart the first one's pod): the mean over both, and the larger bucket bound holding a p99. Requests: the audit log over a {} s steady window; agent CPU (`/proc/<pid>/stat`) and the machine's UDP datagrams sent (`/proc/net/snmp`: the agents' peer heartbeats) over the same window. Hand-over: shard 1's primary node cordoned under a writer. Drains: `kubectl drain` of each node in turn, the deployment settled again before the next, under a writer per {SHARDS_PER_WRITER} shards (1 s timeouts, over its shard's pods' addresses as listed every 500 ms: a drained pod comes back with a new IP). Load: the machine's 1-minute load average at the end of the steady window, and the highest at the end of a drain (2 cores: past ~2, every process waits for CPU, and every figure of that size includes the wait).\n",
         STEADY.as_secs()
     );
     println!(
