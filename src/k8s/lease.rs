@@ -205,8 +205,8 @@ impl LeaseClient {
 
     /// The current record; `None` when the Lease does not exist. A Lease of a newer format is an
     /// error, as an unreadable one: the election then neither takes it over nor renews it.
-    pub async fn read(&self) -> Result<Option<LeaseRecord>, KubeError> {
-        let lease = self.lease.get().await?;
+    pub async fn read(&self, limit: Duration) -> Result<Option<LeaseRecord>, KubeError> {
+        let lease = self.lease.get_within(limit).await?;
         if let Some(l) = &lease {
             self.learn(l);
         }
@@ -459,7 +459,12 @@ fn publish(tx: &watch::Sender<CoordinatorTerm>, e: &Candidate, now: Millis) {
 }
 
 async fn read(lease: &LeaseClient, e: &mut Candidate, clock: &Clock) {
-    match lease.read().await {
+    read_within(lease, e, clock, e.timings.call_limit_ms()).await;
+}
+
+/// A read that may take `limit_ms`.
+async fn read_within(lease: &LeaseClient, e: &mut Candidate, clock: &Clock, limit_ms: u64) {
+    match lease.read(Duration::from_millis(limit_ms)).await {
         Ok(rec) => e.observe(rec, clock.now()),
         Err(err) => {
             tracing::warn!(error = %err, "reading the lease failed");
@@ -476,8 +481,12 @@ async fn write(lease: &LeaseClient, e: &mut Candidate, clock: &Clock) {
         Err(err) => {
             tracing::debug!(error = %err, "lease write failed");
             e.write_failed(clock.now());
-            // The record moved (409) or is unknown: read before trying again.
-            read(lease, e, clock).await;
+            // The record moved (409: often our own renewal, applied after we stopped waiting
+            // for it) or is unknown: read before trying again, a holder with what is left of its
+            // term (a loaded apiserver answers in seconds, and without the read's version the
+            // next renewal is refused too).
+            let limit = e.write_limit_ms(clock.now());
+            read_within(lease, e, clock, limit).await;
         }
     }
 }

@@ -60,17 +60,16 @@ impl LeaseObject {
         &self.name
     }
 
-    async fn call<T>(
-        &self,
-        f: impl std::future::Future<Output = Result<T, kube::Error>>,
-    ) -> Result<T, KubeError> {
-        super::bounded(self.timeout, f).await
-    }
-
     /// The Lease; `None` when it does not exist. One of a newer format is an error, as an
     /// unreadable one: nobody takes over, renews or moves what it cannot read.
     pub async fn get(&self) -> Result<Option<Lease>, KubeError> {
-        let lease = self.call(self.api.get_opt(&self.name)).await?;
+        self.get_within(self.timeout).await
+    }
+
+    /// [`LeaseObject::get`] with its own bound (a holder's read after a failed renewal may take
+    /// what is left of its term).
+    pub async fn get_within(&self, limit: Duration) -> Result<Option<Lease>, KubeError> {
+        let lease = super::bounded(limit, self.api.get_opt(&self.name)).await?;
         if let Some(l) = &lease {
             self.accept(l)?;
         }
