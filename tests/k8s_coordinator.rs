@@ -206,18 +206,19 @@ async fn deleting_a_primary_pod_hands_over_first_and_loses_no_write() {
     assert_clean_events(s).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cordoning_a_primarys_node_hands_the_primary_over() {
-    let (s, holder) = coordinated_stage("coord-cordon", &[]).await;
-    // A reference the disruption closure can take along.
-    let s = &s;
-    let (w, tag, primary, replica, moved) = with_writer(s, 1, |primary| async move {
+/// Cordons the node of shard 1's primary under a writer and waits (up to `within`) until that
+/// primary is a replica; [`with_writer`]'s results.
+async fn cordon_under_writer(
+    s: &Stage,
+    within: Duration,
+) -> (Written, String, String, String, Duration) {
+    with_writer(s, 1, |primary| async move {
         let node = s.node_of(&primary).await.unwrap();
         let cordoned = Instant::now();
         s.plane.kubectl(&["cordon", &node]).await.unwrap();
         poll_until(
             "the primary left the cordoned node",
-            20 * SECOND,
+            within,
             Duration::from_millis(10),
             || async { Ok(s.role(&primary).as_deref() == Some("slave")) },
         )
@@ -225,7 +226,14 @@ async fn cordoning_a_primarys_node_hands_the_primary_over() {
         .unwrap();
         cordoned.elapsed()
     })
-    .await;
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cordoning_a_primarys_node_hands_the_primary_over() {
+    let (s, holder) = coordinated_stage("coord-cordon", &[]).await;
+    let s = &s;
+    let (w, tag, primary, replica, moved) = cordon_under_writer(s, 20 * SECOND).await;
     println!("lease holder {holder}; cordon → {primary} demoted after {moved:?}");
     let missing = s.lost(&replica, &tag, &w.acked).unwrap();
     faults::record(&handover_outcome(
@@ -394,21 +402,7 @@ async fn with_every_api_request_taking_3s_the_holder_keeps_the_lease_and_hands_o
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let s = &s;
-    let (w, tag, primary, replica, moved) = with_writer(s, 1, |primary| async move {
-        let node = s.node_of(&primary).await.unwrap();
-        let cordoned = Instant::now();
-        s.plane.kubectl(&["cordon", &node]).await.unwrap();
-        poll_until(
-            "the primary left the cordoned node",
-            30 * SECOND,
-            Duration::from_millis(10),
-            || async { Ok(s.role(&primary).as_deref() == Some("slave")) },
-        )
-        .await
-        .unwrap();
-        cordoned.elapsed()
-    })
-    .await;
+    let (w, tag, primary, replica, moved) = cordon_under_writer(s, 30 * SECOND).await;
     println!(
         "every agent request held 3 s: {holder} kept the Lease for {:?}; cordon → {primary} demoted after {moved:?}",
         slowed.elapsed()
