@@ -26,7 +26,7 @@ const WATCH_TIMEOUT_MAX_SECS: u32 = 290;
 /// or none.
 const WATCH_TIMEOUT_JITTER_SECS: u32 = 90;
 
-/// A watch's configuration: kube-rs's, its timeout shortened at random ([`watch_timeout_secs`]).
+/// A watch's configuration: kube-rs's, its timeout shortened at random to 200–290 s.
 pub fn watch_config() -> kube::runtime::watcher::Config {
     kube::runtime::watcher::Config::default().timeout(watch_timeout_secs(random_u64()))
 }
