@@ -184,6 +184,7 @@ fn observer(
         state,
         metrics: shared.metrics.clone(),
         placement,
+        zone_file: config.valkey.zone_file.clone(),
         hurry: shared.hurry.1.clone(),
         quorum: (config.mode == Mode::Cluster)
             .then_some(config.quorum_fence)

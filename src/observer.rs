@@ -1,5 +1,6 @@
 //! The observation loop: one tick per poll interval, results into the shared health state.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,6 +30,8 @@ pub struct Observer {
     pub metrics: Arc<Metrics>,
     /// Where the pod is; its zone is pushed into Valkey's `availability-zone`.
     pub placement: watch::Receiver<Placement>,
+    /// Where the zone is handed to the `valkey-settings` container; `None`: `CONFIG SET` here.
+    pub zone_file: Option<PathBuf>,
     /// While true, tick every `HURRIED` instead of every interval (a promotion is due).
     pub hurry: watch::Receiver<bool>,
     /// Cluster mode: pauses writes while this primary hears only a minority of primaries.
@@ -44,8 +47,12 @@ pub struct Observer {
 /// The tick period while hurried: the promoted node is seen (and advertised) within this.
 const HURRIED: Duration = Duration::from_millis(10);
 
-/// After a failed `CONFIG SET availability-zone` (e.g. the ACL denies it), wait this long.
+/// After a failed zone push (e.g. the ACL denies `CONFIG SET`), wait this long.
 const ZONE_RETRY: Duration = Duration::from_secs(30);
+
+/// After handing the zone over, look at Valkey's again this much later (not every tick: a missing
+/// settings container would cost a file read per tick for good).
+const ZONE_HANDED: Duration = Duration::from_secs(5);
 
 impl Observer {
     /// Ticks until shutdown. A tick blocked on Valkey is abandoned at shutdown, not awaited.
@@ -128,17 +135,25 @@ impl Observer {
         if retry_at.is_some_and(|t| Instant::now() < t) {
             return;
         }
-        let mut cmd = redis::cmd("CONFIG");
-        cmd.arg("SET").arg("availability-zone").arg(zone);
-        let result = session.command(&cmd).await;
-        self.metrics.zone_push(result.is_ok());
-        match result {
-            Ok(_) => tracing::info!(zone, "availability-zone set in valkey"),
-            Err(e) => {
-                tracing::warn!(zone, error = %e, "cannot set availability-zone in valkey");
-                *retry_at = Some(Instant::now() + ZONE_RETRY);
+        let result = match &self.zone_file {
+            Some(file) => hand_over_zone(file, zone).await,
+            None => set_zone(session, zone).await.map(|()| true),
+        };
+        let wait = match result {
+            // Already handed over: the settings container has not pushed it yet.
+            Ok(false) => ZONE_HANDED,
+            Ok(true) => {
+                tracing::info!(zone, "availability-zone pushed to valkey");
+                self.metrics.zone_push(true);
+                return;
             }
-        }
+            Err(e) => {
+                tracing::warn!(zone, error = %e, "cannot push availability-zone to valkey");
+                self.metrics.zone_push(false);
+                ZONE_RETRY
+            }
+        };
+        *retry_at = Some(Instant::now() + wait);
     }
 
     fn record(&self, outcome: Outcome) {
@@ -149,6 +164,35 @@ impl Observer {
         let ready = state.readiness(now, &self.bounds, self.mode, claim).ok;
         self.metrics.update(&state, now, &self.bounds, ready);
     }
+}
+
+/// `CONFIG SET availability-zone` on the agent's own connection.
+async fn set_zone(session: &mut Session, zone: &str) -> Result<(), String> {
+    let mut cmd = redis::cmd("CONFIG");
+    cmd.arg("SET").arg("availability-zone").arg(zone);
+    session
+        .command(&cmd)
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+/// Writes the zone for the `valkey-settings` container, unless the file already says it (the
+/// container pushes it within a second; Valkey's own view is compared again next tick). Written
+/// whole and renamed, so the container never reads half a zone. `Ok(false)`: it already did.
+async fn hand_over_zone(file: &std::path::Path, zone: &str) -> Result<bool, String> {
+    if tokio::fs::read_to_string(file).await.ok().as_deref() == Some(zone) {
+        return Ok(false);
+    }
+    let partial = file.with_extension("partial");
+    let write = async {
+        tokio::fs::write(&partial, zone).await?;
+        tokio::fs::rename(&partial, file).await
+    };
+    write
+        .await
+        .map(|()| true)
+        .map_err(|e| format!("{}: {e}", file.display()))
 }
 
 /// Resolves when the heartbeats behind the quorum fence change their answer; never without.

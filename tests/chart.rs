@@ -713,10 +713,12 @@ async fn rendered_objects_pass_a_server_side_dry_run() {
     assert!(tls_args.contains("\"--port\",\"0\""), "{tls_args}");
     let classic = pod_spec(&sts("classic-sidecar")[0]).clone();
     // Classic mode: the agent is a regular container; the init containers write the file Valkey
-    // includes and install `await`, and finish.
+    // includes and install `await`, and finish; the settings container is a native sidecar.
     let inits = classic["initContainers"].as_array().unwrap();
     let names: Vec<&Value> = inits.iter().map(|c| &c["name"]).collect();
-    assert_eq!(names, [&json!("valkey-config"), &json!("install-await")]);
+    let settings = &json!("valkey-settings");
+    assert_eq!(names, [&json!("valkey-config"), settings, &json!("install-await")]);
+    assert_eq!(inits[1]["restartPolicy"], "Always");
     let caps = pod_spec(&sts("spread-caps")[0]).clone();
     assert_eq!(caps["topologySpreadConstraints"][0]["minDomains"], 5);
     assert_eq!(caps["topologySpreadConstraints"][0]["maxSkew"], 2);
@@ -1282,7 +1284,8 @@ async fn matches_inject(plane: &ControlPlane, dir: &Path, sts: &Value) {
     let spec = &mut bare["spec"]["template"]["spec"];
     spec.as_object_mut().unwrap().remove("initContainers");
     let containers = spec["containers"].as_array_mut().unwrap();
-    containers.retain(|c| c["name"] != "valkey-sidecar");
+    // The chart's own containers beside Valkey (inject adds only the agent).
+    containers.retain(|c| c["name"] != "valkey-sidecar" && c["name"] != "valkey-settings");
     for key in [
         "startupProbe",
         "livenessProbe",

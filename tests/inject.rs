@@ -392,7 +392,7 @@ fn a_valkey_cluster_gets_the_operators_tls_its_own_login_and_defers_to_the_opera
 }
 
 #[test]
-fn the_agents_acl_user_has_the_charts_rules_without_formation() {
+fn the_agents_acl_user_has_the_charts_rules_without_formation_and_with_config_set() {
     // The chart's agent user as rendered (cluster mode, forming its cluster).
     let rendered =
         read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/rendered/cluster-3x1.yaml"));
@@ -413,11 +413,16 @@ fn the_agents_acl_user_has_the_charts_rules_without_formation() {
         "+cluster|replicate",
         "+cluster|forget",
     ];
-    let expected: Vec<&str> = chart
+    // The operator's pods have no valkey-settings container: the agent sets the zone itself, as
+    // the chart's agent does with `sidecar.settings.enabled=false`.
+    let mut expected: Vec<&str> = chart
         .iter()
         .copied()
         .filter(|w| !formation.contains(w))
         .collect();
+    assert!(!expected.contains(&"+config|set"), "the settings container's: {chart:?}");
+    let at = expected.iter().position(|w| *w == "+client|setinfo").unwrap() + 1;
+    expected.insert(at, "+config|set");
     assert!(expected.contains(&"+cluster|failover"), "{chart:?}");
     let out = injected(&[], &read(&fixture("valkeycluster.yaml")));
     let line = out

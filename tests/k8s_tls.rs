@@ -5,21 +5,26 @@
 //! every client Service, every pod under the headless Service). In both modes: formation and
 //! labels, a hand-over on cordon, a crash failover and a drain, under TLS writers that verify the
 //! client Service's name in Valkey's certificate, nothing acknowledged lost (a crash only the
-//! stream its replica had not received).
+//! stream its replica had not received). And a rotation of both certificates and the CA under
+//! writers (`valkey-settings` makes Valkey 8.0 read its files again).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
 use valkey_sidecar_testkit::TlsCerts;
 use valkey_sidecar_testkit::k8s::follow::{Addresses, Watcher, stop_writers, writers};
 use valkey_sidecar_testkit::k8s::writer::{missing, targets};
-use valkey_sidecar_testkit::k8s::{ROLE_LABEL, Stage, StageOptions, poll_until};
+use valkey_sidecar_testkit::k8s::{ROLE_LABEL, Stage, StageOptions, http_get, poll_until};
+use valkey_sidecar_testkit::resp::Conn;
 use valkey_sidecar_testkit::tls_client::TlsClient;
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -336,4 +341,240 @@ async fn the_charts_certificates_pass_the_apiserver_against_cert_managers_schema
     let field = certs[0].replace("  duration:", "  lifetime:");
     let refused = dry_run(&plane, dir.path(), &[field]).await;
     assert!(refused.is_err_and(|e| format!("{e:#}").contains("lifetime")));
+}
+
+/// Both Secrets rewritten with Valkey's and the agent's certificate from `leaf` and the CA file
+/// `ca` (a bundle during the overlap), as cert-manager renews them.
+async fn put_certificates(s: &Stage, leaf: &Path, ca: &Path) {
+    let api: Api<Secret> = Api::namespaced(s.plane.client(), &s.namespace);
+    let read = |f: &Path| std::fs::read_to_string(f).unwrap();
+    for (name, cert, key) in [
+        ("valkey-tls", "server.crt", "server.key"),
+        ("valkey-agent-tls", "client.crt", "client.key"),
+    ] {
+        let data = json!({ "stringData": {
+            "tls.crt": read(&leaf.join(cert)),
+            "tls.key": read(&leaf.join(key)),
+            "ca.crt": read(ca),
+        }});
+        let patch = Patch::Merge(data);
+        api.patch(name, &PatchParams::default(), &patch)
+            .await
+            .unwrap();
+    }
+}
+
+/// `pod`'s name under the headless Service (what its certificate names).
+fn host(s: &Stage, pod: &str) -> String {
+    format!("{pod}.{}-headless.{}.svc", s.cluster, s.namespace)
+}
+
+/// Whether `pod`'s Valkey answers `PING` to a client trusting and presenting what `tls` does.
+fn pings(s: &Stage, pod: &str, tls: &TlsClient) -> bool {
+    let mut client = s.client();
+    client.tls = Some(tls.named(&host(s, pod)));
+    let addr = s.valkey(pod).unwrap();
+    Conn::connect(addr, &client)
+        .and_then(|mut c| c.cmd(&["PING"]))
+        .is_ok_and(|r| r.is_ok())
+}
+
+/// Whether `pod`'s client port and cluster bus both present the certificate `der`.
+fn serves(s: &Stage, pod: &str, tls: &TlsClient, der: &[u8]) -> bool {
+    let client = s.valkey(pod).unwrap();
+    let bus = std::net::SocketAddr::new(client.ip(), client.port() + 10_000);
+    let named = tls.named(&host(s, pod));
+    [client, bus]
+        .iter()
+        .all(|a| named.leaf_at(*a, SECOND).is_ok_and(|leaf| leaf == der))
+}
+
+/// The highest client id each pod's Valkey has handed out so far: a connection with a higher id
+/// was made later.
+fn client_ids(s: &Stage) -> BTreeMap<String, u64> {
+    let id = |p: &String| match s.cmd(p, &["CLIENT", "ID"]) {
+        Ok(redis::Value::Int(n)) => u64::try_from(n).unwrap(),
+        other => panic!("CLIENT ID on {p}: {other:?}"),
+    };
+    s.pods.iter().map(|p| (p.clone(), id(p))).collect()
+}
+
+/// Whether every connection of the agents' Valkey user was made after `marks` (and there is
+/// one on every pod): the agents moved to the rotated files.
+fn agents_redialled(s: &Stage, marks: &BTreeMap<String, u64>) -> bool {
+    s.pods.iter().all(|p| {
+        let Ok(redis::Value::BulkString(list)) = s.cmd(p, &["CLIENT", "LIST"]) else {
+            return false;
+        };
+        let list = String::from_utf8_lossy(&list);
+        let ids: Vec<u64> = list
+            .lines()
+            .filter(|l| l.split(' ').any(|f| f == "user=valkey-sidecar"))
+            .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("id=")))
+            .filter_map(|id| id.parse().ok())
+            .collect();
+        !ids.is_empty() && ids.iter().all(|id| *id > marks[p])
+    })
+}
+
+/// How long until `ok` holds for every pod (checked every 100 ms, off the runtime's threads).
+async fn until_every_pod(
+    what: &str,
+    s: &Arc<Stage>,
+    ok: impl Fn(&Stage, &str) -> bool + Send + Sync + Clone + 'static,
+) -> Duration {
+    let start = Instant::now();
+    poll_until(what, 60 * SECOND, SECOND / 10, || {
+        let (s, ok) = (s.clone(), ok.clone());
+        async move {
+            let all = tokio::task::spawn_blocking(move || s.pods.iter().all(|p| ok(&s, p)));
+            Ok(all.await?)
+        }
+    })
+    .await
+    .unwrap();
+    start.elapsed()
+}
+
+/// Every pod's `/readyz` asked every 200 ms with the kubelet's 1 s timeout until stopped:
+/// (probes, failures).
+fn watch_probes(
+    s: Arc<Stage>,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<(u64, Vec<String>)> {
+    tokio::spawn(async move {
+        let (mut probes, mut failed) = (0, Vec::new());
+        while !stop.load(Ordering::Relaxed) {
+            for p in &s.pods {
+                probes += 1;
+                match http_get(s.agent(p).unwrap(), "/readyz", SECOND).await {
+                    Ok((200, _)) => {}
+                    other => failed.push(format!("{p}: {other:?}")),
+                }
+            }
+            tokio::time::sleep(SECOND / 5).await;
+        }
+        (probes, failed)
+    })
+}
+
+/// The primary of every shard, by pod.
+fn primaries(s: &Stage) -> Vec<String> {
+    let shards = s.pods.len() / s.members.max(1);
+    (0..shards)
+        .map(|i| s.primary_and_replicas(i).unwrap().0)
+        .collect()
+}
+
+/// Certificate rotation under load on Valkey 8.0.1 (no `tls-auto-reload-interval`): both
+/// Secrets rewritten three times while a TLS writer per shard runs, the harness's kubelet
+/// syncing Secret volumes every 2 s (a real one: about a minute). First the CA file becomes a
+/// bundle of the old and a new CA; then Valkey's and the agent's certificates are replaced by
+/// ones from the new CA (the applications switch their client certificate too); then the old CA
+/// is dropped. After each step the time until every path uses the new files is measured:
+/// Valkey's client port and cluster bus (the certificate presented, the CA a client is judged
+/// by: the `valkey-settings` container's `CONFIG SET`), and the agents' connections (all made
+/// after the change). Then every replica's link to its primary is cut and must come back under
+/// the new CA alone. Nothing acknowledged lost, no probe failed, no failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_and_the_ca_rotate_under_writers_with_nothing_lost_and_no_failover() {
+    let (old_dir, new_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut o = tls(StageOptions::cluster("tls-rotate", 3, 1), old_dir.path());
+    o.kubelet.volume_refresh = 2 * SECOND;
+    let (old, new) = (old_dir.path(), new_dir.path());
+    TlsCerts::generate_for(new, &names(&o.release, &o.namespace)).unwrap();
+    let bundle = old.join("bundle.crt");
+    let cas = [old.join("ca.crt"), new.join("ca.crt")].map(|f| std::fs::read_to_string(f).unwrap());
+    std::fs::write(&bundle, cas.concat()).unwrap();
+    let client_of = |dir: &Path| {
+        let (c, k) = (dir.join("client.crt"), dir.join("client.key"));
+        TlsClient::new(&bundle, Some((&c, &k)), "localhost").unwrap()
+    };
+    let (with_old, with_new) = (client_of(old), client_of(new));
+    // The applications' client (the harness's checks and writers): trusts both CAs throughout.
+    let apps = with_old.named("localhost");
+    o.tls = Some(apps.clone());
+    let s = Arc::new(Stage::start(o).await.unwrap());
+    settled(&s).await;
+    let before = primaries(&s);
+    let pods = s.pod_objects().await.unwrap();
+    let addresses = Addresses::new(&pods);
+    let watcher = Watcher::start(&s, addresses.clone());
+    let app = writers(&s, &pods, &addresses, true).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let probes = watch_probes(s.clone(), stop.clone());
+    tokio::time::sleep(SECOND).await;
+
+    // 1. The CA file becomes old + new: Valkey accepts clients of the new CA.
+    let marks = client_ids(&s);
+    put_certificates(&s, old, &bundle).await;
+    let trusted = until_every_pod("the new CA trusted", &s, {
+        let with_new = with_new.clone();
+        move |s, p| pings(s, p, &with_new)
+    })
+    .await;
+    let agents_1 = until_every_pod("agents on the bundle", &s, move |s, _| {
+        agents_redialled(s, &marks)
+    })
+    .await;
+
+    // 2. New certificates from the new CA; the applications present theirs.
+    let (new_cert, new_key) = (new.join("client.crt"), new.join("client.key"));
+    apps.reload(&bundle, Some((&new_cert, &new_key))).unwrap();
+    let marks = client_ids(&s);
+    put_certificates(&s, new, &bundle).await;
+    let leaf = valkey_sidecar_testkit::cert_der(&new.join("server.crt")).unwrap();
+    let served = until_every_pod("the new certificate served on both ports", &s, {
+        let with_new = with_new.clone();
+        move |s, p| serves(s, p, &with_new, &leaf)
+    })
+    .await;
+    let agents_2 = until_every_pod("agents on their new certificate", &s, move |s, _| {
+        agents_redialled(s, &marks)
+    })
+    .await;
+
+    // 3. The old CA dropped: its clients are refused, the new ones served.
+    let marks = client_ids(&s);
+    put_certificates(&s, new, &new.join("ca.crt")).await;
+    let dropped = until_every_pod("the old CA no longer trusted", &s, {
+        let (with_old, with_new) = (with_old.clone(), with_new.clone());
+        move |s, p| !pings(s, p, &with_old) && pings(s, p, &with_new)
+    })
+    .await;
+    let agents_3 = until_every_pod("agents on the new CA", &s, move |s, _| {
+        agents_redialled(s, &marks)
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    let (asked, failed) = probes.await.unwrap();
+
+    // Replication under the new CA alone: every replica's link cut, then up again.
+    let cut = Instant::now();
+    for p in &s.pods {
+        if s.role(p).as_deref() == Some("slave") {
+            s.cmd(p, &["CLIENT", "KILL", "TYPE", "master"]).unwrap();
+        }
+    }
+    tokio::time::sleep(SECOND / 10).await;
+    s.wait_synced(60 * SECOND).await.unwrap();
+    let relinked = cut.elapsed();
+    settled(&s).await;
+    drop(watcher.stop());
+    let written = stop_writers(&s, app).await.unwrap();
+    println!(
+        "rotation under writers: CA bundle trusted by every Valkey in {trusted:?} (agents \
+         redialled {agents_1:?}); new certificate on every client port and bus in {served:?} \
+         (agents {agents_2:?}); old CA refused everywhere in {dropped:?} (agents {agents_3:?}); \
+         replicas relinked under the new CA alone in {relinked:?}; {asked} readiness probes, {} \
+         failed; volume sync every 2 s",
+        failed.len()
+    );
+    for w in &written {
+        println!("TLS writer through the rotation: {w:?}");
+        assert!(w.acked > 0, "{w:?}");
+        assert_eq!((w.lost, w.auth_failures), (0, 0), "{w:?}");
+    }
+    assert!(failed.is_empty(), "failed probes: {failed:?}");
+    assert_eq!(primaries(&s), before, "no failover");
 }

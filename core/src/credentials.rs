@@ -29,6 +29,15 @@ pub enum Slot {
 /// container (`masterauth`), so it must not write, flush, re-point or re-configure any node.
 pub const REPLICATION_RULES: &str = "resetkeys resetchannels -@all +psync +sync +replconf +ping";
 
+/// The `valkey-settings` container's user: `CONFIG SET` and nothing else (no key, no channel, no
+/// other command), so the one right an ACL cannot narrow is held apart from the agent.
+pub const SETTINGS_RULES: &str = "resetkeys resetchannels -@all +config|set +client|setinfo";
+
+/// The configuration line of the `valkey-settings` user, whose password has SHA-256 `hash`.
+pub fn settings_user_conf(user: &str, hash: &str) -> String {
+    format!("user {user} on #{hash} {SETTINGS_RULES}\n")
+}
+
 /// How replicas log in to their primary (`auth.replicaLogin`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReplicaLogin {

@@ -40,6 +40,7 @@
 //! - [`credentials`]: which passwords the chart's Secret needs made or moved
 //!   (`valkey-sidecar credentials`), password rotation included.
 //! - [`memory`]: Valkey's `maxmemory` as a share of its container's memory limit.
+//! - [`settings`]: what the `valkey-settings` container pushes into Valkey (TLS reloads, the zone).
 #![warn(clippy::too_many_lines, unreachable_pub)]
 // The length limit holds the shipped code's shape; a table test may run long.
 #![cfg_attr(test, allow(clippy::too_many_lines))]
@@ -71,6 +72,7 @@ pub mod reply;
 pub mod requests;
 pub mod restart;
 pub mod roll;
+pub mod settings;
 pub mod shards;
 pub mod status;
 pub mod time;

@@ -67,6 +67,11 @@ pub struct RawConfig {
     /// Region of this pod; overrides pod labels and the Node object.
     #[arg(long, env = "SIDECAR_REGION")]
     pub region: Option<String>,
+    /// Hand the zone to Valkey by writing it into this file (read by the chart's
+    /// `valkey-settings` container) instead of `CONFIG SET availability-zone`, so the agent's
+    /// Valkey user needs no `CONFIG SET`. Its directory must exist and be writable.
+    #[arg(long, env = "SIDECAR_ZONE_FILE")]
+    pub zone_file: Option<String>,
     /// Address of the local Valkey, `host:port`.
     #[arg(long, env = "VALKEY_ADDR", default_value = "127.0.0.1:6379")]
     pub valkey_addr: String,
@@ -254,6 +259,8 @@ pub struct ValkeyConfig {
     pub password: Option<Password>,
     pub tls: Option<TlsConfig>,
     pub timeout: Duration,
+    /// Where the zone is handed over instead of `CONFIG SET availability-zone`.
+    pub zone_file: Option<PathBuf>,
 }
 
 /// Where the Valkey password comes from.
@@ -720,6 +727,7 @@ impl RawConfig {
             parse_duration_in(&self.valkey_timeout, 10, 60_000),
         );
         let tls = self.tls(c, addr.as_ref().map(|(h, _)| h.as_str()));
+        let zone_file = c.opt("SIDECAR_ZONE_FILE", &self.zone_file, writable_dir_file);
         let (host, port) = addr?;
         Some(ValkeyConfig {
             host,
@@ -728,6 +736,7 @@ impl RawConfig {
             password: password?,
             tls: tls?,
             timeout: timeout?,
+            zone_file,
         })
     }
 
@@ -1019,6 +1028,19 @@ fn parse_loopback(v: &str) -> Result<SocketAddr, String> {
         return Err("admin endpoints must listen on a loopback address".into());
     }
     Ok(addr)
+}
+
+/// A file path whose directory exists (the file itself is written later).
+fn writable_dir_file(v: &str) -> Result<PathBuf, String> {
+    let path = PathBuf::from(v);
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() && path.file_name().is_some() => d,
+        _ => return Err("must be a file path with a directory".into()),
+    };
+    if !dir.is_dir() {
+        return Err(format!("directory {} does not exist", dir.display()));
+    }
+    Ok(path)
 }
 
 fn readable_file(v: &str) -> Result<PathBuf, String> {

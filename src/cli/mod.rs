@@ -1,6 +1,6 @@
 //! The binary's command line as one [`Command`]: the agent (the default, or `run`) with its
 //! settings, or one of the tools — `inject`, `drain-check`, `await`, `install`, `credentials`,
-//! `valkey-config`, `check`, `status`, `pause`, `resume`, `switchover` — each with its own arguments and exit codes ([`crate::cli::exit`]).
+//! `valkey-config`, `valkey-settings`, `check`, `status`, `pause`, `resume`, `switchover` — each with its own arguments and exit codes ([`crate::cli::exit`]).
 
 pub mod config;
 pub mod exit;
@@ -13,6 +13,7 @@ use crate::commands::check::CheckArgs;
 use crate::commands::credentials::CredentialsArgs;
 use crate::commands::drain::DrainArgs;
 use crate::commands::operate::{PauseArgs, ResumeArgs, SwitchoverArgs};
+use crate::commands::settings::SettingsArgs;
 use crate::commands::status::StatusArgs;
 use crate::commands::valkey_config::ValkeyConfigArgs;
 use crate::inject::InjectArgs;
@@ -36,6 +37,7 @@ pub enum Tool {
     Install,
     Credentials,
     ValkeyConfig,
+    ValkeySettings,
     Check,
     Status,
     Pause,
@@ -53,6 +55,7 @@ impl Tool {
             Tool::Install => crate::restart::await_start::install(args),
             Tool::Credentials => crate::commands::credentials::main(args),
             Tool::ValkeyConfig => crate::commands::valkey_config::main(args),
+            Tool::ValkeySettings => crate::commands::settings::main(args),
             Tool::Check => crate::commands::check::main(args),
             Tool::Status => crate::commands::status::main(args),
             Tool::Pause => crate::commands::operate::pause(args),
@@ -140,6 +143,13 @@ pub fn command() -> clap::Command {
                 ),
         )
         .subcommand(
+            SettingsArgs::augment_args(clap::Command::new("valkey-settings")).about(
+                "Tell Valkey what changes under it: TLS files read again when rotated, the \
+                 agent's zone as availability-zone (the chart's valkey-settings container, the \
+                 pod's only holder of CONFIG SET)",
+            ),
+        )
+        .subcommand(
             StatusArgs::augment_args(clap::Command::new("status")).about(
                 "Show a Valkey deployment: each shard's pods with role, readiness, zone, node and \
              revision, the coordinator and its status, a roll in progress (also `kubectl \
@@ -179,6 +189,7 @@ fn from(matches: ArgMatches) -> Result<Command, clap::Error> {
         Some(("install", args)) => Some((Tool::Install, args)),
         Some(("credentials", args)) => Some((Tool::Credentials, args)),
         Some(("valkey-config", args)) => Some((Tool::ValkeyConfig, args)),
+        Some(("valkey-settings", args)) => Some((Tool::ValkeySettings, args)),
         Some(("check", args)) => Some((Tool::Check, args)),
         Some(("status", args)) => Some((Tool::Status, args)),
         Some(("pause", args)) => Some((Tool::Pause, args)),

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{ArgMatches, Args, FromArgMatches};
 use valkey_sidecar_core::credentials::{
-    ReplicaLogin, ValkeyAuth, valid_user_name, valkey_auth_conf,
+    ReplicaLogin, ValkeyAuth, settings_user_conf, valid_user_name, valkey_auth_conf,
 };
 use valkey_sidecar_core::memory;
 
@@ -53,6 +53,14 @@ pub struct ValkeyConfigArgs {
     /// release whose primaries do not know the replication user yet.
     #[arg(long, default_value = "replication", value_parser = ReplicaLogin::parse)]
     pub replica_login: ReplicaLogin,
+    /// The `valkey-settings` container's user (`CONFIG SET` only), with a password made afresh
+    /// for this pod and written to `--settings-password`. Only with `--passwords`.
+    #[arg(long, requires = "settings_password")]
+    pub settings_user: Option<String>,
+    /// Where the settings user's password goes (a volume only Valkey and the settings container
+    /// mount).
+    #[arg(long, requires = "settings_user")]
+    pub settings_password: Option<PathBuf>,
 }
 
 /// Why the file was not written.
@@ -62,6 +70,12 @@ pub enum ValkeyConfigError {
     NoPassword(PathBuf, std::io::Error),
     #[error("--replication-user {0:?}: letters, digits, `.`, `_` and `-` only, not `default`")]
     UserName(String),
+    #[error(
+        "--settings-user {0:?}: letters, digits, `.`, `_` and `-` only, not `default` nor the replication user"
+    )]
+    SettingsUser(String),
+    #[error("no system randomness for the settings user's password")]
+    Random,
     #[error("--memory-limit: {0}")]
     MemoryLimit(String),
     #[error("--maxmemory-percent {0}: between 10 and 95")]
@@ -75,9 +89,11 @@ impl ValkeyConfigError {
         match self {
             ValkeyConfigError::NoPassword(..) => exit::NO_INPUT,
             ValkeyConfigError::UserName(_)
+            | ValkeyConfigError::SettingsUser(_)
             | ValkeyConfigError::MemoryLimit(_)
             | ValkeyConfigError::Percent(_) => exit::CONFIG,
             ValkeyConfigError::Write(..) => exit::IO,
+            ValkeyConfigError::Random => exit::SOFTWARE,
         }
     }
 }
@@ -104,8 +120,45 @@ pub fn main(matches: &ArgMatches) -> i32 {
 fn write(args: &ValkeyConfigArgs) -> Result<(), ValkeyConfigError> {
     let mut conf = auth_conf(args)?;
     conf.push_str(&memory_conf(args)?);
+    let settings = settings_user(args)?;
+    if let Some((path, password, line)) = &settings {
+        conf.push_str(line);
+        write_private(path, password.as_bytes())
+            .map_err(|e| ValkeyConfigError::Write(path.clone(), e))?;
+    }
     write_private(&args.out, conf.as_bytes())
         .map_err(|e| ValkeyConfigError::Write(args.out.clone(), e))
+}
+
+/// The settings user's password file, password and configuration line, when asked for. The
+/// password is new on every start of the pod and never leaves it: nothing outside the pod needs
+/// it, so there is nothing to rotate.
+fn settings_user(
+    args: &ValkeyConfigArgs,
+) -> Result<Option<(PathBuf, String, String)>, ValkeyConfigError> {
+    let (Some(user), Some(path), Some(_)) = (
+        &args.settings_user,
+        &args.settings_password,
+        &args.passwords,
+    ) else {
+        return Ok(None);
+    };
+    if !valid_user_name(user) || *user == args.replication_user {
+        return Err(ValkeyConfigError::SettingsUser(user.clone()));
+    }
+    let password = random_password()?;
+    let line = settings_user_conf(user, &sha256_hex(password.as_bytes()));
+    Ok(Some((path.clone(), password, line)))
+}
+
+/// 32 random bytes, hex.
+fn random_password() -> Result<String, ValkeyConfigError> {
+    use ring::rand::SecureRandom;
+    let mut bytes = [0u8; 32];
+    ring::rand::SystemRandom::new()
+        .fill(&mut bytes)
+        .map_err(|_| ValkeyConfigError::Random)?;
+    Ok(hex(&bytes))
 }
 
 fn auth_conf(args: &ValkeyConfigArgs) -> Result<String, ValkeyConfigError> {
@@ -252,6 +305,33 @@ mod tests {
         let mode = std::fs::metadata(&a.out).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o440);
         a.replication_user = "default".into();
+        assert_eq!(write(&a).unwrap_err().code(), exit::CONFIG);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_settings_user_gets_a_fresh_password_and_config_set_only() {
+        let dir = std::env::temp_dir().join(format!("vs-settings-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("default"), "pw").unwrap();
+        let password = dir.join("settings.password");
+        let flags = ["--settings-user", "valkey-settings", "--settings-password"];
+        let mut a = args(&[&flags[..], &[password.to_str().unwrap()]].concat());
+        a.passwords = Some(dir.clone());
+        a.out = dir.join("valkey.conf");
+        write(&a).unwrap();
+        let first = std::fs::read_to_string(&password).unwrap();
+        let conf = std::fs::read_to_string(&a.out).unwrap();
+        let line = format!("user valkey-settings on #{} ", sha256_hex(first.as_bytes()));
+        assert!(conf.contains(&line), "{conf}");
+        assert!(
+            conf.contains("-@all +config|set +client|setinfo\n"),
+            "{conf}"
+        );
+        assert!(!conf.contains(&first), "only the hash: {conf}");
+        write(&a).unwrap();
+        assert_ne!(std::fs::read_to_string(&password).unwrap(), first);
+        a.settings_user = Some("valkey-replication".into());
         assert_eq!(write(&a).unwrap_err().code(), exit::CONFIG);
         std::fs::remove_dir_all(&dir).unwrap();
     }

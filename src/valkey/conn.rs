@@ -215,7 +215,13 @@ pub struct Session {
     backoff: ExponentialBackoff,
     retry_at: Option<(Instant, String)>,
     timeouts: u32,
+    /// The TLS files' fingerprint the connection was made with (or last tried), and when they
+    /// were last read.
+    tls_seen: (Option<u64>, Option<Instant>),
 }
+
+/// How often a session with TLS reads its files to see whether they were rotated.
+const TLS_CHECK: Duration = Duration::from_secs(1);
 
 /// Reconnects back off from 50 ms to 500 ms: a refused connection costs nothing to retry, and a
 /// restarted Valkey must be seen within a poll or two (in replication mode its agent has to
@@ -233,6 +239,7 @@ impl Session {
             backoff: backoff(),
             retry_at: None,
             timeouts: 0,
+            tls_seen: (None, None),
         }
     }
 
@@ -295,6 +302,8 @@ impl Session {
     pub async fn connection(&mut self) -> Result<&mut MultiplexedConnection, ValkeyError> {
         if self.conn.is_none() {
             self.reconnect().await?;
+        } else if let Some(print) = self.tls_rotated().await {
+            self.rotate(print).await;
         }
         self.conn
             .as_mut()
@@ -308,12 +317,10 @@ impl Session {
                 return Err(ValkeyError::Backoff(*at - now, why.clone()));
             }
         }
+        let print = self.tls_print().await;
         match self.connector.connect().await {
-            Ok((conn, driver)) => {
-                self.conn = Some(conn);
-                if let Some(old) = self.driver.replace(driver) {
-                    old.abort();
-                }
+            Ok(pair) => {
+                self.adopt(pair, print);
                 self.retry_at = None;
                 self.backoff = backoff();
                 Ok(())
@@ -322,6 +329,52 @@ impl Session {
                 let delay = self.backoff.next().unwrap_or(Duration::from_secs(2));
                 self.retry_at = Some((Instant::now() + delay, e.to_string()));
                 Err(e)
+            }
+        }
+    }
+
+    fn adopt(
+        &mut self,
+        (conn, driver): (MultiplexedConnection, JoinHandle<()>),
+        print: Option<u64>,
+    ) {
+        self.conn = Some(conn);
+        if let Some(old) = self.driver.replace(driver) {
+            old.abort();
+        }
+        self.tls_seen = (print, Some(Instant::now()));
+    }
+
+    async fn tls_print(&self) -> Option<u64> {
+        let tls = self.connector.tls.as_ref()?;
+        super::tls::fingerprint(&tls.files()).await
+    }
+
+    /// The TLS files' new fingerprint, when a second has passed since they were last read and
+    /// they changed since. A live TLS connection keeps the certificate it began with for good;
+    /// this is what moves the agent onto a rotated one (and off one about to expire or be
+    /// distrusted) without waiting for the connection to break.
+    async fn tls_rotated(&mut self) -> Option<u64> {
+        let (seen, at) = self.tls_seen;
+        if self.connector.tls.is_none() || at.is_some_and(|t| t.elapsed() < TLS_CHECK) {
+            return None;
+        }
+        self.tls_seen.1 = Some(Instant::now());
+        let print = self.tls_print().await;
+        print.filter(|p| seen != Some(*p))
+    }
+
+    /// A new connection with the rotated files in place of the live one; if it fails, the live
+    /// one is kept (it still works) and the same files are not tried again.
+    async fn rotate(&mut self, print: u64) {
+        match self.connector.connect().await {
+            Ok(pair) => {
+                self.adopt(pair, Some(print));
+                tracing::info!("tls files changed: connected to valkey with them");
+            }
+            Err(e) => {
+                self.tls_seen.0 = Some(print);
+                tracing::warn!(error = %e, "tls files changed but do not connect; keeping the connection made before");
             }
         }
     }

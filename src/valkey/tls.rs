@@ -53,6 +53,33 @@ impl Tls {
     }
 }
 
+impl Tls {
+    /// The files a connection reads: the CA and the client certificate and key.
+    pub fn files(&self) -> Vec<&Path> {
+        let client = self.config.client_cert.iter();
+        let client = client.flat_map(|(c, k)| [c.as_path(), k.as_path()]);
+        std::iter::once(self.config.ca_file.as_path())
+            .chain(client)
+            .collect()
+    }
+}
+
+/// A hash of `files`' contents; `None` when there are none or one cannot be read. Contents, not
+/// times: a Secret volume's files are new inodes at every sync of the volume, changed or not.
+pub async fn fingerprint(files: &[&Path]) -> Option<u64> {
+    use std::hash::Hasher;
+    if files.is_empty() {
+        return None;
+    }
+    let mut hasher = std::hash::DefaultHasher::new();
+    for file in files {
+        let bytes = tokio::fs::read(file).await.ok()?;
+        hasher.write(&bytes);
+        hasher.write_u8(0);
+    }
+    Some(hasher.finish())
+}
+
 /// Checks the settings and reads the files once, so a bad setup stops the agent at start.
 pub fn build(cfg: &TlsConfig) -> Result<Tls, TlsSetupError> {
     let server_name = ServerName::try_from(cfg.server_name.clone())

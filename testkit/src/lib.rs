@@ -91,7 +91,7 @@ pub use replication::{ReplicationOptions, ReplicationSet};
 pub use server::{
     DEFAULT_CLUSTER_NODE_TIMEOUT_MS, POLL, ServerOptions, ValkeyServer, cached_query,
 };
-pub use tls::{TLS_SERVER_NAME, TlsCerts, TlsClientAuth, TlsOptions, TlsServer};
+pub use tls::{TLS_SERVER_NAME, TlsCerts, TlsClientAuth, TlsOptions, TlsServer, cert_der};
 
 /// Re-exported so tests use the same `redis` version as the harness (`redis::Value`, `redis::Role`).
 pub use redis;

@@ -145,6 +145,15 @@ impl TlsCerts {
     }
 }
 
+/// The first certificate of the PEM file `path`, DER-encoded (what a TLS peer presents).
+pub fn cert_der(path: &Path) -> Result<Vec<u8>> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let cert =
+        CertificateDer::from_pem_file(path).with_context(|| format!("{}", path.display()))?;
+    Ok(cert.to_vec())
+}
+
 /// `openssl req` options for a new ECDSA P-256 key without a passphrase.
 const NEW_EC_KEY: [&str; 5] = [
     "-newkey",

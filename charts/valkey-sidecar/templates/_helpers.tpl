@@ -246,6 +246,71 @@ required so that no image can skip the registry by accident. */ -}}
 {{- default (printf "%s.%s.svc" (include "valkey-sidecar.cluster" .) .Release.Namespace) .Values.tls.serverName -}}
 {{- end -}}
 
+{{- /* "true" when Valkey reloads its TLS files by itself: `tls-auto-reload-interval` is set and
+the image is Valkey 9.1 or later (or a tag that names no version). */ -}}
+{{- define "valkey-sidecar.tlsAutoReload" -}}
+{{- $v := .Values -}}
+{{- $tag := toString $v.valkey.image.tag -}}
+{{- $versioned := regexMatch "^v?[0-9]+[.][0-9]+" $tag -}}
+{{- if and $v.tls.autoReloadInterval (or (not $versioned) (semverCompare ">=9.1.0-0" $tag)) }}true{{ end -}}
+{{- end -}}
+
+{{- /* The valkey-settings container ($ as root): CONFIG SET through Valkey's Unix socket, as the
+user valkey-config made for this pod; the zone from the agent's file; the TLS files read again
+when they change, unless Valkey does that itself. */ -}}
+{{- define "valkey-sidecar.settingsContainer" -}}
+{{- $v := .Values -}}
+- name: valkey-settings
+  image: {{ include "valkey-sidecar.agentImage" . }}
+  imagePullPolicy: {{ $v.sidecar.image.pullPolicy }}
+  # A native sidecar (whatever sidecar.mode): up before Valkey, stopped after it, restarted if
+  # it dies.
+  restartPolicy: Always
+  args:
+    - valkey-settings
+    - --socket
+    - /run/valkey/valkey.sock
+    - --zone-file
+    - /run/valkey-sidecar/zone
+    {{- if $v.auth.enabled }}
+    - --user
+    - valkey-settings
+    - --password-file
+    - /etc/valkey/config/settings.password
+    {{- end }}
+    {{- if and $v.tls.enabled (not (include "valkey-sidecar.tlsAutoReload" .)) }}
+    - --tls-cert-file
+    - /etc/valkey/tls/tls.crt
+    - --tls-key-file
+    - /etc/valkey/tls/tls.key
+    - --tls-ca-cert-file
+    - /etc/valkey/tls/ca.crt
+    {{- end }}
+  {{- with $v.sidecar.settings.resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  securityContext:
+    {{- include "valkey-sidecar.securityContext" (dict "root" . "context" $v.sidecar.securityContext) | nindent 4 }}
+  volumeMounts:
+    - name: valkey-socket
+      mountPath: /run/valkey
+    - name: agent-zone
+      mountPath: /run/valkey-sidecar
+      readOnly: true
+    {{- if $v.auth.enabled }}
+    - name: valkey-config
+      mountPath: /etc/valkey/config
+      readOnly: true
+    {{- end }}
+    {{- if $v.tls.enabled }}
+    # The same path as in the Valkey container: the paths it sets are Valkey's.
+    - name: tls
+      mountPath: /etc/valkey/tls
+      readOnly: true
+    {{- end }}
+{{- end -}}
+
 {{- /* valkey-server's arguments (dict "root" $ "shard" N). Settings go on the command line, not in a
 config file, so the pod needs no init step; secrets come in through `$(VAR)` from secretKeyRefs. */ -}}
 {{- define "valkey-sidecar.valkeyArgs" -}}
@@ -265,9 +330,7 @@ config file, so the pod needs no init step; secrets come in through `$(VAR)` fro
 - {{ $v.tls.authClients | quote }}
 - --tls-replication
 - "yes"
-{{- $tag := toString $v.valkey.image.tag }}
-{{- $versioned := regexMatch "^v?[0-9]+[.][0-9]+" $tag }}
-{{- if and $v.tls.autoReloadInterval (or (not $versioned) (semverCompare ">=9.1.0-0" $tag)) }}
+{{- if include "valkey-sidecar.tlsAutoReload" .root }}
 # Valkey re-reads its certificate, key and CA when the Secret volume changes (Valkey 9.1+; older
 # tags do not know the setting and get no such argument).
 - --tls-auto-reload-interval
@@ -288,6 +351,14 @@ config file, so the pod needs no init step; secrets come in through `$(VAR)` fro
 - --port
 - {{ $v.valkey.port | quote }}
 {{- end }}
+{{- if $v.sidecar.settings.enabled }}
+# The valkey-settings container's way in: a socket in a volume only it and Valkey mount, open to
+# the pod's group (the container runs as another user in the pod's fsGroup).
+- --unixsocket
+- /run/valkey/valkey.sock
+- --unixsocketperm
+- "770"
+{{- end }}
 - --dir
 - /data
 {{- if include "valkey-sidecar.valkeyConfig" .root }}
@@ -305,8 +376,9 @@ config file, so the pod needs no init step; secrets come in through `$(VAR)` fro
 - --maxmemory-policy
 - {{ $v.valkey.maxmemoryPolicy | quote }}
 {{- if $v.auth.enabled }}
-# The agent's ACL user: only the commands it sends. ACLs cannot narrow CONFIG SET to one
-# parameter; the agent sets only availability-zone.
+# The agent's ACL user: only the commands it sends. No CONFIG SET while the valkey-settings
+# container runs (it pushes the zone the agent hands it); ACLs cannot narrow CONFIG SET to one
+# parameter, so without that container the agent gets it for availability-zone.
 - --user
 - {{ $v.auth.agentUser }}
 - "on"
@@ -329,7 +401,9 @@ config file, so the pod needs no init step; secrets come in through `$(VAR)` fro
 - +client|pause
 - +client|unpause
 - +client|setinfo
+{{- if not $v.sidecar.settings.enabled }}
 - +config|set
+{{- end }}
 {{- if eq $v.mode "cluster" }}
 - +cluster|info
 - +cluster|myid
@@ -424,6 +498,11 @@ config file, so the pod needs no init step; secrets come in through `$(VAR)` fro
   value: "127.0.0.1:{{ $v.valkey.port }}"
 - name: SIDECAR_MODE
   value: {{ $v.mode }}
+{{- if $v.sidecar.settings.enabled }}
+# The zone goes to Valkey through the valkey-settings container, not the agent's CONFIG SET.
+- name: SIDECAR_ZONE_FILE
+  value: /run/valkey-sidecar/zone
+{{- end }}
 - name: SIDECAR_CLUSTER_NAME
   value: {{ $cluster }}
 - name: SIDECAR_LEASE_OWNER
@@ -581,6 +660,11 @@ readinessProbe:
     - name: agent-tls
       mountPath: /etc/valkey-sidecar/tls
       readOnly: true
+    {{- end }}
+    {{- if $v.sidecar.settings.enabled }}
+    # Where it writes the zone for the valkey-settings container.
+    - name: agent-zone
+      mountPath: /run/valkey-sidecar
     {{- end }}
 {{- end -}}
 
