@@ -717,7 +717,10 @@ async fn rendered_objects_pass_a_server_side_dry_run() {
     let inits = classic["initContainers"].as_array().unwrap();
     let names: Vec<&Value> = inits.iter().map(|c| &c["name"]).collect();
     let settings = &json!("valkey-settings");
-    assert_eq!(names, [&json!("valkey-config"), settings, &json!("install-await")]);
+    assert_eq!(
+        names,
+        [&json!("valkey-config"), settings, &json!("install-await")]
+    );
     assert_eq!(inits[1]["restartPolicy"], "Always");
     let caps = pod_spec(&sts("spread-caps")[0]).clone();
     assert_eq!(caps["topologySpreadConstraints"][0]["minDomains"], 5);

@@ -420,8 +420,15 @@ fn the_agents_acl_user_has_the_charts_rules_without_formation_and_with_config_se
         .copied()
         .filter(|w| !formation.contains(w))
         .collect();
-    assert!(!expected.contains(&"+config|set"), "the settings container's: {chart:?}");
-    let at = expected.iter().position(|w| *w == "+client|setinfo").unwrap() + 1;
+    assert!(
+        !expected.contains(&"+config|set"),
+        "the settings container's: {chart:?}"
+    );
+    let at = expected
+        .iter()
+        .position(|w| *w == "+client|setinfo")
+        .unwrap()
+        + 1;
     expected.insert(at, "+config|set");
     assert!(expected.contains(&"+cluster|failover"), "{chart:?}");
     let out = injected(&[], &read(&fixture("valkeycluster.yaml")));

@@ -376,7 +376,7 @@ fn pings(s: &Stage, pod: &str, tls: &TlsClient) -> bool {
     let addr = s.valkey(pod).unwrap();
     Conn::connect(addr, &client)
         .and_then(|mut c| c.cmd(&["PING"]))
-        .is_ok_and(|r| r.is_ok())
+        .is_ok_and(|r| !r.is_error())
 }
 
 /// Whether `pod`'s client port and cluster bus both present the certificate `der`.
@@ -417,13 +417,14 @@ fn agents_redialled(s: &Stage, marks: &BTreeMap<String, u64>) -> bool {
     })
 }
 
-/// How long until `ok` holds for every pod (checked every 100 ms, off the runtime's threads).
+/// How long from `start` until `ok` holds for every pod (checked every 100 ms, off the runtime's
+/// threads).
 async fn until_every_pod(
     what: &str,
     s: &Arc<Stage>,
+    start: Instant,
     ok: impl Fn(&Stage, &str) -> bool + Send + Sync + Clone + 'static,
 ) -> Duration {
-    let start = Instant::now();
     poll_until(what, 60 * SECOND, SECOND / 10, || {
         let (s, ok) = (s.clone(), ok.clone());
         async move {
@@ -492,7 +493,8 @@ async fn certificates_and_the_ca_rotate_under_writers_with_nothing_lost_and_no_f
     };
     let (with_old, with_new) = (client_of(old), client_of(new));
     // The applications' client (the harness's checks and writers): trusts both CAs throughout.
-    let apps = with_old.named("localhost");
+    // Its own (a `named` one would share `with_old`'s certificate, and switch it too).
+    let apps = client_of(old);
     o.tls = Some(apps.clone());
     let s = Arc::new(Stage::start(o).await.unwrap());
     settled(&s).await;
@@ -507,13 +509,14 @@ async fn certificates_and_the_ca_rotate_under_writers_with_nothing_lost_and_no_f
 
     // 1. The CA file becomes old + new: Valkey accepts clients of the new CA.
     let marks = client_ids(&s);
+    let updated = Instant::now();
     put_certificates(&s, old, &bundle).await;
-    let trusted = until_every_pod("the new CA trusted", &s, {
+    let trusted = until_every_pod("the new CA trusted", &s, updated, {
         let with_new = with_new.clone();
         move |s, p| pings(s, p, &with_new)
     })
     .await;
-    let agents_1 = until_every_pod("agents on the bundle", &s, move |s, _| {
+    let agents_1 = until_every_pod("agents on the bundle", &s, updated, move |s, _| {
         agents_redialled(s, &marks)
     })
     .await;
@@ -522,27 +525,32 @@ async fn certificates_and_the_ca_rotate_under_writers_with_nothing_lost_and_no_f
     let (new_cert, new_key) = (new.join("client.crt"), new.join("client.key"));
     apps.reload(&bundle, Some((&new_cert, &new_key))).unwrap();
     let marks = client_ids(&s);
+    let updated = Instant::now();
     put_certificates(&s, new, &bundle).await;
     let leaf = valkey_sidecar_testkit::cert_der(&new.join("server.crt")).unwrap();
-    let served = until_every_pod("the new certificate served on both ports", &s, {
+    let served = until_every_pod("the new certificate served on both ports", &s, updated, {
         let with_new = with_new.clone();
         move |s, p| serves(s, p, &with_new, &leaf)
     })
     .await;
-    let agents_2 = until_every_pod("agents on their new certificate", &s, move |s, _| {
-        agents_redialled(s, &marks)
-    })
+    let agents_2 = until_every_pod(
+        "agents on their new certificate",
+        &s,
+        updated,
+        move |s, _| agents_redialled(s, &marks),
+    )
     .await;
 
     // 3. The old CA dropped: its clients are refused, the new ones served.
     let marks = client_ids(&s);
+    let updated = Instant::now();
     put_certificates(&s, new, &new.join("ca.crt")).await;
-    let dropped = until_every_pod("the old CA no longer trusted", &s, {
+    let dropped = until_every_pod("the old CA no longer trusted", &s, updated, {
         let (with_old, with_new) = (with_old.clone(), with_new.clone());
         move |s, p| !pings(s, p, &with_old) && pings(s, p, &with_new)
     })
     .await;
-    let agents_3 = until_every_pod("agents on the new CA", &s, move |s, _| {
+    let agents_3 = until_every_pod("agents on the new CA", &s, updated, move |s, _| {
         agents_redialled(s, &marks)
     })
     .await;
@@ -563,12 +571,24 @@ async fn certificates_and_the_ca_rotate_under_writers_with_nothing_lost_and_no_f
     drop(watcher.stop());
     let written = stop_writers(&s, app).await.unwrap();
     println!(
-        "rotation under writers: CA bundle trusted by every Valkey in {trusted:?} (agents \
-         redialled {agents_1:?}); new certificate on every client port and bus in {served:?} \
-         (agents {agents_2:?}); old CA refused everywhere in {dropped:?} (agents {agents_3:?}); \
-         replicas relinked under the new CA alone in {relinked:?}; {asked} readiness probes, {} \
-         failed; volume sync every 2 s",
+        "rotation under writers, from each Secret update: CA bundle trusted by every Valkey in \
+         {trusted:?} (every agent redialled {agents_1:?}); new certificate on every client port \
+         and bus in {served:?} (agents {agents_2:?}); old CA refused everywhere in {dropped:?} \
+         (agents {agents_3:?}); replicas relinked under the new CA alone in {relinked:?}; \
+         {asked} readiness probes, {} failed; volume sync every 2 s",
         failed.len()
+    );
+    let peak = |container: &str| {
+        let peaks = s
+            .pods
+            .iter()
+            .filter_map(|p| s.kubelet.memory_use(&s.namespace, p, container));
+        peaks.map(|m| m.peak).max().unwrap_or_default() / 1024
+    };
+    println!(
+        "peak resident memory: valkey-settings {} KiB, agent {} KiB",
+        peak("valkey-settings"),
+        peak("valkey-sidecar")
     );
     for w in &written {
         println!("TLS writer through the rotation: {w:?}");

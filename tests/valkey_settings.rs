@@ -10,9 +10,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use valkey_sidecar_core::credentials::SETTINGS_RULES;
+use valkey_sidecar_testkit::resp::{ClientOptions, Conn};
 use valkey_sidecar_testkit::tls_client::TlsClient;
 use valkey_sidecar_testkit::{
-    ServerOptions, TlsCerts, TlsOptions, TlsServer, ValkeyServer, cert_der, wait_until,
+    ServerOptions, TlsCerts, TlsClientAuth, TlsOptions, TlsServer, ValkeyServer, cert_der,
+    wait_until,
 };
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -116,8 +118,11 @@ fn the_zone_is_pushed_when_it_changes_and_after_a_restart_by_a_user_that_may_onl
     assert_eq!(stop(child), Some(0), "SIGTERM ends it cleanly");
 }
 
-/// A TLS-only Valkey 8.0.1 (no `tls-auto-reload-interval`) with its certificate, key and CA
-/// replaced on disk: served to new clients once the settings process has set the files again.
+/// A TLS-only Valkey 8.0.1 (no `tls-auto-reload-interval`), clients' certificates required,
+/// its files rotated in place in three steps as cert-manager and a CA change do: the CA file a
+/// bundle of old and new CA (clients of the new CA accepted), then a certificate and key from the
+/// new CA (served), then the new CA alone (clients of the old one refused). Each served to new
+/// clients once the settings process has set the files again.
 #[test]
 fn a_rotated_certificate_and_ca_are_served_by_valkey_8_without_a_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -129,12 +134,13 @@ fn a_rotated_certificate_and_ca_are_served_by_valkey_8_without_a_restart() {
     ));
     let server = TlsServer::start(TlsOptions {
         extra_args,
+        auth_clients: TlsClientAuth::Yes,
         ..Default::default()
     })
     .unwrap();
     put(&dir.path().join("password"), b"pw");
-    let certs = server.certs();
-    let files = [certs.server_cert(), certs.server_key(), certs.ca_file()];
+    let old = server.certs();
+    let files = [old.server_cert(), old.server_key(), old.ca_file()];
     let paths: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
     let flags = ["--tls-cert-file", "--tls-key-file", "--tls-ca-cert-file"];
     let args: Vec<&str> = flags
@@ -142,33 +148,54 @@ fn a_rotated_certificate_and_ca_are_served_by_valkey_8_without_a_restart() {
         .zip(&paths)
         .flat_map(|(f, p)| [*f, p.as_str()])
         .collect();
-    let child = start(dir.path(), &socket, &args);
-    // A new CA and certificate, written over the files Valkey was started with.
     let new_dir = tempfile::tempdir().unwrap();
     let new = TlsCerts::generate(new_dir.path(), &[]).unwrap();
-    let trusting_new = client(&new.ca_file(), &new);
+    let bundle = new_dir.path().join("bundle.crt");
+    let cas = [old.ca_file(), new.ca_file()].map(|f| std::fs::read(f).unwrap());
+    std::fs::write(&bundle, cas.concat()).unwrap();
+    let (with_old, with_new) = (client(&bundle, old), client(&bundle, &new));
+    let pings = |tls: &TlsClient| {
+        let opts = ClientOptions::default().tls(tls.clone());
+        Conn::connect(server.addr(), &opts)
+            .and_then(|mut c| c.cmd(&["PING"]))
+            .is_ok_and(|r| !r.is_error())
+    };
+    let before = (pings(&with_old), pings(&with_new));
+    assert_eq!(before, (true, false), "before: the old CA only");
+    let child = start(dir.path(), &socket, &args);
+    let log = || std::fs::read_to_string(dir.path().join("settings.log")).unwrap();
+
+    // 1. The CA bundle.
+    put(&files[2], &std::fs::read(&bundle).unwrap());
+    let trusted = wait_until(10 * SECOND, POLL, || pings(&with_new));
     assert!(
-        trusting_new.leaf_at(server.addr(), SECOND).is_err(),
-        "the old certificate is not from the new CA"
+        trusted,
+        "clients of the new CA refused; settings log: {}",
+        log()
     );
-    for (from, to) in [new.server_cert(), new.server_key(), new.ca_file()]
-        .iter()
-        .zip(&files)
-    {
-        put(to, &std::fs::read(from).unwrap());
-    }
+    // 2. A certificate and key of the new CA.
+    put(&files[0], &std::fs::read(new.server_cert()).unwrap());
+    put(&files[1], &std::fs::read(new.server_key()).unwrap());
     let leaf = cert_der(&new.server_cert()).unwrap();
     let served = wait_until(10 * SECOND, POLL, || {
-        trusting_new
+        with_new
             .leaf_at(server.addr(), SECOND)
             .is_ok_and(|l| l == leaf)
     });
-    let log = std::fs::read_to_string(dir.path().join("settings.log")).unwrap();
     assert!(
         served,
-        "the new certificate not served; settings log: {log}"
+        "the new certificate not served; settings log: {}",
+        log()
     );
-    assert!(log.contains("valkey read its TLS files again"), "{log}");
+    // 3. The new CA alone.
+    put(&files[2], &std::fs::read(new.ca_file()).unwrap());
+    let dropped = wait_until(10 * SECOND, POLL, || !pings(&with_old) && pings(&with_new));
+    assert!(dropped, "the old CA still trusted; settings log: {}", log());
+    assert!(
+        log().contains("valkey read its TLS files again"),
+        "{}",
+        log()
+    );
     assert_eq!(stop(child), Some(0));
 }
 
