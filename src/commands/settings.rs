@@ -70,6 +70,14 @@ enum SettingsError {
     Timeout(Duration),
 }
 
+impl SettingsError {
+    /// Valkey's socket is not there or not listening (yet, or while Valkey restarts).
+    fn not_up(&self) -> bool {
+        use std::io::ErrorKind::{ConnectionRefused, NotFound};
+        matches!(self, SettingsError::Io(e) if matches!(e.kind(), NotFound | ConnectionRefused))
+    }
+}
+
 /// One exchange with Valkey may take this long (a blocked Valkey is asked again next round).
 const CALL_LIMIT: Duration = Duration::from_secs(5);
 
@@ -149,7 +157,12 @@ impl Pusher {
             }
             Err(e) => {
                 self.failures += 1;
-                tracing::warn!(error = %e, failures = self.failures, "cannot update valkey's settings");
+                if e.not_up() {
+                    // Every pod start: this container starts before Valkey makes its socket.
+                    tracing::info!(error = %e, failures = self.failures, "valkey not up yet");
+                } else {
+                    tracing::warn!(error = %e, failures = self.failures, "cannot update valkey's settings");
+                }
                 self.backoff.next().unwrap_or(interval).max(interval)
             }
         }
