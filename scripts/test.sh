@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README): installs what the tests need, then runs every test of the workspace
-# against real valkey-server processes on loopback.
+# against real valkey-server processes on loopback (and the Kubernetes-level ones against a real
+# control plane), with cargo-nextest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -38,5 +39,8 @@ cargo fetch --locked
 scripts/advisories.sh --offline
 wait "$aarch64_build"
 export VALKEY_SIDECAR_BIN_AARCH64="$(cat "$aarch64_out")"
-# --no-fail-fast: one failing test binary does not hide the others' results.
-cargo test --workspace --locked --no-fail-fast "$@"
+# Every test of the workspace from one queue on the machine's cores (.config/nextest.toml: why,
+# and which tests run alone), every failure reported; then the documentation's examples, which
+# nextest does not run.
+"$(scripts/nextest-bin.sh)" nextest run --workspace --locked "$@"
+cargo test --doc --workspace --locked

@@ -630,11 +630,21 @@ async fn when_the_coordinator_dies_a_successor_does_the_hand_over() {
         ("SIDECAR_LEASE_RETRY_PERIOD", "1s"),
     ];
     let (s, holder) = coordinated_stage("coord-successor", &lease).await;
-    let shard = (0..3)
-        .find(|k| !s.shard_pods(*k).contains(&holder))
-        .unwrap();
-    let s = &s;
     let holder_node = s.node_of(&holder).await.unwrap();
+    // A shard with no pod on the coordinator's node: its replica must live to take over (CI once
+    // picked a shard whose replica shared that node, and read nothing back from it).
+    let mut shard = None;
+    for k in 0..3 {
+        let mut nodes = Vec::new();
+        for p in s.shard_pods(k) {
+            nodes.push(s.node_of(p).await.unwrap());
+        }
+        if shard.is_none() && !nodes.contains(&holder_node) {
+            shard = Some(k);
+        }
+    }
+    let shard = shard.expect("a shard off the coordinator's node");
+    let s = &s;
     let (w, tag, primary, replica, gone) = with_writer(s, shard, |primary| async move {
         // The coordinator's node loses power (its pods silent, no restart), and at once a primary
         // elsewhere must be handed over: only a successor can do it.
