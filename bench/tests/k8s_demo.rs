@@ -32,7 +32,11 @@ fn demo_once_shows_three_shards_spread_over_zones() {
         .map(|l| l.split_whitespace().collect())
         .collect();
     assert_eq!(rows.len(), 6, "{stdout}");
-    assert!(rows.iter().all(|r| r[1] == "2/2" && r[2] == "Running"));
+    // Ready: Valkey and the two native sidecars (the agent, valkey-settings).
+    assert!(
+        rows.iter().all(|r| r[1] == "3/3" && r[2] == "Running"),
+        "{stdout}"
+    );
     let role = |r: &Vec<&str>| r[7].trim_end_matches('*').to_owned();
     assert_eq!(rows.iter().filter(|r| role(r) == "primary").count(), 3);
     assert_eq!(rows.iter().filter(|r| role(r) == "replica").count(), 3);

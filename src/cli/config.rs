@@ -1203,6 +1203,23 @@ mod tests {
         );
     }
 
+    #[test]
+    fn the_zone_file_needs_an_existing_directory() {
+        let zone_file = |v: &str| {
+            let mut raw = Cli::parse_from(["valkey-sidecar"]).agent;
+            raw.zone_file = Some(v.to_owned());
+            raw.validate().map(|c| c.valkey.zone_file)
+        };
+        let dir = std::env::temp_dir();
+        let ok = dir.join("zone");
+        assert_eq!(zone_file(ok.to_str().unwrap()), Ok(Some(ok.clone())));
+        for bad in ["/nonexistent-dir-of-vs/zone", "zone", "/"] {
+            let err = zone_file(bad).unwrap_err();
+            assert_eq!(err.0.len(), 1, "{bad}: {err}");
+            assert_eq!(err.0[0].var, "SIDECAR_ZONE_FILE", "{bad}");
+        }
+    }
+
     /// A raw config with VALKEY_PASSWORD and VALKEY_PASSWORD_FILE as given.
     fn with_passwords(value: Option<&str>, file: Option<&str>) -> RawConfig {
         let mut raw = Cli::parse_from(["valkey-sidecar"]).agent;

@@ -63,7 +63,8 @@ async fn the_charts_pod_is_scheduled_runs_becomes_ready_and_stops_gracefully() {
     );
 
     // The real scheduler bound it to a fake node; the kubelet reported it like a kubelet: the
-    // agent as a started native sidecar (an init container), Valkey as the main container.
+    // agent and valkey-settings as started native sidecars (init containers), Valkey as the main
+    // container.
     let spec = pod.spec.as_ref().unwrap();
     let node = spec.node_name.clone().expect("scheduled");
     assert!(stage.nodes.get(&node).is_some(), "{node} is a fake node");
@@ -73,8 +74,9 @@ async fn the_charts_pod_is_scheduled_runs_becomes_ready_and_stops_gracefully() {
     assert_eq!(status.pod_ip.as_deref(), Some(ip.to_string().as_str()));
     let containers = status.container_statuses.as_ref().unwrap();
     let inits = status.init_container_statuses.as_ref().unwrap();
-    assert_eq!((containers.len(), inits.len()), (1, 2));
-    // valkey-config wrote the file Valkey includes and exited 0; the agent runs beside Valkey.
+    assert_eq!((containers.len(), inits.len()), (1, 3));
+    // valkey-config wrote the file Valkey includes and exited 0; the agent and valkey-settings run
+    // beside Valkey.
     let (done, sidecars): (Vec<_>, Vec<_>) = inits.iter().partition(|c| c.name == "valkey-config");
     let exit = done[0].state.as_ref().and_then(|s| s.terminated.as_ref());
     assert_eq!(exit.map(|t| t.exit_code), Some(0), "{done:?}");
@@ -122,9 +124,9 @@ async fn the_charts_pod_is_scheduled_runs_becomes_ready_and_stops_gracefully() {
     assert_eq!(bound_pod, &[POD.to_string()]);
 
     // Deletion: Valkey's preStop wait (a primary nothing can take over from: it ends at once),
-    // SIGTERM to Valkey, then to the native sidecar, and the object goes away.
+    // SIGTERM to Valkey, then to the native sidecars, and the object goes away.
     let pids = kubelet.pids(NS, POD);
-    assert_eq!(pids.len(), 2);
+    assert_eq!(pids.len(), 3, "Valkey, the agent, valkey-settings");
     let deleting = Instant::now();
     stage
         .api()
@@ -152,7 +154,7 @@ async fn the_charts_pod_is_scheduled_runs_becomes_ready_and_stops_gracefully() {
         .into_iter()
         .filter(|s| s.pod == POD)
         .collect();
-    assert_eq!(stops.len(), 2, "{stops:?}");
+    assert_eq!(stops.len(), 3, "{stops:?}");
     assert!(
         stops.iter().all(|s| s.graceful),
         "SIGTERM sufficed: {stops:?}"
