@@ -189,14 +189,12 @@ impl Pusher {
 
     /// One `CONFIG SET`, on the connection (dialled first if there is none).
     async fn send(&mut self, push: &Push) -> Result<(), SettingsError> {
-        if self.conn.is_none() {
-            self.conn = Some(Conn::open(&self.args).await?);
-        }
         let command = config_set(&self.args, push);
-        match self.conn.as_mut() {
-            Some(conn) => conn.call(&command, "CONFIG SET").await,
-            None => Ok(()),
-        }
+        let conn = match &mut self.conn {
+            Some(conn) => conn,
+            None => self.conn.insert(Conn::open(&self.args).await?),
+        };
+        conn.call(&command, "CONFIG SET").await
     }
 }
 
@@ -224,15 +222,8 @@ fn config_set(args: &SettingsArgs, push: &Push) -> Vec<Vec<u8>> {
     };
     match push {
         Push::Tls(_) => {
-            let files = [
-                ("tls-cert-file", &args.tls_cert_file),
-                ("tls-key-file", &args.tls_key_file),
-                ("tls-ca-cert-file", &args.tls_ca_cert_file),
-            ];
-            for (name, path) in files {
-                if let Some(p) = path {
-                    pair(name, p.as_os_str().as_encoded_bytes());
-                }
+            for (name, path) in args.tls_files() {
+                pair(name, path.as_os_str().as_encoded_bytes());
             }
         }
         Push::Zone(zone) => pair("availability-zone", zone.as_bytes()),
@@ -240,18 +231,25 @@ fn config_set(args: &SettingsArgs, push: &Push) -> Vec<Vec<u8>> {
     words
 }
 
+impl SettingsArgs {
+    /// The TLS files given, by the Valkey setting that names each.
+    fn tls_files(&self) -> Vec<(&'static str, &Path)> {
+        let files = [
+            ("tls-cert-file", &self.tls_cert_file),
+            ("tls-key-file", &self.tls_key_file),
+            ("tls-ca-cert-file", &self.tls_ca_cert_file),
+        ];
+        files
+            .into_iter()
+            .filter_map(|(name, path)| Some((name, path.as_deref()?)))
+            .collect()
+    }
+}
+
 /// What the files say now. An unreadable TLS file means no reload (Valkey keeps what it has); a
 /// missing zone file means the agent has not learnt the zone yet.
 async fn wanted(args: &SettingsArgs) -> Wanted {
-    let tls_files: Vec<&Path> = [
-        &args.tls_cert_file,
-        &args.tls_key_file,
-        &args.tls_ca_cert_file,
-    ]
-    .into_iter()
-    .flatten()
-    .map(PathBuf::as_path)
-    .collect();
+    let tls_files: Vec<&Path> = args.tls_files().into_iter().map(|(_, p)| p).collect();
     let zone = match &args.zone_file {
         Some(p) => tokio::fs::read_to_string(p).await.ok(),
         None => None,
