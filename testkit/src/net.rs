@@ -75,3 +75,59 @@ fn handed_out() -> &'static Mutex<HashSet<(IpAddr, u16)>> {
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+/// Claims one of `count` address blocks of the family `kind` for the rest of this process, so
+/// that test processes running side by side (nextest runs every test in a process of its own)
+/// never share one: network faults match by address, and two processes on one block would cut
+/// each other's clients. The claim is an exclusive `flock` on `/tmp/valkey-testkit-blocks/<kind>-<n>`,
+/// which the kernel drops when the process dies, so a killed test leaves nothing stale. The
+/// search starts at a pid-derived block; when every block is taken (a process that made more
+/// than `count` node sets) it falls back to that block, as before claims existed.
+pub fn claim_block(kind: &str, count: u32) -> u32 {
+    let start = std::process::id() % count;
+    let dir = std::env::temp_dir().join("valkey-testkit-blocks");
+    if std::fs::create_dir_all(&dir).is_err() {
+        return start;
+    }
+    (0..count)
+        .map(|i| (start + i) % count)
+        .find(|&n| try_hold(&dir.join(format!("{kind}-{n}"))))
+        .unwrap_or(start)
+}
+
+/// Takes the lock on `path` and keeps its file open until the process exits; false when another
+/// process (or an earlier claim of this one) holds it.
+fn try_hold(path: &std::path::Path) -> bool {
+    let Ok(file) = std::fs::File::create(path) else {
+        return false;
+    };
+    if file.try_lock().is_err() {
+        return false;
+    }
+    lock(held()).push(file);
+    true
+}
+
+fn held() -> &'static Mutex<Vec<std::fs::File>> {
+    static HELD: OnceLock<Mutex<Vec<std::fs::File>>> = OnceLock::new();
+    HELD.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claimed_blocks_are_never_handed_out_twice_until_all_are_taken() {
+        let kind = format!("unit-{}", std::process::id());
+        let claims: HashSet<u32> = (0..3).map(|_| claim_block(&kind, 3)).collect();
+        assert_eq!(claims, HashSet::from([0, 1, 2]));
+        // Every block held: the pid-derived one again, as before claims existed.
+        assert_eq!(claim_block(&kind, 3), std::process::id() % 3);
+        for n in 0..3 {
+            let _ = std::fs::remove_file(
+                std::env::temp_dir().join(format!("valkey-testkit-blocks/{kind}-{n}")),
+            );
+        }
+    }
+}

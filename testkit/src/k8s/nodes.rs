@@ -10,7 +10,6 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -417,16 +416,14 @@ fn node_schedulable(node: &Node) -> bool {
     ready && !tainted
 }
 
-/// Node sets made by this process so far: each gets its own block of node addresses.
-static NODE_SETS: AtomicUsize = AtomicUsize::new(0);
-
 /// The third octet of the next node set's addresses, `127.0.<100..=249>.x`: loopback, never
-/// bound, outside the pod ranges (`127.<1..=200>.x.y`) and the observer's `127.0.99.1`. Tests of
-/// one binary run side by side, each with its own nodes; node faults drop packets by address,
-/// so two sets sharing addresses would cut each other's clients (a power-off of one test's
-/// `node-a1` silenced another's client on its `node-a1`).
+/// bound, outside the pod ranges (`127.<1..=200>.x.y`) and the observer's `127.0.99.1`. Tests
+/// run side by side, in one process and in several, each with its own nodes; node faults drop
+/// packets by address, so two sets sharing addresses would cut each other's clients (a power-off
+/// of one test's `node-a1` silenced another's client on its `node-a1`). Hence a claim across
+/// processes, one block per node set.
 fn node_block() -> u8 {
-    let k = NODE_SETS.fetch_add(1, Ordering::Relaxed) % 150;
+    let k = crate::net::claim_block("nodes", 150);
     u8::try_from(100 + k).unwrap_or(100)
 }
 

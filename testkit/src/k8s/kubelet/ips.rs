@@ -24,9 +24,16 @@ const ATTEMPTS: u32 = 64;
 /// Index of the next address to hand out in this process.
 static NEXT: Mutex<u32> = Mutex::new(0);
 
+/// This process's block of pod IPs, `127.<1..=200>.x.y`, claimed once against every other test
+/// process (see [`crate::net::claim_block`]).
+fn pod_block() -> u8 {
+    static BLOCK: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
+    *BLOCK.get_or_init(|| u8::try_from(1 + crate::net::claim_block("pods", 200)).unwrap_or(1))
+}
+
 /// A fresh pod IP on which all `ports` can be bound.
 pub(crate) fn allocate(ports: &[u16]) -> Result<Ipv4Addr> {
-    let block = u8::try_from(1 + std::process::id() % 200).unwrap_or(1);
+    let block = pod_block();
     for _ in 0..ATTEMPTS {
         let n = {
             let mut next = lock(&NEXT);

@@ -1,8 +1,9 @@
 //! A minimal kubelet for tests: runs pods bound to the fake nodes as local processes.
 //!
 //! It watches all pods; for each one whose `spec.nodeName` is one of the [`FakeNodes`]:
-//! 1. allocates a pod IP on the loopback (`127.<b>.x.y`, `b` derived from the test process's pid
-//!    so concurrent test processes rarely meet; an address whose ports are taken is skipped;
+//! 1. allocates a pod IP on the loopback (`127.<b>.x.y`, `b` a block this test process claims
+//!    against every other, so concurrent test processes never meet; an address whose ports are
+//!    taken is skipped;
 //!    addresses are never reused within a process),
 //! 2. requests a ServiceAccount token bound to the pod (TokenRequest API, default audience,
 //!    renewed at 80% of its lifetime) and writes a kubeconfig using it (`KUBECONFIG` of each
