@@ -274,10 +274,11 @@ impl Pinger {
         true
     }
 
-    /// Forgets peers that are no longer pinged (scaled away, no longer a primary).
-    pub fn retain(&mut self, pinged: &BTreeSet<String>) {
-        self.vouches.retain(|id, _| pinged.contains(id));
-        self.vouchers.retain(|id| pinged.contains(id));
+    /// Forgets peers that are no longer pinged (scaled away, no longer a primary). A predicate,
+    /// not a set: the caller's own map answers it, with no copy of every peer's identity per pong.
+    pub fn retain(&mut self, pinged: impl Fn(&str) -> bool) {
+        self.vouches.retain(|id, _| pinged(id));
+        self.vouchers.retain(|id| pinged(id));
     }
 
     /// The peers that vouched at least once in this run. Only they are expected to vouch: a peer
@@ -536,7 +537,7 @@ mod tests {
         );
         assert!(!p.pong("b", 99, true, 0), "a pong of no ping of ours");
         assert!(p.vouchers().contains("b"));
-        p.retain(&BTreeSet::new());
+        p.retain(|_| false);
         assert!(p.vouchers().is_empty());
         assert!(p.pong("b", second, true, 0));
         let valid = p.valid(Millis(1_399), &POLICY);

@@ -12,7 +12,7 @@
 //! counted. Each source address may send `PER_SOURCE_PER_S` datagrams per second, all sources
 //! together `ALL_PER_S`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -230,17 +230,17 @@ impl Heartbeat {
         (me.to_owned(), targets, 0, false)
     }
 
-    /// This agent's identity as its pongs' addressee: the pod (replication mode), else the node id.
-    fn identity(&self) -> String {
+    /// Whether `to`, a pong's addressee, is this agent: the pod (replication mode), else the
+    /// node id. Compared under the state's lock, not copied: it runs for every pong.
+    fn is_me(&self, to: &str) -> bool {
         if let (Mode::Replication, Some(_)) = (&self.mode, &self.shard) {
-            return self.pod.clone();
+            return self.pod == to;
         }
         let now = self.clock.now();
         let state = self.state.borrow();
         let obs = state.current(now, &self.bounds);
         obs.and_then(cluster_me_and_peers)
-            .map(|(me, _)| me.to_owned())
-            .unwrap_or_default()
+            .is_some_and(|(me, _)| me == to)
     }
 
     /// What the fence reads: the expected peers (those pinged that vouched before in this run,
@@ -251,10 +251,15 @@ impl Heartbeat {
             self.metrics.peers_vouching(0);
             return;
         };
-        let pinged: BTreeSet<String> = b.targets.keys().cloned().collect();
-        b.pinger.retain(&pinged);
+        let targets = &b.targets;
+        b.pinger.retain(|id| targets.contains_key(id));
+        let expected = b
+            .pinger
+            .vouchers()
+            .iter()
+            .filter(|id| targets.contains_key(*id));
         let sight = PeerSight {
-            expected: b.pinger.vouchers().intersection(&pinged).cloned().collect(),
+            expected: expected.cloned().collect(),
             vouches: b.pinger.valid(now, &b.policy),
             judged_from: since.plus(b.policy.fence_after_ms),
         };
@@ -286,7 +291,7 @@ impl Heartbeat {
                 vouch,
                 promise_ms,
             } => {
-                if cluster != self.cluster || to != self.identity() {
+                if cluster != self.cluster || !self.is_me(&to) {
                     return self.metrics.heartbeat(Drop::Foreign.kind());
                 }
                 if b.pinger.pong(&peer, seq, vouch, promise_ms) {
@@ -353,9 +358,8 @@ impl Heartbeat {
 /// Whether the fence must hear about the new sight now: who is expected or vouches changed, or
 /// the failsafe's condition flipped. Untils alone change every pong and are read, not announced.
 fn changed(old: &PeerSight, new: &PeerSight, now: Millis) -> bool {
-    let keys = |s: &PeerSight| s.vouches.keys().cloned().collect::<Vec<_>>();
     old.expected != new.expected
-        || keys(old) != keys(new)
+        || !old.vouches.keys().eq(new.vouches.keys())
         || old.all_promised(now) != new.all_promised(now)
         || old.judged_from != new.judged_from
 }

@@ -35,6 +35,7 @@ mod faults;
 mod footprint;
 mod handover;
 mod labels;
+mod machine;
 mod partition;
 mod planner;
 mod plot;

@@ -14,6 +14,7 @@ use valkey_sidecar_testkit::k8s::follow::{Addresses, Watcher};
 use valkey_sidecar_testkit::k8s::writer::{Writer, tag_for_with};
 use valkey_sidecar_testkit::k8s::{ROLE_LABEL, Stage, StageOptions, poll_until};
 
+use crate::machine::{Snapshot, describe};
 use crate::plot::{Line, growth};
 use crate::{cordon, proc_stats};
 
@@ -38,6 +39,13 @@ struct Row {
     /// Each agent's CPU over the steady window, in % of one core: the median and the busiest.
     agent_cpu_median_pct: f64,
     agent_cpu_max_pct: f64,
+    /// The same for each pod's `valkey-settings` container and Valkey.
+    settings_cpu_median_pct: f64,
+    valkey_cpu_median_pct: f64,
+    /// The `valkey-settings` containers' resident memory: the largest.
+    settings_rss_max_kib: u64,
+    /// The whole machine's CPU over the steady window, by kind of process.
+    machine: String,
     /// UDP datagrams sent per second on the machine over the steady window: the agents' peer
     /// heartbeats (Valkey's cluster bus is TCP), every primary pinging every other primary.
     udp_out_per_s: f64,
@@ -61,6 +69,9 @@ struct Row {
     drain_pause: Duration,
     drain_acked: usize,
     drain_lost: usize,
+    /// Drains run again after `kubectl drain` gave up (an apiserver timeout, a refused eviction
+    /// past its own timeout): node and kubectl's last words, as an operator would retry them.
+    drain_retries: Vec<String>,
     /// Why this size stopped before its last phase (what was measured until then stays).
     failed: Option<String>,
 }
@@ -105,7 +116,12 @@ async fn one(bin: &Path, shards: usize) -> Row {
     if let Err(e) = measure(bin, &mut row).await {
         let why = format!("{e:#}");
         eprintln!("scale {shards} shards failed: {why}");
-        row.failed = Some(why.lines().next().unwrap_or_default().to_owned());
+        let first = why.lines().next().unwrap_or_default();
+        let last = last_words(&why);
+        row.failed = Some(match first == last {
+            true => last,
+            false => format!("{first} … {last}"),
+        });
     }
     row
 }
@@ -166,19 +182,18 @@ async fn steady(stage: &Stage, coordinator: &str, row: &mut Row) -> Result<()> {
     // The agents' start-up requests (lists, label writes) are behind them.
     tokio::time::sleep(Duration::from_secs(10)).await;
     let from = SystemTime::now();
-    let (ticks, udp) = (agent_ticks(stage)?, udp_out()?);
+    let (ticks, udp) = (Ticks::take(stage)?, udp_out()?);
+    let machine = Snapshot::take();
     tokio::time::sleep(STEADY + Duration::from_secs(1)).await;
-    let (ticks_after, udp_after) = (agent_ticks(stage)?, udp_out()?);
+    let (ticks_after, udp_after) = (Ticks::take(stage)?, udp_out()?);
     let window = (STEADY + Duration::from_secs(1)).as_secs_f64();
+    row.machine = describe(&machine.usage(&Snapshot::take(), window));
     row.udp_out_per_s = udp_after.saturating_sub(udp) as f64 / window;
-    let mut cpu: Vec<f64> = ticks_after
-        .iter()
-        .zip(&ticks)
-        .map(|(b, a)| b.saturating_sub(*a) as f64 / TICKS_PER_S / window * 100.0)
-        .collect();
-    cpu.sort_by(f64::total_cmp);
-    row.agent_cpu_median_pct = cpu.get(cpu.len() / 2).copied().unwrap_or(0.0);
-    row.agent_cpu_max_pct = cpu.last().copied().unwrap_or(0.0);
+    let agents = cpu_pct(&ticks.agent, &ticks_after.agent, window);
+    row.agent_cpu_median_pct = median(&agents);
+    row.agent_cpu_max_pct = agents.last().copied().unwrap_or(0.0);
+    row.settings_cpu_median_pct = median(&cpu_pct(&ticks.settings, &ticks_after.settings, window));
+    row.valkey_cpu_median_pct = median(&cpu_pct(&ticks.valkey, &ticks_after.valkey, window));
     let usage = log.usage(from, from + STEADY)?;
     let rate = |pod: &str| usage.per_minute(usage.total(&pod_identity(&stage.namespace, pod)));
     row.coordinator_rpm = rate(coordinator);
@@ -224,19 +239,60 @@ fn requests_of(usage: &Usage, pod: &str, who: &str) -> String {
 /// Clock ticks per second of `/proc/<pid>/stat` (`USER_HZ`, 100 on Linux).
 const TICKS_PER_S: f64 = 100.0;
 
-/// Every agent's CPU time so far, in clock ticks, in pod order.
-fn agent_ticks(stage: &Stage) -> Result<Vec<u64>> {
+/// Each pod's containers' CPU time so far, in clock ticks, in pod order.
+struct Ticks {
+    agent: Vec<u64>,
+    settings: Vec<u64>,
+    valkey: Vec<u64>,
+}
+
+impl Ticks {
+    fn take(stage: &Stage) -> Result<Ticks> {
+        Ok(Ticks {
+            agent: container_stats(stage, "valkey-sidecar")?
+                .into_iter()
+                .map(|s| s.1)
+                .collect(),
+            settings: container_stats(stage, "valkey-settings")?
+                .into_iter()
+                .map(|s| s.1)
+                .collect(),
+            valkey: container_stats(stage, "valkey")?
+                .into_iter()
+                .map(|s| s.1)
+                .collect(),
+        })
+    }
+}
+
+/// Every pod's `container`: resident KiB and CPU ticks, in pod order.
+fn container_stats(stage: &Stage, container: &str) -> Result<Vec<(u64, u64)>> {
     stage
         .pods
         .iter()
         .map(|pod| {
             let pid = stage
                 .kubelet
-                .container_pid(&stage.namespace, pod, "valkey-sidecar")
-                .with_context(|| format!("no agent process in {pod}"))?;
-            Ok(proc_stats(pid)?.1)
+                .container_pid(&stage.namespace, pod, container)
+                .with_context(|| format!("no {container} process in {pod}"))?;
+            proc_stats(pid)
         })
         .collect()
+}
+
+/// % of one core per process between two tick counts `secs` apart, sorted.
+fn cpu_pct(before: &[u64], after: &[u64], secs: f64) -> Vec<f64> {
+    let mut cpu: Vec<f64> = after
+        .iter()
+        .zip(before)
+        .map(|(b, a)| b.saturating_sub(*a) as f64 / TICKS_PER_S / secs * 100.0)
+        .collect();
+    cpu.sort_by(f64::total_cmp);
+    cpu
+}
+
+fn median(sorted: &[f64]) -> f64 {
+    sorted.get(sorted.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// UDP datagrams this machine has sent (`OutDatagrams` of `/proc/net/snmp`).
@@ -255,23 +311,18 @@ fn udp_out() -> Result<u64> {
     Ok(value.parse()?)
 }
 
-/// The agents' resident memory, the coordinator's apart.
+/// The agents' resident memory, the coordinator's apart, and the settings containers'.
 fn memory(stage: &Stage, coordinator: &str, row: &mut Row) -> Result<()> {
-    let mut agents = Vec::new();
-    for pod in &stage.pods {
-        let pid = stage
-            .kubelet
-            .container_pid(&stage.namespace, pod, "valkey-sidecar")
-            .with_context(|| format!("no agent process in {pod}"))?;
-        let (rss, _) = proc_stats(pid)?;
-        if pod == coordinator {
-            row.coordinator_rss_kib = rss;
-        }
-        agents.push(rss);
+    let stats = container_stats(stage, "valkey-sidecar")?;
+    let mut agents: Vec<u64> = stats.iter().map(|s| s.0).collect();
+    if let Some(at) = stage.pods.iter().position(|p| p == coordinator) {
+        row.coordinator_rss_kib = agents.get(at).copied().unwrap_or(0);
     }
     agents.sort_unstable();
     row.agent_rss_median_kib = agents.get(agents.len() / 2).copied().unwrap_or(0);
     row.agent_rss_max_kib = agents.last().copied().unwrap_or(0);
+    let settings = container_stats(stage, "valkey-settings")?;
+    row.settings_rss_max_kib = settings.iter().map(|s| s.0).max().unwrap_or(0);
     Ok(())
 }
 
@@ -367,14 +418,7 @@ async fn drains(stage: &Stage, row: &mut Row) -> Result<()> {
         .collect::<Result<_>>()?;
     for node in stage.nodes.names() {
         let t = Instant::now();
-        let args = [
-            "drain",
-            &node,
-            "--ignore-daemonsets",
-            "--delete-emptydir-data",
-            "--timeout=300s",
-        ];
-        stage.plane.kubectl(&args).await?;
+        drain(stage, &node, row).await?;
         stage.plane.kubectl(&["uncordon", &node]).await?;
         stage.wait_settled(row.pods, row.shards, SETTLE).await?;
         stage.wait_synced(SETTLE).await?;
@@ -393,6 +437,41 @@ async fn drains(stage: &Stage, row: &mut Row) -> Result<()> {
     }
     watcher.stop();
     Ok(())
+}
+
+/// Times `kubectl drain` is run on one node before the size gives up.
+const DRAIN_ATTEMPTS: usize = 3;
+
+/// `kubectl drain` of `node`, run again when it gives up, as an operator would: it aborts on an
+/// apiserver timeout, and on an eviction still refused after its `--timeout`. Each retry is kept
+/// for the report with kubectl's last words.
+async fn drain(stage: &Stage, node: &str, row: &mut Row) -> Result<()> {
+    let args = [
+        "drain",
+        node,
+        "--ignore-daemonsets",
+        "--delete-emptydir-data",
+        "--timeout=300s",
+    ];
+    for attempt in 1..=DRAIN_ATTEMPTS {
+        let Err(e) = stage.plane.kubectl(&args).await else {
+            return Ok(());
+        };
+        let why = last_words(&format!("{e:#}"));
+        eprintln!("bench scale: drain of {node}, attempt {attempt}, failed: {e:#}");
+        if attempt == DRAIN_ATTEMPTS {
+            bail!("kubectl drain {node} failed {DRAIN_ATTEMPTS} times, last: {why}");
+        }
+        row.drain_retries.push(format!("{node}: {why}"));
+    }
+    Ok(())
+}
+
+/// The last non-empty line of a command's error (kubectl's own verdict; its first lines are
+/// often client-side throttling notices).
+fn last_words(error: &str) -> String {
+    let line = error.lines().rev().map(str::trim).find(|l| !l.is_empty());
+    line.unwrap_or_default().to_owned()
 }
 
 /// A writer on a key shard `k`'s primary serves, over the shard's pods' current addresses.
@@ -428,16 +507,16 @@ fn tell_longest_gap(shard: usize, acks: &[valkey_sidecar_testkit::k8s::writer::A
 fn print_table(rows: &[Row]) {
     println!("### Scale: chart installs of N shards × 2 pods\n");
     println!(
-        "Command: `BENCH_SCALE_SHARDS=\"10 25 50\" target/release/bench scale`. Each size is one chart install with the chart's defaults (cluster mode, 1 replica per shard) on 6 fake nodes in 3 zones, the agents' release binary, real kube-apiserver, scheduler and controller-manager on this 2-core machine. Settled: `helm install` until every pod is Ready, labelled and every replica synced. Round: the coordinator's `valkey_sidecar_coordinator_round_duration_seconds` over the whole run — the first coordinator's rounds up to the drains, and those of whoever coordinates after the last drain (the drains restart the first one's pod): the mean over both, and the larger bucket bound holding a p99. Requests: the audit log over a {} s steady window; agent CPU (`/proc/<pid>/stat`) and the machine's UDP datagrams sent (`/proc/net/snmp`: the agents' peer heartbeats) over the same window. Hand-over: shard 1's primary node cordoned under a writer. Drains: `kubectl drain` of each node in turn, the deployment settled again before the next, under a writer per {SHARDS_PER_WRITER} shards (1 s timeouts, over its shard's pods' addresses as listed every 500 ms: a drained pod comes back with a new IP). Load: the machine's 1-minute load average at the end of the steady window, and the highest at the end of a drain (2 cores: past ~2, every process waits for CPU, and every figure of that size includes the wait).\n",
+        "Command: `BENCH_SCALE_SHARDS=\"10 25 50\" target/release/bench scale`. Each size is one chart install with the chart's defaults (cluster mode, 1 replica per shard) on 6 fake nodes in 3 zones, the agents' release binary, real kube-apiserver, scheduler and controller-manager on this 2-core machine. Settled: `helm install` until every pod is Ready, labelled and every replica synced. Round: the coordinator's `valkey_sidecar_coordinator_round_duration_seconds` over the whole run — the first coordinator's rounds up to the drains, and those of whoever coordinates after the last drain (the drains restart the first one's pod): the mean over both, and the larger bucket bound holding a p99. Requests: the audit log over a {} s steady window; each agent's, `valkey-settings` container's and Valkey's CPU (`/proc/<pid>/stat`), the whole machine's CPU by kind of process (every process in `/proc`) and its UDP datagrams sent (`/proc/net/snmp`: the agents' peer heartbeats) over the same window; memory is resident memory (`VmRSS`) after it. Hand-over: shard 1's primary node cordoned under a writer. Drains: `kubectl drain` of each node in turn (run again, up to 3 times, when it gives up, as an operator would), the deployment settled again before the next, under a writer per {SHARDS_PER_WRITER} shards (1 s timeouts, over its shard's pods' addresses as listed every 500 ms: a drained pod comes back with a new IP). Load: the machine's 1-minute load average at the end of the steady window, and the highest at the end of a drain (2 cores: past ~2, every process waits for CPU, and every figure of that size includes the wait).\n",
         STEADY.as_secs()
     );
     println!(
-        "| shards | pods | settled | round mean / p99 | coordinator RSS | agent RSS median / max | agent CPU median / max | heartbeat datagrams/s | requests/min coordinator / follower mean / busiest follower / apiserver | load steady / drains | hand-over pause, lost | drains: longest, longest write pause, acked, lost |"
+        "| shards | pods | settled | round mean / p99 | coordinator RSS | agent RSS median / max | agent CPU median / max | settings container RSS max, CPU median | Valkey CPU median | heartbeat datagrams/s | requests/min coordinator / follower mean / busiest follower / apiserver | load steady / drains | hand-over pause, lost | drains: longest, longest write pause, acked, lost |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         println!(
-            "| {} | {} | {:.1} s | {:.2} / {:.2} ms | {} MiB | {} / {} MiB | {:.1} / {:.1} % | {:.0} | {:.1} / {:.2} / {:.1} / {:.0} | {:.1} / {:.1} | {} ms, {} | {} nodes: {:.1} s, {} ms, {}, {} |",
+            "| {} | {} | {:.1} s | {:.2} / {:.2} ms | {} MiB | {} / {} MiB | {:.1} / {:.1} % | {:.1} MiB, {:.2} % | {:.1} % | {:.0} | {:.1} / {:.2} / {:.1} / {:.0} | {:.1} / {:.1} | {} ms, {} | {} nodes: {:.1} s, {} ms, {}, {} |",
             r.shards,
             r.pods,
             r.settled.as_secs_f64(),
@@ -448,6 +527,9 @@ fn print_table(rows: &[Row]) {
             r.agent_rss_max_kib / 1024,
             r.agent_cpu_median_pct,
             r.agent_cpu_max_pct,
+            r.settings_rss_max_kib as f64 / 1024.0,
+            r.settings_cpu_median_pct,
+            r.valkey_cpu_median_pct,
             r.udp_out_per_s,
             r.coordinator_rpm,
             r.follower_mean_rpm,
@@ -465,6 +547,12 @@ fn print_table(rows: &[Row]) {
         );
     }
     println!();
+    print_notes(rows);
+}
+
+/// What the table cannot hold: sizes that stopped early, the machine's CPU, drains run again,
+/// the busiest follower's requests.
+fn print_notes(rows: &[Row]) {
     for r in rows {
         if let Some(why) = &r.failed {
             println!(
@@ -472,6 +560,24 @@ fn print_table(rows: &[Row]) {
                 r.shards
             );
         }
+    }
+    println!(
+        "The machine's CPU over the steady window, by kind of process (2 cores: 200 % is all of it):\n"
+    );
+    for r in rows {
+        println!("- {} shards: {}", r.shards, r.machine);
+    }
+    println!();
+    let retried: Vec<&Row> = rows
+        .iter()
+        .filter(|r| !r.drain_retries.is_empty())
+        .collect();
+    if !retried.is_empty() {
+        println!("Drains run again after `kubectl drain` gave up (kubectl's last words):\n");
+        for r in retried {
+            println!("- {} shards: {}", r.shards, r.drain_retries.join("; "));
+        }
+        println!();
     }
     println!("The busiest follower's requests over the steady window:\n");
     for r in rows {
@@ -501,6 +607,14 @@ fn figures(rows: &[Row]) -> Vec<(&'static str, Vec<f64>)> {
         (
             "agent CPU, median (% of a core)",
             of(&|r| r.agent_cpu_median_pct),
+        ),
+        (
+            "valkey-settings RSS, max (MiB)",
+            of(&|r| r.settings_rss_max_kib as f64 / 1024.0),
+        ),
+        (
+            "Valkey CPU, median (% of a core)",
+            of(&|r| r.valkey_cpu_median_pct),
         ),
         ("heartbeat datagrams/s", of(&|r| r.udp_out_per_s)),
         ("requests/min, coordinator", of(&|r| r.coordinator_rpm)),
