@@ -289,6 +289,14 @@ impl Pinger {
         &self.vouchers
     }
 
+    /// `peer`'s latest vouch, with until when it is good (it may have run out already).
+    pub fn vouched_until(&self, peer: &str, policy: &IsolationPolicy) -> Option<VouchedUntil> {
+        self.vouches.get(peer).map(|v| VouchedUntil {
+            until: v.sent.plus(policy.fence_after_ms),
+            promised: v.promised,
+        })
+    }
+
     /// Every peer's vouch that is still good at `now`, with until when.
     pub fn valid(&self, now: Millis, policy: &IsolationPolicy) -> BTreeMap<String, VouchedUntil> {
         let good = |v: &Vouch| v.sent.plus(policy.fence_after_ms);
@@ -355,6 +363,26 @@ impl PeerSight {
                 .is_some_and(|v| v.promised && now < v.until)
         };
         !self.expected.is_empty() && self.expected.iter().all(promised)
+    }
+
+    /// Renews `peer`'s vouch in place when that is all a pong changes: the peer is expected, its
+    /// vouch here is still good at `now` and keeps its promise flag, and the new one is good too.
+    /// Then every reader ([`Self::vouched`], [`Self::silent`], [`Self::all_promised`],
+    /// [`Self::next_change`], [`cluster_sight`]) answers at `now` and later as from a sight made
+    /// afresh (which would also drop others' lapsed vouches, that every reader ignores), and
+    /// nothing the fence is told about changed. A pong is cheap this way: a sight made afresh
+    /// copies every peer's identity. `false`: make it afresh.
+    pub fn renew(&mut self, peer: &str, vouch: VouchedUntil, now: Millis) -> bool {
+        if !self.expected.contains(peer) || now >= vouch.until {
+            return false;
+        }
+        match self.vouches.get_mut(peer) {
+            Some(v) if v.promised == vouch.promised && now < v.until => {
+                v.until = v.until.max(vouch.until);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// When the current answer of [`Self::vouched`] may change by the clock alone (the latest
@@ -546,6 +574,87 @@ mod tests {
             p.valid(Millis(1_400), &POLICY).is_empty(),
             "a window after its ping"
         );
+    }
+
+    /// The sight as the adapter makes it afresh: the vouchers that are pinged, the good vouches.
+    fn afresh(p: &Pinger, pinged: &[&str], now: Millis, judged_from: Millis) -> PeerSight {
+        PeerSight {
+            expected: p
+                .vouchers()
+                .iter()
+                .filter(|id| pinged.contains(&id.as_str()))
+                .cloned()
+                .collect(),
+            vouches: p.valid(now, &POLICY),
+            judged_from,
+        }
+    }
+
+    /// What every reader says at `t`.
+    type Readings = (bool, bool, bool, Option<Millis>, Option<usize>);
+    fn readings(s: &PeerSight, peers: &[Peer], t: Millis) -> Readings {
+        let reachable = cluster_sight(peers, s, t).map(|q| q.reachable);
+        let (vouched, silent) = (s.vouched(t), s.silent(t));
+        (
+            vouched,
+            silent,
+            s.all_promised(t),
+            s.next_change(t),
+            reachable,
+        )
+    }
+
+    #[test]
+    fn a_renewed_sight_reads_as_one_made_afresh() {
+        let pinged = ["a", "b", "c"];
+        let peers: Vec<Peer> = ["me", "a", "b", "c"]
+            .iter()
+            .map(|id| Peer {
+                id: (*id).into(),
+                myself: *id == "me",
+                primary: true,
+                serves_slots: true,
+                ..Peer::default()
+            })
+            .collect();
+        for promise in [0, 900] {
+            let mut p = Pinger::default();
+            let (s0, s1) = (
+                p.ping(Millis(0), promise > 0),
+                p.ping(Millis(100), promise > 0),
+            );
+            assert!(p.pong("a", s0, true, promise));
+            assert!(p.pong("b", s1, true, promise));
+            assert!(p.pong("c", s0, true, promise));
+            let now = Millis(250);
+            let mut kept = afresh(&p, &pinged, now, Millis(0));
+            // A later ping's pong from a peer already vouching: renewed in place.
+            let s2 = p.ping(Millis(200), promise > 0);
+            assert!(p.pong("a", s2, true, promise));
+            let now = Millis(280);
+            let renewal = p.vouched_until("a", &POLICY).unwrap();
+            assert!(kept.renew("a", renewal, now));
+            let fresh = afresh(&p, &pinged, now, Millis(0));
+            for t in (280..800).step_by(10).map(Millis) {
+                assert_eq!(
+                    readings(&kept, &peers, t),
+                    readings(&fresh, &peers, t),
+                    "at {t:?}"
+                );
+            }
+            // A peer whose vouch lapsed (c's, from the ping at 0) is made afresh: news.
+            let s3 = p.ping(Millis(300), promise > 0);
+            assert!(p.pong("c", s3, true, promise));
+            let renewal = p.vouched_until("c", &POLICY).unwrap();
+            assert!(!kept.renew("c", renewal, Millis(320)));
+            // A promise given or withdrawn, or a stranger, is news too.
+            let flipped = VouchedUntil {
+                promised: promise == 0,
+                ..renewal
+            };
+            assert!(!kept.renew("b", flipped, Millis(320)));
+            assert!(!kept.renew("d", renewal, Millis(320)));
+        }
     }
 
     #[test]

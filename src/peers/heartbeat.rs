@@ -296,10 +296,27 @@ impl Heartbeat {
                 }
                 if b.pinger.pong(&peer, seq, vouch, promise_ms) {
                     self.metrics.heartbeat("pong_counted");
-                    self.publish(b, now);
+                    if !self.renew(b, &peer, now) {
+                        self.publish(b, now);
+                    }
                 }
             }
         }
+    }
+
+    /// A pong that only renews a vouch the published sight holds is applied in place, unannounced
+    /// (`PeerSight::renew`); a sight made afresh per pong copied every peer's identity, the most
+    /// of an idle primary's CPU at 50 primaries. `false`: publish afresh.
+    fn renew(&self, b: &Beating, peer: &str, now: Millis) -> bool {
+        let Some(vouch) = b.pinger.vouched_until(peer, &b.policy) else {
+            return false;
+        };
+        let mut renewed = false;
+        self.sight.send_if_modified(|sight| {
+            renewed = sight.as_mut().is_some_and(|s| s.renew(peer, vouch, now));
+            false
+        });
+        renewed
     }
 
     async fn answer(&self, socket: &UdpSocket, b: &mut Beating, ping: &Beat, to: SocketAddr) {
