@@ -5,6 +5,7 @@
 //! a writer; a `kubectl drain` of every node in turn under a writer per 5 shards. Each figure is
 //! plotted against the size, its growth stated, and its value at 1,000 pods predicted from it.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -72,6 +73,12 @@ struct Row {
     /// Drains run again after `kubectl drain` gave up (an apiserver timeout, a refused eviction
     /// past its own timeout): node and kubectl's last words, as an operator would retry them.
     drain_retries: Vec<String>,
+    /// After each drain, once settled: the most and the fewest primaries on one node.
+    balance: Vec<(usize, usize)>,
+    /// From the end of the last drain until no node carries more than ⌈shards / nodes⌉
+    /// primaries (the coordinator's balance, one move per cooldown after a quiet period);
+    /// `None`: not within [`BALANCED_WITHIN`].
+    balanced_after: Option<Duration>,
     /// Why this size stopped before its last phase (what was measured until then stays).
     failed: Option<String>,
 }
@@ -422,10 +429,12 @@ async fn drains(stage: &Stage, row: &mut Row) -> Result<()> {
         stage.plane.kubectl(&["uncordon", &node]).await?;
         stage.wait_settled(row.pods, row.shards, SETTLE).await?;
         stage.wait_synced(SETTLE).await?;
+        row.balance.push(primaries_per_node(stage).await?);
         row.drain_longest = row.drain_longest.max(t.elapsed());
         row.load_drains = row.load_drains.max(load_average()?);
         row.drains += 1;
     }
+    row.balanced_after = balanced(stage, row.shards).await?;
     for (shard, writer) in writers {
         let tag = writer.tag.clone();
         let written = writer.stop()?;
@@ -437,6 +446,39 @@ async fn drains(stage: &Stage, row: &mut Row) -> Result<()> {
     }
     watcher.stop();
     Ok(())
+}
+
+/// The most and the fewest primaries on one node, by the pods' role labels (nodes with none
+/// count): how evenly the hand-overs of consecutive drains leave the primaries.
+async fn primaries_per_node(stage: &Stage) -> Result<(usize, usize)> {
+    let mut per_node: BTreeMap<String, usize> =
+        stage.nodes.names().into_iter().map(|n| (n, 0)).collect();
+    for pod in stage.pod_objects().await? {
+        let labels = pod.metadata.labels.unwrap_or_default();
+        let node = pod.spec.and_then(|s| s.node_name);
+        if let (Some("primary"), Some(node)) = (labels.get(ROLE_LABEL).map(String::as_str), node) {
+            *per_node.entry(node).or_default() += 1;
+        }
+    }
+    let max = per_node.values().max().copied().unwrap_or(0);
+    let min = per_node.values().min().copied().unwrap_or(0);
+    Ok((max, min))
+}
+
+/// How long the balance may take after the drains before the bench moves on.
+const BALANCED_WITHIN: Duration = Duration::from_secs(600);
+
+/// Waits until no node carries more than its even share of primaries; how long that took.
+async fn balanced(stage: &Stage, shards: usize) -> Result<Option<Duration>> {
+    let cap = shards.div_ceil(stage.nodes.names().len().max(1));
+    let t = Instant::now();
+    while t.elapsed() < BALANCED_WITHIN {
+        if primaries_per_node(stage).await?.0 <= cap {
+            return Ok(Some(t.elapsed()));
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    Ok(None)
 }
 
 /// Times `kubectl drain` is run on one node before the size gives up.
@@ -566,6 +608,22 @@ fn print_notes(rows: &[Row]) {
     );
     for r in rows {
         println!("- {} shards: {}", r.shards, r.machine);
+    }
+    println!();
+    println!(
+        "Primaries per node after each drain, once settled (most / fewest on one of the 6 nodes; even would be ⌈shards / 6⌉ / ⌊shards / 6⌋):\n"
+    );
+    for r in rows {
+        let after: Vec<String> = r.balance.iter().map(|(a, b)| format!("{a}/{b}")).collect();
+        let balanced = match r.balanced_after {
+            Some(d) => format!("even {:.0} s after the last drain", d.as_secs_f64()),
+            None if r.failed.is_some() => "stopped before the balance was timed".to_owned(),
+            None => format!(
+                "not even {} s after the last drain",
+                BALANCED_WITHIN.as_secs()
+            ),
+        };
+        println!("- {} shards: {}; {balanced}", r.shards, after.join(", "));
     }
     println!();
     let retried: Vec<&Row> = rows
