@@ -69,16 +69,21 @@ impl Snapshot {
 }
 
 /// Clock ticks per second of `/proc/<pid>/stat` (`USER_HZ`, 100 on Linux).
-const TICKS_PER_S: f64 = 100.0;
+pub const TICKS_PER_S: f64 = 100.0;
+
+/// A process's name and CPU ticks (user + system) from the text of its `/proc/<pid>/stat`.
+pub fn parse_stat(stat: &str) -> Option<(&str, u64)> {
+    let (head, rest) = stat.rsplit_once(')')?;
+    let comm = head.split_once('(')?.1;
+    let mut fields = rest.split_whitespace().skip(11);
+    let mut next = || fields.next()?.parse::<u64>().ok();
+    Some((comm, next()? + next()?))
+}
 
 /// A process's class and CPU ticks; `None` when it is gone or unreadable.
 fn process(pid: u32) -> Option<(Class, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (head, rest) = stat.rsplit_once(')')?;
-    let comm = head.split_once('(')?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok());
-    let cpu = ticks(11)? + ticks(12)?;
+    let (comm, cpu) = parse_stat(&stat)?;
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
     let args: Vec<String> = cmdline
         .split(|b| *b == 0)
@@ -112,6 +117,13 @@ mod tests {
         );
         assert_eq!(Class::of("kube-controller", &[]), Class::ControlPlane);
         assert_eq!(Class::of("sh", &[]), Class::Other);
+    }
+
+    #[test]
+    fn a_stat_line_gives_the_name_and_user_plus_system_ticks() {
+        let stat = "42 (kube-controller) S 1 42 42 0 -1 4194560 100 0 0 0 70 30 0 0 20 0 9 0";
+        assert_eq!(parse_stat(stat), Some(("kube-controller", 100)));
+        assert_eq!(parse_stat("42 (x) S 1"), None);
     }
 
     #[test]

@@ -365,18 +365,7 @@ fn proc_stats(pid: u32) -> Result<(u64, u64)> {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .context("VmRSS")?;
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, r)| r.split_whitespace().collect())
-        .context("stat")?;
-    let ticks = fields
-        .get(11)
-        .and_then(|u| u.parse::<u64>().ok())
-        .unwrap_or(0)
-        + fields
-            .get(12)
-            .and_then(|s| s.parse::<u64>().ok())
-            .unwrap_or(0);
+    let (_, ticks) = machine::parse_stat(&stat).context("stat")?;
     Ok((rss, ticks))
 }
 

@@ -15,7 +15,7 @@ use valkey_sidecar_testkit::k8s::follow::{Addresses, Watcher};
 use valkey_sidecar_testkit::k8s::writer::{Writer, tag_for_with};
 use valkey_sidecar_testkit::k8s::{ROLE_LABEL, Stage, StageOptions, poll_until};
 
-use crate::machine::{Snapshot, describe};
+use crate::machine::{Snapshot, TICKS_PER_S, describe};
 use crate::plot::{Line, growth};
 use crate::{cordon, proc_stats};
 
@@ -242,9 +242,6 @@ fn requests_of(usage: &Usage, pod: &str, who: &str) -> String {
         false => format!("{pod}: {}", listed.join(", ")),
     }
 }
-
-/// Clock ticks per second of `/proc/<pid>/stat` (`USER_HZ`, 100 on Linux).
-const TICKS_PER_S: f64 = 100.0;
 
 /// Each pod's containers' CPU time so far, in clock ticks, in pod order.
 struct Ticks {
