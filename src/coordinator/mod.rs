@@ -184,10 +184,14 @@ impl Coordinator {
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         // A replication round waits for its slowest member: a late round is not caught up on.
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // A follower's tick would only repeat `follow`: it waits for its term to change instead
+        // (a term becomes acting only by changing; it stops acting by time, while ticking). The
+        // first tick looks at the term as it stands.
+        let mut acting = true;
         loop {
             tokio::select! {
-                _ = tick.tick() => {}
-                _ = self.term.changed() => {}
+                _ = tick.tick(), if acting => {}
+                Ok(()) = self.term.changed() => {}
                 Some(done) = done_rx.recv() => self.finished(done, &mut memory),
                 Some(shard) = record_rx.recv() => memory.repl.read_soon(&shard),
                 Some(death) = death_rx.recv() => {
@@ -196,7 +200,8 @@ impl Coordinator {
                 }
                 _ = shutdown.changed() => break,
             }
-            if !self.term.borrow().may_act(self.clock.now()) {
+            acting = self.term.borrow().may_act(self.clock.now());
+            if !acting {
                 watches = None;
                 self.follow(&mut memory);
                 continue;

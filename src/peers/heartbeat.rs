@@ -15,16 +15,15 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ring::hmac;
 use tokio::net::UdpSocket;
 use tokio::sync::watch;
-use tokio::time::MissedTickBehavior;
 use valkey_sidecar_core::health::{Bounds, HealthState};
 use valkey_sidecar_core::heartbeat::{
     Beat, IsolationPolicy, PeerSight, Pinger, Promise, ResponderView, Spread, answer,
-    cluster_targets,
+    cluster_targets, until_next_round,
 };
 use valkey_sidecar_core::observation::{Mode, Observation, Role};
 use valkey_sidecar_core::ratelimit::TokenBucket;
@@ -134,20 +133,47 @@ impl Heartbeat {
             policy: self.policy,
             buf: vec![0; 2_048],
         };
-        let mut ticker = tokio::time::interval(Duration::from_millis(self.policy.interval_ms));
-        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let next_round = tokio::time::sleep(self.until_next_round());
+        tokio::pin!(next_round);
         let mut refresh = tokio::time::interval(KEY_REFRESH);
+        let mut news = News::of(&self);
         loop {
-            tokio::select! {
-                _ = ticker.tick() => self.round(&socket, &mut beating).await,
-                r = socket.recv_from(&mut beating.buf) => match r {
-                    Ok((n, from)) => self.received(&socket, &mut beating, n, from).await,
-                    Err(e) => tracing::debug!(error = %e, "heartbeat receive failed"),
-                },
-                _ = refresh.tick() => beating.keys.refresh(self.password.as_ref(), &self.cluster),
+            // An agent with nobody to ping (a replica, most of a cluster's agents) waits for news
+            // instead of waking every interval for nothing; the round then runs at once.
+            let idle = beating.targets.is_empty();
+            // The next round is set only after one ran: the round's instant is when pings
+            // arrive, and a datagram taken first must not move that round away.
+            let ran = tokio::select! {
+                () = &mut next_round, if !idle => true,
+                () = news.changed(), if idle => true,
+                r = socket.recv_from(&mut beating.buf) => {
+                    match r {
+                        Ok((n, from)) => self.received(&socket, &mut beating, n, from).await,
+                        Err(e) => tracing::debug!(error = %e, "heartbeat receive failed"),
+                    }
+                    false
+                }
+                _ = refresh.tick() => {
+                    beating.keys.refresh(self.password.as_ref(), &self.cluster);
+                    false
+                }
                 _ = shutdown.changed() => return,
+            };
+            if ran {
+                self.round(&socket, &mut beating).await;
+                let next = tokio::time::Instant::now() + self.until_next_round();
+                next_round.as_mut().reset(next);
             }
         }
+    }
+
+    /// Rounds start on the wall clock's multiples of the interval, the same instants for every
+    /// agent (`core::heartbeat::until_next_round`: one wake-up for a round's pings, not one each).
+    fn until_next_round(&self) -> Duration {
+        let wall = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, crate::runtime::clock::millis);
+        Duration::from_millis(until_next_round(wall, self.policy.interval_ms))
     }
 
     /// One interval: ping the peers of a primary that could be replaced, publish what is known.
@@ -368,6 +394,47 @@ impl Heartbeat {
                 (self.pod.clone(), OwnedView::Replication { holder, replica })
             }
             _ => (self.pod.clone(), OwnedView::Unknown),
+        }
+    }
+}
+
+/// What can give an agent with nobody to ping someone to ping: its Valkey's state (cluster mode:
+/// its role and peers), and in replication mode its claim on the record and the shard's members.
+struct News {
+    state: watch::Receiver<HealthState>,
+    links: Option<(
+        watch::Receiver<Option<Claim>>,
+        watch::Receiver<BTreeMap<String, IpAddr>>,
+    )>,
+}
+
+impl News {
+    fn of(heartbeat: &Heartbeat) -> News {
+        let links = match (&heartbeat.mode, &heartbeat.shard) {
+            (Mode::Replication, Some(l)) => Some((l.claim.clone(), l.members.clone())),
+            _ => None,
+        };
+        News {
+            state: heartbeat.state.clone(),
+            links,
+        }
+    }
+
+    /// Returns on a change; never, once every sender is gone (shutting down), so that an idle
+    /// loop cannot spin on a closed channel.
+    async fn changed(&mut self) {
+        match &mut self.links {
+            Some((claim, members)) => tokio::select! {
+                Ok(()) = self.state.changed() => {}
+                Ok(()) = claim.changed() => {}
+                Ok(()) = members.changed() => {}
+                else => std::future::pending().await,
+            },
+            None => {
+                if self.state.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
         }
     }
 }

@@ -50,6 +50,9 @@ struct Row {
     /// UDP datagrams sent per second on the machine over the steady window: the agents' peer
     /// heartbeats (Valkey's cluster bus is TCP), every primary pinging every other primary.
     udp_out_per_s: f64,
+    /// Quorum fences every agent raised over the steady window: each stops a healthy primary's
+    /// writes for nothing, so anything but 0 is a defect.
+    steady_fences: u64,
     /// Requests per minute: the coordinator, the busiest follower, the whole apiserver.
     coordinator_rpm: f64,
     follower_rpm: f64,
@@ -191,8 +194,10 @@ async fn steady(stage: &Stage, coordinator: &str, row: &mut Row) -> Result<()> {
     let from = SystemTime::now();
     let (ticks, udp) = (Ticks::take(stage)?, udp_out()?);
     let machine = Snapshot::take();
+    let fenced = fences(stage).await?;
     tokio::time::sleep(STEADY + Duration::from_secs(1)).await;
     let (ticks_after, udp_after) = (Ticks::take(stage)?, udp_out()?);
+    row.steady_fences = fences(stage).await?.saturating_sub(fenced);
     let window = (STEADY + Duration::from_secs(1)).as_secs_f64();
     row.machine = describe(&machine.usage(&Snapshot::take(), window));
     row.udp_out_per_s = udp_after.saturating_sub(udp) as f64 / window;
@@ -328,6 +333,17 @@ fn memory(stage: &Stage, coordinator: &str, row: &mut Row) -> Result<()> {
     let settings = container_stats(stage, "valkey-settings")?;
     row.settings_rss_max_kib = settings.iter().map(|s| s.0).max().unwrap_or(0);
     Ok(())
+}
+
+/// The quorum fences every agent has raised so far (cluster mode: those for want of heartbeat
+/// vouches are among them).
+async fn fences(stage: &Stage) -> Result<u64> {
+    let sample = "valkey_sidecar_keeper_actions_total{kind=\"quorum_fence\"}";
+    let mut total = 0;
+    for pod in &stage.pods {
+        total += stage.agent_counter(pod, sample).await?;
+    }
+    Ok(total)
 }
 
 /// The coordinator's round time from its histogram: the mean, and the upper bound of the bucket
@@ -546,16 +562,16 @@ fn tell_longest_gap(shard: usize, acks: &[valkey_sidecar_testkit::k8s::writer::A
 fn print_table(rows: &[Row]) {
     println!("### Scale: chart installs of N shards × 2 pods\n");
     println!(
-        "Command: `BENCH_SCALE_SHARDS=\"10 25 50\" target/release/bench scale`. Each size is one chart install with the chart's defaults (cluster mode, 1 replica per shard) on 6 fake nodes in 3 zones, the agents' release binary, real kube-apiserver, scheduler and controller-manager on this 2-core machine. Settled: `helm install` until every pod is Ready, labelled and every replica synced. Round: the coordinator's `valkey_sidecar_coordinator_round_duration_seconds` over the whole run — the first coordinator's rounds up to the drains, and those of whoever coordinates after the last drain (the drains restart the first one's pod): the mean over both, and the larger bucket bound holding a p99. Requests: the audit log over a {} s steady window; each agent's, `valkey-settings` container's and Valkey's CPU (`/proc/<pid>/stat`), the whole machine's CPU by kind of process (every process in `/proc`) and its UDP datagrams sent (`/proc/net/snmp`: the agents' peer heartbeats) over the same window; memory is resident memory (`VmRSS`) after it. Hand-over: shard 1's primary node cordoned under a writer. Drains: `kubectl drain` of each node in turn (run again, up to 3 times, when it gives up, as an operator would), the deployment settled again before the next, under a writer per {SHARDS_PER_WRITER} shards (1 s timeouts, over its shard's pods' addresses as listed every 500 ms: a drained pod comes back with a new IP). Load: the machine's 1-minute load average at the end of the steady window, and the highest at the end of a drain (2 cores: past ~2, every process waits for CPU, and every figure of that size includes the wait).\n",
+        "Command: `BENCH_SCALE_SHARDS=\"10 25 50\" target/release/bench scale`. Each size is one chart install with the chart's defaults (cluster mode, 1 replica per shard) on 6 fake nodes in 3 zones, the agents' release binary, real kube-apiserver, scheduler and controller-manager on this 2-core machine. Settled: `helm install` until every pod is Ready, labelled and every replica synced. Round: the coordinator's `valkey_sidecar_coordinator_round_duration_seconds` over the whole run — the first coordinator's rounds up to the drains, and those of whoever coordinates after the last drain (the drains restart the first one's pod): the mean over both, and the larger bucket bound holding a p99. Requests: the audit log over a {} s steady window; each agent's, `valkey-settings` container's and Valkey's CPU (`/proc/<pid>/stat`), the whole machine's CPU by kind of process (every process in `/proc`) and its UDP datagrams sent (`/proc/net/snmp`: the agents' peer heartbeats) over the same window; fences: the quorum fences every agent raised in it (`keeper_actions_total{{kind=\"quorum_fence\"}}`; each pauses a healthy primary's writes, so 0 is the only right figure); memory is resident memory (`VmRSS`) after it. Hand-over: shard 1's primary node cordoned under a writer. Drains: `kubectl drain` of each node in turn (run again, up to 3 times, when it gives up, as an operator would), the deployment settled again before the next, under a writer per {SHARDS_PER_WRITER} shards (1 s timeouts, over its shard's pods' addresses as listed every 500 ms: a drained pod comes back with a new IP). Load: the machine's 1-minute load average at the end of the steady window, and the highest at the end of a drain (2 cores: past ~2, every process waits for CPU, and every figure of that size includes the wait).\n",
         STEADY.as_secs()
     );
     println!(
-        "| shards | pods | settled | round mean / p99 | coordinator RSS | agent RSS median / max | agent CPU median / max | settings container RSS max, CPU median | Valkey CPU median | heartbeat datagrams/s | requests/min coordinator / follower mean / busiest follower / apiserver | load steady / drains | hand-over pause, lost | drains: longest, longest write pause, acked, lost |"
+        "| shards | pods | settled | round mean / p99 | coordinator RSS | agent RSS median / max | agent CPU median / max | settings container RSS max, CPU median | Valkey CPU median | heartbeat datagrams/s | fences in the steady window | requests/min coordinator / follower mean / busiest follower / apiserver | load steady / drains | hand-over pause, lost | drains: longest, longest write pause, acked, lost |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         println!(
-            "| {} | {} | {:.1} s | {:.2} / {:.2} ms | {} MiB | {} / {} MiB | {:.1} / {:.1} % | {:.1} MiB, {:.2} % | {:.1} % | {:.0} | {:.1} / {:.2} / {:.1} / {:.0} | {:.1} / {:.1} | {} ms, {} | {} nodes: {:.1} s, {} ms, {}, {} |",
+            "| {} | {} | {:.1} s | {:.2} / {:.2} ms | {} MiB | {} / {} MiB | {:.1} / {:.1} % | {:.1} MiB, {:.2} % | {:.1} % | {:.0} | {} | {:.1} / {:.2} / {:.1} / {:.0} | {:.1} / {:.1} | {} ms, {} | {} nodes: {:.1} s, {} ms, {}, {} |",
             r.shards,
             r.pods,
             r.settled.as_secs_f64(),
@@ -570,6 +586,7 @@ fn print_table(rows: &[Row]) {
             r.settings_cpu_median_pct,
             r.valkey_cpu_median_pct,
             r.udp_out_per_s,
+            r.steady_fences,
             r.coordinator_rpm,
             r.follower_mean_rpm,
             r.follower_rpm,
