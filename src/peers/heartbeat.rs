@@ -402,16 +402,13 @@ impl Heartbeat {
 /// its role and peers), and in replication mode its claim on the record and the shard's members.
 struct News {
     state: watch::Receiver<HealthState>,
-    links: Option<(
-        watch::Receiver<Option<Claim>>,
-        watch::Receiver<BTreeMap<String, IpAddr>>,
-    )>,
+    links: Option<ShardLinks>,
 }
 
 impl News {
     fn of(heartbeat: &Heartbeat) -> News {
         let links = match (&heartbeat.mode, &heartbeat.shard) {
-            (Mode::Replication, Some(l)) => Some((l.claim.clone(), l.members.clone())),
+            (Mode::Replication, Some(l)) => Some(l.clone()),
             _ => None,
         };
         News {
@@ -424,10 +421,10 @@ impl News {
     /// loop cannot spin on a closed channel.
     async fn changed(&mut self) {
         match &mut self.links {
-            Some((claim, members)) => tokio::select! {
+            Some(links) => tokio::select! {
                 Ok(()) = self.state.changed() => {}
-                Ok(()) = claim.changed() => {}
-                Ok(()) = members.changed() => {}
+                Ok(()) = links.claim.changed() => {}
+                Ok(()) = links.members.changed() => {}
                 else => std::future::pending().await,
             },
             None => {
