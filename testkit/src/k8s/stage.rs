@@ -738,6 +738,16 @@ impl Stage {
         Ok(value.map(|v| v.trim().parse()).transpose()?.unwrap_or(0))
     }
 
+    /// `sample` summed over every pod's agent: a counter that only some agents keep (the
+    /// coordinator's), or one read for the whole deployment.
+    pub async fn agents_counter(&self, sample: &str) -> Result<u64> {
+        let mut total = 0;
+        for pod in &self.pods {
+            total += self.agent_counter(pod, sample).await?;
+        }
+        Ok(total)
+    }
+
     /// How many shards the stage has, and how many pods each.
     pub fn shape(&self) -> (usize, usize) {
         (self.pods.len() / self.members.max(1), self.members)

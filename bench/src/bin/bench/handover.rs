@@ -516,11 +516,7 @@ async fn handover(stage: &Stage, shard: usize) -> Result<Handover> {
 /// change of coordinator).
 async fn handovers_ok(stage: &Stage) -> Result<u64> {
     const OK: &str = "valkey_sidecar_coordinator_actions_total{kind=\"Handover\",result=\"ok\"}";
-    let mut n = 0;
-    for p in &stage.pods {
-        n += stage.agent_counter(p, OK).await?;
-    }
-    Ok(n)
+    stage.agents_counter(OK).await
 }
 
 /// Waits until the coordinator counts one more successful hand-over than `before` (so the next run

@@ -339,11 +339,7 @@ fn memory(stage: &Stage, coordinator: &str, row: &mut Row) -> Result<()> {
 /// vouches are among them).
 async fn fences(stage: &Stage) -> Result<u64> {
     let sample = "valkey_sidecar_keeper_actions_total{kind=\"quorum_fence\"}";
-    let mut total = 0;
-    for pod in &stage.pods {
-        total += stage.agent_counter(pod, sample).await?;
-    }
-    Ok(total)
+    stage.agents_counter(sample).await
 }
 
 /// The coordinator's round time from its histogram: the mean, and the upper bound of the bucket
