@@ -138,6 +138,7 @@ async fn drain_hands_over(stage: &Stage) -> Result<Moved> {
 
 /// Waits until a pod of shard 0 other than `from` is its primary, by Valkey and by label.
 async fn wait_moved(stage: &Stage, from: &str, timeout: Duration) -> Result<String> {
+    let moved = std::sync::Mutex::new(None);
     poll_until(
         "shard 0's primary moved",
         timeout,
@@ -147,11 +148,20 @@ async fn wait_moved(stage: &Stage, from: &str, timeout: Duration) -> Result<Stri
                 return Ok(false);
             };
             let labelled = stage.labels(&now).await?.get(super::ROLE_LABEL).cloned();
-            Ok(now != from && labelled.as_deref() == Some("primary"))
+            let done = now != from && labelled.as_deref() == Some("primary");
+            if done {
+                *moved.lock().unwrap_or_else(|e| e.into_inner()) = Some(now);
+            }
+            Ok(done)
         },
     )
     .await?;
-    Ok(stage.primary_and_replicas(0)?.0)
+    // The pod seen moved and labelled, not a second look: that may meet the evicted pod's
+    // replacement before its agent made it a replica.
+    moved
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .context("no primary seen")
 }
 
 /// Stops the writer a second after the move and reads every acknowledged write back from the new

@@ -767,10 +767,37 @@ impl Stage {
         let pods = self.shard_pods(shard);
         let primary = pods
             .iter()
-            .find(|p| self.role(p).as_deref() == Some("master") && self.serves_slots(p))
+            .filter_map(|p| Some((self.master_rank(p)?, p)))
+            .filter(|(_, p)| self.serves_slots(p))
+            .max_by_key(|(rank, _)| *rank)
+            .map(|(_, p)| p)
             .with_context(|| format!("shard {shard} has no primary"))?;
         let others = pods.iter().filter(|p| *p != primary).cloned().collect();
         Ok((primary.clone(), others))
+    }
+
+    /// For a master: how many replicas it lists, then its replication offset (`ROLE`). A pod
+    /// recreated in replication mode answers as an empty master until its agent points it at the
+    /// primary; the shard's primary is the master its replicas follow, not the first one asked.
+    fn master_rank(&self, pod: &str) -> Option<(usize, i64)> {
+        let redis::Value::Array(items) = self.cmd(pod, &["ROLE"]).ok()? else {
+            return None;
+        };
+        match items.as_slice() {
+            [
+                redis::Value::BulkString(role),
+                offset,
+                redis::Value::Array(replicas),
+                ..,
+            ] if role.as_slice() == b"master" => {
+                let offset = match offset {
+                    redis::Value::Int(n) => *n,
+                    _ => 0,
+                };
+                Some((replicas.len(), offset))
+            }
+            _ => None,
+        }
     }
 
     /// Whether `pod`'s Valkey owns hash slots (`CLUSTER NODES`, its `myself` line); true without
