@@ -209,6 +209,7 @@ fn local_tasks(config: &Config, shared: &Shared) -> Vec<Task> {
             connector: shared.connector.clone(),
             permit: permit.clone(),
             metrics: shared.metrics.clone(),
+            silent_since: None,
         };
         tasks.push(supervised_task("start_guard", shared, move |stop| {
             guard.clone().run(stop)

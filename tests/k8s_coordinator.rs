@@ -791,17 +791,39 @@ async fn with_persistence_a_crashed_primary_is_failed_over_and_its_restart_rejoi
     .await;
 }
 
+/// The crash while the replica is frozen (SIGSTOP of its Valkey) for 3 s, as on an overloaded
+/// node: the restart guard's questions time out (300 ms each). A timeout is not a dead replica:
+/// the empty restart is held until the thawed replica takes over, where one unanswered question
+/// once let it start and become the sync source of its replica, wiping the shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_primary_whose_replica_is_frozen_is_held_until_the_replica_takes_over() {
+    let o = StageOptions::cluster("coord-crash-slow", 3, 1);
+    let scenario = "cluster: primary's Valkey killed, restarted at once, its replica frozen 3 s";
+    crashed_primary_frozen(o, scenario, Some(3 * SECOND)).await;
+}
+
 async fn crashed_primary(o: StageOptions, scenario: &str) {
+    crashed_primary_frozen(o, scenario, None).await;
+}
+
+async fn crashed_primary_frozen(o: StageOptions, scenario: &str, freeze: Option<Duration>) {
     const TAIL: Duration = Duration::from_millis(500);
     let (s, _) = coordinated(o, &[("SIDECAR_BALANCE", "false")]).await;
-    let (old, _) = s.primary_and_replica(0).unwrap();
+    let (old, replica) = s.primary_and_replica(0).unwrap();
     let writer = s.shard_writer(0).unwrap();
     let tag = writer.tag.clone();
     tokio::time::sleep(SECOND).await;
+    if freeze.is_some() {
+        s.signal_container(&replica, "valkey", "STOP").unwrap();
+    }
     let killed = Instant::now();
     s.kubelet
         .crash_container(&s.namespace, &old, "valkey")
         .unwrap();
+    if let Some(d) = freeze {
+        tokio::time::sleep(d).await;
+        s.signal_container(&replica, "valkey", "CONT").unwrap();
+    }
     let promoted = poll_until(
         "another member primary",
         20 * SECOND,

@@ -53,13 +53,20 @@ pub enum DeathVerdict<'a> {
 }
 
 impl DeathVerdict<'_> {
-    /// Whether the death counts as handled now (the repeat window starts).
+    /// Whether the death counts as handled now (the repeat window starts); after
+    /// [`DeathVerdict::ReadOffsets`], [`handled_after_reading`] says.
     pub fn handled(&self) -> bool {
-        matches!(
-            self,
-            DeathVerdict::LeftToHandover | DeathVerdict::ReadOffsets { .. }
-        )
+        matches!(self, DeathVerdict::LeftToHandover)
     }
+}
+
+/// Whether a death counts as handled once the replicas' offsets were read: a failover was sent,
+/// or some replica answered (it is not waiting on one). When none answered (a frozen or
+/// overloaded replica, 300 ms each), the next report of the death — every 250 ms while its
+/// socket refuses — asks again, so the shard is failed over once the replica can answer rather
+/// than only after `cluster-node-timeout` by Valkey itself.
+pub fn handled_after_reading(offsets: &[ReplicaOffset], sent: bool) -> bool {
+    sent || offsets.iter().any(|o| o.offset.is_some())
 }
 
 /// The one entry point for a primary's death: whether to fail its shard over, before any offset

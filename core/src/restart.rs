@@ -6,7 +6,8 @@
 //! from it — every acknowledged write of the shard is gone. So its restart is held (the chart
 //! runs `valkey-sidecar await` in front of `valkey-server`) until a replica has taken its slots
 //! over; then it rejoins as that replica's replica. It is not held when nobody could take over:
-//! no replica, no replica answering, or too few primaries left to elect one.
+//! no replica, no replica running (every one refuses), none answering for [`SILENT_GO_MS`], or
+//! too few primaries left to elect one.
 
 use crate::health::Verdict;
 use crate::observation::{Observation, Role};
@@ -65,21 +66,46 @@ pub fn takeover(last: Option<&Observation>) -> Result<Takeover, String> {
     Ok(Takeover { my_id, replicas })
 }
 
-/// The permit, from the last observation and the cluster as the replicas that answered see it
-/// (`None`: not asked yet).
-pub fn decide(last: Option<&Observation>, views: Option<&[Vec<Shard>]>) -> Permit {
+/// How long every replica may leave the question unanswered (timeouts, not refusals) before the
+/// start goes on without them. A replica that does not answer in time may only be slow: on an
+/// overloaded node a live replica can miss the guard's 300 ms limit, and an empty primary
+/// started then becomes its replica's sync source: the shard's writes are gone. A live replica takes the slots
+/// over by itself within about `cluster-node-timeout` (5 s in the chart) of the primary's
+/// death; 30 s of silence is six of those, and the start waits longer only up to the `await`
+/// timeout (`valkey.awaitStartTimeout`). A start held longer costs the shard's availability; a
+/// start too early costs its data.
+pub const SILENT_GO_MS: u64 = 30_000;
+
+/// What the replicas answered when asked how they see the cluster.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Replies {
+    /// `CLUSTER SHARDS` of each replica that answered.
+    pub views: Vec<Vec<Shard>>,
+    /// Replicas whose Valkey refused the connection: nothing listens there, so it cannot take
+    /// over (a node that is gone or cut off is silent instead).
+    pub refused: usize,
+    /// Replicas asked.
+    pub asked: usize,
+    /// For how long no replica has answered, on the asker's monotonic clock (0 when one did).
+    pub silent_for_ms: u64,
+}
+
+/// The permit, from the last observation and what the replicas answered (`None`: not asked
+/// yet).
+pub fn decide(last: Option<&Observation>, replies: Option<&Replies>) -> Permit {
     let t = match takeover(last) {
         Ok(t) => t,
         Err(why) => return Permit::Go(why),
     };
-    let Some(views) = views else {
+    let Some(replies) = replies else {
         return Permit::Hold(format!(
             "{} served slots: a restart waits for a replica to take over",
             t.my_id
         ));
     };
+    let views = &replies.views;
     if views.is_empty() {
-        return Permit::Go("no replica answers: none can take over".into());
+        return unanswered(replies);
     }
     if let Some(new) = views.iter().find_map(|v| taken_over(v, &t.my_id)) {
         return Permit::Go(format!("{new} took over the slots of {}", t.my_id));
@@ -90,6 +116,25 @@ pub fn decide(last: Option<&Observation>, views: Option<&[Vec<Shard>]>) -> Permi
     Permit::Hold(format!(
         "waiting for a replica to take over the slots of {}",
         t.my_id
+    ))
+}
+
+/// No replica answered: go when none runs (every one refused) or all have been silent for
+/// [`SILENT_GO_MS`]; a silent replica may be alive and about to take over.
+fn unanswered(replies: &Replies) -> Permit {
+    if replies.refused >= replies.asked {
+        return Permit::Go("no replica runs (every one refused): none can take over".into());
+    }
+    if replies.silent_for_ms >= SILENT_GO_MS {
+        return Permit::Go(format!(
+            "no replica answered for {} s: none can take over",
+            SILENT_GO_MS / 1000
+        ));
+    }
+    // No running count in the words: the permit is logged each time they change.
+    Permit::Hold(format!(
+        "no replica answers yet: a slow one may still take over (the start goes after {} s of silence)",
+        SILENT_GO_MS / 1000
     ))
 }
 

@@ -122,10 +122,16 @@ fn a_death_is_failed_over_once_unless_its_pod_goes_or_its_shard_moves() {
         DeathVerdict::ReadOffsets { .. } => "read offsets",
     };
     let cases = [
-        (death("p", None, false), &idle, "read offsets", true),
+        // Booked only once the offsets are read (`handled_after_reading`).
+        (death("p", None, false), &idle, "read offsets", false),
         (death("r1", None, false), &idle, "not serving", false),
         (death("p", Some(90_001), false), &idle, "repeated", false),
-        (death("p", Some(90_000), false), &idle, "read offsets", true),
+        (
+            death("p", Some(90_000), false),
+            &idle,
+            "read offsets",
+            false,
+        ),
         (death("p", Some(95_000), true), &idle, "repeated", false),
         (death("p", None, true), &idle, "hand-over", true),
         (death("p", None, true), &moving, "hand-over", true),
@@ -145,4 +151,24 @@ fn a_death_is_failed_over_once_unless_its_pod_goes_or_its_shard_moves() {
     };
     let ids: Vec<&str> = candidates.iter().map(|n| n.id.as_str()).collect();
     assert_eq!((shard.id.as_str(), ids), ("s1", vec!["r1", "r2"]));
+}
+
+/// After reading the offsets: booked when a failover was sent or any replica answered; when none
+/// answered (frozen, overloaded) the next report of the death asks again.
+#[test]
+fn a_death_no_replica_answered_for_is_asked_again() {
+    let cases = [
+        (offsets(None, None), false, false),
+        (offsets(Some(5), None), false, true),
+        (offsets(None, Some(5)), true, true),
+        (offsets(Some(5), Some(6)), true, true),
+        (vec![], false, false),
+    ];
+    for (read, sent, booked) in cases {
+        assert_eq!(
+            handled_after_reading(&read, sent),
+            booked,
+            "{read:?} sent {sent}"
+        );
+    }
 }

@@ -96,7 +96,7 @@ fn a_held_start_goes_once_a_replica_took_over_or_none_can() {
         node("a", Role::Primary, NodeHealth::Failed),
         node("a2", Role::Primary, NodeHealth::Online),
     ];
-    let cases: [(Vec<Vec<Shard>>, bool, &str); 6] = [
+    let cases: [(Vec<Vec<Shard>>, bool, &str); 5] = [
         (
             vec![cluster(as_before(), NodeHealth::Online)],
             false,
@@ -116,7 +116,6 @@ fn a_held_start_goes_once_a_replica_took_over_or_none_can() {
             true,
             "a2 took over",
         ),
-        (vec![], true, "no replica answers"),
         (
             vec![cluster(as_before(), NodeHealth::Failed)],
             true,
@@ -133,8 +132,46 @@ fn a_held_start_goes_once_a_replica_took_over_or_none_can() {
         ),
     ];
     for (views, go, why) in cases {
-        let p = decide(Some(&primary_before()), Some(&views));
+        let replies = Replies {
+            asked: views.len(),
+            views,
+            ..Replies::default()
+        };
+        let p = decide(Some(&primary_before()), Some(&replies));
         assert_eq!(p.go(), go, "{why}: {p:?}");
+        assert!(p.reason().contains(why), "{why}: {p:?}");
+    }
+}
+
+/// No replica answered: only a refusal says none runs. A replica that times out may be alive on
+/// a loaded node and about to take over; the empty primary must not start under it before
+/// [`SILENT_GO_MS`] of silence (a start that went after one 300 ms timeout made the empty node
+/// the sync source of its live replica).
+#[test]
+fn a_held_start_goes_without_answers_only_when_no_replica_runs_or_after_long_silence() {
+    let cases = [
+        // (asked, refused, silent for, go, why)
+        (1, 1, 0, true, "every one refused"),
+        (2, 2, 0, true, "every one refused"),
+        (1, 0, 0, false, "may still take over"),
+        (2, 1, 5_000, false, "may still take over"),
+        (1, 0, SILENT_GO_MS - 1, false, "may still take over"),
+        (1, 0, SILENT_GO_MS, true, "no replica answered for 30 s"),
+        (2, 1, SILENT_GO_MS + 1, true, "none can take over"),
+    ];
+    for (asked, refused, silent_for_ms, go, why) in cases {
+        let replies = Replies {
+            views: vec![],
+            refused,
+            asked,
+            silent_for_ms,
+        };
+        let p = decide(Some(&primary_before()), Some(&replies));
+        assert_eq!(
+            p.go(),
+            go,
+            "{asked} asked, {refused} refused, silent {silent_for_ms} ms: {p:?}"
+        );
         assert!(p.reason().contains(why), "{why}: {p:?}");
     }
 }

@@ -233,7 +233,11 @@ impl Coordinator {
             DeathVerdict::NotServing | DeathVerdict::Repeated => return,
         };
         let offsets = offsets(candidates.into_iter(), &self.connector).await;
-        match core_crash::target(shard, &death.node, &offsets) {
+        let chosen = core_crash::target(shard, &death.node, &offsets);
+        if core_crash::handled_after_reading(&offsets, chosen.is_ok()) {
+            memory.crashes.insert(death.node.clone(), now);
+        }
+        match chosen {
             Ok(chosen) => self.force(chosen, &shards, pods, memory, done),
             Err(why) => {
                 tracing::warn!(node = %death.node, %why, "a primary died; no replica to fail over to")

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use valkey_sidecar_core::health::HealthState;
-use valkey_sidecar_core::restart::{self, Permit};
+use valkey_sidecar_core::restart::{self, Permit, Replies};
 use valkey_sidecar_core::shards::{Shard, ShardNode, parse_shards};
 
 use crate::runtime::metrics::Metrics;
@@ -30,6 +31,9 @@ pub struct StartGuard {
     pub connector: Connector,
     pub permit: watch::Sender<Permit>,
     pub metrics: Arc<Metrics>,
+    /// Since when no replica has answered (local monotonic clock); `None` while one does or
+    /// nobody is asked.
+    pub silent_since: Option<Instant>,
 }
 
 impl StartGuard {
@@ -58,23 +62,50 @@ impl StartGuard {
         let replicas = match restart::takeover(last.as_ref()) {
             Ok(t) if !running => t.replicas,
             // Running (or nothing to wait for): the rule answers without asking anyone.
-            _ => return (restart::decide(last.as_ref(), None), false),
+            _ => {
+                self.silent_since = None;
+                return (restart::decide(last.as_ref(), None), false);
+            }
         };
-        let views = self.ask(&replicas).await;
-        (restart::decide(last.as_ref(), Some(&views)), true)
+        let replies = self.ask(&replicas).await;
+        (restart::decide(last.as_ref(), Some(&replies)), true)
     }
 
-    /// `CLUSTER SHARDS` of every replica that answers in time.
-    async fn ask(&self, replicas: &[ShardNode]) -> Vec<Vec<Shard>> {
+    /// `CLUSTER SHARDS` of every replica that answers in time, how many refused, and for how
+    /// long none has answered.
+    async fn ask(&mut self, replicas: &[ShardNode]) -> Replies {
         let asks = replicas.iter().map(|n| self.view_of(n));
-        join_all(asks).await.into_iter().flatten().collect()
+        let mut replies = Replies {
+            asked: replicas.len(),
+            ..Replies::default()
+        };
+        for answer in join_all(asks).await {
+            match answer {
+                Ok(view) => replies.views.push(view),
+                Err(refused) => replies.refused += usize::from(refused),
+            }
+        }
+        let since = match replies.views.is_empty() {
+            true => *self.silent_since.get_or_insert_with(Instant::now),
+            false => {
+                self.silent_since = None;
+                Instant::now()
+            }
+        };
+        replies.silent_for_ms = u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX);
+        replies
     }
 
-    async fn view_of(&self, node: &ShardNode) -> Option<Vec<Shard>> {
+    /// A replica's `CLUSTER SHARDS`; `Err(true)`: it refused, `Err(false)`: no answer in time.
+    async fn view_of(&self, node: &ShardNode) -> Result<Vec<Shard>, bool> {
         let mut cmd = redis::cmd("CLUSTER");
         cmd.arg("SHARDS");
-        let value = self.connector.for_node(node).ask(&cmd, ASK_LIMIT).await?;
-        Some(parse_shards(&observe::reply(value)))
+        let value = self
+            .connector
+            .for_node(node)
+            .ask_or_refused(&cmd, ASK_LIMIT)
+            .await?;
+        Ok(parse_shards(&observe::reply(value)))
     }
 
     fn publish(&self, permit: Permit) {

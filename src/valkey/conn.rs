@@ -120,6 +120,24 @@ impl Connector {
         timeout(limit, ask).await.ok().flatten()
     }
 
+    /// [`Connector::ask`], telling a refused connection (nothing listens there) from silence
+    /// (slow, frozen, gone or cut off): `Err(true)` refused, `Err(false)` no answer.
+    pub async fn ask_or_refused(
+        &self,
+        cmd: &redis::Cmd,
+        limit: Duration,
+    ) -> Result<redis::Value, bool> {
+        let connector = Connector {
+            timeout: limit,
+            ..self.clone()
+        };
+        let ask = async {
+            let (mut conn, _driver) = connector.connect().await.map_err(|e| e.refused())?;
+            cmd.query_async(&mut conn).await.map_err(|_| false)
+        };
+        timeout(limit, ask).await.unwrap_or(Err(false))
+    }
+
     fn addr(&self) -> String {
         format!("{}:{}", self.host, self.port)
     }
