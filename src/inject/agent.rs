@@ -245,11 +245,18 @@ pub fn probes() -> [(&'static str, Node); 3] {
             ("failureThreshold", Node::plain(failures)),
         ])
     };
+    // The chart's: a slow answer from the cache means a starved node, not a dead Valkey.
+    let liveness = Node::map(vec![
+        ("httpGet", http_get("/livez")),
+        ("periodSeconds", Node::plain(5)),
+        ("timeoutSeconds", Node::plain(5)),
+        ("failureThreshold", Node::plain(3)),
+    ]);
     [
         // Two minutes for Valkey to give its first answer (loading counts as one).
         ("startupProbe", probe("/startupz", 2, 60)),
         // `/livez` itself waits out SIDECAR_LIVENESS_WINDOW (30 s) of silence: restarts stay rare.
-        ("livenessProbe", probe("/livez", 5, 3)),
+        ("livenessProbe", liveness),
         // Cheap (cached), so frequent: readiness, and so PodDisruptionBudgets, follow sync closely.
         ("readinessProbe", probe("/readyz", 2, 2)),
     ]

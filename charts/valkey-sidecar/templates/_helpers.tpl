@@ -578,12 +578,14 @@ startupProbe:
     port: 9736
   periodSeconds: 2
   failureThreshold: 60
-# /livez itself waits out SIDECAR_LIVENESS_WINDOW (30 s) of silence: restarts stay rare.
+# /livez itself waits out SIDECAR_LIVENESS_WINDOW (30 s) of silence: restarts stay rare. A late
+# answer from its cache means a starved node, not a dead Valkey: 5 s before a failure counts.
 livenessProbe:
   httpGet:
     path: /livez
     port: 9736
   periodSeconds: 5
+  timeoutSeconds: 5
   failureThreshold: 3
 # Cheap, so frequent: readiness (and so the PodDisruptionBudgets) follows sync closely.
 readinessProbe:
