@@ -671,19 +671,7 @@ fn rebalance(s: &Shards<'_>, policy: &Policy) -> Option<Action> {
         if !crowded.contains(node) || !steady(world, policy, shard) {
             return None;
         }
-        let zone = preferred_zone(s, policy, shard);
-        let keep_zone =
-            |m: &&Member| zone.is_none() || zone_of(world, p) != zone || zone_of(world, m) == zone;
-        let has_room = |m: &&Member| {
-            m.pod
-                .as_ref()
-                .and_then(|p| p.node.as_deref())
-                .is_some_and(|n| count.get(n).is_some_and(|c| *c < cap))
-        };
-        let to = candidates(s, shard, zone)
-            .into_iter()
-            .filter(keep_zone)
-            .find(has_room)?;
+        let to = balance_target(s, policy, shard, (&count, cap))?;
         let reason = format!(
             "node {node} carries {} primaries, more than the cap of {cap}",
             count.get(node).copied().unwrap_or(0)
@@ -695,6 +683,48 @@ fn rebalance(s: &Shards<'_>, policy: &Policy) -> Option<Action> {
             to: to.id.clone(),
             reason,
         })
+    })
+}
+
+/// Where balance may move `shard`'s primary: a candidate on a node under the cap, never out of
+/// the shard's preferred zone (fail-back would only move it back).
+fn balance_target<'a>(
+    s: &Shards<'a>,
+    policy: &Policy,
+    shard: &str,
+    (count, cap): (&BTreeMap<&str, usize>, usize),
+) -> Option<&'a Member> {
+    let world = s.world;
+    let p = s.primary(shard)?;
+    let zone = preferred_zone(s, policy, shard);
+    let keep_zone =
+        |m: &&Member| zone.is_none() || zone_of(world, p) != zone || zone_of(world, m) == zone;
+    let has_room = |m: &&Member| {
+        m.pod
+            .as_ref()
+            .and_then(|p| p.node.as_deref())
+            .is_some_and(|n| count.get(n).is_some_and(|c| *c < cap))
+    };
+    candidates(s, shard, zone)
+        .into_iter()
+        .filter(keep_zone)
+        .find(has_room)
+}
+
+/// Whether some primary on `node` could be moved by balance (its shard's quiet period aside).
+fn movable_from(
+    s: &Shards<'_>,
+    policy: &Policy,
+    node: &str,
+    count: &BTreeMap<&str, usize>,
+) -> bool {
+    let cap = primary_cap(s.world);
+    s.names().any(|shard| {
+        let on_node = s
+            .primary(shard)
+            .and_then(|p| p.pod.as_ref()?.node.as_deref())
+            == Some(node);
+        on_node && balance_target(s, policy, shard, (count, cap)).is_some()
     })
 }
 
@@ -741,7 +771,7 @@ pub fn track(
 /// whose members share a node or a zone, pods the scheduler could not place.
 fn drift(s: &Shards<'_>, policy: &Policy) -> Vec<Drift> {
     let mut out = zone_drift(s, policy);
-    out.extend(balance_drift(s.world));
+    out.extend(balance_drift(s, policy));
     for shard in s.names() {
         out.extend(sharing(s, shard));
     }
@@ -773,21 +803,29 @@ fn zone_drift(s: &Shards<'_>, policy: &Policy) -> Vec<Drift> {
     out
 }
 
-fn balance_drift(world: &World) -> Vec<Drift> {
-    let mut out = Vec::new();
+/// Nodes over the primary cap. Balance moves primaries among a shard's pods, not the pods: when
+/// none of a crowded node's shards has a synced replica in its preferred zone on a node with
+/// room (after consecutive drains the scheduler may have packed a zone's pods onto one node),
+/// the message says so, so nobody waits for a move that cannot come.
+fn balance_drift(s: &Shards<'_>, policy: &Policy) -> Vec<Drift> {
+    let world = s.world;
     let cap = primary_cap(world);
-    for (node, c) in primaries_per_node(world)
-        .into_iter()
-        .filter(|(_, c)| *c > cap)
-    {
-        out.push(Drift {
-            shard: String::new(),
-            reason: "PrimaryImbalance",
-            message: format!("node {node} carries {c} primaries (cap {cap})"),
-            pod: None,
-        });
-    }
-    out
+    let count = primaries_per_node(world);
+    let crowded = count.iter().filter(|(_, c)| **c > cap);
+    crowded
+        .map(|(node, c)| {
+            let stuck = match movable_from(s, policy, node, &count) {
+                true => "",
+                false => ": no replica in its shards' preferred zones on a node with room, so balance cannot lower it (it moves primaries, not pods: reschedule the pods, e.g. with a descheduler)",
+            };
+            Drift {
+                shard: String::new(),
+                reason: "PrimaryImbalance",
+                message: format!("node {node} carries {c} primaries (cap {cap}){stuck}"),
+                pod: None,
+            }
+        })
+        .collect()
 }
 
 /// Members of one shard that share a node (`ShardSharesNode`) or a zone (`ShardSharesZone`):

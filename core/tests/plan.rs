@@ -279,6 +279,38 @@ fn crowded_node_is_rebalanced_within_the_zone() {
     assert!(plan.drift.iter().any(|d| d.reason == "PrimaryImbalance"));
 }
 
+/// Node n0's primaries when its shards' replicas in their preferred zones share n0 or live in
+/// other zones: balance can move none (it keeps each primary in its shard's preferred zone, and
+/// moves primaries, not pods), and the drift says so; a replica of the zone on an empty node
+/// makes the same crowding movable.
+#[test]
+fn a_crowding_that_balance_cannot_lower_says_so() {
+    let mut w = world();
+    // Shard 1's intended primary p1 was rescheduled onto n0: shard 1 prefers zone a now, and its
+    // replicas are on n5 (zone c) and n0.
+    find(&mut w, "p1").pod.as_mut().unwrap().node = Some("n0".into());
+    let imbalance = |w: &World| {
+        let plan = decide(w, &Policy::default());
+        let drift = plan.drift.iter().find(|d| d.reason == "PrimaryImbalance");
+        (plan.actions.clone(), drift.map(|d| d.message.clone()))
+    };
+    let (actions, message) = imbalance(&w);
+    assert!(actions.is_empty(), "{actions:?}");
+    let message = message.expect("n0 carries two primaries, over the cap of 1");
+    assert!(
+        message.starts_with("node n0 carries 2 primaries (cap 1)"),
+        "{message}"
+    );
+    assert!(message.contains("balance cannot lower it"), "{message}");
+    // Shard 0's replica r0b moves to n3 (zone a, no primary): shard 0 can leave n0.
+    find(&mut w, "r0b").pod.as_mut().unwrap().node = Some("n3".into());
+    let (actions, message) = imbalance(&w);
+    let message = message.expect("still crowded until the move");
+    assert!(!message.contains("cannot"), "{message}");
+    let moved: Vec<_> = actions.iter().map(|a| (a.kind, a.to.as_str())).collect();
+    assert_eq!(moved, [(Kind::Rebalance, "r0b")]);
+}
+
 #[test]
 fn steadiness_restarts_on_a_new_primary_or_an_unsynced_replica() {
     use valkey_sidecar_core::plan::track;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, Result, bail};
 use valkey_sidecar_testkit::k8s::audit::{Usage, pod_identity};
 use valkey_sidecar_testkit::k8s::follow::{Addresses, Watcher};
-use valkey_sidecar_testkit::k8s::writer::{Writer, tag_for_with};
+use valkey_sidecar_testkit::k8s::writer::{Ack, Writer, missing, tag_for_with};
 use valkey_sidecar_testkit::k8s::{ROLE_LABEL, Stage, StageOptions, poll_until};
 
 use crate::machine::{Snapshot, TICKS_PER_S, describe};
@@ -76,12 +76,13 @@ struct Row {
     /// Drains run again after `kubectl drain` gave up (an apiserver timeout, a refused eviction
     /// past its own timeout): node and kubectl's last words, as an operator would retry them.
     drain_retries: Vec<String>,
-    /// After each drain, once settled: the most and the fewest primaries on one node.
-    balance: Vec<(usize, usize)>,
+    /// After each drain, once settled: the most and the fewest primaries on one node, then the
+    /// most and the fewest pods.
+    balance: Vec<Spread>,
     /// From the end of the last drain until no node carries more than ⌈shards / nodes⌉
-    /// primaries (the coordinator's balance, one move per cooldown after a quiet period);
-    /// `None`: not within [`BALANCED_WITHIN`].
-    balanced_after: Option<Duration>,
+    /// primaries (the coordinator's balance, one move per cooldown after a quiet period), or
+    /// until the coordinator says no move can get there; `None`: not timed.
+    balanced_after: Option<Balance>,
     /// Why this size stopped before its last phase (what was measured until then stays).
     failed: Option<String>,
 }
@@ -438,17 +439,24 @@ async fn drains(stage: &Stage, row: &mut Row) -> Result<()> {
         stage.plane.kubectl(&["uncordon", &node]).await?;
         stage.wait_settled(row.pods, row.shards, SETTLE).await?;
         stage.wait_synced(SETTLE).await?;
-        row.balance.push(primaries_per_node(stage).await?);
+        row.balance.push(per_node(stage).await?);
         row.drain_longest = row.drain_longest.max(t.elapsed());
         row.load_drains = row.load_drains.max(load_average()?);
         row.drains += 1;
     }
-    row.balanced_after = balanced(stage, row.shards).await?;
+    row.balanced_after = Some(balanced(stage, row.shards).await?);
     for (shard, writer) in writers {
         let tag = writer.tag.clone();
         let written = writer.stop()?;
         let (primary, _) = stage.primary_and_replicas(shard)?;
-        row.drain_lost += stage.lost(&primary, &tag, &written.acked)?;
+        let lost = missing(
+            stage.valkey(&primary)?,
+            &stage.client(),
+            &tag,
+            &written.acked,
+        )?;
+        tell_lost(shard, &primary, &lost, &written.acks);
+        row.drain_lost += lost.len();
         row.drain_acked += written.acked.len();
         row.drain_pause = row.drain_pause.max(written.longest_pause);
         tell_longest_gap(shard, &written.acks);
@@ -457,37 +465,79 @@ async fn drains(stage: &Stage, row: &mut Row) -> Result<()> {
     Ok(())
 }
 
-/// The most and the fewest primaries on one node, by the pods' role labels (nodes with none
-/// count): how evenly the hand-overs of consecutive drains leave the primaries.
-async fn primaries_per_node(stage: &Stage) -> Result<(usize, usize)> {
-    let mut per_node: BTreeMap<String, usize> =
-        stage.nodes.names().into_iter().map(|n| (n, 0)).collect();
+/// The most and the fewest primaries on one node (by the pods' role labels), and the same for
+/// pods (nodes with none count): how evenly consecutive drains leave them.
+#[derive(Debug, Clone, Copy)]
+struct Spread {
+    primaries: (usize, usize),
+    pods: (usize, usize),
+}
+
+async fn per_node(stage: &Stage) -> Result<Spread> {
+    let zero: BTreeMap<String, usize> = stage.nodes.names().into_iter().map(|n| (n, 0)).collect();
+    let (mut primaries, mut pods) = (zero.clone(), zero);
     for pod in stage.pod_objects().await? {
         let labels = pod.metadata.labels.unwrap_or_default();
-        let node = pod.spec.and_then(|s| s.node_name);
-        if let (Some("primary"), Some(node)) = (labels.get(ROLE_LABEL).map(String::as_str), node) {
-            *per_node.entry(node).or_default() += 1;
+        let Some(node) = pod.spec.and_then(|s| s.node_name) else {
+            continue;
+        };
+        if labels.get(ROLE_LABEL).map(String::as_str) == Some("primary") {
+            *primaries.entry(node.clone()).or_default() += 1;
         }
+        *pods.entry(node).or_default() += 1;
     }
-    let max = per_node.values().max().copied().unwrap_or(0);
-    let min = per_node.values().min().copied().unwrap_or(0);
-    Ok((max, min))
+    let most_fewest = |m: &BTreeMap<String, usize>| {
+        let max = m.values().max().copied().unwrap_or(0);
+        (max, m.values().min().copied().unwrap_or(0))
+    };
+    Ok(Spread {
+        primaries: most_fewest(&primaries),
+        pods: most_fewest(&pods),
+    })
 }
 
 /// How long the balance may take after the drains before the bench moves on.
 const BALANCED_WITHIN: Duration = Duration::from_secs(600);
 
-/// Waits until no node carries more than its even share of primaries; how long that took.
-async fn balanced(stage: &Stage, shards: usize) -> Result<Option<Duration>> {
+/// How the primaries ended up after the drains.
+#[derive(Debug, Clone)]
+enum Balance {
+    /// No node over its even share, this long after the last drain.
+    Even(Duration),
+    /// The coordinator's `PrimariesBalanced` condition said, for [`STUCK_FOR`] on end, that
+    /// no move can get there (this long after the last drain): its words.
+    Stuck(Duration, String),
+    /// Neither within [`BALANCED_WITHIN`].
+    NotEven,
+}
+
+/// How long the coordinator must say a crowding cannot be lowered before the bench believes it.
+const STUCK_FOR: Duration = Duration::from_secs(30);
+
+/// Waits until no node carries more than its even share of primaries, or the coordinator says
+/// that cannot happen.
+async fn balanced(stage: &Stage, shards: usize) -> Result<Balance> {
     let cap = shards.div_ceil(stage.nodes.names().len().max(1));
     let t = Instant::now();
+    let mut stuck_since: Option<Instant> = None;
     while t.elapsed() < BALANCED_WITHIN {
-        if primaries_per_node(stage).await?.0 <= cap {
-            return Ok(Some(t.elapsed()));
+        if per_node(stage).await?.primaries.0 <= cap {
+            return Ok(Balance::Even(t.elapsed()));
+        }
+        let said = stage
+            .condition("PrimariesBalanced")
+            .await?
+            .unwrap_or_default();
+        match said.contains("cannot lower") {
+            true if stuck_since.is_some_and(|s| s.elapsed() >= STUCK_FOR) => {
+                return Ok(Balance::Stuck(t.elapsed(), said));
+            }
+            true => stuck_since = stuck_since.or(Some(Instant::now())),
+            false => stuck_since = None,
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
-    Ok(None)
+    Ok(Balance::NotEven)
 }
 
 /// Times `kubectl drain` is run on one node before the size gives up.
@@ -534,16 +584,40 @@ fn following_writer(stage: &Stage, addresses: &Addresses, k: usize) -> Result<Wr
     Ok(stage.writer_with(targets.clone(), &tag, stage.client()))
 }
 
+/// Prints which nodes acknowledged a writer's lost writes, and when (Unix time, to find in the
+/// pods' logs kept with `VALKEY_TESTKIT_KEEP_DIRS=1`): a loss is traced, not only counted.
+fn tell_lost(shard: usize, primary: &str, lost: &[u64], acks: &[Ack]) {
+    if lost.is_empty() {
+        return;
+    }
+    let lost: std::collections::BTreeSet<u64> = lost.iter().copied().collect();
+    let mut by_node: BTreeMap<String, (usize, f64, f64, u64, u64)> = BTreeMap::new();
+    for a in acks.iter().filter(|a| lost.contains(&a.n)) {
+        let t = unix(a.at);
+        let e = by_node
+            .entry(a.node.to_string())
+            .or_insert((0, t, t, a.n, a.n));
+        *e = (e.0 + 1, e.1.min(t), e.2.max(t), e.3.min(a.n), e.4.max(a.n));
+    }
+    for (node, (count, from, to, first, last)) in by_node {
+        eprintln!(
+            "bench scale: writer of shard {shard} (read back from {primary}): {count} lost writes acknowledged by {node} from {from:.3} to {to:.3} (n {first}..={last})"
+        );
+    }
+}
+
+/// An instant of this process as Unix time.
+fn unix(at: Instant) -> f64 {
+    let ago = Instant::now().saturating_duration_since(at);
+    let now = SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    now.unwrap_or_default().saturating_sub(ago).as_secs_f64()
+}
+
 /// Prints when a writer's longest gap between acknowledgements began and ended (Unix time, to
 /// find in the pods' logs) and which nodes acknowledged on either side.
-fn tell_longest_gap(shard: usize, acks: &[valkey_sidecar_testkit::k8s::writer::Ack]) {
+fn tell_longest_gap(shard: usize, acks: &[Ack]) {
     let Some(pair) = acks.windows(2).max_by_key(|w| w[1].at - w[0].at) else {
         return;
-    };
-    let unix = |at: Instant| {
-        let ago = Instant::now().saturating_duration_since(at);
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-        now.unwrap_or_default().saturating_sub(ago).as_secs_f64()
     };
     eprintln!(
         "bench scale: writer of shard {shard}: longest gap {:?} from {:.3} ({}) to {:.3} ({})",
@@ -621,14 +695,26 @@ fn print_notes(rows: &[Row]) {
     }
     println!();
     println!(
-        "Primaries per node after each drain, once settled (most / fewest on one of the 6 nodes; even would be ⌈shards / 6⌉ / ⌊shards / 6⌋):\n"
+        "Primaries per node after each drain, once settled (most / fewest on one of the 6 nodes; even would be ⌈shards / 6⌉ / ⌊shards / 6⌋), and in brackets pods (even: ⌈pods / 6⌉ / ⌊pods / 6⌋). The balance moves primaries among a shard's pods, never out of the shard's preferred zone, and never moves pods:\n"
     );
     for r in rows {
-        let after: Vec<String> = r.balance.iter().map(|(a, b)| format!("{a}/{b}")).collect();
-        let balanced = match r.balanced_after {
-            Some(d) => format!("even {:.0} s after the last drain", d.as_secs_f64()),
-            None if r.failed.is_some() => "stopped before the balance was timed".to_owned(),
-            None => format!(
+        let after: Vec<String> = r
+            .balance
+            .iter()
+            .map(|s| {
+                let ((a, b), (c, d)) = (s.primaries, s.pods);
+                format!("{a}/{b} [{c}/{d}]")
+            })
+            .collect();
+        let balanced = match &r.balanced_after {
+            Some(Balance::Even(d)) => format!("even {:.0} s after the last drain", d.as_secs_f64()),
+            Some(Balance::Stuck(d, said)) => format!(
+                "not even; {:.0} s after the last drain the coordinator said (for {} s on end) that no move can even it out: `{said}`",
+                d.as_secs_f64(),
+                STUCK_FOR.as_secs()
+            ),
+            None => "stopped before the balance was timed".to_owned(),
+            Some(Balance::NotEven) => format!(
                 "not even {} s after the last drain",
                 BALANCED_WITHIN.as_secs()
             ),
