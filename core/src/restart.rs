@@ -54,10 +54,14 @@ pub fn takeover(last: Option<&Observation>) -> Result<Takeover, String> {
     let Some(shard) = shard.filter(|_| last.role == Role::Primary) else {
         return Err("not a primary serving slots when last seen".into());
     };
+    // Every other member of the shard may hold its data: a replica, and also a node still shown
+    // as a master right after handing the primary to this one (gossip lags its demotion by a
+    // moment; a restart then would make the empty node its sync source). Only a master the
+    // cluster marked failed is left out.
     let replicas: Vec<ShardNode> = shard
         .nodes
         .iter()
-        .filter(|n| n.id != my_id && n.role == Role::Replica)
+        .filter(|n| n.id != my_id && (n.role == Role::Replica || n.health != NodeHealth::Failed))
         .cloned()
         .collect();
     if replicas.is_empty() {

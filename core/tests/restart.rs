@@ -87,6 +87,22 @@ fn only_a_primary_serving_slots_with_a_replica_is_held() {
         assert!(p.go() && p.reason().contains(why), "{why}: {p:?}");
     }
     assert!(!decide(Some(&primary_before()), None).go());
+    // Just after a hand-over to `a`, gossip may still show the old primary `a0` as a master of
+    // the shard: it is about to follow `a` with the shard's data, so the restart is held too. A
+    // master marked failed holds nothing to wait for.
+    let handed_over = |health| {
+        let nodes = vec![
+            node("a", Role::Primary, NodeHealth::Online),
+            node("a0", Role::Primary, health),
+        ];
+        last(Role::Primary, cluster(nodes, NodeHealth::Online))
+    };
+    assert!(!decide(Some(&handed_over(NodeHealth::Online)), None).go());
+    let failed = decide(Some(&handed_over(NodeHealth::Failed)), None);
+    assert!(
+        failed.go() && failed.reason().contains("no replica"),
+        "{failed:?}"
+    );
 }
 
 #[test]
