@@ -73,11 +73,11 @@ pub fn takeover(last: Option<&Observation>) -> Result<Takeover, String> {
 /// How long every replica may leave the question unanswered (timeouts, not refusals) before the
 /// start goes on without them. A replica that does not answer in time may only be slow: on an
 /// overloaded node a live replica can miss the guard's 300 ms limit, and an empty primary
-/// started then becomes its replica's sync source: the shard's writes are gone. A live replica takes the slots
-/// over by itself within about `cluster-node-timeout` (5 s in the chart) of the primary's
-/// death; 30 s of silence is six of those, and the start waits longer only up to the `await`
-/// timeout (`valkey.awaitStartTimeout`). A start held longer costs the shard's availability; a
-/// start too early costs its data.
+/// started then becomes its replica's sync source: the shard's writes are gone. A live replica
+/// takes the slots over by itself within about `cluster-node-timeout` (5 s in the chart) of the
+/// primary's death; 30 s of silence is six of those, and the start waits longer only up to the
+/// `await` timeout (`valkey.awaitStartTimeout`). A start held longer costs the shard's
+/// availability; a start too early costs its data.
 pub const SILENT_GO_MS: u64 = 30_000;
 
 /// What the replicas answered when asked how they see the cluster.
