@@ -278,6 +278,15 @@ impl HealthState {
             if !self.cluster_joined {
                 return Verdict::fail("cluster_state is not ok yet");
             }
+            // A pod re-created empty is a master without slots until the coordinator makes it its
+            // shard's replica: it holds none of the shard's data, so it must not count as an
+            // available member in the PodDisruptionBudget. Counted Ready, it lets a drain evict its
+            // shard's primary before it had synced, leaving no replica to hand over to.
+            if obs.owns_slots() == Some(false) {
+                return Verdict::fail(
+                    "a master whose shard owns no slots: not yet its shard's replica, holds none of its data",
+                );
+            }
         }
         Verdict::pass("primary serving")
     }

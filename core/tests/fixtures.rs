@@ -410,6 +410,8 @@ fn a_master_whose_shard_owns_no_slots_is_no_primary_to_advertise() {
     let mut h = HealthState::new(Millis(0));
     h.record(Millis(250), Outcome::Observed(Box::new(o.clone())));
     assert_eq!(h.advertised_role(Millis(250), &BOUNDS), Role::Primary);
+    let ready = |h: &HealthState, at| h.readiness(Millis(at), &BOUNDS, Mode::Cluster, None);
+    assert!(ready(&h, 250).ok, "{:?}", ready(&h, 250));
     let me = o.cluster.as_ref().unwrap().my_id.clone().unwrap();
     let cluster = o.cluster.as_mut().unwrap();
     let mine = cluster.shards.iter_mut().find(|s| s.contains(&me)).unwrap();
@@ -419,6 +421,13 @@ fn a_master_whose_shard_owns_no_slots_is_no_primary_to_advertise() {
     assert_eq!(h.role(Millis(500), &BOUNDS), Role::Primary);
     assert_eq!(h.advertised_role(Millis(500), &BOUNDS), Role::Unknown);
     assert!(!h.primary(Millis(500), &BOUNDS).ok);
+    // Nor is it Ready: it holds none of its shard's data, and a PodDisruptionBudget counting it
+    // would let a drain evict the shard's primary before any replica synced.
+    let slotless = ready(&h, 500);
+    assert!(
+        !slotless.ok && slotless.reason.contains("owns no slots"),
+        "{slotless:?}"
+    );
     // Outside cluster mode there are no slots to own.
     assert_eq!(
         obs("standalone-primary", Mode::Replication).owns_slots(),
