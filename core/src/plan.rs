@@ -716,9 +716,8 @@ fn movable_from(
     s: &Shards<'_>,
     policy: &Policy,
     node: &str,
-    count: &BTreeMap<&str, usize>,
+    (count, cap): (&BTreeMap<&str, usize>, usize),
 ) -> bool {
-    let cap = primary_cap(s.world);
     s.names().any(|shard| {
         let on_node = s
             .primary(shard)
@@ -814,7 +813,7 @@ fn balance_drift(s: &Shards<'_>, policy: &Policy) -> Vec<Drift> {
     let crowded = count.iter().filter(|(_, c)| **c > cap);
     crowded
         .map(|(node, c)| {
-            let stuck = match movable_from(s, policy, node, &count) {
+            let stuck = match movable_from(s, policy, node, (&count, cap)) {
                 true => "",
                 false => ": no replica in its shards' preferred zones on a node with room, so balance cannot lower it (it moves primaries, not pods: reschedule the pods, e.g. with a descheduler)",
             };

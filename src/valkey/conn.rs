@@ -109,15 +109,7 @@ impl Connector {
     /// One command on a fresh connection, all within `limit`; `None` on any failure (callers
     /// asking other nodes treat silence and refusal alike).
     pub async fn ask(&self, cmd: &redis::Cmd, limit: Duration) -> Option<redis::Value> {
-        let connector = Connector {
-            timeout: limit,
-            ..self.clone()
-        };
-        let ask = async {
-            let (mut conn, _driver) = connector.connect().await.ok()?;
-            cmd.query_async(&mut conn).await.ok()
-        };
-        timeout(limit, ask).await.ok().flatten()
+        self.ask_or_refused(cmd, limit).await.ok()
     }
 
     /// [`Connector::ask`], telling a refused connection (nothing listens there) from silence
