@@ -246,6 +246,14 @@ pub enum Step {
 }
 
 impl Step {
+    /// Whether the step may be left for the next round when a round runs out of time: a missing
+    /// introduction or forget is planned again from the next round's view, while epochs, slots
+    /// and attachments are sent in full (a fresh cluster half given its slots would be grown, not
+    /// formed).
+    pub fn deferrable(&self) -> bool {
+        matches!(self, Step::Meet { .. } | Step::Forget { .. })
+    }
+
     /// The step's kind, for metrics and logs.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -279,6 +287,13 @@ impl Step {
             }
         }
     }
+}
+
+/// A round's steps in order, in batches of one kind: the steps of a batch go to different pods
+/// or are independent (forgets of one id everywhere), so a batch may be sent at once, while
+/// batches keep their order (a fresh node's epoch before anyone meets it).
+pub fn batches(steps: &[Step]) -> impl Iterator<Item = &[Step]> {
+    steps.chunk_by(|a, b| a.kind() == b.kind())
 }
 
 /// Between two formation rounds: a `CLUSTER MEET` needs a gossip round or two to spread.
@@ -336,21 +351,24 @@ impl Formation {
 
 /// Decides the formation steps for this round (none: formed, or waiting — the reason says which).
 pub fn decide(view: &FormationView) -> Formation {
-    if let Some(why) = not_ready(view) {
-        let silent = view
-            .seats
-            .iter()
-            .any(|s| s.node.is_none() || s.addr.is_none());
-        return Formation {
-            silent,
-            ..Formation::wait(why)
-        };
-    }
     let nodes: Vec<(&Seat, &ClusterNode)> = view
         .seats
         .iter()
         .filter_map(|s| Some((s, s.node.as_ref()?)))
         .collect();
+    if let Some(why) = not_ready(view) {
+        let silent = view
+            .seats
+            .iter()
+            .any(|s| s.node.is_none() || s.addr.is_none());
+        return match silent && view.shards > 0 && nodes.iter().any(|(_, n)| n.owns_slots) {
+            true => attach_only(&nodes, why),
+            false => Formation {
+                silent,
+                ..Formation::wait(why)
+            },
+        };
+    }
     if nodes.iter().any(|(_, n)| n.owns_slots) {
         return grow(&nodes);
     }
@@ -461,17 +479,30 @@ fn meet(via: &Seat, whom: &Seat) -> Option<Step> {
     })
 }
 
-/// An existing cluster: introduce the lone nodes, attach slot-less masters to their shard's primary.
-fn grow(nodes: &[(&Seat, &ClusterNode)]) -> Formation {
+/// An existing cluster with some pods silent (an overloaded node, a pod starting): the answering
+/// ones are still introduced and attached — a re-created pod must not wait, unready, for every
+/// other pod to answer at once, which at 100 pods under load can take minutes. Forgetting and
+/// re-addressing wait for the whole view: a silent pod may still list a node to forget.
+fn attach_only(nodes: &[(&Seat, &ClusterNode)], why: String) -> Formation {
     let Some((via, _)) = nodes.iter().find(|(_, n)| n.owns_slots) else {
-        return Formation::wait("no node owns slots");
+        return Formation::wait(why);
     };
+    let (steps, _) = introduce_and_attach(via, nodes);
+    Formation {
+        reason: format!("{why}; meanwhile {} step(s) for the others", steps.len()),
+        steps,
+        silent: true,
+    }
+}
+
+/// Lone nodes met by `via`, slot-less masters that know their shard's primary made its replicas;
+/// and why the others wait.
+fn introduce_and_attach(via: &Seat, nodes: &[(&Seat, &ClusterNode)]) -> (Vec<Step>, Vec<String>) {
     let owners = owners_by_shard(nodes);
-    let mut steps = Vec::new();
-    let mut waiting = Vec::new();
+    let (mut steps, mut meets, mut waiting) = (Vec::new(), Vec::new(), Vec::new());
     for (seat, node) in nodes.iter().filter(|(_, n)| !n.owns_slots) {
         if node.alone() {
-            steps.extend(meet(via, seat));
+            meets.extend(meet(via, seat));
             continue;
         }
         match attach(seat, node, &owners) {
@@ -480,6 +511,19 @@ fn grow(nodes: &[(&Seat, &ClusterNode)]) -> Formation {
             Attach::Done => {}
         }
     }
+    // Attachments first: one batch each, and a met node is attached only next round anyway.
+    steps.extend(meets);
+    (steps, waiting)
+}
+
+/// An existing cluster: introduce the lone nodes, attach slot-less masters to their shard's
+/// primary, forget replaced identities, re-introduce pods at new addresses — in that order, so
+/// that a round cut short (see [`Step::deferrable`]) has done what makes pods Ready first.
+fn grow(nodes: &[(&Seat, &ClusterNode)]) -> Formation {
+    let Some((via, _)) = nodes.iter().find(|(_, n)| n.owns_slots) else {
+        return Formation::wait("no node owns slots");
+    };
+    let (mut steps, waiting) = introduce_and_attach(via, nodes);
     steps.extend(forget(nodes));
     let moved: Vec<Step> = readdress(via, nodes)
         .into_iter()

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use valkey_sidecar_core::formation::{
     ClusterNode, FormationView, Listing, MAX_PAIR_MEETS, PERIOD_MS, Pool, RECHECK_MS, SLOTS, Seat,
-    Step, decide, incomplete, round_due,
+    Step, batches, decide, incomplete, round_due,
 };
 use valkey_sidecar_core::observation::Role;
 use valkey_sidecar_core::shards::{NodeHealth, Shard, ShardNode};
@@ -227,6 +227,65 @@ fn a_replaced_pod_that_came_back_empty_is_introduced_again() {
             port: 6379
         }]
     );
+}
+
+#[test]
+fn with_a_pod_silent_the_others_are_still_attached_but_nothing_is_forgotten() {
+    let mut v = formed(3, 1);
+    for s in &mut v.seats {
+        let n = s.node.as_mut().unwrap();
+        Arc::make_mut(&mut n.knows).insert("old".into());
+        n.failed.insert("old".into());
+    }
+    // v-1-1 came back empty and has met the cluster; v-2-1 is too busy to answer.
+    let n = node(&mut v, "v-1-1");
+    n.role = Role::Primary;
+    n.primary = None;
+    v.seats.iter_mut().find(|s| s.pod == "v-2-1").unwrap().node = None;
+    let f = decide(&v);
+    assert_eq!(
+        f.steps,
+        vec![Step::Replicate {
+            pod: "v-1-1".into(),
+            primary: "n10".into()
+        }],
+        "attached; \"old\" is not forgotten while v-2-1 may still list it"
+    );
+    assert!(f.silent && f.reason.contains("v-2-1"), "{f:?}");
+    // Once it answers, the forgets follow the attachment.
+    let mut answered = v.clone();
+    answered.seats[5] = formed(3, 1).seats[5].clone();
+    assert_eq!(answered.seats[5].pod, "v-2-1");
+    let f = decide(&answered);
+    assert!(matches!(f.steps[0], Step::Replicate { .. }), "{f:?}");
+    assert!(
+        f.steps[1..]
+            .iter()
+            .all(|s| matches!(s, Step::Forget { .. }))
+    );
+    assert_eq!(f.steps.len(), 6, "5 pods list \"old\": {f:?}");
+    // A fresh deployment still waits for every pod.
+    let mut fresh = deployment(3, 1);
+    fresh.seats[5].node = None;
+    assert!(decide(&fresh).steps.is_empty());
+}
+
+#[test]
+fn a_round_is_sent_in_batches_of_one_kind_and_only_meets_and_forgets_may_wait() {
+    let v = deployment(3, 1);
+    let f = decide(&v);
+    let kinds: Vec<(&str, usize, bool)> = batches(&f.steps)
+        .map(|b| (b[0].kind(), b.len(), b[0].deferrable()))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            ("set_config_epoch", 6, false),
+            ("addslots", 3, false),
+            ("meet", 5, true)
+        ]
+    );
+    assert!(batches(&[]).next().is_none());
 }
 
 #[test]

@@ -13,7 +13,9 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Resource;
-use valkey_sidecar_core::formation::{ClusterNode, FormationView, Pool, Seat, Step, decide};
+use valkey_sidecar_core::formation::{
+    ClusterNode, FormationView, Pool, Seat, Step, batches, decide,
+};
 use valkey_sidecar_core::observation::{self, Mode};
 use valkey_sidecar_core::time::Millis;
 
@@ -21,6 +23,14 @@ use super::Coordinator;
 use crate::k8s::events::EventType;
 use crate::k8s::pods::{SHARD_INDEX_LABEL, node_index, pod_ip};
 use crate::valkey::{Connector, Session, observe};
+
+/// Steps sent at once in a formation round: at 50 shards, after a drain, every pod forgets
+/// each replaced identity, and one at a time under load took ~2 s a step.
+const SEND_PARALLEL: usize = 16;
+
+/// After this long sending, a formation round leaves its deferrable steps (introductions,
+/// forgets) for the next round: the coordinator's loop waits for it.
+const SEND_BUDGET: Duration = Duration::from_secs(2);
 
 /// How long one pod's observation may take in a formation round.
 const OBSERVE_TIMEOUT: Duration = Duration::from_millis(500);
@@ -54,10 +64,27 @@ impl Coordinator {
         {
             self.announce_fresh(shards, pods);
         }
-        for step in &f.steps {
-            self.send(step, pods).await;
-        }
+        self.send_all(&f.steps, pods).await;
         true
+    }
+
+    /// The steps batch by batch (`core::formation::batches`), [`SEND_PARALLEL`] at a time. The
+    /// coordinator's loop waits for the round, crash failovers and hand-overs included: past
+    /// [`SEND_BUDGET`] the deferrable steps are left for the next round, a second later.
+    async fn send_all(&self, steps: &[Step], pods: &[Arc<Pod>]) {
+        let deadline = tokio::time::Instant::now() + SEND_BUDGET;
+        let mut sent = 0;
+        for batch in batches(steps) {
+            for chunk in batch.chunks(SEND_PARALLEL) {
+                if chunk[0].deferrable() && tokio::time::Instant::now() >= deadline {
+                    let left = steps.len() - sent;
+                    tracing::info!(left, "formation round out of time: the rest next round");
+                    return;
+                }
+                futures::future::join_all(chunk.iter().map(|step| self.send(step, pods))).await;
+                sent += chunk.len();
+            }
+        }
     }
 
     /// A fresh formation says so in an Event; where the Lease says a cluster was formed before,
