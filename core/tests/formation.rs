@@ -183,21 +183,26 @@ fn waits_rather_than_forming_from_a_partial_view() {
     assert!(decide(&none).steps.is_empty());
 }
 
+/// `pod` is a master without slots: met, not yet attached.
+fn slotless(v: &mut FormationView, pod: &str) {
+    let n = node(v, pod);
+    n.role = Role::Primary;
+    n.primary = None;
+}
+
+fn replicate(pod: &str, primary: &str) -> Step {
+    Step::Replicate {
+        pod: pod.into(),
+        primary: primary.into(),
+    }
+}
+
 #[test]
 fn met_nodes_become_replicas_of_their_shards_primary_once_they_know_it() {
     let mut v = formed(2, 1);
     // v-1-1 has met the others but is still a slot-less master.
-    let n = node(&mut v, "v-1-1");
-    n.role = Role::Primary;
-    n.primary = None;
-    let f = decide(&v);
-    assert_eq!(
-        f.steps,
-        vec![Step::Replicate {
-            pod: "v-1-1".into(),
-            primary: "n10".into()
-        }]
-    );
+    slotless(&mut v, "v-1-1");
+    assert_eq!(decide(&v).steps, vec![replicate("v-1-1", "n10")]);
     // Not yet told about its primary by gossip: wait.
     Arc::make_mut(&mut node(&mut v, "v-1-1").knows).remove("n10");
     let f = decide(&v);
@@ -229,26 +234,26 @@ fn a_replaced_pod_that_came_back_empty_is_introduced_again() {
     );
 }
 
+/// Every node knows `id` and marks it failed: a replaced pod's old identity.
+fn every_node_lists_failed(v: &mut FormationView, id: &str) {
+    for s in &mut v.seats {
+        let n = s.node.as_mut().unwrap();
+        Arc::make_mut(&mut n.knows).insert(id.into());
+        n.failed.insert(id.into());
+    }
+}
+
 #[test]
 fn with_a_pod_silent_the_others_are_still_attached_but_nothing_is_forgotten() {
     let mut v = formed(3, 1);
-    for s in &mut v.seats {
-        let n = s.node.as_mut().unwrap();
-        Arc::make_mut(&mut n.knows).insert("old".into());
-        n.failed.insert("old".into());
-    }
+    every_node_lists_failed(&mut v, "old");
     // v-1-1 came back empty and has met the cluster; v-2-1 is too busy to answer.
-    let n = node(&mut v, "v-1-1");
-    n.role = Role::Primary;
-    n.primary = None;
+    slotless(&mut v, "v-1-1");
     v.seats.iter_mut().find(|s| s.pod == "v-2-1").unwrap().node = None;
     let f = decide(&v);
     assert_eq!(
         f.steps,
-        vec![Step::Replicate {
-            pod: "v-1-1".into(),
-            primary: "n10".into()
-        }],
+        vec![replicate("v-1-1", "n10")],
         "attached; \"old\" is not forgotten while v-2-1 may still list it"
     );
     assert!(f.silent && f.reason.contains("v-2-1"), "{f:?}");
@@ -291,11 +296,7 @@ fn a_round_is_sent_in_batches_of_one_kind_and_only_meets_and_forgets_may_wait() 
 #[test]
 fn a_replaced_pods_old_identity_is_forgotten_everywhere_but_a_live_failed_node_is_not() {
     let mut v = formed(2, 1);
-    for s in &mut v.seats {
-        let n = s.node.as_mut().unwrap();
-        Arc::make_mut(&mut n.knows).insert("old".into());
-        n.failed.insert("old".into());
-    }
+    every_node_lists_failed(&mut v, "old");
     // n11 is marked failed by one node (a partition) but is a current pod: never forgotten.
     node(&mut v, "v-0-0").failed.insert("n11".into());
     let f = decide(&v);
