@@ -18,7 +18,7 @@
 //! panics (the log tail is printed then). If the test process itself dies, `setpriv --pdeathsig
 //! KILL` (util-linux, used when present) makes the kernel kill the servers; see the `process` module
 //! notes on why all servers are spawned from one long-lived thread. Set `VALKEY_TESTKIT_KEEP_DIRS=1`
-//! to keep the dirs for a post-mortem.
+//! to keep the dirs for a post-mortem (a control plane's too, with its audit log).
 //!
 //! Everything here is synchronous and blocks while it waits (polling every 20 ms). From async tests,
 //! start topologies before entering the runtime or inside `tokio::task::spawn_blocking`; the handles

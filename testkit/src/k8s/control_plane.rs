@@ -35,7 +35,7 @@ use super::kubeconfig::{self, Credential};
 use super::util::{http_get, random_hex};
 use crate::Result;
 use crate::net::free_port;
-use crate::process::{ProcessSpec, ServerProcess};
+use crate::process::{KEEP_DIRS_ENV, ProcessSpec, ServerProcess};
 use crate::tls::TlsCerts;
 
 /// The `--service-cluster-ip-range`. Only ever written into objects: nothing routes to it.
@@ -168,6 +168,20 @@ impl std::fmt::Debug for ControlPlane {
             .field("kubeconfig", &self.kubeconfig)
             .field("pids", &self.pids())
             .finish()
+    }
+}
+
+impl Drop for ControlPlane {
+    /// With `VALKEY_TESTKIT_KEEP_DIRS` the plane's dir stays, its audit log among its files: a
+    /// benchmark's overloaded apiserver can then be read after the run (who sent what).
+    fn drop(&mut self) {
+        if std::env::var_os(KEEP_DIRS_ENV).is_some() {
+            self.dir.disable_cleanup(true);
+            eprintln!(
+                "valkey-testkit: kept {} for the control plane (its audit log, kubeconfig)",
+                self.dir.path().display()
+            );
+        }
     }
 }
 
