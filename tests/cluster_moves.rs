@@ -186,3 +186,47 @@ async fn on_valkey_8_0_too() {
         .arg("repl-diskless-load", "on-empty-db");
     several_shards_at_once(opts).await.unwrap();
 }
+
+/// A manual failover that Valkey gave up on is sent again. The target's primary hangs (SIGSTOP)
+/// past Valkey's 5 s manual-failover timeout and answers at 6 s: the command sent at 0 s is
+/// forgotten by then, the one sent again at 5.5 s lands, well inside the move's 10 s.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failover_valkey_gave_up_on_is_sent_again_and_lands() {
+    // Long enough that nobody marks the hung primary failed (no automatic failover).
+    let opts = ServerOptions {
+        cluster_node_timeout_ms: 30_000,
+        ..ServerOptions::default()
+    };
+    let cluster = ValkeyCluster::start(3, 1, opts).unwrap();
+    let (primary, replica) = (&cluster.shard(0)[0], &cluster.shard(0)[1]);
+    let action = handover(&cluster);
+    primary.pause().unwrap();
+    let t = Instant::now();
+    let thaw = async {
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        primary.resume().unwrap();
+    };
+    let elections = Elections::default();
+    let moved = execute::handover(
+        &action,
+        (of(replica), vec![of(primary)]),
+        &elections,
+        accept_all,
+        Duration::from_secs(10),
+    );
+    let (out, ()) = tokio::join!(moved, thaw);
+    let took = t.elapsed();
+    println!("with the primary hung for 6 s: {out:?} after {took:?}");
+    assert!(matches!(out, MoveOutcome::Done { .. }), "{out:?}");
+    assert!(
+        took >= Duration::from_secs(6),
+        "landed before the thaw: {took:?}"
+    );
+    assert!(replica.is_primary().unwrap());
+    // The thawed old primary learns of its demotion from the cluster bus.
+    let demoted = Instant::now();
+    while primary.is_primary().unwrap() {
+        assert!(demoted.elapsed() < Duration::from_secs(5), "still primary");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -14,7 +14,8 @@
 //! - the failover command (`CLUSTER FAILOVER`, coordinated: the target catches up with the paused
 //!   primary first, so nothing is lost; `FORCE` for a crash, [`HandoverRun::forced`]), the Lease
 //!   checked right before by the executor;
-//! - the target's `ROLE` until it reports itself primary, up to the move's limit.
+//! - the target's `ROLE` until it reports itself primary, up to the move's limit; the failover
+//!   command again every [`RESEND_AFTER_MS`], once Valkey has given up on the last one.
 
 use crate::time::Millis;
 
@@ -26,6 +27,11 @@ pub const PEERS_KNOW_WITHIN_MS: u64 = 5_000;
 pub const PEER_POLL_MS: u64 = 20;
 /// Between two reads of the target's role while it takes over.
 pub const ROLE_POLL_MS: u64 = 10;
+/// After this long without the target taking over, the failover command is sent again: Valkey
+/// gives a manual failover 5 s (`CLUSTER_MF_TIMEOUT`) and then forgets it, so a lost election
+/// (two shards' elections at once, votes late under load) is never retried by Valkey itself.
+/// Seen on Valkey 8.0.1: one of six hand-overs at once never landed within its 10 s.
+pub const RESEND_AFTER_MS: u64 = 5_500;
 
 /// One command of a hand-over, as data.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,6 +97,8 @@ pub struct HandoverRun {
     stage: Stage,
     peers_until: Millis,
     until: Millis,
+    /// When the failover command was last accepted.
+    sent_at: Option<Millis>,
 }
 
 impl HandoverRun {
@@ -112,6 +120,7 @@ impl HandoverRun {
             },
             peers_until: now.plus(PEERS_KNOW_WITHIN_MS.min(limit_ms)),
             until: now.plus(limit_ms),
+            sent_at: None,
         }
     }
 
@@ -138,6 +147,13 @@ impl HandoverRun {
             }
             (Stage::Sending, HandoverAnswer::Sent) => {
                 self.stage = Stage::After;
+                self.sent_at = Some(now);
+                HandoverStep::Send(HandoverCommand::AskRole)
+            }
+            // A command sent again may meet a target that took over meanwhile ("send it to a
+            // replica"): its role decides.
+            (Stage::Sending, HandoverAnswer::Refused(_)) if self.sent_at.is_some() => {
+                self.stage = Stage::After;
                 HandoverStep::Send(HandoverCommand::AskRole)
             }
             (Stage::Sending, HandoverAnswer::Refused(e)) => {
@@ -149,6 +165,14 @@ impl HandoverRun {
             (Stage::After, HandoverAnswer::Primary(true)) => HandoverStep::Done,
             (Stage::After, _) if now >= self.until => {
                 HandoverStep::Failed("the target did not become primary in time".into())
+            }
+            (Stage::After, _)
+                if self
+                    .sent_at
+                    .is_some_and(|at| now.since(at) >= RESEND_AFTER_MS) =>
+            {
+                self.stage = Stage::Sending;
+                HandoverStep::Send(HandoverCommand::Failover)
             }
             (Stage::After, _) => HandoverStep::Retry {
                 after_ms: ROLE_POLL_MS,

@@ -4,7 +4,7 @@
 
 use valkey_sidecar_core::handover::{
     HandoverAnswer as A, HandoverCommand as C, HandoverRun, HandoverStep as S, PEER_POLL_MS,
-    PEERS_KNOW_WITHIN_MS, ROLE_POLL_MS,
+    PEERS_KNOW_WITHIN_MS, RESEND_AFTER_MS, ROLE_POLL_MS,
 };
 use valkey_sidecar_core::time::Millis;
 
@@ -112,4 +112,32 @@ fn a_target_that_does_not_take_over_within_the_limit_fails_it() {
         step,
         S::Failed("the target did not become primary in time".into())
     );
+}
+
+#[test]
+fn a_failover_valkey_gave_up_on_is_sent_again_and_a_refusal_then_is_read_from_the_role() {
+    let mut run = HandoverRun::forced("t", Millis(0), 20_000);
+    run.next(A::Start, Millis(0));
+    assert_eq!(run.next(A::Primary(false), Millis(1)), S::Send(C::Failover));
+    assert_eq!(run.next(A::Sent, Millis(2)), S::Send(C::AskRole));
+    // Valkey's manual failover lasts 5 s: until then only the role is read.
+    let wait = run.next(A::Primary(false), Millis(2 + RESEND_AFTER_MS - 1));
+    assert!(matches!(wait, S::Retry { .. }), "{wait:?}");
+    let at = 2 + RESEND_AFTER_MS;
+    assert_eq!(
+        run.next(A::Primary(false), Millis(at)),
+        S::Send(C::Failover)
+    );
+    // It took over between the read and the command: "send it to a replica" is no failure.
+    assert_eq!(
+        run.next(A::Refused("ERR a replica".into()), Millis(at + 1)),
+        S::Send(C::AskRole)
+    );
+    assert_eq!(run.next(A::Primary(true), Millis(at + 2)), S::Done);
+    // The first command refused still fails the move: the target cannot fail over.
+    let mut first = HandoverRun::forced("t", Millis(0), 20_000);
+    first.next(A::Start, Millis(0));
+    first.next(A::Primary(false), Millis(1));
+    let refused = first.next(A::Refused("ERR".into()), Millis(2));
+    assert!(matches!(refused, S::Failed(_)), "{refused:?}");
 }
