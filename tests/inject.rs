@@ -9,6 +9,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use valkey_sidecar_testkit::k8s::{ControlPlane, ControlPlaneOptions};
@@ -600,16 +601,10 @@ fn token_handling(pod: &Value) -> (Value, Value, Vec<String>) {
 async fn valkey_cluster_dry_run(plane: &ControlPlane) {
     let crd = fixture("valkeycluster-crd.yaml");
     kubectl(plane, &["apply", "-f", crd.to_str().unwrap()]).await;
-    kubectl(
-        plane,
-        &[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=30s",
-            "crd/valkeyclusters.valkey.io",
-        ],
-    )
-    .await;
+    plane
+        .wait_crd_established("valkeyclusters.valkey.io", Duration::from_secs(30))
+        .await
+        .unwrap();
     kubectl(plane, &["create", "namespace", "shop"]).await;
     // The operator's pods run as `default` (no controller here makes it).
     for ns in ["default", "shop"] {

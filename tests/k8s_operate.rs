@@ -378,13 +378,9 @@ async fn operator_resource(s: &Stage) {
         "/tests/fixtures/inject/valkeycluster-crd.yaml"
     );
     s.plane.kubectl(&["create", "-f", crd]).await.unwrap();
-    let established = [
-        "wait",
-        "--for=condition=Established",
-        "--timeout=30s",
-        "crd/valkeyclusters.valkey.io",
-    ];
-    s.plane.kubectl(&established).await.unwrap();
+    let crd = "valkeyclusters.valkey.io";
+    let within = Duration::from_secs(30);
+    s.plane.wait_crd_established(crd, within).await.unwrap();
     let ns = s.namespace.clone();
     let role = [
         "create",

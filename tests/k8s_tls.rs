@@ -304,14 +304,9 @@ async fn the_charts_certificates_pass_the_apiserver_against_cert_managers_schema
         .kubectl(&["apply", "--server-side", "-f", &crd])
         .await
         .unwrap();
-    let established = "--for=condition=Established";
-    let args = [
-        "wait",
-        established,
-        "crd/certificates.cert-manager.io",
-        "--timeout=60s",
-    ];
-    plane.kubectl(&args).await.unwrap();
+    let crd = "certificates.cert-manager.io";
+    let within = Duration::from_secs(60);
+    plane.wait_crd_established(crd, within).await.unwrap();
     plane
         .kubectl(&["create", "namespace", "certs"])
         .await

@@ -451,6 +451,25 @@ impl ControlPlane {
             .join("\n")
     }
 
+    /// Waits until the CustomResourceDefinition `name` is `Established`. `kubectl wait
+    /// --for=condition=Established` is not used: on a CRD whose status has no conditions yet it
+    /// fails at once (".status.conditions accessor error: <nil>") instead of waiting.
+    pub async fn wait_crd_established(&self, name: &str, within: Duration) -> Result<()> {
+        let established = r#"jsonpath={.status.conditions[?(@.type=="Established")].status}"#;
+        let crd = format!("crd/{name}");
+        let deadline = Instant::now() + within;
+        loop {
+            let status = self.kubectl(&["get", &crd, "-o", established]).await;
+            if status.as_deref().is_ok_and(|s| s.trim() == "True") {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!("{crd} not Established within {within:?}: {status:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Runs the bundled `kubectl` as admin with `args`; its stdout, or an error with its stderr.
     pub async fn kubectl(&self, args: &[&str]) -> Result<String> {
         let kubectl = self.bins.join("kubectl");
