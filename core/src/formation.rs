@@ -361,12 +361,12 @@ pub fn decide(view: &FormationView) -> Formation {
             .seats
             .iter()
             .any(|s| s.node.is_none() || s.addr.is_none());
-        return match silent && view.shards > 0 && nodes.iter().any(|(_, n)| n.owns_slots) {
-            true => attach_only(&nodes, why),
-            false => Formation {
-                silent,
-                ..Formation::wait(why)
-            },
+        if silent && view.shards > 0 && nodes.iter().any(|(_, n)| n.owns_slots) {
+            return attach_only(&nodes, why);
+        }
+        return Formation {
+            silent,
+            ..Formation::wait(why)
         };
     }
     if nodes.iter().any(|(_, n)| n.owns_slots) {

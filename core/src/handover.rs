@@ -151,9 +151,11 @@ impl HandoverRun {
                 HandoverStep::Send(HandoverCommand::AskRole)
             }
             // A command sent again may meet a target that took over meanwhile ("send it to a
-            // replica"): its role decides.
+            // replica"): its role decides. A refusal counts as a send, so that a target refusing
+            // every time is asked once per period, not in a loop.
             (Stage::Sending, HandoverAnswer::Refused(_)) if self.sent_at.is_some() => {
                 self.stage = Stage::After;
+                self.sent_at = Some(now);
                 HandoverStep::Send(HandoverCommand::AskRole)
             }
             (Stage::Sending, HandoverAnswer::Refused(e)) => {

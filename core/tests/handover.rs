@@ -133,7 +133,10 @@ fn a_failover_valkey_gave_up_on_is_sent_again_and_a_refusal_then_is_read_from_th
         run.next(A::Refused("ERR a replica".into()), Millis(at + 1)),
         S::Send(C::AskRole)
     );
-    assert_eq!(run.next(A::Primary(true), Millis(at + 2)), S::Done);
+    // Still not primary: the role is read again, the command not sent again before its period.
+    let wait = run.next(A::Primary(false), Millis(at + 2));
+    assert!(matches!(wait, S::Retry { .. }), "{wait:?}");
+    assert_eq!(run.next(A::Primary(true), Millis(at + 3)), S::Done);
     // The first command refused still fails the move: the target cannot fail over.
     let mut first = HandoverRun::forced("t", Millis(0), 20_000);
     first.next(A::Start, Millis(0));
