@@ -453,7 +453,7 @@ impl ControlPlane {
 
     /// Waits until the CustomResourceDefinition `name` is `Established`. `kubectl wait
     /// --for=condition=Established` is not used: on a CRD whose status has no conditions yet it
-    /// fails at once (".status.conditions accessor error: <nil>") instead of waiting.
+    /// fails at once (`.status.conditions accessor error: <nil>`) instead of waiting.
     pub async fn wait_crd_established(&self, name: &str, within: Duration) -> Result<()> {
         let established = r#"jsonpath={.status.conditions[?(@.type=="Established")].status}"#;
         let crd = format!("crd/{name}");
