@@ -32,7 +32,7 @@ use tempfile::TempDir;
 use super::audit::AuditLog;
 use super::bins::k8s_bin_dir_for;
 use super::kubeconfig::{self, Credential};
-use super::util::{http_get, random_hex};
+use super::util::{http_get, poll_until, random_hex};
 use crate::Result;
 use crate::net::free_port;
 use crate::process::{KEEP_DIRS_ENV, ProcessSpec, ServerProcess};
@@ -457,17 +457,12 @@ impl ControlPlane {
     pub async fn wait_crd_established(&self, name: &str, within: Duration) -> Result<()> {
         let established = r#"jsonpath={.status.conditions[?(@.type=="Established")].status}"#;
         let crd = format!("crd/{name}");
-        let deadline = Instant::now() + within;
-        loop {
-            let status = self.kubectl(&["get", &crd, "-o", established]).await;
-            if status.as_deref().is_ok_and(|s| s.trim() == "True") {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                bail!("{crd} not Established within {within:?}: {status:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let what = format!("{crd} Established");
+        poll_until(&what, within, Duration::from_millis(100), || async {
+            let status = self.kubectl(&["get", &crd, "-o", established]).await?;
+            Ok(status.trim() == "True")
+        })
+        .await
     }
 
     /// Runs the bundled `kubectl` as admin with `args`; its stdout, or an error with its stderr.
