@@ -752,6 +752,60 @@ fn heartbeat_table() {
     }
 }
 
+/// Before the read (`keeper::before_read`), nothing waits on the apiserver: fences, and a fence
+/// lifted on a valid renewal or on every member's promise. A renewal, and everything an agent
+/// that holds nothing decides, waits for the read.
+#[test]
+fn a_holder_fences_and_lifts_its_fence_before_reading_the_record() {
+    let fenced = |mut v: LocalView| {
+        v.fenced_until = Some(Millis(20_000));
+        v
+    };
+    let both = |until| peers(&[("pod-1", until, true), ("pod-2", until, true)]);
+    let rows: Vec<(&str, LocalView, Option<&str>)> = vec![
+        (
+            "fenced past the deadline, every promise back",
+            fenced(with_peers(holder_view(10_500, 0), both(10_700))),
+            Some("unfence"),
+        ),
+        (
+            "fenced past the deadline, one promise still missing",
+            fenced(with_peers(
+                holder_view(10_500, 0),
+                peers(&[("pod-1", 10_700, true), ("pod-2", 10_700, false)]),
+            )),
+            None,
+        ),
+        (
+            "past the deadline, a promise ran out",
+            with_peers(holder_view(10_000, 0), both(10_000)),
+            Some("fence"),
+        ),
+        (
+            "fenced, valid renewal, vouched again",
+            fenced(with_peers(
+                holder_view(1_000, 0),
+                peers(&[("pod-2", 1_100, false)]),
+            )),
+            Some("unfence"),
+        ),
+        (
+            "past the deadline, every member promised: renewing needs the apiserver",
+            with_peers(holder_view(10_000, 0), both(10_200)),
+            None,
+        ),
+        (
+            "holding nothing",
+            fenced(with_peers(follower_view(master("run", 0)), both(10_700))),
+            None,
+        ),
+    ];
+    for (name, v, want) in rows {
+        let got = keeper::before_read(&v);
+        assert_eq!(got.as_ref().map(LocalAction::kind), want, "{name}: {got:?}");
+    }
+}
+
 #[test]
 fn a_member_named_primary_waits_out_its_promise() {
     let named = |now: u64, promise: Option<(&str, u64)>| LocalView {

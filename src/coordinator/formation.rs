@@ -20,6 +20,7 @@ use valkey_sidecar_core::observation::{self, Mode};
 use valkey_sidecar_core::time::Millis;
 
 use super::Coordinator;
+use crate::runtime::task::Owned;
 use crate::k8s::events::EventType;
 use crate::k8s::pods::{SHARD_INDEX_LABEL, node_index, pod_ip};
 use crate::valkey::{Connector, Session, observe};
@@ -118,8 +119,10 @@ impl Coordinator {
     /// Every pod's seat, [`OBSERVE_PARALLEL`] observed at a time, equal listings shared.
     async fn seats(&self, pods: &[Arc<Pod>]) -> Vec<Seat> {
         let mut pool = Pool::default();
-        let mut observed = futures::stream::iter(pods)
-            .map(|p| self.seat(p))
+        // Owned pods: a closure over borrowed ones is not `Send` for the round's task (a
+        // higher-ranked lifetime the compiler cannot prove general).
+        let mut observed = futures::stream::iter(pods.iter().cloned())
+            .map(|p| async move { self.seat(&p).await })
             .buffered(OBSERVE_PARALLEL);
         let mut seats = Vec::with_capacity(pods.len());
         while let Some(mut seat) = observed.next().await {
@@ -186,6 +189,26 @@ impl Coordinator {
                 tracing::warn!(pod, step = ?step, reason = %step.reason(), error = %e, "formation step failed");
             }
         }
+    }
+}
+
+/// The end of the formation round running, if any: whether it sent steps or met a silent pod
+/// (`false` for a round that panicked: logged, and the next one runs when due).
+pub(super) async fn ended(round: &mut Option<Owned<bool>>) -> bool {
+    let Some(round) = round.as_mut() else {
+        return std::future::pending().await;
+    };
+    round.join().await.unwrap_or_else(|e| {
+        tracing::error!(error = %e, "a formation round ended abnormally");
+        false
+    })
+}
+
+impl super::CoordinatorMemory {
+    /// The round is over: the next may start, at once if this one sent steps.
+    pub(super) fn formation_ended(&mut self, forming: bool) {
+        self.formation = None;
+        self.forming = forming;
     }
 }
 

@@ -47,6 +47,7 @@ use crate::k8s::lease::{CoordinatorTerm, FormedMarker, RequestCell, StatusAnnota
 use crate::k8s::owner::LeaseOwner;
 use crate::runtime::clock::Clock;
 use crate::runtime::metrics::Metrics;
+use crate::runtime::task::Owned;
 use crate::valkey::Connector;
 use cleanup::Retries;
 use execute::MoveOutcome;
@@ -143,6 +144,10 @@ struct CoordinatorMemory {
     formed_at: Option<Millis>,
     /// Cluster mode: the last formation round sent steps, so the next one runs too.
     forming: bool,
+    /// Cluster mode: the formation round running beside the loop, one at a time. Observing 100
+    /// pods under load took ~11 s, and the loop answers crash deaths and finished moves
+    /// meanwhile. Dropped (aborted) when the term ends.
+    formation: Option<Owned<bool>>,
     /// The drift last reported (reason, message), so each is an Event once.
     drift: BTreeSet<(String, String)>,
     /// Cluster mode, while coordinating: the watch on every primary's socket.
@@ -194,6 +199,7 @@ impl Coordinator {
                 Ok(()) = self.term.changed() => {}
                 Some(done) = done_rx.recv() => self.finished(done, &mut memory),
                 Some(shard) = record_rx.recv() => memory.repl.read_soon(&shard),
+                ended = formation::ended(&mut memory.formation) => memory.formation_ended(ended),
                 Some(death) = death_rx.recv() => {
                     let pods = watches.as_ref().map(|w| &w.pods);
                     self.crashed(death, pods, &mut memory, &done_tx).await;
@@ -212,7 +218,7 @@ impl Coordinator {
             }
             match self.mode {
                 Mode::Cluster => {
-                    self.form_if_incomplete(&w.pods, &mut memory).await;
+                    self.form_if_incomplete(&w.pods, &mut memory);
                     self.round(&w.pods, w.facts(), &mut memory, &done_tx).await
                 }
                 Mode::Replication => {

@@ -87,6 +87,8 @@ impl Coordinator {
         memory.shards.clear();
         memory.drift.clear();
         memory.crashes.clear();
+        // A formation round sends nothing once the term has ended; it is not waited for either.
+        memory.formation = None;
         if let Some(d) = memory.deaths.as_mut() {
             d.clear();
         }

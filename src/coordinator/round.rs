@@ -21,16 +21,14 @@ use super::watches::Facts;
 use super::{Coordinator, CoordinatorMemory, Finished, Move, execute, spawn_move, world};
 use crate::k8s::events::EventType;
 use crate::k8s::pods::pod_ip;
+use crate::runtime::task::Owned;
 use crate::valkey::Connector;
 
 impl Coordinator {
-    /// With `SIDECAR_CLUSTER_SHARDS`: a formation round when `core::formation::round_due` says so.
-    pub(super) async fn form_if_incomplete(
-        &self,
-        pods: &Store<Pod>,
-        memory: &mut CoordinatorMemory,
-    ) {
-        let Some(shards) = self.formation_shards else {
+    /// With `SIDECAR_CLUSTER_SHARDS`: a formation round when `core::formation::round_due` says so,
+    /// started beside the loop unless one is still running.
+    pub(super) fn form_if_incomplete(&self, pods: &Store<Pod>, memory: &mut CoordinatorMemory) {
+        let Some(shards) = self.formation_shards.filter(|_| memory.formation.is_none()) else {
             return;
         };
         let now = self.clock.now();
@@ -43,7 +41,9 @@ impl Coordinator {
         let incomplete = local.is_some_and(|local| formation::incomplete(&local, ips));
         if formation::round_due(memory.formed_at, incomplete, memory.forming, now) {
             memory.formed_at = Some(now);
-            memory.forming = self.formation_round(shards, &pods, now).await;
+            let this = self.clone();
+            let round = async move { this.formation_round(shards, &pods, now).await };
+            memory.formation = Some(Owned::spawn(round));
         }
     }
 

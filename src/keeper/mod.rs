@@ -36,6 +36,7 @@ use crate::k8s::pods::{DEFAULT_SHARD, SHARD_INDEX_LABEL, node_index};
 use crate::k8s::record::RecordClient;
 use crate::runtime::clock::Clock;
 use crate::runtime::metrics::Metrics;
+use crate::runtime::task::Owned;
 use crate::valkey::{Connector, Session};
 
 /// Everything the keeper needs.
@@ -219,7 +220,7 @@ impl Keeper {
     }
 
     /// Starts the watch of the shard's members for the heartbeats; it ends with the returned guard.
-    fn follow_members(&self, seat: &Seat) -> Option<AbortOnDrop> {
+    fn follow_members(&self, seat: &Seat) -> Option<Owned<()>> {
         let beats = self.beats.as_ref()?;
         let task = crate::k8s::members::follow(
             self.client.clone(),
@@ -228,7 +229,7 @@ impl Keeper {
             beats.members.clone(),
             self.metrics.clone(),
         );
-        Some(AbortOnDrop(tokio::spawn(task)))
+        Some(Owned::spawn(task))
     }
 
     /// Milliseconds until the holding's deadline, while it lies ahead.
@@ -247,84 +248,100 @@ impl Keeper {
         memory: &mut KeeperMemory,
     ) {
         // First, with what is known and no API call: a fence due now must not wait behind a
-        // request to an apiserver that may not answer.
-        self.fence_first(seat, records, session, memory).await;
+        // request to an apiserver that may not answer, nor must lifting one whose cause is gone.
+        self.settle_first(seat, records, session, memory).await;
         // A holder's requests never outlive its deadline: a renewal hanging on a frozen
         // apiserver would otherwise hold the fence back by up to the request timeout. Cut off at
         // the deadline, the step fences at once (an unanswered renewal may still have landed;
         // the next read shows it, and the fence is lifted then). Nor do they outlive the
         // vouches the holder writes on: the peers falling silent mid-request fences as well.
+        // And a fenced holder whose vouches come back mid-request lifts its fence at once.
         let budget = self.until_deadline(memory);
         let watch = self.isolation_watch(memory);
         let cut = {
             let decided = self.decide(seat, records, session, memory);
             self.until_cut(decided, budget, watch).await
         };
-        if let Some(why) = cut {
-            tracing::warn!("{why}");
-            self.fence_first(seat, records, session, memory).await;
+        if let Some(cut) = cut {
+            cut.log();
+            self.settle_first(seat, records, session, memory).await;
         }
     }
 
-    /// Runs `decided` to its end, or until the deadline (`budget`) or until the vouches the
-    /// holder relies on (`watch`) are gone: then it is dropped and the reason returned.
+    /// Runs `decided` to its end, or until the deadline (`budget`) or until what the holder
+    /// relies on or waits for (`watch`) changes: then it is dropped and the reason returned.
     async fn until_cut(
         &self,
         decided: impl Future<Output = ()>,
         budget: Duration,
         watch: Option<Reliance>,
-    ) -> Option<&'static str> {
+    ) -> Option<Cut> {
         let deadline = tokio::time::Instant::now() + budget;
+        // A vouch or promise that comes back arrives with a heartbeat, not by the clock.
+        let mut sight = watch.and(self.beats.as_ref()).map(|b| b.sight.clone());
         tokio::pin!(decided);
         loop {
             let check = watch
                 .and_then(|_| self.beats_ahead())
                 .map(Duration::from_millis);
             let until = check.map_or(deadline, |d| deadline.min(tokio::time::Instant::now() + d));
-            match tokio::time::timeout_at(until, &mut decided).await {
-                Ok(()) => return None,
-                Err(_) if tokio::time::Instant::now() >= deadline => {
-                    return Some("the renew deadline passed while waiting for the apiserver");
-                }
-                Err(_) if watch.is_some_and(|r| self.reliance_gone(r)) => {
-                    return Some(
-                        "the vouches this primary writes on ran out while waiting for the apiserver",
-                    );
-                }
-                Err(_) => {}
+            tokio::select! {
+                biased;
+                () = &mut decided => return None,
+                () = tokio::time::sleep_until(until) => {}
+                () = sight_changed(&mut sight) => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Some(Cut::Fence(
+                    "the renew deadline passed while waiting for the apiserver",
+                ));
+            }
+            if let Some(cut) = watch.and_then(|r| self.reliance_cut(r)) {
+                return Some(cut);
             }
         }
     }
 
-    /// What the holder's writes rest on besides its renewal, as the step begins.
+    /// What the holder's writes rest on besides its renewal as the step begins, or what its fence
+    /// waits for.
     fn isolation_watch(&self, memory: &KeeperMemory) -> Option<Reliance> {
         let beats = self.beats.as_ref()?;
         let sight = beats.sight.borrow();
         let sight = sight.as_ref()?;
         let h = memory.holding.as_ref()?;
         let now = self.clock.now();
-        match now < h.deadline(&self.timings) {
-            true => (!sight.silent(now)).then_some(Reliance::Vouched),
-            false => sight.all_promised(now).then_some(Reliance::Promised),
+        let fenced = memory.fenced_until.is_some();
+        match (now < h.deadline(&self.timings), fenced) {
+            (true, false) => (!sight.silent(now)).then_some(Reliance::Vouched),
+            (true, true) => sight.silent(now).then_some(Reliance::AwaitVouch),
+            (false, false) => sight.all_promised(now).then_some(Reliance::Promised),
+            (false, true) => (!sight.all_promised(now)).then_some(Reliance::AwaitPromises),
         }
     }
 
-    fn reliance_gone(&self, r: Reliance) -> bool {
-        let Some(beats) = self.beats.as_ref() else {
-            return false;
-        };
+    /// Whether the step must end now because what `r` names changed, and why.
+    fn reliance_cut(&self, r: Reliance) -> Option<Cut> {
+        const GONE: &str =
+            "the vouches this primary writes on ran out while waiting for the apiserver";
+        const BACK: &str =
+            "my shard's vouches are back: lifting the fence without waiting for the apiserver";
+        let beats = self.beats.as_ref()?;
         let now = self.clock.now();
         let sight = beats.sight.borrow();
-        match (r, sight.as_ref()) {
-            (_, None) => true,
-            (Reliance::Vouched, Some(s)) => s.silent(now),
-            (Reliance::Promised, Some(s)) => !s.all_promised(now),
+        let Some(s) = sight.as_ref() else {
+            return matches!(r, Reliance::Vouched | Reliance::Promised).then_some(Cut::Fence(GONE));
+        };
+        match r {
+            Reliance::Vouched => s.silent(now).then_some(Cut::Fence(GONE)),
+            Reliance::Promised => (!s.all_promised(now)).then_some(Cut::Fence(GONE)),
+            Reliance::AwaitVouch => (!s.silent(now)).then_some(Cut::Lift(BACK)),
+            Reliance::AwaitPromises => s.all_promised(now).then_some(Cut::Lift(BACK)),
         }
     }
 
     /// How long the current step may wait on anything: until the holding's deadline while it
     /// lies ahead; otherwise unbounded (an hour) — nothing is held, or the deadline passed and
-    /// `fence_first` fenced already, and a late renewal must be able to take its time.
+    /// `settle_first` fenced already, and a late renewal must be able to take its time.
     fn until_deadline(&self, memory: &KeeperMemory) -> Duration {
         self.deadline_ahead(memory)
             .map_or(Duration::from_secs(3600), Duration::from_millis)
@@ -364,23 +381,21 @@ impl Keeper {
         }
     }
 
-    /// Only for a holder (its deadline may have passed): any other fence can wait for a fresh
-    /// read, and deciding it from a stale record would fence a primary just promoted.
+    /// A holder's fence, or the lifting of its fence, decided from what it knows without
+    /// reading the record (`keeper::before_read`). Only for a holder: any other fence can wait
+    /// for a fresh read, and deciding it from a stale record would fence a primary just promoted.
     /// Carried out like every other action (`act`: counted in `keeper_actions_total`), only
     /// without the read before it.
-    async fn fence_first(
+    async fn settle_first(
         &self,
         seat: &Seat,
         records: &RecordClient,
         session: &mut Session,
         memory: &mut KeeperMemory,
     ) {
-        if memory.holding.is_none() {
-            return;
-        }
         let valkey = self.local_valkey(memory);
         let view = self.view(seat, valkey, memory, false);
-        if let action @ LocalAction::Fence { .. } = keeper::decide(&view) {
+        if let Some(action) = keeper::before_read(&view) {
             self.log(&action, memory);
             self.act(action, &view, records, session, memory).await;
             self.publish(&seat.shard, &view, memory);
@@ -783,21 +798,34 @@ impl Keeper {
     }
 }
 
-/// What a holder's writes rest on besides a valid renewal.
+/// What a holder's writes rest on besides a valid renewal, or what its fence waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Reliance {
     /// A valid renewal and some member's vouch.
     Vouched,
     /// Past the renew deadline: every member's promise (the failsafe).
     Promised,
+    /// Fenced with a valid renewal because no member vouched: a vouch.
+    AwaitVouch,
+    /// Fenced past the renew deadline: every member's promise.
+    AwaitPromises,
 }
 
-/// Aborts the task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+/// Why a step was cut short.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cut {
+    /// What the writes rest on is gone: the step ends with a fence.
+    Fence(&'static str),
+    /// What the fence waited for is back: the step ends by lifting it.
+    Lift(&'static str),
+}
 
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
+impl Cut {
+    fn log(self) {
+        match self {
+            Cut::Fence(why) => tracing::warn!("{why}"),
+            Cut::Lift(why) => tracing::info!("{why}"),
+        }
     }
 }
 

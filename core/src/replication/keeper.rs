@@ -331,6 +331,20 @@ pub fn decide(view: &LocalView) -> LocalAction {
     }
 }
 
+/// What a holder does before reading the record, so that it never waits on the apiserver for
+/// it: fence when due, or lift its fence while its renewal is still valid or every member of its
+/// shard vouches for it with a promise (the failsafe). Neither rests on the record being current:
+/// while either holds nobody can be promoted in its place, and a read that fails (the apiserver
+/// out of reach) would leave the same cached record to decide on. Anything else — a renewal
+/// above all — waits for the read. `None` for an agent that holds nothing.
+pub fn before_read(view: &LocalView) -> Option<LocalAction> {
+    view.holding.as_ref()?;
+    match decide(view) {
+        action @ (LocalAction::Fence { .. } | LocalAction::Unfence { .. }) => Some(action),
+        _ => None,
+    }
+}
+
 /// Whether the labels and `/primary` may advertise the local Valkey as primary *once it is
 /// master*: this agent holds a valid renewal of the record naming it (this epoch, this Valkey
 /// run, before the deadline) and has not fenced it. A named replica may already hold it, so the
