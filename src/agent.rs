@@ -28,7 +28,7 @@ use crate::k8s::events::{Recorder, Reporter, pod_reference};
 use crate::k8s::format::FormatNotice;
 use crate::k8s::labeler::Labeler;
 use crate::k8s::lease::{
-    self, CoordinatorTerm, FormedMarker, LeaseClient, RequestCell, StatusAnnotations,
+    self, CoordinatorTerm, FormedMarker, LeaseClient, RequestCell, StatusAnnotations, SuccessorCell,
 };
 use crate::k8s::owner::{Anchor, LeaseOwner};
 use crate::k8s::{FIELD_MANAGER, KubeError};
@@ -427,12 +427,16 @@ fn coordinator_tasks(
     // The operator's pause and switchover requests, carried on the Lease by its writer.
     let requests = RequestCell::default();
     let notice = format_notice(config, kube, shared, &client);
+    // Who takes over first, named by the coordinator and carried on the Lease.
+    let successors = SuccessorCell::default();
     let lease = lease
+        .naming(successors.clone())
         .remembering(formed.clone())
         .asked(requests.clone())
         .telling(notice.clone());
     let mut coordinator = coordinator(config, kube, co, shared, client, (lead_rx, status_tx));
     coordinator.formed = formed;
+    coordinator.successors = successors;
     coordinator.requests = requests;
     coordinator.notice = notice;
     let identity = election_identity(&kube.pod_name, config.identity.pod_uid.as_deref());
@@ -533,6 +537,7 @@ fn coordinator(
         seed: shared.seed.1.clone(),
         formation_shards: co.formation_shards,
         formed: FormedMarker::default(),
+        successors: SuccessorCell::default(),
         lease_owner: None,
         requests: RequestCell::default(),
         operator: co.operator.clone(),

@@ -644,6 +644,15 @@ async fn when_the_coordinator_dies_a_successor_does_the_hand_over() {
         }
     }
     let shard = shard.expect("a shard off the coordinator's node");
+    // The holder names who takes over first: pods on nodes of their own, none on its node.
+    let named = s.coordinator_successors().await.unwrap();
+    let mut named_nodes = Vec::new();
+    for p in &named {
+        named_nodes.push(s.node_of(p).await.unwrap());
+    }
+    println!("successors named {named:?} on {named_nodes:?}; the holder is on {holder_node}");
+    assert!(!named.is_empty(), "the Lease names successors");
+    assert!(!named_nodes.contains(&holder_node), "{named_nodes:?}");
     let s = &s;
     let (w, tag, primary, replica, gone) = with_writer(s, shard, |primary| async move {
         // The coordinator's node loses power (its pods silent, no restart), and at once a primary
@@ -670,6 +679,11 @@ async fn when_the_coordinator_dies_a_successor_does_the_hand_over() {
         ),
     ));
     assert!(successor.is_some() && successor.as_deref() != Some(holder.as_str()));
+    // Only the named successors contended at once: the first to take over is one of them.
+    assert!(
+        successor.as_ref().is_some_and(|p| named.contains(p)),
+        "{successor:?} not among {named:?}"
+    );
     assert_eq!(s.role(&replica).as_deref(), Some("master"));
     assert_prestops_finished(s);
     report(&w, missing);

@@ -46,6 +46,7 @@ fn held_by(h: &str, version: &str) -> LeaseRecord {
         lease_ms: 15_000,
         transitions: 0,
         version: version.into(),
+        successors: Vec::new(),
     }
 }
 
@@ -264,4 +265,90 @@ fn released_lease_is_taken_at_once() {
         Millis(500),
     );
     assert_eq!(e.next(Millis(500)).0, LeaseAction::Acquire);
+}
+
+fn naming(mut r: LeaseRecord, successors: &[&str]) -> LeaseRecord {
+    r.successors = successors.iter().map(|s| (*s).to_owned()).collect();
+    r
+}
+
+/// A release or a lapse sends only the named successors at the apiserver at first; the others
+/// contend one lease later, if nobody took over meanwhile (the watch would have shown it).
+#[test]
+fn only_the_named_successors_contend_at_once_the_others_a_lease_later() {
+    let released = naming(
+        LeaseRecord {
+            holder: Some(String::new()),
+            version: "2".into(),
+            ..LeaseRecord::default()
+        },
+        &["pod-1", "pod-2"],
+    );
+    let at = |identity: &str, record: &LeaseRecord, now: u64| {
+        let mut e = Candidate::new(identity, T);
+        e.set_watching(true);
+        e.observe(Some(record.clone()), Millis(1_000));
+        e.next(Millis(now)).0
+    };
+    assert_eq!(at("pod-1_uid", &released, 1_000), LeaseAction::Acquire);
+    assert_eq!(
+        at("pod-7_uid", &released, 1_000),
+        LeaseAction::Wait {
+            until: Millis(16_000)
+        }
+    );
+    assert_eq!(at("pod-7_uid", &released, 16_000), LeaseAction::Acquire);
+    // Expiry: the successors at a lease without change, the others at two.
+    let held = naming(held_by("pod-0_uid", "3"), &["pod-2"]);
+    assert_eq!(at("pod-2_uid", &held, 16_000), LeaseAction::Acquire);
+    assert_eq!(
+        at("pod-1_uid", &held, 16_000),
+        LeaseAction::Wait {
+            until: Millis(31_000)
+        }
+    );
+    assert_eq!(at("pod-1_uid", &held, 31_000), LeaseAction::Acquire);
+    // No list (a holder of an older version): everyone at once, as before.
+    assert_eq!(
+        at("pod-7_uid", &held_by("pod-0_uid", "3"), 16_000),
+        LeaseAction::Acquire
+    );
+}
+
+#[test]
+fn successors_are_usable_pods_on_nodes_of_their_own_away_from_the_holder() {
+    let seat = |pod: &str, node: &str, usable: bool| SuccessorSeat {
+        pod: pod.into(),
+        node: Some(node.into()),
+        usable,
+    };
+    let seats = [
+        seat("v-0-0", "a", true),
+        seat("v-0-1", "b", true),
+        seat("v-1-0", "b", true),
+        seat("v-1-1", "a", true),
+        seat("v-2-0", "c", false),
+        seat("v-2-1", "d", true),
+        seat("v-3-0", "e", true),
+        seat("v-3-1", "f", true),
+    ];
+    // Holder on a: nothing else on a, one per node, the unusable one skipped, three at most.
+    assert_eq!(successors(&seats, "v-0-0"), ["v-0-1", "v-2-1", "v-3-0"]);
+    // Every other pod on the holder's node, or unusable: no list, everyone contends.
+    assert!(successors(&seats[..2], "v-0-0") == ["v-0-1"]);
+    assert!(
+        successors(
+            &[seat("v-0-0", "a", true), seat("v-1-1", "a", true)],
+            "v-0-0"
+        )
+        .is_empty()
+    );
+    // Without node facts, pods count one each.
+    let nodeless = |pod: &str| SuccessorSeat {
+        pod: pod.into(),
+        node: None,
+        usable: true,
+    };
+    let seats = ["v-0", "v-1", "v-2", "v-3", "v-4"].map(nodeless);
+    assert_eq!(successors(&seats, "v-0"), ["v-1", "v-2", "v-3"]);
 }

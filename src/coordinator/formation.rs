@@ -20,9 +20,9 @@ use valkey_sidecar_core::observation::{self, Mode};
 use valkey_sidecar_core::time::Millis;
 
 use super::Coordinator;
-use crate::runtime::task::Owned;
 use crate::k8s::events::EventType;
 use crate::k8s::pods::{SHARD_INDEX_LABEL, node_index, pod_ip};
+use crate::runtime::task::Owned;
 use crate::valkey::{Connector, Session, observe};
 
 /// Steps sent at once in a formation round: at 50 shards, after a drain, every pod forgets

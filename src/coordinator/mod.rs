@@ -43,7 +43,9 @@ use valkey_sidecar_core::time::Millis;
 
 use crate::k8s::events::Recorder;
 use crate::k8s::format::FormatNotice;
-use crate::k8s::lease::{CoordinatorTerm, FormedMarker, RequestCell, StatusAnnotations};
+use crate::k8s::lease::{
+    CoordinatorTerm, FormedMarker, RequestCell, StatusAnnotations, SuccessorCell,
+};
 use crate::k8s::owner::LeaseOwner;
 use crate::runtime::clock::Clock;
 use crate::runtime::metrics::Metrics;
@@ -94,6 +96,8 @@ pub struct Coordinator {
     pub formation_shards: Option<u32>,
     /// When the cluster was first seen formed, shared with the Lease writer.
     pub formed: FormedMarker,
+    /// The pods that take over first should this term end, shared with the Lease writer.
+    pub successors: SuccessorCell,
     /// Set on the shard records this agent writes (`k8s::owner`).
     pub lease_owner: Option<LeaseOwner>,
     /// The operator's requests on the coordinator Lease, shared with the Lease writer.
@@ -216,6 +220,7 @@ impl Coordinator {
             if !w.ready() {
                 continue;
             }
+            self.name_successors(w);
             match self.mode {
                 Mode::Cluster => {
                     self.form_if_incomplete(&w.pods, &mut memory);

@@ -7,13 +7,16 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::Resource;
 use kube::runtime::reflector::{self, Store};
-use valkey_sidecar_core::plan::Plan;
+use valkey_sidecar_core::lease::{self, SuccessorSeat};
+use valkey_sidecar_core::plan::{NodeInfo, Plan};
 use valkey_sidecar_core::status::{self, Condition, Decision, Status};
 
 use super::execute::MoveOutcome;
+use super::watches::Watches;
 use super::{Coordinator, CoordinatorMemory, Move, replication_round};
 use crate::k8s::events::{Event, EventType};
 use crate::k8s::lease::StatusAnnotations;
+use crate::k8s::pods::is_ready;
 
 /// Wall-clock time for the status: humans read it, no decision does.
 pub(super) fn wall_clock() -> String {
@@ -147,6 +150,24 @@ impl Coordinator {
         self.status.send_replace(annotations);
     }
 
+    /// Names the pods that take over first should this term end (`core::lease::successors`):
+    /// the next renewal carries them.
+    pub(super) fn name_successors(&self, w: &Watches) {
+        let Some(holder) = self.term.borrow().holder.clone() else {
+            return;
+        };
+        // The identity is `<pod>_<uid>`; a pod's name has no `_`.
+        let me = holder.split('_').next().unwrap_or_default();
+        let nodes = w.node_facts();
+        let seats: Vec<SuccessorSeat> = w
+            .pods
+            .state()
+            .iter()
+            .map(|p| successor_seat(p, &nodes))
+            .collect();
+        self.successors.set(lease::successors(&seats, me));
+    }
+
     /// Events go to the old primary's pod when known, else they are only logged.
     /// A reference to the cluster's pod `name`, for an Event.
     pub(super) fn pod_ref(&self, pods: &Store<Pod>, name: &str) -> Option<ObjectReference> {
@@ -176,6 +197,22 @@ impl Coordinator {
                 tracing::warn!(error = %e, "event not published");
             }
         });
+    }
+}
+
+/// A pod as a successor: usable when Ready, not being deleted, on a usable node (or one
+/// without facts).
+fn successor_seat(p: &Pod, nodes: &BTreeMap<String, NodeInfo>) -> SuccessorSeat {
+    let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
+    let node_usable = node
+        .as_ref()
+        .and_then(|n| nodes.get(n))
+        .is_none_or(NodeInfo::usable);
+    let alive = p.metadata.deletion_timestamp.is_none() && is_ready(p);
+    SuccessorSeat {
+        pod: p.metadata.name.clone().unwrap_or_default(),
+        node,
+        usable: alive && node_usable,
     }
 }
 

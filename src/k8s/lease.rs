@@ -13,6 +13,9 @@
 //! carried on by every write too ([`RequestCell`]), until a `resume` removes the pause or the
 //! coordinator answers the switchover.
 //!
+//! The holder names the pods that take over first (`valkey.io/successors`, [`SuccessorCell`]); a
+//! release carries the list on, so only they contend at once.
+//!
 //! One annotation outlives holders and releases: `valkey.io/cluster-formed` ([`FormedMarker`]),
 //! when the coordinator first saw the cluster formed. Every write carries it on, so after a full
 //! restart without persistence the next coordinator knows that the empty cluster it forms replaces
@@ -89,6 +92,52 @@ impl FormedMarker {
     }
 }
 
+/// The pods the holder names to take over first (`core::lease::successors`), as
+/// `valkey.io/successors`: set by the coordinator, learnt from every read and write, and carried
+/// on by every write, a release included — so that after a release too only they contend at
+/// once. A new holder's coordinator names its own in its first round.
+#[derive(Clone, Debug, Default)]
+pub struct SuccessorCell(Arc<Mutex<Vec<String>>>);
+
+impl SuccessorCell {
+    pub const ANNOTATION: &'static str = "valkey.io/successors";
+
+    pub fn set(&self, pods: Vec<String>) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = pods;
+    }
+
+    fn get(&self) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn learn(&self, lease: &Lease) {
+        self.set(successors_of(lease));
+    }
+
+    fn carry(&self, out: &mut StatusAnnotations) {
+        let pods = self.get();
+        if !pods.is_empty() {
+            out.insert(Self::ANNOTATION.to_owned(), pods.join(","));
+        }
+    }
+}
+
+/// The successors a Lease names; none when it names none.
+fn successors_of(lease: &Lease) -> Vec<String> {
+    let annotations = lease.metadata.annotations.as_ref();
+    let value = annotations.and_then(|a| a.get(SuccessorCell::ANNOTATION));
+    value.map_or_else(Vec::new, |v| {
+        v.split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(str::to_owned)
+            .collect()
+    })
+}
+
 /// The operator's requests on the Lease (`core::requests`): learnt from every read and write,
 /// carried on by every write (a write replaces the object, and a pause must outlive holders),
 /// except a switchover request the coordinator has answered (`consume`).
@@ -161,6 +210,7 @@ pub struct LeaseClient {
     status: watch::Receiver<StatusAnnotations>,
     formed: FormedMarker,
     requests: RequestCell,
+    successors: SuccessorCell,
 }
 
 impl LeaseClient {
@@ -182,6 +232,12 @@ impl LeaseClient {
         self
     }
 
+    /// Shares the successors the coordinator names.
+    pub fn naming(mut self, successors: SuccessorCell) -> LeaseClient {
+        self.successors = successors;
+        self
+    }
+
     /// Shares the formation marker with the coordinator.
     pub fn remembering(mut self, formed: FormedMarker) -> LeaseClient {
         self.formed = formed;
@@ -200,6 +256,7 @@ impl LeaseClient {
             status,
             formed: FormedMarker::default(),
             requests: RequestCell::default(),
+            successors: SuccessorCell::default(),
         }
     }
 
@@ -224,6 +281,7 @@ impl LeaseClient {
     fn learn(&self, lease: &Lease) {
         self.formed.learn(lease);
         self.requests.learn(lease);
+        self.successors.learn(lease);
     }
 
     /// The Lease's changes ([`LeaseObject::changes`]).
@@ -243,8 +301,7 @@ impl LeaseClient {
             .lease
             .put_within(limit, !exists, |owner| self.lease_of(rec, owner))
             .await?;
-        self.formed.learn(&written);
-        self.requests.learn(&written);
+        self.learn(&written);
         Ok(record_of(&written))
     }
 
@@ -262,6 +319,7 @@ impl LeaseClient {
             out.insert(FormedMarker::ANNOTATION.to_owned(), at);
         }
         self.requests.carry(&mut out);
+        self.successors.carry(&mut out);
         stamp(&mut out);
         Some(out)
     }
@@ -303,6 +361,7 @@ pub fn record_of(lease: &Lease) -> LeaseRecord {
             .lease_transitions
             .map_or(0, |t| u32::try_from(t).unwrap_or(0)),
         version: lease.metadata.resource_version.clone().unwrap_or_default(),
+        successors: successors_of(lease),
     }
 }
 

@@ -858,6 +858,23 @@ impl Stage {
             .map(|h| holder_pod(&h).to_owned()))
     }
 
+    /// The pods the coordinator Lease names to take over first (`valkey.io/successors`).
+    pub async fn coordinator_successors(&self) -> Result<Vec<String>> {
+        let lease = self.coordinator_lease().await?;
+        let annotations = lease
+            .and_then(|l| l.metadata.annotations)
+            .unwrap_or_default();
+        let named = annotations
+            .get("valkey.io/successors")
+            .cloned()
+            .unwrap_or_default();
+        Ok(named
+            .split(',')
+            .filter(|p| !p.is_empty())
+            .map(str::to_owned)
+            .collect())
+    }
+
     /// Waits until some agent holds the coordinator Lease; returns it.
     pub async fn wait_coordinator(&self, timeout: Duration) -> Result<String> {
         poll_until(
