@@ -241,27 +241,32 @@ async fn a_promise_back_during_an_apiserver_outage_lifts_the_fence_at_once() {
     // Past the renew deadline: from here on the primary writes on promises alone.
     tokio::time::sleep(RENEW_DEADLINE + 2 * SECOND).await;
     let member = s.pods.iter().find(|p| **p != old).unwrap().clone();
-    s.kubelet
-        .partition(&s.namespace, &old, &[member.as_str()])
-        .unwrap();
     let acks = |limit| valkey_sidecar_testkit::k8s::shard::write_acked(&s, &old, limit);
-    let fenced = Duration::from_millis(300);
-    poll_until("the primary fences", 10 * SECOND, fenced, || async {
-        Ok(!acks(fenced))
-    })
-    .await
-    .unwrap();
-    s.kubelet.heal_network().unwrap();
-    let healed = Instant::now();
-    poll_until(
-        "writes resume",
-        10 * SECOND,
-        Duration::from_millis(10),
-        || async { Ok(acks(SECOND)) },
-    )
-    .await
-    .unwrap();
-    let lifted = healed.elapsed();
+    // Three times: a lift that waits for the record read in flight comes after what is left of
+    // its 1 s limit, anywhere from 0 to 1 s, so one lapse alone may be quick by chance.
+    let mut lifts = Vec::new();
+    for _ in 0..3 {
+        s.kubelet
+            .partition(&s.namespace, &old, &[member.as_str()])
+            .unwrap();
+        let fenced = Duration::from_millis(300);
+        poll_until("the primary fences", 10 * SECOND, fenced, || async {
+            Ok(!acks(fenced))
+        })
+        .await
+        .unwrap();
+        s.kubelet.heal_network().unwrap();
+        let healed = Instant::now();
+        poll_until(
+            "writes resume",
+            10 * SECOND,
+            Duration::from_millis(10),
+            || async { Ok(acks(SECOND)) },
+        )
+        .await
+        .unwrap();
+        lifts.push(healed.elapsed());
+    }
     s.signal_apiserver("CONT").unwrap();
     let after = wait_steady(&s, 30 * SECOND).await.unwrap();
     let (seen, w, missing) = watch.stop(&s, &after);
@@ -271,17 +276,19 @@ async fn a_promise_back_during_an_apiserver_outage_lifts_the_fence_at_once() {
         &w,
         missing,
     );
-    println!("  writable again {lifted:?} after the member was reachable again");
+    println!("  writable again {lifts:?} after the member was reachable again");
     println!("{}", decisions(&s));
     assert_eq!(after, old);
     assert_eq!(seen.role_changes(), 0, "no node changed role");
     assert_eq!(seen.longest_overlap(), Duration::ZERO);
     assert_eq!(missing, 0);
-    // The heartbeats run every 100 ms; a lift that waited on the frozen apiserver takes the
-    // record client's whole 1 s limit on top.
+    // The heartbeats run every 100 ms; a lift that waits on the frozen apiserver takes what is
+    // left of the record read's 1 s limit on top (0.57 s in one lapse when this test was run
+    // against the agent without `before_read`; 1.0 s when the minute-long outage failed CI).
+    let slowest = lifts.iter().max().copied().unwrap_or_default();
     assert!(
-        lifted < SECOND,
-        "the fence lifted {lifted:?} after the member came back"
+        slowest < Duration::from_millis(400),
+        "the fence lifted {lifts:?} after the member came back"
     );
 }
 
