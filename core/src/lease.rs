@@ -289,10 +289,9 @@ impl Candidate {
     }
 
     /// Whether this candidate may contend as soon as the Lease is free: the record names no
-    /// successors, or names this candidate's pod (the identity is `<pod>_<uid>`, and a pod's name
-    /// has no `_`).
+    /// successors, or names this candidate's pod.
     fn named_successor(&self, record: &LeaseRecord) -> bool {
-        let pod = self.identity.split('_').next().unwrap_or_default();
+        let pod = identity_pod(&self.identity);
         record.successors.is_empty() || record.successors.iter().any(|s| s == pod)
     }
 
@@ -334,6 +333,11 @@ pub fn election_identity(pod: &str, uid: Option<&str>) -> String {
         Some(uid) => format!("{pod}_{uid}"),
         None => pod.to_owned(),
     }
+}
+
+/// The pod an [`election_identity`] names (a pod's name has no `_`).
+pub fn identity_pod(identity: &str) -> &str {
+    identity.split('_').next().unwrap_or(identity)
 }
 
 /// The longest lease a record may claim: the agent's own maximum (`SIDECAR_LEASE_DURATION`).

@@ -156,8 +156,7 @@ impl Coordinator {
         let Some(holder) = self.term.borrow().holder.clone() else {
             return;
         };
-        // The identity is `<pod>_<uid>`; a pod's name has no `_`.
-        let me = holder.split('_').next().unwrap_or_default();
+        let me = lease::identity_pod(&holder);
         let nodes = w.node_facts();
         let seats: Vec<SuccessorSeat> = w
             .pods

@@ -1178,7 +1178,7 @@ fn rolled_out(set: &StatefulSet) -> bool {
 
 /// The pod of a coordinator Lease holder identity (`<pod>_<pod uid>`; pod names have no `_`).
 pub fn holder_pod(identity: &str) -> &str {
-    identity.split('_').next().unwrap_or(identity)
+    valkey_sidecar_core::lease::identity_pod(identity)
 }
 
 /// A Secret `name` with the chart's three auth keys (test passwords named after the key, and the
