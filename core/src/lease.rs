@@ -250,13 +250,13 @@ impl Candidate {
             return (renew, "held: renewed every retry period");
         }
         let lease = judged_lease_ms(self.timings.lease_ms, Some(record.lease_ms));
-        // A candidate the holder did not name to succeed it waits one lease longer: a release
-        // or a lapse then does not send every agent of a large cluster at the apiserver at once
-        // (in the 50-shard bench, 100 agents' attempts starved the holder's renewals).
-        let later = if self.named_successor(record) {
-            0
-        } else {
-            lease
+        // A candidate the holder did not name to succeed it waits longer: a release or a lapse
+        // then does not send every agent of a large cluster at the apiserver at once (in the
+        // 50-shard bench, 100 agents' attempts starved the holder's renewals). Nor do the others
+        // all come at one moment: each waits between one and two leases, by its pod's name.
+        let later = match self.named_successor(record) {
+            true => 0,
+            false => lease + stable_hash(identity_pod(&self.identity)) % lease.max(1),
         };
         let waiting = |until: Millis, why: &'static str| match self.watching {
             true => (LeaseAction::Wait { until }, why),
@@ -333,6 +333,14 @@ pub fn election_identity(pod: &str, uid: Option<&str>) -> String {
         Some(uid) => format!("{pod}_{uid}"),
         None => pod.to_owned(),
     }
+}
+
+/// FNV-1a: the same for a name on every agent and in every version (the standard library's
+/// hasher is seeded per process).
+fn stable_hash(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// The pod an [`election_identity`] names (a pod's name has no `_`).

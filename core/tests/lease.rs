@@ -273,9 +273,10 @@ fn naming(mut r: LeaseRecord, successors: &[&str]) -> LeaseRecord {
 }
 
 /// A release or a lapse sends only the named successors at the apiserver at first; the others
-/// contend one lease later, if nobody took over meanwhile (the watch would have shown it).
+/// contend between one and two leases later, each at its own moment, if nobody took over
+/// meanwhile (the watch would have shown it).
 #[test]
-fn only_the_named_successors_contend_at_once_the_others_a_lease_later() {
+fn only_the_named_successors_contend_at_once_the_others_later_and_spread() {
     let released = naming(
         LeaseRecord {
             holder: Some(String::new()),
@@ -290,24 +291,39 @@ fn only_the_named_successors_contend_at_once_the_others_a_lease_later() {
         e.observe(Some(record.clone()), Millis(1_000));
         e.next(Millis(now)).0
     };
+    // When a candidate waiting for `record` (seen at 1 s) contends.
+    let contends = |identity: &str, record: &LeaseRecord| match at(identity, record, 1_000) {
+        LeaseAction::Wait { until } => until.0,
+        _ => 1_000,
+    };
     assert_eq!(at("pod-1_uid", &released, 1_000), LeaseAction::Acquire);
+    let others: Vec<u64> = (3..40)
+        .map(|i| contends(&format!("pod-{i}_uid"), &released))
+        .collect();
+    // Released at 1 s: the others from 16 s (a lease later) up to 31 s, not at one moment.
+    assert!(
+        others.iter().all(|t| (16_000..31_000).contains(t)),
+        "{others:?}"
+    );
+    let distinct: std::collections::BTreeSet<_> = others.iter().collect();
+    assert!(distinct.len() > 30, "{others:?}");
+    let seven = contends("pod-7_uid", &released);
     assert_eq!(
-        at("pod-7_uid", &released, 1_000),
+        at("pod-7_uid", &released, seven - 1),
         LeaseAction::Wait {
-            until: Millis(16_000)
+            until: Millis(seven)
         }
     );
-    assert_eq!(at("pod-7_uid", &released, 16_000), LeaseAction::Acquire);
-    // Expiry: the successors at a lease without change, the others at two.
+    assert_eq!(at("pod-7_uid", &released, seven), LeaseAction::Acquire);
+    // Expiry: the successors at a lease without change, the others one to two leases after.
     let held = naming(held_by("pod-0_uid", "3"), &["pod-2"]);
     assert_eq!(at("pod-2_uid", &held, 16_000), LeaseAction::Acquire);
-    assert_eq!(
-        at("pod-1_uid", &held, 16_000),
-        LeaseAction::Wait {
-            until: Millis(31_000)
-        }
-    );
-    assert_eq!(at("pod-1_uid", &held, 31_000), LeaseAction::Acquire);
+    let one = match at("pod-1_uid", &held, 16_000) {
+        LeaseAction::Wait { until } => until.0,
+        other => panic!("{other:?}"),
+    };
+    assert!((31_000..46_000).contains(&one), "{one}");
+    assert_eq!(at("pod-1_uid", &held, one), LeaseAction::Acquire);
     // No list (a holder of an older version): everyone at once, as before.
     assert_eq!(
         at("pod-7_uid", &held_by("pod-0_uid", "3"), 16_000),
