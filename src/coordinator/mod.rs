@@ -220,14 +220,16 @@ impl Coordinator {
             if !w.ready() {
                 continue;
             }
-            self.name_successors(w);
+            // The node facts are built once a round, for the successors and the round alike.
+            let facts = w.facts();
+            self.name_successors(&w.pods, &facts.nodes);
             match self.mode {
                 Mode::Cluster => {
                     self.form_if_incomplete(&w.pods, &mut memory);
-                    self.round(&w.pods, w.facts(), &mut memory, &done_tx).await
+                    self.round(&w.pods, facts, &mut memory, &done_tx).await
                 }
                 Mode::Replication => {
-                    self.replication_round(&w.pods, w.facts(), &mut memory, &done_tx)
+                    self.replication_round(&w.pods, facts, &mut memory, &done_tx)
                         .await
                 }
             }

@@ -12,7 +12,6 @@ use valkey_sidecar_core::plan::{NodeInfo, Plan};
 use valkey_sidecar_core::status::{self, Condition, Decision, Status};
 
 use super::execute::MoveOutcome;
-use super::watches::Watches;
 use super::{Coordinator, CoordinatorMemory, Move, replication_round};
 use crate::k8s::events::{Event, EventType};
 use crate::k8s::lease::StatusAnnotations;
@@ -152,17 +151,15 @@ impl Coordinator {
 
     /// Names the pods that take over first should this term end (`core::lease::successors`):
     /// the next renewal carries them.
-    pub(super) fn name_successors(&self, w: &Watches) {
+    pub(super) fn name_successors(&self, pods: &Store<Pod>, nodes: &BTreeMap<String, NodeInfo>) {
         let Some(holder) = self.term.borrow().holder.clone() else {
             return;
         };
         let me = lease::identity_pod(&holder);
-        let nodes = w.node_facts();
-        let seats: Vec<SuccessorSeat> = w
-            .pods
+        let seats: Vec<SuccessorSeat> = pods
             .state()
             .iter()
-            .map(|p| successor_seat(p, &nodes))
+            .map(|p| successor_seat(p, nodes))
             .collect();
         self.successors.set(lease::successors(&seats, me));
     }
