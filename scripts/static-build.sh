@@ -68,6 +68,10 @@ if [[ $arch == x86_64 ]]; then
 cargo build --release --locked --target x86_64-unknown-linux-musl -p valkey-sidecar --bin valkey-sidecar >&2
 else
   PATH=$(zig_toolchain):$PATH
+  # A target directory of its own: cargo builds in one directory one at a time, so this build can
+  # run beside the x86_64 one (scripts/test.sh does), and a later call (scripts/release.sh, run by
+  # tests/k8s_release.rs) finds it done instead of building it again in the shared directory.
+  export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}-aarch64"
   # Rust's aarch64 musl target links a static non-PIE executable: no run-time relocations at all,
   # so there is nothing to pack (x86_64's static-pie packs its table, .cargo/config.toml).
   cargo zigbuild --release --locked --target "$TARGET" -p valkey-sidecar --bin valkey-sidecar >&2

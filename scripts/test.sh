@@ -6,12 +6,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 # The arm64 node pools' binary, same commit (zig from PyPI; tests/release.rs runs it under qemu),
-# built while everything below runs: in a target directory of its own, since cargo builds in one
-# directory one at a time, and the two release builds' last steps (LTO into one codegen unit) each
-# keep a single core busy for minutes.
+# built while everything below runs (in a target directory of its own, scripts/static-build.sh),
+# since the two release builds' last steps (LTO into one codegen unit) each keep a single core busy
+# for minutes.
 aarch64_out=$(mktemp)
 trap 'rm -f "$aarch64_out"' EXIT
-CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}-aarch64" scripts/static-build.sh aarch64 >"$aarch64_out" &
+scripts/static-build.sh aarch64 >"$aarch64_out" &
 aarch64_build=$!
 export VALKEY_SERVER="$(scripts/valkey-bin.sh)"
 # The older Valkeys the upgrade tests roll from (tests/k8s_rollout.rs): 9.0.0 from PyPI, 8.0.1 built

@@ -214,14 +214,25 @@ impl Candidate {
     /// take what is left of its term (at least [`LeaseTimings::call_limit_ms`]), as client-go
     /// bounds its renew loop by the renew deadline, not each call by the retry period: an
     /// apiserver that answers in 3 s under load still keeps its holder, where a 2 s bound on
-    /// every call would end the term with every renewal the server would have applied. An
-    /// acquire may take a renew deadline. Safety does not rest on this bound: a write's term
-    /// counts from when it was *sent* ([`Candidate::written`]), however late the answer.
+    /// every call would end the term with every renewal the server would have applied. A named
+    /// successor's acquire may take a renew deadline; any other candidate's only one call
+    /// ([`LeaseTimings::call_limit_ms`]): in the 50-shard bench, each of 94 late candidates'
+    /// acquires held an apiserver seat for 10 s (504) while the holder's renewals queued behind
+    /// them. Safety does not rest on this bound: a write's term counts from when it was *sent*
+    /// ([`Candidate::written`]), however late the answer.
     pub fn write_limit_ms(&self, now: Millis) -> u64 {
         match self.acting_deadline() {
             Some(deadline) => deadline.since(now).max(self.timings.call_limit_ms()),
-            None => self.timings.renew_deadline_ms,
+            None if self.first_in_line() => self.timings.renew_deadline_ms,
+            None => self.timings.call_limit_ms(),
         }
+    }
+
+    /// Whether the last record seen lets this candidate contend as soon as the Lease is free.
+    fn first_in_line(&self) -> bool {
+        self.seen
+            .as_ref()
+            .is_none_or(|(record, _)| self.named_successor(record))
     }
 
     /// The latest time at which this holder may still issue an action, if it leads.

@@ -34,6 +34,23 @@ fn a_renewal_may_take_what_is_left_of_the_term_and_an_acquire_a_renew_deadline()
     );
 }
 
+/// A candidate the holder did not name gets one call for its acquire, a named one a renew deadline:
+/// late candidates never hold the apiserver's seats for long while a successor takes over.
+#[test]
+fn only_a_named_successors_acquire_may_take_a_renew_deadline() {
+    let limit = |identity: &str, successors: &[&str]| {
+        let mut e = Candidate::new(identity, T);
+        e.observe(Some(naming(held_by("h_1", "2"), successors)), Millis(0));
+        e.write_limit_ms(Millis(40_000))
+    };
+    let limits = [
+        limit("a_1", &["a", "b"]),
+        limit("c_1", &["a", "b"]),
+        limit("c_1", &[]),
+    ];
+    assert_eq!(limits, [10_000, 2_000, 10_000], "named, not named, no list");
+}
+
 const T: LeaseTimings = LeaseTimings {
     lease_ms: 15_000,
     renew_deadline_ms: 10_000,
