@@ -378,9 +378,16 @@ async fn with_the_apiserver_stopped_for_30s_nothing_acts_and_everything_resumes(
 /// A loaded apiserver answers slowly, not never. With every request the agents send held 3 s
 /// (`testkit::k8s::slow_api`, a relay in front of the apiserver) — longer than the 2 s retry
 /// period that used to bound each call — the holder keeps the Lease past its renew deadline (a
-/// renewal may take what is left of its 10 s term), and still hands a primary over on cordon
-/// without losing a write. Seen in the 50-shard scale bench: at a load average of 134 the holder
-/// lost the Lease with 7 hand-overs under way.
+/// renewal may take a renew deadline), and still hands a primary over on cordon without losing
+/// a write. Seen in the 50-shard scale bench: at a load average of 134 the holder lost the Lease
+/// with 7 hand-overs under way.
+///
+/// Then every request is held 7 s, longer than what is left of a term when its next renewal goes
+/// out: the renewal is answered after the old term ended and starts a term of its own (counted
+/// from its send), so the holder keeps the Lease and coordinates again between answers. An agent
+/// that cut each renewal at its old term's end (as before 2026-12-07) never coordinated again
+/// and its renewals, applied after it stopped waiting, answered 409 (the 50-shard drains: the
+/// Lease changed hands every 30–90 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_every_api_request_taking_3s_the_holder_keeps_the_lease_and_hands_over() {
     let delay = ApiDelay::default();
@@ -412,7 +419,25 @@ async fn with_every_api_request_taking_3s_the_holder_keeps_the_lease_and_hands_o
     assert_eq!(s.role(&replica).as_deref(), Some("master"));
     let missing = s.lost(&replica, &tag, &w.acked).unwrap();
     report(&w, missing);
+    delay.set(7 * SECOND);
+    let slower = Instant::now();
+    // The first renewal held 7 s goes out within a retry period; its term ends 10 s after that:
+    // from 13 s on, only a renewal answered after its old term ended can make a coordinator.
+    let mut again = None;
+    while slower.elapsed() < 26 * SECOND {
+        assert_eq!(lease_holder(s).await.as_deref(), Some(holder.as_str()));
+        if slower.elapsed() > 13 * SECOND && coordinator_count(s).await == 1 {
+            again.get_or_insert(slower.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    println!(
+        "every agent request held 7 s: {holder} kept the Lease and coordinated again at {again:?}"
+    );
+    assert!(again.is_some(), "{holder} never coordinated again");
     delay.set(Duration::ZERO);
+    wait_coordinators(s, 1, "one coordinator once requests are quick", 20 * SECOND).await;
+    assert_eq!(lease_holder(s).await.as_deref(), Some(holder.as_str()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

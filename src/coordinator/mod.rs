@@ -212,7 +212,13 @@ impl Coordinator {
             }
             acting = self.term.borrow().may_act(self.clock.now());
             if !acting {
-                watches = None;
+                // A holder whose term lapsed while the Lease still names it keeps its watches:
+                // its renewal, answered late, may start a new term at any moment, which then acts
+                // at once instead of listing every pod and Node again (on a loaded apiserver, for
+                // longer than the term lasts: the 50-shard drains).
+                if !self.term.borrow().held {
+                    watches = None;
+                }
                 self.follow(&mut memory);
                 continue;
             }

@@ -47,6 +47,9 @@ pub struct CoordinatorTerm {
     /// The agent may act until this local time (its renew deadline); `None`: it does not lead.
     pub until: Option<Millis>,
     pub holder: Option<String>,
+    /// The Lease names this agent as its holder, as last read or written: true also while its
+    /// term has lapsed with a renewal still in flight, which may yet start a new term.
+    pub held: bool,
 }
 
 impl CoordinatorTerm {
@@ -502,6 +505,7 @@ fn publish(tx: &watch::Sender<CoordinatorTerm>, e: &Candidate, now: Millis) {
     let next = CoordinatorTerm {
         until,
         holder: e.holder().map(str::to_owned),
+        held: e.holder() == Some(e.identity.as_str()),
     };
     tx.send_if_modified(|l| {
         let changed = *l != next;
@@ -534,17 +538,17 @@ async fn read_within(lease: &LeaseClient, e: &mut Candidate, clock: &Clock, limi
 
 async fn write(lease: &LeaseClient, e: &mut Candidate, clock: &Clock) {
     let sent = clock.now();
-    let limit = Duration::from_millis(e.write_limit_ms(sent));
+    let limit = Duration::from_millis(e.write_limit_ms());
     match lease.write(&e.record_to_write(), e.exists(), limit).await {
         Ok(rec) => e.written(rec, sent),
         Err(err) => {
             tracing::debug!(error = %err, "lease write failed");
             e.write_failed(clock.now());
             // The record moved (409: often our own renewal, applied after we stopped waiting
-            // for it) or is unknown: read before trying again, a holder with what is left of its
-            // term (a loaded apiserver answers in seconds, and without the read's version the
-            // next renewal is refused too).
-            let limit = e.write_limit_ms(clock.now());
+            // for it) or is unknown: read before trying again, a holder within a renew deadline
+            // (a loaded apiserver answers in seconds, and without the read's version the next
+            // renewal is refused too).
+            let limit = e.write_limit_ms();
             read_within(lease, e, clock, limit).await;
         }
     }

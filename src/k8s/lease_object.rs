@@ -66,8 +66,8 @@ impl LeaseObject {
         self.get_within(self.timeout).await
     }
 
-    /// [`LeaseObject::get`] with its own bound (a holder's read after a failed renewal may take
-    /// what is left of its term).
+    /// [`LeaseObject::get`] with its own bound (a holder's read after a failed renewal may take a
+    /// renew deadline).
     pub async fn get_within(&self, limit: Duration) -> Result<Option<Lease>, KubeError> {
         let lease = super::bounded(limit, self.api.get_opt(&self.name)).await?;
         if let Some(l) = &lease {
@@ -102,8 +102,8 @@ impl LeaseObject {
         self.put_within(self.timeout, creating, build).await
     }
 
-    /// [`LeaseObject::put`] with its own bound on the write (a holder's renewal may take what is
-    /// left of its term: `core::lease::Candidate::write_limit_ms`).
+    /// [`LeaseObject::put`] with its own bound on the write (a holder's renewal may take a renew
+    /// deadline: `core::lease::Candidate::write_limit_ms`).
     pub async fn put_within(
         &self,
         limit: Duration,
