@@ -385,9 +385,11 @@ async fn with_the_apiserver_stopped_for_30s_nothing_acts_and_everything_resumes(
 /// Then every request is held 7 s, longer than what is left of a term when its next renewal goes
 /// out: the renewal is answered after the old term ended and starts a term of its own (counted
 /// from its send), so the holder keeps the Lease and coordinates again between answers. An agent
-/// that cut each renewal at its old term's end (as before 2026-12-07) never coordinated again
-/// and its renewals, applied after it stopped waiting, answered 409 (the 50-shard drains: the
-/// Lease changed hands every 30–90 s).
+/// that cut each renewal at its old term's end (as before 2026-12-07) cuts every renewal after
+/// the first at 2–3 s here, so it cannot start a term again; its renewals, applied after it
+/// stopped waiting, make the next ones 409 (the 50-shard drains: the Lease changed hands every
+/// 30–90 s). Without keeping its watches while the Lease names it, the holder failed this too:
+/// each new 3 s term went to listing pods and Nodes again through the slow relay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_every_api_request_taking_3s_the_holder_keeps_the_lease_and_hands_over() {
     let delay = ApiDelay::default();
