@@ -681,34 +681,31 @@ async fn when_the_coordinator_dies_a_successor_does_the_hand_over() {
     assert!(!named.is_empty(), "the Lease names successors");
     assert!(!named_nodes.contains(&holder_node), "{named_nodes:?}");
     let s = &s;
-    let done = std::sync::atomic::AtomicBool::new(false);
-    let fault = async {
-        let out = with_writer(s, shard, |primary| async move {
-            // The coordinator's node loses power (its pods silent, no restart), and at once a
-            // primary elsewhere must be handed over: only a successor can do it.
-            s.kubelet.power_off(&holder_node).unwrap();
-            let t = Instant::now();
-            s.api().delete(&primary, &Default::default()).await.unwrap();
-            s.wait_gone(&primary, 40 * SECOND).await.unwrap();
-            t.elapsed()
-        })
-        .await;
-        done.store(true, std::sync::atomic::Ordering::Relaxed);
-        out
-    };
-    // Every holder in turn: the first after the dead one must be named; a later one may be named
-    // by its predecessor (the pod deleted may be a successor that took over and then released).
-    let holders = async {
-        let mut seen: Vec<String> = Vec::new();
-        while !done.load(std::sync::atomic::Ordering::Relaxed) {
-            if let Some(h) = lease_holder(s).await.filter(|h| seen.last() != Some(h)) {
-                seen.push(h);
+    let fault = with_writer(s, shard, |primary| async move {
+        // The coordinator's node loses power (its pods silent, no restart), and at once a primary
+        // elsewhere must be handed over: only a successor can do it.
+        s.kubelet.power_off(&holder_node).unwrap();
+        let t = Instant::now();
+        s.api().delete(&primary, &Default::default()).await.unwrap();
+        s.wait_gone(&primary, 40 * SECOND).await.unwrap();
+        t.elapsed()
+    });
+    // Every holder in turn, until the fault is over: the first after the dead one must be named;
+    // a later one may be named by its predecessor (the pod deleted may be a successor that took
+    // over and then released).
+    let mut holders: Vec<String> = Vec::new();
+    let sample = async {
+        loop {
+            if let Some(h) = lease_holder(s).await.filter(|h| holders.last() != Some(h)) {
+                holders.push(h);
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        seen
     };
-    let ((w, tag, primary, replica, gone), holders) = tokio::join!(fault, holders);
+    let (w, tag, primary, replica, gone) = tokio::select! {
+        out = fault => out,
+        never = sample => never,
+    };
     let first = holders.iter().find(|h| **h != holder).cloned();
     let successor = lease_holder(s).await;
     println!(
