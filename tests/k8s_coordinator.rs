@@ -680,8 +680,12 @@ async fn when_the_coordinator_dies_a_successor_does_the_hand_over() {
     println!("successors named {named:?} on {named_nodes:?}; the holder is on {holder_node}");
     assert!(!named.is_empty(), "the Lease names successors");
     assert!(!named_nodes.contains(&holder_node), "{named_nodes:?}");
+    // Every holder in turn, from a watch on the Lease (polling once missed a successor that held
+    // it for a moment): the first after the dead one must be named; a later one may be named by
+    // its predecessor (the pod deleted may be a successor that took over and then released).
+    let (watch, watching) = s.watch_coordinator_holders();
     let s = &s;
-    let fault = with_writer(s, shard, |primary| async move {
+    let (w, tag, primary, replica, gone) = with_writer(s, shard, |primary| async move {
         // The coordinator's node loses power (its pods silent, no restart), and at once a primary
         // elsewhere must be handed over: only a successor can do it.
         s.kubelet.power_off(&holder_node).unwrap();
@@ -689,23 +693,10 @@ async fn when_the_coordinator_dies_a_successor_does_the_hand_over() {
         s.api().delete(&primary, &Default::default()).await.unwrap();
         s.wait_gone(&primary, 40 * SECOND).await.unwrap();
         t.elapsed()
-    });
-    // Every holder in turn, until the fault is over: the first after the dead one must be named;
-    // a later one may be named by its predecessor (the pod deleted may be a successor that took
-    // over and then released).
-    let mut holders: Vec<String> = Vec::new();
-    let sample = async {
-        loop {
-            if let Some(h) = lease_holder(s).await.filter(|h| holders.last() != Some(h)) {
-                holders.push(h);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    let (w, tag, primary, replica, gone) = tokio::select! {
-        out = fault => out,
-        never = sample => never,
-    };
+    })
+    .await;
+    watching.abort();
+    let holders = watch.holders();
     let first = holders.iter().find(|h| **h != holder).cloned();
     let successor = lease_holder(s).await;
     println!(

@@ -858,6 +858,16 @@ impl Stage {
             .map(|h| holder_pod(&h).to_owned()))
     }
 
+    /// Every holder of the coordinator Lease in turn, from a watch on that one Lease: a holder
+    /// that held for less than a poll's round trip (a successor that took over, handed its own
+    /// primary over and released on its way out) shows here, where polling missed it once in CI.
+    /// Abort the returned task when done.
+    pub fn watch_coordinator_holders(&self) -> (HolderWatch, tokio::task::JoinHandle<()>) {
+        let leases: Api<Lease> = Api::namespaced(self.plane.client(), &self.namespace);
+        let name = format!("metadata.name={}-coordinator", self.cluster);
+        HolderWatch::start(leases, watcher::Config::default().fields(&name))
+    }
+
     /// The pods the coordinator Lease names to take over first (`valkey.io/successors`).
     pub async fn coordinator_successors(&self) -> Result<Vec<String>> {
         let lease = self.coordinator_lease().await?;
@@ -1244,6 +1254,50 @@ fn kill(pid: u32, signal: &str) -> Result<()> {
         bail!("kill -{signal} {pid} failed");
     }
     Ok(())
+}
+
+/// The holders a watch on a Lease saw, in order, repeats folded; a release shows as `None`.
+#[derive(Clone, Default)]
+pub struct HolderWatch {
+    seen: Arc<Mutex<Vec<Option<String>>>>,
+}
+
+impl HolderWatch {
+    fn start(
+        api: Api<Lease>,
+        config: watcher::Config,
+    ) -> (HolderWatch, tokio::task::JoinHandle<()>) {
+        let watch = HolderWatch::default();
+        let sink = watch.seen.clone();
+        let task = tokio::spawn(async move {
+            let mut stream = watcher(api, config).applied_objects().boxed();
+            while let Some(Ok(lease)) = stream.next().await {
+                let holder = lease
+                    .spec
+                    .and_then(|s| s.holder_identity)
+                    .filter(|h| !h.is_empty())
+                    .map(|h| holder_pod(&h).to_owned());
+                if let Ok(mut seen) = sink.lock()
+                    && seen.last() != Some(&holder)
+                {
+                    seen.push(holder);
+                }
+            }
+        });
+        (watch, task)
+    }
+
+    /// The holders seen so far, in order (releases left out).
+    pub fn holders(&self) -> Vec<String> {
+        let seen = self.seen.lock().map(|s| s.clone()).unwrap_or_default();
+        let mut holders: Vec<String> = Vec::new();
+        for h in seen.into_iter().flatten() {
+            if holders.last() != Some(&h) {
+                holders.push(h);
+            }
+        }
+        holders
+    }
 }
 
 /// One watch event: when it arrived, the pod, and its role label.
