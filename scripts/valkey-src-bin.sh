@@ -29,7 +29,10 @@ work=$(mktemp -d "$cache/.valkey-8.0.1-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 echo "building valkey-server 8.0.1 (TLS) from $tarball" >&2
 tar xzf "$tarball" -C "$work"
-make -C "$work/valkey-8.0.1" -j2 BUILD_TLS=yes MALLOC=libc valkey-server valkey-cli >&2
+# One make in src/ for both binaries: the top-level Makefile runs a sub-make per target, and with
+# -j2 the two raced on the shared deps (one cleaned hiredis while the other archived it; a cold CI
+# run failed so on 2026-12-07).
+make -C "$work/valkey-8.0.1/src" -j2 BUILD_TLS=yes MALLOC=libc valkey-server valkey-cli >&2
 mkdir -p "$work/bin"
 cp "$work/valkey-8.0.1/src/valkey-server" "$work/valkey-8.0.1/src/valkey-cli" "$work/bin/"
 rm -rf "$work/valkey-8.0.1"

@@ -49,7 +49,7 @@ use crate::k8s::events::EventType;
 use crate::k8s::pods::pod_ip;
 use crate::k8s::record::RecordClient;
 use crate::keeper::RecordSeed;
-use crate::runtime::clock::Clock;
+use crate::runtime::clock::{Clock, thread_cpu, thread_cpu_since};
 use crate::runtime::metrics::Metrics;
 use crate::valkey::{Connector, Session, observe};
 
@@ -311,6 +311,7 @@ impl Coordinator {
         let coordinating = self.term.borrow().may_act(now);
         self.metrics.set_coordinating(coordinating);
         let started = std::time::Instant::now();
+        let cpu = coordinating.then(thread_cpu).flatten();
         let members = shards.iter().flat_map(ShardRound::plan_members).collect();
         let world = self.world(members, (pods, facts), memory, now, coordinating);
         let plan = decide(&world, &self.policy);
@@ -319,7 +320,8 @@ impl Coordinator {
         let conditions = coordinating.then(|| status::conditions(&world, &self.policy, &plan));
         self.report_roll(&world, &plan, pods, memory);
         if coordinating {
-            self.metrics.coordinator_round(started.elapsed());
+            self.metrics
+                .coordinator_round(started.elapsed(), thread_cpu_since(cpu));
         }
         self.evict_outdated(&plan.replacements, pods, memory).await;
         let planned = plan.actions.clone();

@@ -21,6 +21,7 @@ use super::watches::Facts;
 use super::{Coordinator, CoordinatorMemory, Finished, Move, execute, spawn_move, world};
 use crate::k8s::events::EventType;
 use crate::k8s::pods::pod_ip;
+use crate::runtime::clock::{thread_cpu, thread_cpu_since};
 use crate::runtime::task::Owned;
 use crate::valkey::Connector;
 
@@ -74,6 +75,7 @@ impl Coordinator {
             d.track(&shards, &self.connector);
         }
         let started = std::time::Instant::now();
+        let cpu = coordinating.then(thread_cpu).flatten();
         let members = world::members(&shards, &pods.state());
         let world = self.world(members, (pods, facts), memory, now, coordinating);
         let plan = decide(&world, &self.policy);
@@ -82,7 +84,8 @@ impl Coordinator {
         let conditions = coordinating.then(|| status::conditions(&world, &self.policy, &plan));
         self.report_roll(&world, &plan, pods, memory);
         if coordinating {
-            self.metrics.coordinator_round(started.elapsed());
+            self.metrics
+                .coordinator_round(started.elapsed(), thread_cpu_since(cpu));
         }
         self.evict_outdated(&plan.replacements, pods, memory).await;
         for action in plan.actions {

@@ -120,6 +120,7 @@ pub struct Metrics {
     task_panics: Family<KindLabel, Counter>,
     move_seconds: Histogram,
     round_seconds: Histogram,
+    round_cpu_seconds: Histogram,
     build_info: Family<BuildLabel, Gauge>,
     fenced: Gauge,
     shard_primaries: Family<ShardLabel, Gauge>,
@@ -178,6 +179,7 @@ impl Metrics {
             task_panics: Family::default(),
             move_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             round_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            round_cpu_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             build_info: Family::default(),
             fenced: Gauge::default(),
             shard_primaries: Family::default(),
@@ -230,6 +232,7 @@ impl Metrics {
             coordinator_record_reads => "coordinator_record_reads": "Replication mode: the coordinator's reads of the shard records, by result";
             move_seconds => "coordinator_move_duration_seconds": "Time a successful coordinator move took, start to new primary";
             round_seconds => "coordinator_round_duration_seconds": "Time one coordinator round spent on its rules (the planner's world, the plan, the status): the agent's one thread answers no probe meanwhile";
+            round_cpu_seconds => "coordinator_round_cpu_seconds": "CPU time one coordinator round's rules took on the agent's thread: the round's duration less its waits for a CPU on a busy machine (absent where the kernel keeps no /proc/thread-self/schedstat)";
             drift => "placement_drift": "Placement facts the coordinator reports, by reason";
             build_info => "build_info": "1, labelled with the agent's version and the commit it was built from";
             fenced => "fenced": "1 while the agent holds the local Valkey's writes paused (cluster mode: the quorum fence; replication mode: the keeper's fence)";
@@ -436,9 +439,12 @@ impl Metrics {
             .inc();
     }
 
-    /// Records how long a coordinator round's rules took.
-    pub fn coordinator_round(&self, took: Duration) {
+    /// Records how long a coordinator round's rules took, and the CPU time they used.
+    pub fn coordinator_round(&self, took: Duration, cpu: Option<Duration>) {
         self.round_seconds.observe(took.as_secs_f64());
+        if let Some(cpu) = cpu {
+            self.round_cpu_seconds.observe(cpu.as_secs_f64());
+        }
     }
 
     /// Records how long a successful move took.
