@@ -852,10 +852,7 @@ impl Stage {
     /// Which pod holds the coordinator Lease now (the holder identity is `<pod>_<pod uid>`).
     pub async fn coordinator_holder(&self) -> Result<Option<String>> {
         let lease = self.coordinator_lease().await?;
-        Ok(lease
-            .and_then(|l| l.spec?.holder_identity)
-            .filter(|h| !h.is_empty())
-            .map(|h| holder_pod(&h).to_owned()))
+        Ok(lease.as_ref().and_then(lease_holder))
     }
 
     /// Every holder of the coordinator Lease in turn, from a watch on that one Lease: a holder
@@ -1256,10 +1253,10 @@ fn kill(pid: u32, signal: &str) -> Result<()> {
     Ok(())
 }
 
-/// The holders a watch on a Lease saw, in order, repeats folded; a release shows as `None`.
+/// The holders a watch on a Lease saw, in order, repeats folded (releases left out).
 #[derive(Clone, Default)]
 pub struct HolderWatch {
-    seen: Arc<Mutex<Vec<Option<String>>>>,
+    seen: Arc<Mutex<Vec<String>>>,
 }
 
 impl HolderWatch {
@@ -1271,12 +1268,11 @@ impl HolderWatch {
         let sink = watch.seen.clone();
         let task = tokio::spawn(async move {
             let mut stream = watcher(api, config).applied_objects().boxed();
-            while let Some(Ok(lease)) = stream.next().await {
-                let holder = lease
-                    .spec
-                    .and_then(|s| s.holder_identity)
-                    .filter(|h| !h.is_empty())
-                    .map(|h| holder_pod(&h).to_owned());
+            // An error is the watcher's, which re-lists and goes on: so does this.
+            while let Some(event) = stream.next().await {
+                let Some(holder) = event.ok().and_then(|lease| lease_holder(&lease)) else {
+                    continue;
+                };
                 if let Ok(mut seen) = sink.lock()
                     && seen.last() != Some(&holder)
                 {
@@ -1287,17 +1283,16 @@ impl HolderWatch {
         (watch, task)
     }
 
-    /// The holders seen so far, in order (releases left out).
+    /// The holders seen so far, in order.
     pub fn holders(&self) -> Vec<String> {
-        let seen = self.seen.lock().map(|s| s.clone()).unwrap_or_default();
-        let mut holders: Vec<String> = Vec::new();
-        for h in seen.into_iter().flatten() {
-            if holders.last() != Some(&h) {
-                holders.push(h);
-            }
-        }
-        holders
+        self.seen.lock().map(|s| s.clone()).unwrap_or_default()
     }
+}
+
+/// The pod a Lease names as its holder, if any.
+fn lease_holder(lease: &Lease) -> Option<String> {
+    let identity = lease.spec.as_ref()?.holder_identity.as_deref()?;
+    (!identity.is_empty()).then(|| holder_pod(identity).to_owned())
 }
 
 /// One watch event: when it arrived, the pod, and its role label.
