@@ -21,7 +21,7 @@ const NS: &str = "valkey";
 const ROLE: &str = "valkey.io/role";
 
 fn examples_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples")
+    valkey_sidecar_testkit::repo_root().join("examples")
 }
 
 /// `examples/*.yaml` by name (without the extension).
@@ -2154,7 +2154,7 @@ fn the_supervised_roll_is_the_default_and_rolling_update_a_value() {
 #[test]
 fn the_admission_policy_caps_the_record_format_at_the_agents_own() {
     let template = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR"))
+        valkey_sidecar_testkit::repo_root()
             .join("charts/valkey-sidecar/templates/admission-policy.yaml"),
     )
     .unwrap();

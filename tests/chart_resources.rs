@@ -195,7 +195,7 @@ fn checkov_bin() -> PathBuf {
     if let Some(bin) = std::env::var_os("CHECKOV_BIN") {
         return bin.into();
     }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/checkov-bin.sh");
+    let script = valkey_sidecar_testkit::repo_root().join("scripts/checkov-bin.sh");
     let out = Command::new(script).output().unwrap();
     assert!(
         out.status.success(),
@@ -284,7 +284,7 @@ fn checkov_fails_nothing_the_chart_does_not_argue_on_every_profile_and_example()
         let text = render_sets(sets).unwrap();
         std::fs::write(dir.path().join(format!("{name}.yaml")), text).unwrap();
     }
-    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let examples = valkey_sidecar_testkit::repo_root().join("examples");
     for entry in std::fs::read_dir(&examples).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "yaml") {
@@ -314,7 +314,7 @@ fn checkov_fails_nothing_the_chart_does_not_argue_on_every_profile_and_example()
     }
     // The skips are exactly the ones the chart README argues.
     let readme = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/valkey-sidecar/README.md"),
+        valkey_sidecar_testkit::repo_root().join("charts/valkey-sidecar/README.md"),
     )
     .unwrap();
     for check in &skipped {

@@ -9,7 +9,7 @@ const BEGIN: &str = "<!-- bench-summary:begin -->";
 const END: &str = "<!-- bench-summary:end -->";
 
 fn read(path: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+    let path = valkey_sidecar_testkit::repo_root().join(path);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
@@ -178,7 +178,7 @@ fn the_readme_map_names_real_paths() {
     for line in table.lines().filter(|l| l.starts_with("| `")) {
         let first = line.split(" | ").next().unwrap_or_default();
         for path in first.split('`').skip(1).step_by(2) {
-            let full = Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+            let full = valkey_sidecar_testkit::repo_root().join(path);
             assert!(full.exists(), "README names {path}, which does not exist");
             checked += 1;
         }
@@ -203,7 +203,7 @@ fn the_architecture_and_the_guide_name_real_paths() {
         "docs/",
         "examples/",
     ];
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = valkey_sidecar_testkit::repo_root();
     let mut checked = 0;
     for doc in ["docs/architecture.md", "CONTRIBUTING.md"] {
         let text = read(doc);
@@ -325,7 +325,7 @@ fn the_charts_docs_hold_no_stale_claim() {
             assert!(!text.contains(phrase), "{file} still says {phrase:?}");
         }
     }
-    let templates = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/valkey-sidecar/templates");
+    let templates = valkey_sidecar_testkit::repo_root().join("charts/valkey-sidecar/templates");
     for entry in std::fs::read_dir(templates).unwrap() {
         let path = entry.unwrap().path();
         if path.is_file() {

@@ -29,7 +29,7 @@ const MIB: f64 = 1024.0 * 1024.0;
 const BUILT: &str = "/src/target/x86_64-unknown-linux-musl/release/valkey-sidecar";
 
 fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    valkey_sidecar_testkit::repo_root()
 }
 
 fn read(rel: &str) -> String {

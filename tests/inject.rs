@@ -44,7 +44,7 @@ const CASES: &[(&str, &[&str])] = &[
 ];
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    valkey_sidecar_testkit::repo_root()
         .join("tests/fixtures/inject")
         .join(name)
 }
@@ -267,7 +267,7 @@ fn the_charts_pods_with_the_agent_already_are_left_alone() {
     // What the chart renders (the pods every end-to-end test runs), native and classic sidecar.
     for example in ["cluster-3x1", "classic-sidecar"] {
         let rendered =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("examples/rendered/{example}.yaml"));
+            valkey_sidecar_testkit::repo_root().join(format!("examples/rendered/{example}.yaml"));
         let rendered = read(&rendered);
         assert_eq!(injected(&[], &rendered), rendered, "{example}");
         assert_eq!(
@@ -396,7 +396,7 @@ fn a_valkey_cluster_gets_the_operators_tls_its_own_login_and_defers_to_the_opera
 fn the_agents_acl_user_has_the_charts_rules_without_formation_and_with_config_set() {
     // The chart's agent user as rendered (cluster mode, forming its cluster).
     let rendered =
-        read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/rendered/cluster-3x1.yaml"));
+        read(&valkey_sidecar_testkit::repo_root().join("examples/rendered/cluster-3x1.yaml"));
     let start = rendered
         .find("- valkey-sidecar\n")
         .expect("the agent's user");
@@ -550,7 +550,7 @@ async fn injected_manifests_pass_a_server_side_dry_run() {
 
 /// The first StatefulSet of the chart's rendered `cluster-3x1` example, as the apiserver stores it.
 async fn chart_statefulset(plane: &ControlPlane) -> Value {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = valkey_sidecar_testkit::repo_root();
     let rendered = read(&root.join("examples/rendered/cluster-3x1.yaml"));
     let docs = valkey_sidecar_testkit::k8s::chart::documents(&rendered);
     let sts = docs

@@ -714,6 +714,9 @@ async fn when_the_coordinator_dies_a_successor_does_the_hand_over() {
     ));
     assert!(successor.is_some() && successor.as_deref() != Some(holder.as_str()));
     // Only the named successors contended at once: the first to take over is one of them.
+    if !first.as_ref().is_some_and(|p| named.contains(p)) {
+        print_lease_logs(s);
+    }
     assert!(
         first.as_ref().is_some_and(|p| named.contains(p)),
         "{first:?} (of {holders:?}) not among {named:?}"
@@ -722,6 +725,25 @@ async fn when_the_coordinator_dies_a_successor_does_the_hand_over() {
     assert_prestops_finished(s);
     report(&w, missing);
     assert_clean_events(s).await;
+}
+
+/// Every agent's log lines about the coordinator Lease (more with
+/// `RUST_LOG=info,valkey_sidecar::k8s::lease=trace`), for a failure's post-mortem.
+fn print_lease_logs(s: &Stage) {
+    for pod in &s.pods {
+        let log = s
+            .kubelet
+            .container_log(&s.namespace, pod, "valkey-sidecar", 2000);
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("lease") || l.contains("coordinat"))
+            .collect();
+        println!(
+            "--- {pod}: {} lease lines\n{}",
+            lines.len(),
+            lines.join("\n")
+        );
+    }
 }
 
 /// How many primaries (by Valkey's word) each node carries.

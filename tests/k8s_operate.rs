@@ -373,11 +373,10 @@ async fn beside_an_operator_fail_back_waits_until_its_cluster_is_ready() {
 /// valkey-operator's CRD, a `ValkeyCluster` named like the deployment, and the right to read it
 /// for the agents' ServiceAccount (`inject` prints the same rule).
 async fn operator_resource(s: &Stage) {
-    let crd = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/inject/valkeycluster-crd.yaml"
-    );
-    s.plane.kubectl(&["create", "-f", crd]).await.unwrap();
+    let crd =
+        valkey_sidecar_testkit::repo_root().join("tests/fixtures/inject/valkeycluster-crd.yaml");
+    let crd = crd.display().to_string();
+    s.plane.kubectl(&["create", "-f", &crd]).await.unwrap();
     let crd = "valkeyclusters.valkey.io";
     let within = Duration::from_secs(30);
     s.plane.wait_crd_established(crd, within).await.unwrap();

@@ -23,7 +23,7 @@ const BUDGET: u64 = 10 * 1024 * 1024;
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    valkey_sidecar_testkit::repo_root()
 }
 
 /// Runs a repository script and returns the last line it printed (a path).

@@ -200,7 +200,7 @@ fn valkey_py() -> String {
         return path;
     }
     let out = Command::new("scripts/valkey-py.sh")
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(valkey_sidecar_testkit::repo_root())
         .output()
         .unwrap();
     assert!(out.status.success(), "scripts/valkey-py.sh: {out:?}");
@@ -219,7 +219,7 @@ fn real_cluster_client(s: &Stage, pods: &[k8s_openapi::api::core::v1::Pod], dir:
             Some((host(name), Value::String(ip)))
         })
         .collect();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tls_cluster_client.py");
+    let script = valkey_sidecar_testkit::repo_root().join("tests/fixtures/tls_cluster_client.py");
     let file = |f: &str| dir.join(f).display().to_string();
     let password = s.password.clone().unwrap_or_default();
     let (ca, cert, key) = (file("ca.crt"), file("client.crt"), file("client.key"));
@@ -297,7 +297,7 @@ async fn the_charts_certificates_pass_the_apiserver_against_cert_managers_schema
     let plane = ControlPlane::start(ControlPlaneOptions::apiserver_only())
         .await
         .unwrap();
-    let crd = Path::new(env!("CARGO_MANIFEST_DIR"))
+    let crd = valkey_sidecar_testkit::repo_root()
         .join("tests/fixtures/cert-manager/certificates-crd.yaml");
     let crd = crd.display().to_string();
     plane

@@ -28,7 +28,7 @@ fn promtool() -> PathBuf {
     if let Ok(p) = std::env::var("PROMTOOL_BIN") {
         return PathBuf::from(p);
     }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/go-tool-bin.sh");
+    let script = valkey_sidecar_testkit::repo_root().join("scripts/go-tool-bin.sh");
     let out = Command::new("bash")
         .arg(&script)
         .arg("promtool")
@@ -133,7 +133,7 @@ fn anchors(markdown: &str) -> BTreeSet<String> {
 #[test]
 fn every_alert_says_how_bad_where_and_what_to_do() {
     let ops =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations.md"))
+        std::fs::read_to_string(valkey_sidecar_testkit::repo_root().join("docs/operations.md"))
             .unwrap();
     let anchors = anchors(&ops);
     for rule in alerts() {

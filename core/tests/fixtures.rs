@@ -18,9 +18,15 @@ const BOUNDS: Bounds = Bounds {
 };
 
 fn path(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    fixtures().join(name)
+}
+
+/// This package's fixtures where it is checked out now (cargo sets the variable when it runs a
+/// test; the compiled-in one may name a checkout elsewhere that shared the build cache).
+fn fixtures() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
         .join("tests/fixtures")
-        .join(name)
 }
 
 fn json_reply(v: &Json) -> Reply {
@@ -440,7 +446,7 @@ fn a_master_whose_shard_owns_no_slots_is_no_primary_to_advertise() {
 #[test]
 fn every_captured_role_reply_reads_as_its_first_word() {
     use valkey_sidecar_core::observation::role_reply;
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let dir = fixtures();
     let mut seen = 0;
     for entry in std::fs::read_dir(dir).unwrap() {
         let name = entry.unwrap().file_name().into_string().unwrap();

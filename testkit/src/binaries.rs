@@ -102,9 +102,7 @@ pub fn path_from_script(name: &str) -> Result<PathBuf> {
 
 /// [`path_from_script`] with more environment variables for the script.
 pub fn path_from_script_with(name: &str, env: &[(&str, &str)]) -> Result<PathBuf> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../scripts")
-        .join(name);
+    let script = crate::repo_root().join("scripts").join(name);
     let out = Command::new("bash")
         .arg(&script)
         .envs(env.iter().copied())

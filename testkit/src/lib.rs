@@ -73,6 +73,7 @@ pub mod k8s;
 mod net;
 pub mod process;
 mod replication;
+mod repo;
 pub mod resp;
 mod server;
 mod tls;
@@ -88,6 +89,7 @@ pub use info::info_field;
 pub use net::{free_port, lock, loopback_ip, wait_for, wait_until};
 pub use process::{KEEP_DIRS_ENV, as_from_a_shell};
 pub use replication::{ReplicationOptions, ReplicationSet};
+pub use repo::repo_root;
 pub use server::{
     DEFAULT_CLUSTER_NODE_TIMEOUT_MS, POLL, ServerOptions, ValkeyServer, cached_query,
 };

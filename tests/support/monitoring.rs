@@ -11,7 +11,8 @@ use serde_json::Value;
 
 /// A file of the chart's `files/` folder (the one source of the rules and the dashboard).
 pub fn chart_file(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    valkey_sidecar_testkit::repo_root()
+        .to_path_buf()
         .join("charts/valkey-sidecar/files")
         .join(name)
 }

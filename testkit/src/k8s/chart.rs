@@ -28,7 +28,7 @@ pub fn helm_bin() -> Result<PathBuf> {
 
 /// The chart's directory in this repository.
 pub fn chart_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../charts/valkey-sidecar")
+    crate::repo_root().join("charts/valkey-sidecar")
 }
 
 /// The chart as helm arguments: [`StageOptions::chart`], else this repository's chart directory.

@@ -230,7 +230,7 @@ mod tests {
     /// The table names the command `scripts/bench.sh` runs: the same test binaries.
     #[test]
     fn the_tests_are_the_ones_bench_sh_reruns() {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/bench.sh");
+        let script = valkey_sidecar_testkit::repo_root().join("scripts/bench.sh");
         let text = std::fs::read_to_string(script).unwrap();
         let line = text.lines().find(|l| l.starts_with("chaos=(")).unwrap();
         let listed: Vec<&str> = line
