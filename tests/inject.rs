@@ -413,6 +413,7 @@ fn the_agents_acl_user_has_the_charts_rules_without_formation_and_with_config_se
         "+cluster|meet",
         "+cluster|replicate",
         "+cluster|forget",
+        "+cluster|reset",
     ];
     // The operator's pods have no valkey-settings container: the agent sets the zone itself, as
     // the chart's agent does with `sidecar.settings.enabled=false`.

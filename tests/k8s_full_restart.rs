@@ -273,9 +273,16 @@ async fn formed_marker(s: &Stage) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_persistence_pods_deleted_at_once_keep_the_data_and_a_full_restart_says_it_is_gone()
 {
-    let s = Stage::start(StageOptions::cluster("full-restart-empty", SHARDS, 1))
-        .await
-        .unwrap();
+    // A preStop wait of 50 s (the chart's default is 20 s): with every pod deleted at once, each
+    // primary waits for a replacement replica to start, sync and take over, which on a loaded CI
+    // machine took longer than 20 s. A primary that stops first leaves its shard to a replica of
+    // a primary gone for good, which no election can promote: see docs/operations.md.
+    let s = Stage::start(
+        StageOptions::cluster("full-restart-empty", SHARDS, 1)
+            .set("terminationGracePeriodSeconds=60"),
+    )
+    .await
+    .unwrap();
     s.wait_coordinator(30 * SECOND).await.unwrap();
     let marked = poll_until(
         "the Lease marks the cluster formed",

@@ -243,6 +243,9 @@ pub enum Step {
     Replicate { pod: String, primary: String },
     /// `CLUSTER FORGET <id>` on `pod`: a failed node that is no pod any more.
     Forget { pod: String, id: String },
+    /// `CLUSTER RESET HARD` on `pod`: an empty master that remembers a cluster no pod serves any
+    /// more ([`decide`]). Valkey refuses it on a master that holds keys.
+    Reset { pod: String },
 }
 
 impl Step {
@@ -262,6 +265,7 @@ impl Step {
             Step::Meet { .. } => "meet",
             Step::Replicate { .. } => "replicate",
             Step::Forget { .. } => "forget",
+            Step::Reset { .. } => "reset",
         }
     }
 
@@ -285,6 +289,9 @@ impl Step {
             Step::Forget { pod, id } => {
                 format!("{pod} still lists {id}, a failed node that is no pod any more")
             }
+            Step::Reset { pod } => format!(
+                "{pod} is an empty master that remembers a cluster whose slots no pod serves any more: reset, so that a fresh cluster can form"
+            ),
         }
     }
 }
@@ -375,7 +382,35 @@ pub fn decide(view: &FormationView) -> Formation {
     if nodes.iter().all(|(_, n)| n.alone()) {
         return fresh(view, &nodes);
     }
-    Formation::wait("nodes know each other but none owns slots: a formation is under way")
+    if nodes.iter().all(|(_, n)| n.role == Role::Primary) {
+        return reset_stale(&nodes);
+    }
+    Formation::wait(
+        "no node owns slots, and a replica may hold the only copy of its shard's data: not resetting",
+    )
+}
+
+/// Every pod answered, none serves a slot, and none is a replica: whatever cluster some of them
+/// remember (met into it by a coordinator before its last slot owners went away: every pod
+/// deleted at once, with preStop waits too short for a hand-over) is gone for good, and its data
+/// with it. Each such node is reset, so that the next round forms a fresh cluster, which says
+/// that the data is gone (`ClusterDataLost`). Nothing that holds data is touched: Valkey refuses
+/// the reset on a master with keys, and a replica (it may hold the only copy of a shard that
+/// lost its primary) keeps this round waiting.
+fn reset_stale(nodes: &[(&Seat, &ClusterNode)]) -> Formation {
+    let steps: Vec<Step> = nodes
+        .iter()
+        .filter(|(_, n)| !n.alone())
+        .map(|(s, _)| Step::Reset { pod: s.pod.clone() })
+        .collect();
+    Formation {
+        reason: format!(
+            "no node owns slots: resetting {} empty master(s) that remember a cluster no pod serves",
+            steps.len()
+        ),
+        steps,
+        silent: false,
+    }
 }
 
 /// Why nothing can be decided yet, if so.

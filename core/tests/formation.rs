@@ -131,15 +131,17 @@ fn every_step_says_why_naming_the_pod_it_goes_to() {
         pod: "v-0-1".into(),
         id: "gone".into(),
     });
+    steps.extend(decide(&remembering_a_dead_cluster()).steps);
     let kinds: BTreeSet<&str> = steps.iter().map(Step::kind).collect();
-    assert_eq!(kinds.len(), 5, "every kind of step: {kinds:?}");
+    assert_eq!(kinds.len(), 6, "every kind of step: {kinds:?}");
     for step in &steps {
         let pod = match step {
             Step::SetEpoch { pod, .. }
             | Step::AssignSlots { pod, .. }
             | Step::Meet { pod, .. }
             | Step::Replicate { pod, .. }
-            | Step::Forget { pod, .. } => pod,
+            | Step::Forget { pod, .. }
+            | Step::Reset { pod } => pod,
         };
         assert!(
             step.reason().starts_with(pod.as_str()),
@@ -195,6 +197,75 @@ fn replicate(pod: &str, primary: &str) -> Step {
         pod: pod.into(),
         primary: primary.into(),
     }
+}
+
+/// Every pod deleted at once without persistence, each primary's preStop too short for a
+/// hand-over: two replacements were met into the old cluster before its last slot owners went
+/// away; they remember it (its nodes failing, still listed with their slots), the others are
+/// alone. Every pod is an empty master.
+fn remembering_a_dead_cluster() -> FormationView {
+    let mut v = deployment(3, 1);
+    let dead = ["old0", "old1", "old2"];
+    for pod in ["v-0-1", "v-1-0"] {
+        let n = node(&mut v, pod);
+        let mut knows: BTreeSet<String> = (*n.knows).clone();
+        knows.extend(dead.iter().map(|d| (*d).to_owned()));
+        knows.extend(["n01".to_owned(), "n10".to_owned()]);
+        n.knows = Arc::new(knows);
+    }
+    v
+}
+
+#[test]
+fn empty_masters_that_remember_a_cluster_no_pod_serves_are_reset_then_formed_afresh() {
+    let v = remembering_a_dead_cluster();
+    let f = decide(&v);
+    let resets: Vec<&Step> = f.steps.iter().collect();
+    assert_eq!(
+        resets,
+        [
+            &Step::Reset {
+                pod: "v-0-1".into()
+            },
+            &Step::Reset {
+                pod: "v-1-0".into()
+            }
+        ],
+        "{f:?}"
+    );
+    assert!(
+        f.reason.contains("resetting 2 empty master(s)"),
+        "{}",
+        f.reason
+    );
+    // Once reset they are alone again, like every other pod: a fresh cluster.
+    let after = decide(&deployment(3, 1));
+    assert!(
+        after
+            .steps
+            .iter()
+            .any(|s| matches!(s, Step::AssignSlots { .. }))
+    );
+    // Not while any pod serves slots (that cluster is alive: the nodes are grown into it) …
+    let mut alive = remembering_a_dead_cluster();
+    node(&mut alive, "v-0-0").owns_slots = true;
+    assert!(
+        !decide(&alive)
+            .steps
+            .iter()
+            .any(|s| matches!(s, Step::Reset { .. }))
+    );
+    // … nor while a pod is a replica: of a primary gone for good, it may hold the only copy of
+    // its shard's data.
+    let mut replica = remembering_a_dead_cluster();
+    node(&mut replica, "v-0-1").role = Role::Replica;
+    let f = decide(&replica);
+    assert!(f.steps.is_empty(), "{f:?}");
+    assert!(f.reason.contains("not resetting"), "{}", f.reason);
+    // … nor while a pod is silent.
+    let mut silent = remembering_a_dead_cluster();
+    silent.seats[5].node = None;
+    assert!(decide(&silent).steps.is_empty());
 }
 
 #[test]
@@ -573,10 +644,17 @@ proptest! {
             let pod = match step {
                 Step::SetEpoch { pod, .. } | Step::AssignSlots { pod, .. }
                 | Step::Meet { pod, .. } | Step::Replicate { pod, .. }
-                | Step::Forget { pod, .. } => pod,
+                | Step::Forget { pod, .. } | Step::Reset { pod } => pod,
             };
             let seat = v.seats.iter().find(|s| &s.pod == pod).unwrap();
             prop_assert!(seat.node.is_some(), "a step for a silent pod: {step:?}");
+            // A reset only while every pod answers, none serves slots and none is a replica
+            // (one may hold the only copy of a shard's data).
+            if let Step::Reset { .. } = step {
+                let nodes: Vec<&ClusterNode> = v.seats.iter().filter_map(|s| s.node.as_ref()).collect();
+                prop_assert_eq!(nodes.len(), v.seats.len(), "a reset with a pod silent");
+                prop_assert!(nodes.iter().all(|n| n.role == Role::Primary && !n.owns_slots), "{:?}", f);
+            }
             if let Step::Replicate { .. } = step {
                 prop_assert!(!seat.node.as_ref().unwrap().owns_slots);
             }

@@ -236,6 +236,10 @@ fn command(step: &Step) -> (&str, redis::Cmd) {
             cmd.arg("FORGET").arg(id);
             pod
         }
+        Step::Reset { pod } => {
+            cmd.arg("RESET").arg("HARD");
+            pod
+        }
     };
     (pod, cmd)
 }

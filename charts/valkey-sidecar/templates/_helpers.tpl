@@ -419,6 +419,8 @@ config file, so the pod needs no init step; secrets come in through `$(VAR)` fro
 - +cluster|meet
 - +cluster|replicate
 - +cluster|forget
+# An empty master that remembers a cluster no pod serves any more (formation's reset).
+- +cluster|reset
 {{- end }}
 {{- end }}
 {{- range $v.auth.agentExtraRules }}

@@ -868,18 +868,7 @@ impl Stage {
     /// The pods the coordinator Lease names to take over first (`valkey.io/successors`).
     pub async fn coordinator_successors(&self) -> Result<Vec<String>> {
         let lease = self.coordinator_lease().await?;
-        let annotations = lease
-            .and_then(|l| l.metadata.annotations)
-            .unwrap_or_default();
-        let named = annotations
-            .get("valkey.io/successors")
-            .cloned()
-            .unwrap_or_default();
-        Ok(named
-            .split(',')
-            .filter(|p| !p.is_empty())
-            .map(str::to_owned)
-            .collect())
+        Ok(lease.as_ref().map(lease_successors).unwrap_or_default())
     }
 
     /// Waits until some agent holds the coordinator Lease; returns it.
@@ -1253,11 +1242,15 @@ fn kill(pid: u32, signal: &str) -> Result<()> {
     Ok(())
 }
 
-/// The holders a watch on a Lease saw, in order, repeats folded (releases left out).
+/// Every version of the coordinator Lease a watch delivered: who held it (`None`: released)
+/// and whom it named to take over first (`valkey.io/successors`), in order.
 #[derive(Clone, Default)]
 pub struct HolderWatch {
-    seen: Arc<Mutex<Vec<String>>>,
+    seen: Arc<Mutex<Vec<LeaseVersion>>>,
 }
+
+/// A version of the coordinator Lease: its holder's pod (`None`: released) and its successors.
+type LeaseVersion = (Option<String>, Vec<String>);
 
 impl HolderWatch {
     fn start(
@@ -1270,23 +1263,55 @@ impl HolderWatch {
             let mut stream = watcher(api, config).applied_objects().boxed();
             // An error is the watcher's, which re-lists and goes on: so does this.
             while let Some(event) = stream.next().await {
-                let Some(holder) = event.ok().and_then(|lease| lease_holder(&lease)) else {
-                    continue;
-                };
+                let Ok(lease) = event else { continue };
+                let version = (lease_holder(&lease), lease_successors(&lease));
                 if let Ok(mut seen) = sink.lock()
-                    && seen.last() != Some(&holder)
+                    && seen.last() != Some(&version)
                 {
-                    seen.push(holder);
+                    seen.push(version);
                 }
             }
         });
         (watch, task)
     }
 
-    /// The holders seen so far, in order.
+    /// The holders seen so far, in order (releases left out).
     pub fn holders(&self) -> Vec<String> {
-        self.seen.lock().map(|s| s.clone()).unwrap_or_default()
+        let seen = self.seen.lock().map(|s| s.clone()).unwrap_or_default();
+        let mut holders: Vec<String> = Vec::new();
+        for holder in seen.into_iter().filter_map(|(h, _)| h) {
+            if holders.last() != Some(&holder) {
+                holders.push(holder);
+            }
+        }
+        holders
     }
+
+    /// The first holder after `gone`, and the successors the Lease named when it took over: the
+    /// list of `gone`'s last renewal (or release). `None` if nobody took over.
+    pub fn successor_of(&self, gone: &str) -> Option<(String, Vec<String>)> {
+        let seen = self.seen.lock().map(|s| s.clone()).unwrap_or_default();
+        let mut named = Vec::new();
+        for (holder, successors) in seen {
+            match holder {
+                Some(h) if h != gone => return Some((h, named)),
+                _ => named = successors,
+            }
+        }
+        None
+    }
+}
+
+/// The pods a Lease names to take over first.
+fn lease_successors(lease: &Lease) -> Vec<String> {
+    let annotations = lease.metadata.annotations.as_ref();
+    let named = annotations.and_then(|a| a.get("valkey.io/successors"));
+    named.map_or_else(Vec::new, |n| {
+        n.split(',')
+            .filter(|p| !p.is_empty())
+            .map(str::to_owned)
+            .collect()
+    })
 }
 
 /// The pod a Lease names as its holder, if any.
