@@ -717,8 +717,10 @@ async fn when_the_coordinator_dies_a_successor_does_the_hand_over() {
     assert!(successor.is_some() && successor.as_deref() != Some(holder.as_str()));
     // Only the named successors contended at once: the first to take over is one of those the
     // dead holder named last (the pod deleted may be one: it may take over, hand its own primary
-    // over and release on its way out).
-    let among = first.as_ref().is_some_and(|p| named.contains(p));
+    // over and release on its way out). A list it emptied (no pod usable) lets everyone contend.
+    let among = first
+        .as_ref()
+        .is_some_and(|p| named.is_empty() || named.contains(p));
     if !among {
         print_lease_logs(s);
     }
