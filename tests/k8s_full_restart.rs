@@ -259,6 +259,16 @@ async fn with_persistence_a_full_restart_comes_back_whole_with_its_data() {
     }
 }
 
+/// A preStop wait of 50 s (the chart's default is 20 s) for a deployment without persistence whose
+/// pods are all deleted at once: each primary waits for a replacement replica to start, sync and
+/// take over, which on a loaded CI machine (the apiserver answering in seconds) took longer than
+/// 20 s. A primary that stops first leaves its shard to a replica of a primary gone for good,
+/// which no election can promote (docs/operations.md, "Full restarts"). With persistence the
+/// primary's replacement comes back with its data, so that test keeps the chart's default.
+fn at_once(o: StageOptions) -> StageOptions {
+    o.set("terminationGracePeriodSeconds=60")
+}
+
 /// The coordinator Lease's `valkey.io/cluster-formed` marker, if any.
 async fn formed_marker(s: &Stage) -> Option<String> {
     let leases: Api<Lease> = Api::namespaced(s.plane.client(), &s.namespace);
@@ -273,14 +283,11 @@ async fn formed_marker(s: &Stage) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_persistence_pods_deleted_at_once_keep_the_data_and_a_full_restart_says_it_is_gone()
 {
-    // A preStop wait of 50 s (the chart's default is 20 s): with every pod deleted at once, each
-    // primary waits for a replacement replica to start, sync and take over, which on a loaded CI
-    // machine took longer than 20 s. A primary that stops first leaves its shard to a replica of
-    // a primary gone for good, which no election can promote: see docs/operations.md.
-    let s = Stage::start(
-        StageOptions::cluster("full-restart-empty", SHARDS, 1)
-            .set("terminationGracePeriodSeconds=60"),
-    )
+    let s = Stage::start(at_once(StageOptions::cluster(
+        "full-restart-empty",
+        SHARDS,
+        1,
+    )))
     .await
     .unwrap();
     s.wait_coordinator(30 * SECOND).await.unwrap();
