@@ -721,36 +721,16 @@ async fn when_the_coordinator_dies_a_successor_does_the_hand_over() {
     let among = first
         .as_ref()
         .is_some_and(|p| named.is_empty() || named.contains(p));
-    if !among {
-        print_lease_logs(s);
-    }
     assert!(
         among,
-        "{first:?} (of {holders:?}) not among {named:?}, the successors the dead holder named last"
+        "{first:?} (of {holders:?}) not among {named:?}, the successors the dead holder named last; \
+         the agents' Lease lines (more with RUST_LOG=info,valkey_sidecar::k8s::lease=trace):\n{}",
+        s.agent_lines(&["lease", "coordinat"])
     );
     assert_eq!(s.role(&replica).as_deref(), Some("master"));
     assert_prestops_finished(s);
     report(&w, missing);
     assert_clean_events(s).await;
-}
-
-/// Every agent's log lines about the coordinator Lease (more with
-/// `RUST_LOG=info,valkey_sidecar::k8s::lease=trace`), for a failure's post-mortem.
-fn print_lease_logs(s: &Stage) {
-    for pod in &s.pods {
-        let log = s
-            .kubelet
-            .container_log(&s.namespace, pod, "valkey-sidecar", 2000);
-        let lines: Vec<&str> = log
-            .lines()
-            .filter(|l| l.contains("lease") || l.contains("coordinat"))
-            .collect();
-        println!(
-            "--- {pod}: {} lease lines\n{}",
-            lines.len(),
-            lines.join("\n")
-        );
-    }
 }
 
 /// How many primaries (by Valkey's word) each node carries.

@@ -90,7 +90,7 @@ async fn delete_every_pod(s: &Stage) -> (Vec<String>, Instant) {
     for p in &names {
         let ready = s.kubelet.wait_ready(&s.namespace, p, 180 * SECOND).await;
         if ready.is_err() {
-            print_agent_logs(s, 60);
+            println!("{}", s.diagnose_unsettled().await);
         }
         assert!(ready.is_ok(), "{ready:?}\n{}", s.stops_report());
         let ip = s.valkey(p).unwrap().ip().to_string();
@@ -200,23 +200,18 @@ fn read_back(s: &Stage, written: &[(String, Written)]) -> (usize, usize) {
     (acked, lost)
 }
 
-/// The last `lines` of every running agent's log, for a failure's post-mortem.
-fn print_agent_logs(s: &Stage, lines: usize) {
-    for pod in &s.pods {
-        let log = s
-            .kubelet
-            .container_log(&s.namespace, pod, "valkey-sidecar", lines);
-        println!("--- {pod} agent log\n{log}");
-    }
-}
-
 /// The cluster whole again after a full restart: pods Ready and labelled, every node ok with no
 /// old address; how long that took from `at`.
 async fn whole_again(s: &Stage, (old, at): (Vec<String>, Instant)) -> Duration {
     let (shards, members) = s.shape();
     let settled = s.wait_settled(shards * members, shards, 120 * SECOND).await;
     if let Err(e) = settled {
-        print_agent_logs(s, 25);
+        for pod in &s.pods {
+            let log = s
+                .kubelet
+                .container_log(&s.namespace, pod, "valkey-sidecar", 25);
+            println!("--- {pod} agent log\n{log}");
+        }
         panic!("{e:#}\n{}", s.events().await.unwrap_or_default());
     }
     if is_cluster(s) {

@@ -353,14 +353,5 @@ fn decisions(s: &Stage) -> String {
         "fence",
         "vouch",
     ];
-    let mut out = String::new();
-    for pod in &s.pods {
-        let log = s
-            .kubelet
-            .container_log(&s.namespace, pod, "valkey-sidecar", 100_000);
-        for line in log.lines().filter(|l| wanted.iter().any(|w| l.contains(w))) {
-            out.push_str(&format!("{pod}: {line}\n"));
-        }
-    }
-    out
+    s.agent_lines(&wanted)
 }

@@ -45,6 +45,23 @@ impl Stage {
     }
 }
 
+impl Stage {
+    /// Every agent's whole-log lines that contain any of `words`, each after its pod's name: the
+    /// decisions of one kind (the Lease's, a keeper's) across the deployment, for a post-mortem.
+    pub fn agent_lines(&self, words: &[&str]) -> String {
+        let mut out = String::new();
+        for pod in &self.pods {
+            let log = self
+                .kubelet
+                .container_log(&self.namespace, pod, "valkey-sidecar", 100_000);
+            for line in log.lines().filter(|l| words.iter().any(|w| l.contains(w))) {
+                out.push_str(&format!("{pod}: {line}\n"));
+            }
+        }
+        out
+    }
+}
+
 /// Ready and labelled with a role: what [`Stage::wait_settled`] waits for on every pod.
 pub(super) fn settled(p: &Pod) -> bool {
     super::pod_is_ready(p) && label(p, ROLE_LABEL).is_some()
