@@ -739,6 +739,7 @@ async fn native_sidecar_volumes_and_ordered_termination() {
     nodes.wait_ready(30 * SECOND).await.unwrap();
     let kubelet_opts = KubeletOptions {
         volume_refresh: Duration::from_millis(300),
+        pods_cpu_shares: Some(512),
         ..KubeletOptions::default()
     };
     let kubelet = Kubelet::start(&plane, &nodes, kubelet_opts).await.unwrap();
@@ -850,8 +851,24 @@ async fn native_sidecar_volumes_and_ordered_termination() {
         assert!(kubeconfig.is_some(), "{c} has no API credentials: {env:?}");
     }
 
-    // A crashed native sidecar is restarted; the main container is left alone.
+    // Every container runs in the pods' `cpu` cgroup (as in `kubepods`), with its weight.
     let valkey_pid = kubelet.container_pid(NS, "native", "valkey").unwrap();
+    let agent_pid = kubelet.container_pid(NS, "native", "agent").unwrap();
+    let procs = kubelet.kubepods().unwrap();
+    let members = std::fs::read_to_string(&procs).unwrap();
+    let members: Vec<u32> = members.lines().map(|l| l.parse().unwrap()).collect();
+    assert!(
+        members.contains(&valkey_pid) && members.contains(&agent_pid),
+        "{valkey_pid} and {agent_pid} in {members:?}"
+    );
+    assert!(
+        !members.contains(&std::process::id()),
+        "the harness stays outside"
+    );
+    let shares = std::fs::read_to_string(procs.with_file_name("cpu.shares")).unwrap();
+    assert_eq!(shares.trim(), "512");
+
+    // A crashed native sidecar is restarted; the main container is left alone.
     kubelet.crash_container(NS, "native", "agent").unwrap();
     poll_until(
         "agent restarted and the pod Ready",

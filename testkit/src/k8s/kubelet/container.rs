@@ -142,6 +142,8 @@ pub(crate) struct Setup {
     pub program: Option<PathBuf>,
     /// The pod cgroup's `cgroup.procs`: the process joins it before it execs.
     pub cgroup: Option<PathBuf>,
+    /// The pods' `cpu` cgroup's `cgroup.procs` (see [`super::cpu`]), joined the same way.
+    pub cpu: Option<PathBuf>,
     /// The container's memory cgroup, with `resources.limits.memory` (see [`super::memory`]).
     pub memory: Option<MemoryCgroup>,
 }
@@ -167,6 +169,7 @@ pub(crate) struct ContainerRuntime {
     /// `None`: the harness cannot run this image (see [`Kind`]).
     program: Option<PathBuf>,
     cgroup: Option<PathBuf>,
+    cpu: Option<PathBuf>,
     memory: Option<MemoryCgroup>,
     ip: Ipv4Addr,
     process: Mutex<Option<Arc<ServerProcess>>>,
@@ -183,6 +186,7 @@ impl ContainerRuntime {
             label,
             program,
             cgroup,
+            cpu,
             memory,
         } = setup;
         let mut probers = Vec::new();
@@ -210,6 +214,7 @@ impl ContainerRuntime {
             label,
             program,
             cgroup,
+            cpu,
             memory,
             ip,
             process: Mutex::new(None),
@@ -326,6 +331,7 @@ impl ContainerRuntime {
         let cgroups: Vec<PathBuf> = self
             .cgroup
             .iter()
+            .chain(&self.cpu)
             .cloned()
             .chain(self.memory.as_ref().map(MemoryCgroup::procs))
             .collect();

@@ -15,8 +15,9 @@
 //! 4. starts the containers it recognises (see [`spec`] for the image → program mapping, the
 //!    downward-API environment and the pod-local loopback rule) in the kubelet's order (below),
 //!    each pod's processes in a cgroup of their own below one per node
-//!    (`<root>/<node>/<pod uid>`, [`super::netfault`]), with the soft open-file limit a
-//!    containerd 2 container gets (1024),
+//!    (`<root>/<node>/<pod uid>`, [`super::netfault`]), optionally all in one `cpu` cgroup as
+//!    in `kubepods` ([`cpu`]), with the soft open-file limit a containerd 2 container gets
+//!    (1024),
 //! 5. reports status like a kubelet (phase, pod/host IPs, `initContainerStatuses` and
 //!    `containerStatuses`, the `Initialized`/`ContainersReady`/`Ready` conditions) and runs
 //!    startup, liveness and readiness probes as the pod specifies them ([`probe`]: every
@@ -106,6 +107,7 @@
 
 mod backoff;
 mod container;
+mod cpu;
 mod faults;
 mod ips;
 mod memory;
@@ -162,6 +164,10 @@ pub struct KubeletOptions {
     /// Pods reach the apiserver through a relay that holds what they send for this delay, set
     /// and changed by the test ([`super::slow_api`]); `None`: directly.
     pub api_delay: Option<ApiDelay>,
+    /// Run every container in one `cpu` cgroup with these `cpu.shares`, as a kubelet runs pods
+    /// in `kubepods` ([`cpu`]: the pods together weigh this much against each thread of the
+    /// control plane and the harness); `None`: pods compete thread by thread with them.
+    pub pods_cpu_shares: Option<u64>,
 }
 
 impl Default for KubeletOptions {
@@ -173,6 +179,7 @@ impl Default for KubeletOptions {
             volume_refresh: Duration::from_secs(60),
             network_faults: true,
             api_delay: None,
+            pods_cpu_shares: None,
         }
     }
 }
@@ -271,6 +278,8 @@ pub(crate) struct Shared {
     faults: Option<(NetFaults, Cgroups)>,
     /// With [`KubeletOptions::api_delay`]: the relay `url` points to.
     _relay: Option<DelayRelay>,
+    /// With [`KubeletOptions::pods_cpu_shares`]: the cgroup every container joins.
+    kubepods: Option<cpu::KubePods>,
     hooks: Mutex<Vec<HookRun>>,
     starts: Mutex<Vec<StartRecord>>,
     stops: Mutex<Vec<StopRecord>>,
@@ -487,10 +496,15 @@ impl Kubelet {
             false => None,
         };
         let (url, relay) = pods_apiserver(plane.url(), opts.api_delay.as_ref()).await?;
+        let kubepods = opts
+            .pods_cpu_shares
+            .map(cpu::KubePods::create)
+            .transpose()?;
         let shared = Arc::new(Shared {
             client: plane.client(),
             url,
             _relay: relay,
+            kubepods,
             ca_pem: plane.ca_pem().to_vec(),
             nodes: nodes.shared(),
             host_ips: nodes
@@ -516,6 +530,11 @@ impl Kubelet {
         self.shared
             .find(namespace, name)
             .with_context(|| format!("the kubelet runs no pod {namespace}/{name}"))
+    }
+
+    /// With [`KubeletOptions::pods_cpu_shares`]: the pods' `cpu` cgroup's `cgroup.procs`.
+    pub fn kubepods(&self) -> Option<PathBuf> {
+        self.shared.kubepods.as_ref().map(cpu::KubePods::procs)
     }
 
     /// The pod IP the kubelet gave the pod.

@@ -19,6 +19,7 @@ use tempfile::TempDir;
 use tokio::sync::watch;
 
 use super::container::{Class, ContainerRuntime, Setup};
+use super::cpu;
 use super::memory::{MemoryCgroup, quantity};
 use super::probe::{Action, ExecIn};
 use super::spec::{Kind, PodFacts, api_credentials, harness_env, kind_of, pod_env};
@@ -331,6 +332,7 @@ async fn setup(
         label: format!("{}/{}/{}", pod.namespace, pod.name, container.name),
         program,
         cgroup: pod.cgroup.clone(),
+        cpu: shared.kubepods.as_ref().map(cpu::KubePods::procs),
         memory,
     })
 }

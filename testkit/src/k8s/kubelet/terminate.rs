@@ -200,6 +200,7 @@ mod tests {
             label: name.into(),
             program: None,
             cgroup: None,
+            cpu: None,
             memory: None,
         };
         Arc::new(ContainerRuntime::new(setup, Ipv4Addr::LOCALHOST).unwrap())
