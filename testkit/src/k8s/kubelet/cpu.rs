@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
+use super::memory::create_set;
+
 /// The pods' `cpu` cgroup.
 #[derive(Debug)]
 pub(crate) struct KubePods {
@@ -25,14 +27,7 @@ impl KubePods {
     /// must not measure something else.
     pub fn create(shares: u64) -> Result<Self> {
         let dir = own_cpu_cgroup()?.join(format!("vtk-{}-kubepods", std::process::id()));
-        match std::fs::create_dir(&dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
-                return Err(e).with_context(|| format!("creating {}", dir.display()));
-            }
-            _ => {}
-        }
-        std::fs::write(dir.join("cpu.shares"), shares.to_string())
-            .with_context(|| format!("setting cpu.shares of {}", dir.display()))?;
+        create_set(&dir, "cpu.shares", shares)?;
         Ok(Self { dir })
     }
 

@@ -27,14 +27,7 @@ impl MemoryCgroup {
             return Ok(None);
         };
         let dir = root.join(format!("vtk-{}-{pod_uid}-{name}", std::process::id()));
-        match std::fs::create_dir(&dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
-                return Err(e).with_context(|| format!("creating {}", dir.display()));
-            }
-            _ => {}
-        }
-        std::fs::write(dir.join("memory.limit_in_bytes"), limit.to_string())
-            .with_context(|| format!("limiting {}", dir.display()))?;
+        create_set(&dir, "memory.limit_in_bytes", limit)?;
         Ok(Some(Self { dir, limit }))
     }
 
@@ -69,6 +62,19 @@ impl Drop for MemoryCgroup {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir(&self.dir);
     }
+}
+
+/// Creates the cgroup `dir` (one left by an earlier container of the same name is reused) and
+/// writes `value` to its `setting` file.
+pub(crate) fn create_set(dir: &Path, setting: &str, value: u64) -> Result<()> {
+    match std::fs::create_dir(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+            return Err(e).with_context(|| format!("creating {}", dir.display()));
+        }
+        _ => {}
+    }
+    std::fs::write(dir.join(setting), value.to_string())
+        .with_context(|| format!("writing {setting} of {}", dir.display()))
 }
 
 /// The harness's own memory cgroup directory, if it can hold children.

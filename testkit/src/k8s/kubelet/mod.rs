@@ -165,7 +165,7 @@ pub struct KubeletOptions {
     /// and changed by the test ([`super::slow_api`]); `None`: directly.
     pub api_delay: Option<ApiDelay>,
     /// Run every container in one `cpu` cgroup with these `cpu.shares`, as a kubelet runs pods
-    /// in `kubepods` ([`cpu`]: the pods together weigh this much against each thread of the
+    /// in `kubepods` (the pods together weigh this much against each thread of the
     /// control plane and the harness); `None`: pods compete thread by thread with them.
     pub pods_cpu_shares: Option<u64>,
 }
