@@ -168,6 +168,11 @@ async fn measure(bin: &Path, row: &mut Row) -> Result<()> {
     // then whoever coordinates after the last drain.
     let before = round_time(&stage, &coordinator).await?;
     (row.round_mean, row.round_p99, row.round_cpu_mean) = before.merged(None);
+    // The drains' rounds carry moves and re-created pods: the rounds before them, apart.
+    eprintln!(
+        "scale {shards} shards, rounds up to the drains: {} rounds, mean {:?}, CPU mean {:?}",
+        before.count, row.round_mean, row.round_cpu_mean
+    );
     drains(&stage, row).await?;
     let now = stage.wait_coordinator(Duration::from_secs(60)).await?;
     let after = round_time(&stage, &now).await.ok();
