@@ -43,9 +43,7 @@ impl Stage {
             reply(&["ROLE"])
         )
     }
-}
 
-impl Stage {
     /// Every agent's whole-log lines that contain any of `words`, each after its pod's name: the
     /// decisions of one kind (the Lease's, a keeper's) across the deployment, for a post-mortem.
     pub fn agent_lines(&self, words: &[&str]) -> String {
