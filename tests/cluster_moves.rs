@@ -1,14 +1,18 @@
-//! The cluster-mode executor (`coordinator::execute::handover`) against real Valkey Cluster nodes
-//! on loopback: a hand-over waits until the shard's peers know the target, and only then sends
-//! `CLUSTER FAILOVER`.
+//! The cluster-mode coordinator's Valkey side against real Valkey Cluster nodes on loopback: the
+//! executor (`coordinator::execute::handover`) waits until the shard's peers know the target, and
+//! only then sends `CLUSTER FAILOVER`; a formation round reads a pod's whole map only where its
+//! short answers disagree with the coordinator's (`coordinator::formation::read_pod`).
 
 use std::time::{Duration, Instant};
 
 use valkey_sidecar::coordinator::execute::{self, Elections, MoveOutcome};
-use valkey_sidecar::valkey::Connector;
+use valkey_sidecar::coordinator::formation::{Read, read_pod};
+use valkey_sidecar::valkey::{Connector, Session, observe};
+use valkey_sidecar_core::formation::LocalMap;
+use valkey_sidecar_core::observation::{self, Mode};
 use valkey_sidecar_core::plan::{Action, Kind};
 use valkey_sidecar_testkit::{
-    ServerOptions, ValkeyCluster, ValkeyServer, valkey_server_for_tag, wait_until,
+    ClusterOptions, ServerOptions, ValkeyCluster, ValkeyServer, valkey_server_for_tag, wait_until,
 };
 
 fn connector(host: String, port: u16) -> Connector {
@@ -230,4 +234,57 @@ async fn a_failover_valkey_gave_up_on_is_sent_again_and_lands() {
         primary.is_primary().is_ok_and(|p| !p)
     });
     assert!(demoted, "the old primary is still primary");
+}
+
+/// The map a formation round starts from: the first node's own, read in full as the
+/// coordinator's observer reads it.
+async fn local_map(cluster: &ValkeyCluster) -> Result<LocalMap, String> {
+    let mut session = Session::new(of(&cluster.nodes()[0]));
+    let pipeline = observe::pipeline(Mode::Cluster);
+    let values = session.query(&pipeline).await.map_err(|e| e.to_string())?;
+    let replies = observe::replies(values);
+    let obs = observation::observe(&replies, Mode::Cluster).map_err(|e| format!("{e:?}"))?;
+    let shards = obs.cluster.ok_or("no cluster view")?.shards;
+    let nodes: usize = shards.iter().map(|s| s.nodes.len()).sum();
+    if nodes != cluster.nodes().len() {
+        return Err(format!("the first node lists {nodes} nodes"));
+    }
+    Ok(LocalMap::new(&shards))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_formation_round_reads_whole_maps_only_where_short_answers_disagree() {
+    let opts = ClusterOptions::from(ServerOptions::default()).first_ip(61);
+    let cluster = ValkeyCluster::start(3, 1, opts).unwrap();
+    let local = local_map(&cluster).await.unwrap();
+    // Formed and settled: every node's short answers agree, and the node the local map vouches
+    // for is the one its own whole map gives.
+    for n in cluster.nodes() {
+        let (vouched, read) = read_pod(of(n), &local, false).await;
+        assert_eq!(read, Read::Vouched, "{}", n.host());
+        let (whole, read) = read_pod(of(n), &local, true).await;
+        assert_eq!(read, Read::Audit);
+        assert!(vouched.is_some());
+        assert_eq!(
+            vouched,
+            whole,
+            "{}: vouched as its own map shows it",
+            n.host()
+        );
+    }
+    // One node forgets a primary of another shard: it knows one node fewer, so its whole map is
+    // read, and that map says so.
+    let (forgetful, forgotten) = (&cluster.nodes()[5], &cluster.node_ids()[0]);
+    forgetful.cmd(&["CLUSTER", "FORGET", forgotten]).unwrap();
+    let (node, read) = read_pod(of(forgetful), &local, false).await;
+    assert_eq!(read, Read::Disagreed);
+    let node = node.unwrap();
+    assert!(!node.knows.contains(forgotten), "{:?}", node.knows);
+    // The others still agree.
+    let (_, read) = read_pod(of(&cluster.nodes()[1]), &local, false).await;
+    assert_eq!(read, Read::Vouched);
+    // A node that does not answer is no node, whatever the map says.
+    let mut gone = of(&cluster.nodes()[2]);
+    gone.port = 1;
+    assert_eq!(read_pod(gone, &local, false).await.0, None);
 }

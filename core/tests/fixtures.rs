@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use serde_json::Value as Json;
+use valkey_sidecar_core::formation;
 use valkey_sidecar_core::health::{Bounds, HealthState, Outcome, StopWait, Verdict};
 use valkey_sidecar_core::observation::{Mode, Observation, Replies, Role, observe};
 use valkey_sidecar_core::reply::Reply;
@@ -510,4 +511,43 @@ fn a_failed_primary_that_still_serves_its_slots_is_not_forgettable() {
         node.knows
             .contains("08298011e91072d0e69e816fcbf96f6405e94439")
     );
+}
+
+/// A formation round's short answers ([`formation::QUESTIONS`]) as `state`'s node gave them: its
+/// whole INFO stands in for `INFO persistence` (the fields read are the same).
+fn glance(state: &str) -> Option<formation::Glance> {
+    let r = replies(state);
+    let error = || {
+        Some(Reply::Error(
+            "ERR This instance has cluster support disabled".into(),
+        ))
+    };
+    let answers = [
+        r.role,
+        r.info,
+        r.cluster_info.or_else(error),
+        r.my_id.or_else(error),
+        r.shard_id.or_else(error),
+    ];
+    let answers: Vec<Reply> = answers.into_iter().map(Option::unwrap).collect();
+    formation::Glance::answered(&answers)
+}
+
+#[test]
+fn a_formation_glance_reads_role_primary_id_and_node_count_and_skips_loading_or_standalone() {
+    let replica = glance("cluster-replica").unwrap();
+    let own = obs("cluster-replica", Mode::Cluster);
+    let view = own.cluster.as_ref().unwrap();
+    assert_eq!(Some(&replica.id), view.my_id.as_ref());
+    assert_eq!(replica.shard_id, view.shard_id);
+    assert_eq!(replica.role, Role::Replica);
+    assert_eq!(
+        replica.primary_ip.as_deref(),
+        Some(own.link.unwrap().host.as_str())
+    );
+    assert_eq!(replica.known_nodes, 6);
+    let primary = glance("cluster-primary").unwrap();
+    assert_eq!((primary.role, primary.primary_ip), (Role::Primary, None));
+    assert_eq!(glance("cluster-replica-loading"), None, "loading");
+    assert_eq!(glance("standalone-primary"), None, "not in cluster mode");
 }

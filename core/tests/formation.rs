@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use valkey_sidecar_core::formation::{
-    ClusterNode, FormationView, Listing, MAX_PAIR_MEETS, PERIOD_MS, Pool, RECHECK_MS, SLOTS, Seat,
-    Step, batches, decide, incomplete, round_due,
+    AUDIT, ClusterNode, FormationView, Glance, Listing, LocalMap, MAX_PAIR_MEETS, PERIOD_MS, Pool,
+    RECHECK_MS, SLOTS, Seat, Step, audited, batches, decide, incomplete, round_due,
 };
 use valkey_sidecar_core::observation::Role;
 use valkey_sidecar_core::shards::{NodeHealth, Shard, ShardNode};
@@ -700,4 +700,194 @@ fn equal_listings_are_kept_once_and_decide_the_same() {
     let mut unshared = separate.clone();
     Arc::make_mut(&mut node(&mut unshared, "v-2-1").addrs).insert("n00".into(), "10.9.0.0".into());
     assert_eq!(decide(&shared), decide(&unshared));
+}
+
+/// The view's cluster as one node's `CLUSTER SHARDS` lists it: every node at its pod's address,
+/// the slot owners' shards with slots.
+fn local_shards(v: &FormationView) -> Vec<Shard> {
+    let mut shards: BTreeMap<u32, Shard> = BTreeMap::new();
+    for seat in &v.seats {
+        let (index, n) = (seat.shard.unwrap(), seat.node.as_ref().unwrap());
+        let shard = shards.entry(index).or_insert_with(|| Shard {
+            id: format!("shard-{index}"),
+            ..Shard::default()
+        });
+        if n.owns_slots {
+            shard.slots.push((0, 100));
+        }
+        shard.nodes.push(ShardNode {
+            id: n.id.clone(),
+            ip: seat.addr.clone().unwrap().0,
+            role: n.role,
+            health: NodeHealth::Online,
+            ..ShardNode::default()
+        });
+    }
+    shards.into_values().collect()
+}
+
+/// What the pod's node answers to the short questions, its own view being `v`'s.
+fn glance_of(v: &FormationView, pod: &str) -> Glance {
+    let seat = v.seats.iter().find(|s| s.pod == pod).unwrap();
+    let n = seat.node.as_ref().unwrap();
+    let ip_of = |id: &String| {
+        let s = v.seats.iter().find(|s| s.node.as_ref().unwrap().id == *id);
+        s.unwrap().addr.clone().unwrap().0
+    };
+    Glance {
+        id: n.id.clone(),
+        shard_id: Some(format!("shard-{}", seat.shard.unwrap())),
+        role: n.role,
+        primary_ip: n.primary.as_ref().map(ip_of),
+        known_nodes: n.knows.len(),
+    }
+}
+
+fn ip(v: &FormationView, pod: &str) -> String {
+    let seat = v.seats.iter().find(|s| s.pod == pod).unwrap();
+    seat.addr.clone().unwrap().0
+}
+
+#[test]
+fn a_node_whose_short_answers_agree_is_vouched_for_as_its_own_map_shows_it() {
+    let v = formed(3, 1);
+    let local = LocalMap::new(&local_shards(&v));
+    for seat in &v.seats {
+        let vouched = local.vouch(&glance_of(&v, &seat.pod), &ip(&v, &seat.pod));
+        assert_eq!(vouched.as_ref(), seat.node.as_ref(), "{}", seat.pod);
+    }
+    // Older Valkeys have no CLUSTER MYSHARDID: the rest still vouches.
+    let mut without_shard_id = glance_of(&v, "v-1-1");
+    without_shard_id.shard_id = None;
+    assert!(local.vouch(&without_shard_id, "10.0.1.1").is_some());
+}
+
+#[test]
+fn a_node_whose_short_answers_disagree_is_read_in_full() {
+    let v = formed(3, 1);
+    let local = LocalMap::new(&local_shards(&v));
+    let replica = || glance_of(&v, "v-1-1");
+    let cases: Vec<(&str, Glance, &str)> = vec![
+        (
+            "knows a node fewer",
+            Glance {
+                known_nodes: 5,
+                ..replica()
+            },
+            "10.0.1.1",
+        ),
+        (
+            "knows a node more",
+            Glance {
+                known_nodes: 7,
+                ..replica()
+            },
+            "10.0.1.1",
+        ),
+        ("at another address than the map's", replica(), "10.0.1.9"),
+        (
+            "a primary by its own account",
+            Glance {
+                role: Role::Primary,
+                ..replica()
+            },
+            "10.0.1.1",
+        ),
+        (
+            "replicates from another primary",
+            Glance {
+                primary_ip: Some("10.0.2.0".into()),
+                ..replica()
+            },
+            "10.0.1.1",
+        ),
+        (
+            "in another shard",
+            Glance {
+                shard_id: Some("shard-2".into()),
+                ..replica()
+            },
+            "10.0.1.1",
+        ),
+        (
+            "an id the map does not know",
+            Glance {
+                id: "x11".into(),
+                ..replica()
+            },
+            "10.0.1.1",
+        ),
+    ];
+    for (what, glance, at) in cases {
+        assert_eq!(local.vouch(&glance, at), None, "{what}");
+    }
+    // A node the map lists as failed is not vouched for, even where it answers alike.
+    let mut shards = local_shards(&v);
+    shards[1].nodes[1].health = NodeHealth::Failed;
+    assert_eq!(LocalMap::new(&shards).vouch(&replica(), "10.0.1.1"), None);
+}
+
+#[test]
+fn a_replaced_pod_decides_the_same_from_vouched_nodes_as_from_every_whole_map() {
+    let old = formed(3, 1);
+    // v-1-1 came back empty as x11; every other node lists its old identity n11 as failed.
+    let mut whole = old.clone();
+    for s in &mut whole.seats {
+        let n = s.node.as_mut().unwrap();
+        if s.pod == "v-1-1" {
+            *n = ClusterNode {
+                id: "x11".into(),
+                role: Role::Primary,
+                owns_slots: false,
+                primary: None,
+                knows: Arc::new(BTreeSet::from(["x11".to_owned()])),
+                failed: BTreeSet::new(),
+                addrs: Arc::new(BTreeMap::from([("x11".to_owned(), "10.0.1.1".to_owned())]).into()),
+            };
+        } else {
+            n.failed = BTreeSet::from(["n11".to_owned()]);
+        }
+    }
+    let mut shards = local_shards(&old);
+    shards[1].nodes[1].health = NodeHealth::Failed;
+    let local = LocalMap::new(&shards);
+    let mut vouched = whole.clone();
+    for s in &mut vouched.seats {
+        if s.pod == "v-1-1" {
+            continue; // not in the map: read in full, as `whole` has it
+        }
+        let by_map = local.vouch(&glance_of(&old, &s.pod), &ip(&old, &s.pod));
+        s.node = Some(by_map.expect("agrees with the map"));
+    }
+    let f = decide(&vouched);
+    assert_eq!(f, decide(&whole));
+    let forgets = f
+        .steps
+        .iter()
+        .filter(|s| matches!(s, Step::Forget { id, .. } if id == "n11"));
+    assert_eq!(forgets.count(), 5, "{f:?}");
+    assert!(
+        f.steps
+            .iter()
+            .any(|s| matches!(s, Step::Meet { ip, .. } if ip == "10.0.1.1"))
+    );
+}
+
+proptest! {
+    #[test]
+    fn every_pod_is_read_in_full_in_turn_and_no_round_reads_more_than_audit(
+        pods in 1usize..300,
+        start in 0u64..1 << 40,
+    ) {
+        let turns = pods.div_ceil(AUDIT) as u64;
+        let mut seen = vec![0; pods];
+        for round in (0..turns).map(|k| start.wrapping_add(k)) {
+            let read: Vec<usize> = (0..pods).filter(|&i| audited(i, pods, round)).collect();
+            prop_assert!(!read.is_empty() && read.len() <= AUDIT, "round {round}: {read:?}");
+            for i in read {
+                seen[i] += 1;
+            }
+        }
+        prop_assert!(seen.iter().all(|&n| n == 1), "{seen:?}");
+    }
 }

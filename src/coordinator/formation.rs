@@ -6,6 +6,10 @@
 //! not marked failed), after a round that sent steps or met a silent pod, and otherwise every
 //! [`RECHECK_MS`](valkey_sidecar_core::formation::RECHECK_MS) (other nodes' own views show only in theirs) — at most once a second, which leaves
 //! gossip time to spread a `CLUSTER MEET` between rounds.
+//!
+//! A round reads a pod's whole map only where the pod's short answers disagree with the local
+//! map, or in its turn (`core::formation::LocalMap::vouch`, `audited`): reading every pod's would
+//! cost a round pods × nodes.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,9 +18,10 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Resource;
 use valkey_sidecar_core::formation::{
-    ClusterNode, FormationView, Pool, Seat, Step, batches, decide,
+    ClusterNode, FormationView, Glance, LocalMap, Pool, Seat, Step, audited, batches, decide,
 };
 use valkey_sidecar_core::observation::{self, Mode};
+use valkey_sidecar_core::shards::Shard;
 use valkey_sidecar_core::time::Millis;
 
 use super::Coordinator;
@@ -36,23 +41,53 @@ const SEND_BUDGET: Duration = Duration::from_secs(2);
 /// How long one pod's observation may take in a formation round.
 const OBSERVE_TIMEOUT: Duration = Duration::from_millis(500);
 
-/// Pods observed at once in a formation round. Each observation holds that pod's whole cluster
-/// map as replies until it is reduced to a [`ClusterNode`] (an estimated ~0.5 MB at 100 nodes,
-/// growing with the nodes): all pods at once made a round's memory grow with pods × nodes.
+/// Pods observed at once in a formation round. A pod read in full holds its whole cluster map as
+/// replies until it is reduced to a [`ClusterNode`] (an estimated ~0.5 MB at 100 nodes, growing
+/// with the nodes): all pods at once made a round's memory grow with pods × nodes.
 const OBSERVE_PARALLEL: usize = 16;
+
+/// What a formation round works from: the shard count, the pods (in name order, for
+/// [`audited`]), the local node's map, and the round's number.
+pub(super) struct RoundInput {
+    pub shards: u32,
+    pub pods: Vec<Arc<Pod>>,
+    pub local: Option<Vec<Shard>>,
+    pub number: u64,
+}
+
+/// How a formation round observed one pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Read {
+    /// Its short answers agreed with the local map, which stands for its own.
+    Vouched,
+    /// They disagreed (or were missing): its whole map was read.
+    Disagreed,
+    /// Its turn to be read in full whatever it answers.
+    Audit,
+}
+
+impl Read {
+    fn kind(self) -> &'static str {
+        match self {
+            Read::Vouched => "vouched",
+            Read::Disagreed => "disagreed",
+            Read::Audit => "audit",
+        }
+    }
+}
 
 impl Coordinator {
     /// One formation round: observe every pod, plan, send the steps in order. Whether it sent
     /// any or a pod did not answer: the next round then runs even if the local view looks whole,
     /// since other nodes' views (a node naming itself by its old address, say) show only in
     /// theirs.
-    pub(super) async fn formation_round(
-        &self,
-        shards: u32,
-        pods: &[Arc<Pod>],
-        now: Millis,
-    ) -> bool {
-        let seats = self.seats(pods).await;
+    pub(super) async fn formation_round(&self, mut input: RoundInput, now: Millis) -> bool {
+        input
+            .pods
+            .sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        let (shards, pods) = (input.shards, &input.pods);
+        let local = LocalMap::new(input.local.as_deref().unwrap_or_default());
+        let seats = self.seats(pods, &local, input.number).await;
         let f = decide(&FormationView { shards, seats });
         if f.steps.is_empty() {
             tracing::debug!(reason = %f.reason, at = now.0, "formation");
@@ -117,12 +152,13 @@ impl Coordinator {
     }
 
     /// Every pod's seat, [`OBSERVE_PARALLEL`] observed at a time, equal listings shared.
-    async fn seats(&self, pods: &[Arc<Pod>]) -> Vec<Seat> {
+    async fn seats(&self, pods: &[Arc<Pod>], local: &LocalMap, round: u64) -> Vec<Seat> {
         let mut pool = Pool::default();
+        let count = pods.len();
         // Owned pods: a closure over borrowed ones is not `Send` for the round's task (a
         // higher-ranked lifetime the compiler cannot prove general).
-        let mut observed = futures::stream::iter(pods.iter().cloned())
-            .map(|p| async move { self.seat(&p).await })
+        let mut observed = futures::stream::iter(pods.iter().cloned().enumerate())
+            .map(|(i, p)| async move { self.seat(&p, local, audited(i, count, round)).await })
             .buffered(OBSERVE_PARALLEL);
         let mut seats = Vec::with_capacity(pods.len());
         while let Some(mut seat) = observed.next().await {
@@ -134,11 +170,20 @@ impl Coordinator {
         seats
     }
 
-    async fn seat(&self, p: &Arc<Pod>) -> Seat {
+    async fn seat(&self, p: &Arc<Pod>, local: &LocalMap, audit: bool) -> Seat {
         let labels = p.metadata.labels.clone().unwrap_or_default();
         let ip = pod_ip(p).map(str::to_owned);
         let node = match &ip {
-            Some(ip) => self.observe_pod(ip).await,
+            Some(ip) => {
+                let (node, read) = read_pod(self.connector_at(ip), local, audit).await;
+                let kind = if node.is_some() {
+                    read.kind()
+                } else {
+                    "silent"
+                };
+                self.metrics.formation_read(kind);
+                node
+            }
             None => None,
         };
         Seat {
@@ -156,16 +201,6 @@ impl Coordinator {
             timeout: OBSERVE_TIMEOUT.min(self.connector.timeout),
             ..self.connector.clone()
         }
-    }
-
-    async fn observe_pod(&self, ip: &str) -> Option<ClusterNode> {
-        let mut session = Session::new(self.connector_at(ip));
-        let values = session
-            .query(&observe::pipeline(Mode::Cluster))
-            .await
-            .ok()?;
-        let replies = observe::replies(values);
-        ClusterNode::observed(&observation::observe(&replies, Mode::Cluster).ok()?)
     }
 
     async fn send(&self, step: &Step, pods: &[Arc<Pod>]) {
@@ -190,6 +225,40 @@ impl Coordinator {
             }
         }
     }
+}
+
+/// One pod's node for a formation round (`connector` at its address): its short answers, where
+/// `local` vouches for them, else (or when `audit`) its whole map. `None`: silent, loading, or
+/// not in cluster mode.
+pub async fn read_pod(
+    connector: Connector,
+    local: &LocalMap,
+    audit: bool,
+) -> (Option<ClusterNode>, Read) {
+    let ip = connector.host.clone();
+    let mut session = Session::new(connector);
+    if !audit {
+        let Ok(values) = session.query(&observe::glance_pipeline()).await else {
+            return (None, Read::Disagreed);
+        };
+        let replies: Vec<_> = values.into_iter().map(observe::reply).collect();
+        let glance = Glance::answered(&replies);
+        if let Some(node) = glance.and_then(|g| local.vouch(&g, &ip)) {
+            return (Some(node), Read::Vouched);
+        }
+    }
+    let read = if audit { Read::Audit } else { Read::Disagreed };
+    (whole(&mut session).await, read)
+}
+
+/// The node as its whole map shows it.
+async fn whole(session: &mut Session) -> Option<ClusterNode> {
+    let values = session
+        .query(&observe::pipeline(Mode::Cluster))
+        .await
+        .ok()?;
+    let replies = observe::replies(values);
+    ClusterNode::observed(&observation::observe(&replies, Mode::Cluster).ok()?)
 }
 
 /// The end of the formation round running, if any: whether it sent steps or met a silent pod

@@ -148,6 +148,8 @@ struct CoordinatorMemory {
     formed_at: Option<Millis>,
     /// Cluster mode: the last formation round sent steps, so the next one runs too.
     forming: bool,
+    /// Cluster mode: formation rounds started, whose number picks the pods read in full in turn.
+    formation_rounds: u64,
     /// Cluster mode: the formation round running beside the loop, one at a time. Observing 100
     /// pods under load took ~11 s, and the loop answers crash deaths and finished moves
     /// meanwhile. Dropped (aborted) when the term ends.

@@ -16,6 +16,7 @@ use valkey_sidecar_core::status::{self, Decision};
 use valkey_sidecar_core::time::Millis;
 
 use super::execute::MoveOutcome;
+use super::formation::RoundInput;
 use super::report::{completion, ended, wall_clock};
 use super::watches::Facts;
 use super::{Coordinator, CoordinatorMemory, Finished, Move, execute, spawn_move, world};
@@ -39,11 +40,20 @@ impl Coordinator {
             self.formed.set_if_unset(wall_clock);
         }
         let ips = pods.iter().filter_map(|p| pod_ip(p));
-        let incomplete = local.is_some_and(|local| formation::incomplete(&local, ips));
+        let incomplete = local
+            .as_deref()
+            .is_some_and(|local| formation::incomplete(local, ips));
         if formation::round_due(memory.formed_at, incomplete, memory.forming, now) {
             memory.formed_at = Some(now);
+            memory.formation_rounds += 1;
+            let input = RoundInput {
+                shards,
+                pods,
+                local,
+                number: memory.formation_rounds,
+            };
             let this = self.clone();
-            let round = async move { this.formation_round(shards, &pods, now).await };
+            let round = async move { this.formation_round(input, now).await };
             memory.formation = Some(Owned::spawn(round));
         }
     }

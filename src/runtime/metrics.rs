@@ -114,6 +114,7 @@ pub struct Metrics {
     drift: Family<DriftLabel, Gauge>,
     keeper_actions: Family<KindLabel, Counter>,
     formation_steps: Family<ActionLabel, Counter>,
+    formation_reads: Family<KindLabel, Counter>,
     shard_record_calls: Family<ResultLabel, Counter>,
     coordinator_record_reads: Family<ResultLabel, Counter>,
     watch_errors: Family<KindLabel, Counter>,
@@ -167,6 +168,7 @@ impl Metrics {
             drift: Family::default(),
             keeper_actions: Family::default(),
             formation_steps: Family::default(),
+            formation_reads: Family::default(),
             roll_evictions: Family::default(),
             roll_outdated: Gauge::default(),
             roll_waiting: Gauge::default(),
@@ -202,6 +204,7 @@ impl Metrics {
         table!(self {
             keeper_actions => "keeper_actions": "What the agent did about its own Valkey: renew, fence, release, … (replication mode); quorum_fence, quorum_lift (cluster mode)";
             formation_steps => "formation_steps": "Cluster mode: commands the coordinator sent to form the cluster or re-add a node, by kind and result";
+            formation_reads => "formation_reads": "Cluster mode: pods a formation round observed, by how: vouched (its short answers agreed with the coordinator's map), disagreed or audit (its whole map read), silent (no usable answer)";
             task_panics => "task_panics": "Panics of the agent's tasks, by task (each started afresh after a back-off)";
             watch_errors => "watch_errors": "Kubernetes watch errors, by watch (each re-established with backoff)";
             shard_record_calls => "shard_record_calls": "Replication mode: reads and writes of the shard's primary record, by result";
@@ -355,6 +358,13 @@ impl Metrics {
         let result = if ok { "ok" } else { "error" };
         self.formation_steps
             .get_or_create(&ActionLabel { kind, result })
+            .inc();
+    }
+
+    /// One pod observed in a formation round (`kind`: vouched, disagreed, audit, silent).
+    pub fn formation_read(&self, kind: &'static str) {
+        self.formation_reads
+            .get_or_create(&KindLabel { kind })
             .inc();
     }
 

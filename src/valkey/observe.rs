@@ -3,6 +3,7 @@
 
 use redis::Value;
 use valkey_sidecar_core::cluster_map::{self, KnownMap, MapNeed, MapSchedule, Reading};
+use valkey_sidecar_core::formation::QUESTIONS;
 use valkey_sidecar_core::health::Outcome;
 use valkey_sidecar_core::observation::{Mode, Observation, Replies, observe};
 use valkey_sidecar_core::reply::Reply;
@@ -38,6 +39,16 @@ pub fn own_pipeline(mode: Mode) -> redis::Pipeline {
         pipe.cmd("CLUSTER").arg("INFO");
         pipe.cmd("CLUSTER").arg("MYID");
         pipe.cmd("CLUSTER").arg("MYSHARDID");
+    }
+    pipe
+}
+
+/// A formation round's short questions to one pod (`core::formation::QUESTIONS`).
+pub fn glance_pipeline() -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    for question in QUESTIONS {
+        pipe.cmd(question[0]).arg(&question[1..]);
     }
     pipe
 }

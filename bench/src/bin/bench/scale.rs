@@ -38,6 +38,9 @@ struct Row {
     round_p99: Duration,
     /// The rounds' mean CPU time: the mean less the waits for a CPU on a busy machine.
     round_cpu_mean: Duration,
+    /// Pods the coordinator's formation rounds observed from the steady window's start to the
+    /// hand-over's end, by how: vouched, disagreed, audit, silent (`FORMATION_READS`).
+    formation_reads: [f64; 4],
     coordinator_rss_kib: u64,
     agent_rss_median_kib: u64,
     agent_rss_max_kib: u64,
@@ -160,9 +163,12 @@ async fn measure(bin: &Path, row: &mut Row) -> Result<()> {
     stage.wait_synced(SETTLE).await?;
     row.settled = t.elapsed();
     let coordinator = stage.wait_coordinator(Duration::from_secs(60)).await?;
+    let reads = formation_reads(&stage, &coordinator).await?;
     steady(&stage, &coordinator, row).await?;
     memory(&stage, &coordinator, row)?;
     handover(&stage, row).await?;
+    let reads_after = formation_reads(&stage, &coordinator).await?;
+    row.formation_reads = std::array::from_fn(|k| reads_after[k] - reads[k]);
     eprintln!("scale {shards} shards, up to the hand-over: {row:?}");
     // The drains restart the coordinator's pod (its histogram with it): its rounds so far first,
     // then whoever coordinates after the last drain.
@@ -367,24 +373,43 @@ async fn fences(stage: &Stage) -> Result<u64> {
     stage.agents_counter(sample).await
 }
 
+/// The kinds of `valkey_sidecar_formation_reads_total`, in `Row::formation_reads`' order.
+const FORMATION_READS: [&str; 4] = ["vouched", "disagreed", "audit", "silent"];
+
+/// The coordinator's `/metrics` text.
+async fn metrics(stage: &Stage, coordinator: &str) -> Result<String> {
+    let agent = stage.agent(coordinator)?;
+    let timeout = Duration::from_secs(5);
+    let (code, text) = valkey_sidecar_testkit::k8s::http_get(agent, "/metrics", timeout).await?;
+    if code != 200 {
+        bail!("{coordinator}: /metrics answered {code}");
+    }
+    Ok(text)
+}
+
+/// The value of the sample named exactly `name` (labels included), 0 when absent.
+fn sample(text: &str, name: &str) -> f64 {
+    let prefix = format!("{name} ");
+    let line = text.lines().find_map(|l| l.strip_prefix(prefix.as_str()));
+    line.and_then(|v| v.trim().parse().ok()).unwrap_or(0.0)
+}
+
+/// The pods the coordinator's formation rounds observed so far, by [`FORMATION_READS`].
+async fn formation_reads(stage: &Stage, coordinator: &str) -> Result<[f64; 4]> {
+    let text = metrics(stage, coordinator).await?;
+    let of = |kind: &str| {
+        let name = format!("valkey_sidecar_formation_reads_total{{kind=\"{kind}\"}}");
+        sample(&text, &name)
+    };
+    Ok(FORMATION_READS.map(of))
+}
+
 /// The coordinator's round time from its histogram: the mean, and the upper bound of the bucket
 /// that holds the 99th percentile.
 async fn round_time(stage: &Stage, coordinator: &str) -> Result<Rounds> {
     let metric = "valkey_sidecar_coordinator_round_duration_seconds";
-    let (code, text) = valkey_sidecar_testkit::k8s::http_get(
-        stage.agent(coordinator)?,
-        "/metrics",
-        Duration::from_secs(5),
-    )
-    .await?;
-    if code != 200 {
-        bail!("{coordinator}: /metrics answered {code}");
-    }
-    let value = |name: &str| -> f64 {
-        let prefix = format!("{name} ");
-        let line = text.lines().find_map(|l| l.strip_prefix(prefix.as_str()));
-        line.and_then(|v| v.trim().parse().ok()).unwrap_or(0.0)
-    };
+    let text = metrics(stage, coordinator).await?;
+    let value = |name: &str| sample(&text, name);
     let count = value(&format!("{metric}_count"));
     if count == 0.0 {
         bail!("{coordinator} counted no coordinator round");
@@ -662,23 +687,26 @@ fn tell_longest_gap(shard: usize, acks: &[Ack]) {
 fn print_table(rows: &[Row]) {
     println!("### Scale: chart installs of N shards × 2 pods\n");
     println!(
-        "Command: `BENCH_SCALE_SHARDS=\"10 25 50\" target/release/bench scale`. Each size is one chart install with the chart's defaults (cluster mode, 1 replica per shard) on 6 fake nodes in 3 zones, the agents' release binary, real kube-apiserver, scheduler and controller-manager on this 2-core machine; the controller-manager at Kubernetes' default node-monitor grace period ({} s), the harness's kubelets renewing each node's Lease every 2 s, each node on its own; every container in one `cpu` cgroup weighing 1024 per core (`cpu.shares`, as a kubelet's `kubepods`), so the pods together weigh as much as the machine's cores against each thread of the control plane and the harness, which real clusters run on machines of their own or outside `kubepods` (without it, the 50-shard install's apiserver timed out at a load of 170). Settled: `helm install` until every pod is Ready, labelled and every replica synced. Round: the coordinator's `valkey_sidecar_coordinator_round_duration_seconds` over the whole run — the first coordinator's rounds up to the drains, and those of whoever coordinates after the last drain (the drains restart the first one's pod): the mean over both, and the larger bucket bound holding a p99; CPU: the mean of `valkey_sidecar_coordinator_round_cpu_seconds` over the same rounds (the round's thread's time on a CPU, `/proc/thread-self/schedstat`: the duration less its waits for a CPU). Requests: the audit log over a {} s steady window; each agent's, `valkey-settings` container's and Valkey's CPU (`/proc/<pid>/stat`), the whole machine's CPU by kind of process (every process in `/proc`) and its UDP datagrams sent (`/proc/net/snmp`: the agents' peer heartbeats) over the same window; fences: the quorum fences every agent raised in it (`keeper_actions_total{{kind=\"quorum_fence\"}}`; each pauses a healthy primary's writes, so 0 is the only right figure); memory is resident memory (`VmRSS`) after it. Hand-over: shard 1's primary node cordoned under a writer. Drains: `kubectl drain` of each node in turn (run again, up to 3 times, when it gives up, as an operator would), the deployment settled again before the next, under a writer per {SHARDS_PER_WRITER} shards (1 s timeouts, over its shard's pods' addresses as listed every 500 ms: a drained pod comes back with a new IP). Load: the machine's 1-minute load average at the end of the steady window, and the highest at the end of a drain (2 cores: past ~2, every process waits for CPU, and every figure of that size includes the wait).\n",
+        "Command: `BENCH_SCALE_SHARDS=\"10 25 50\" target/release/bench scale`. Each size is one chart install with the chart's defaults (cluster mode, 1 replica per shard) on 6 fake nodes in 3 zones, the agents' release binary, real kube-apiserver, scheduler and controller-manager on this 2-core machine; the controller-manager at Kubernetes' default node-monitor grace period ({} s), the harness's kubelets renewing each node's Lease every 2 s, each node on its own; every container in one `cpu` cgroup weighing 1024 per core (`cpu.shares`, as a kubelet's `kubepods`), so the pods together weigh as much as the machine's cores against each thread of the control plane and the harness, which real clusters run on machines of their own or outside `kubepods` (without it, the 50-shard install's apiserver timed out at a load of 170). Settled: `helm install` until every pod is Ready, labelled and every replica synced. Round: the coordinator's `valkey_sidecar_coordinator_round_duration_seconds` over the whole run — the first coordinator's rounds up to the drains, and those of whoever coordinates after the last drain (the drains restart the first one's pod): the mean over both, and the larger bucket bound holding a p99; CPU: the mean of `valkey_sidecar_coordinator_round_cpu_seconds` over the same rounds (the round's thread's time on a CPU, its CPU clock `CLOCK_THREAD_CPUTIME_ID`: the duration less its waits for a CPU). Formation reads: the pods the coordinator's formation rounds observed from the steady window's start to the hand-over's end (`valkey_sidecar_formation_reads_total`): vouched for by their short answers / read in full (disagreed + in turn) / silent. Requests: the audit log over a {} s steady window; each agent's, `valkey-settings` container's and Valkey's CPU (`/proc/<pid>/stat`), the whole machine's CPU by kind of process (every process in `/proc`) and its UDP datagrams sent (`/proc/net/snmp`: the agents' peer heartbeats) over the same window; fences: the quorum fences every agent raised in it (`keeper_actions_total{{kind=\"quorum_fence\"}}`; each pauses a healthy primary's writes, so 0 is the only right figure); memory is resident memory (`VmRSS`) after it. Hand-over: shard 1's primary node cordoned under a writer. Drains: `kubectl drain` of each node in turn (run again, up to 3 times, when it gives up, as an operator would), the deployment settled again before the next, under a writer per {SHARDS_PER_WRITER} shards (1 s timeouts, over its shard's pods' addresses as listed every 500 ms: a drained pod comes back with a new IP). Load: the machine's 1-minute load average at the end of the steady window, and the highest at the end of a drain (2 cores: past ~2, every process waits for CPU, and every figure of that size includes the wait).\n",
         NODE_GRACE.as_secs(),
         STEADY.as_secs()
     );
     println!(
-        "| shards | pods | settled | round mean / p99, CPU mean | coordinator RSS | agent RSS median / max | agent CPU median / max | settings container RSS max, CPU median | Valkey CPU median | heartbeat datagrams/s | fences in the steady window | requests/min coordinator / follower mean / busiest follower / apiserver | load steady / drains | hand-over pause, lost | drains: longest, longest write pause, acked, lost |"
+        "| shards | pods | settled | round mean / p99, CPU mean | formation reads: vouched / in full / silent | coordinator RSS | agent RSS median / max | agent CPU median / max | settings container RSS max, CPU median | Valkey CPU median | heartbeat datagrams/s | fences in the steady window | requests/min coordinator / follower mean / busiest follower / apiserver | load steady / drains | hand-over pause, lost | drains: longest, longest write pause, acked, lost |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         println!(
-            "| {} | {} | {:.1} s | {:.2} / {:.2} ms, {:.2} ms | {} MiB | {} / {} MiB | {:.1} / {:.1} % | {:.1} MiB, {:.2} % | {:.1} % | {:.0} | {} | {:.1} / {:.2} / {:.1} / {:.0} | {:.1} / {:.1} | {} ms, {} | {} nodes: {:.1} s, {} ms, {}, {} |",
+            "| {} | {} | {:.1} s | {:.2} / {:.2} ms, {:.2} ms | {:.0} / {:.0} / {:.0} | {} MiB | {} / {} MiB | {:.1} / {:.1} % | {:.1} MiB, {:.2} % | {:.1} % | {:.0} | {} | {:.1} / {:.2} / {:.1} / {:.0} | {:.1} / {:.1} | {} ms, {} | {} nodes: {:.1} s, {} ms, {}, {} |",
             r.shards,
             r.pods,
             r.settled.as_secs_f64(),
             r.round_mean.as_secs_f64() * 1e3,
             r.round_p99.as_secs_f64() * 1e3,
             r.round_cpu_mean.as_secs_f64() * 1e3,
+            r.formation_reads[0],
+            r.formation_reads[1] + r.formation_reads[2],
+            r.formation_reads[3],
             r.coordinator_rss_kib / 1024,
             r.agent_rss_median_kib / 1024,
             r.agent_rss_max_kib / 1024,

@@ -37,6 +37,10 @@ use crate::observation::{Observation, Role};
 use crate::shards::{NodeHealth, Shard, ShardNode};
 use crate::time::Millis;
 
+mod glance;
+
+pub use glance::{AUDIT, Glance, LocalMap, QUESTIONS, audited};
+
 /// Valkey Cluster's slot count.
 pub const SLOTS: u32 = 16_384;
 
@@ -147,8 +151,11 @@ impl Pool {
 }
 
 /// The pooled equal of `item` (`same`: cheap checks first), else `item`, pooled while there is room.
+/// The same allocation is equal without a look inside: every node a round vouches for shares the
+/// local map's listings, and comparing each entry by entry would cost the round pods × nodes.
 fn intern<T>(pool: &mut Vec<Arc<T>>, item: &Arc<T>, same: impl Fn(&T, &T) -> bool) -> Arc<T> {
-    if let Some(found) = pool.iter().find(|p| same(p, item)) {
+    let equal = |p: &&Arc<T>| Arc::ptr_eq(p, item) || same(p, item);
+    if let Some(found) = pool.iter().find(equal) {
         return Arc::clone(found);
     }
     if pool.len() < POOL_MAX {
