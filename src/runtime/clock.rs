@@ -65,7 +65,10 @@ mod tests {
             spent = thread_cpu_since(before).unwrap();
         }
         let elapsed = wall.elapsed();
-        assert!(spent >= Duration::from_millis(2), "{spent:?} in {elapsed:?}");
+        assert!(
+            spent >= Duration::from_millis(2),
+            "{spent:?} in {elapsed:?}"
+        );
         assert!(spent <= elapsed, "{spent:?} on a CPU in {elapsed:?}");
     }
 }
