@@ -383,6 +383,31 @@ fn a_replaced_pods_old_identity_is_forgotten_everywhere_but_a_live_failed_node_i
     assert!(forgets.iter().all(|(_, id)| id == "old"));
 }
 
+/// Forgets of `id` in `f`.
+fn forgets_of(f: &valkey_sidecar_core::formation::Formation, id: &str) -> usize {
+    let of = |s: &&Step| matches!(s, Step::Forget { id: x, .. } if x == id);
+    f.steps.iter().filter(of).count()
+}
+
+#[test]
+fn a_dead_primary_its_replica_still_follows_is_not_forgotten_whoever_lists_it_as_forgettable() {
+    // Shard 0's primary n00 died without a hand-over; its pod came back empty as x00 and met the
+    // cluster after n00 was gone: x00 never heard n00 claim its slots, so its own view lists n00
+    // as a failed, slot-less node to forget. n01 still follows n00 and waits for its election.
+    let mut v = formed(2, 1);
+    let all: BTreeSet<String> = node(&mut v, "v-1-0").knows.iter().cloned().collect();
+    let newcomer = node(&mut v, "v-0-0");
+    newcomer.id = "x00".into();
+    newcomer.owns_slots = false;
+    newcomer.knows = Arc::new(all.into_iter().chain(["x00".to_owned()]).collect());
+    newcomer.failed = BTreeSet::from(["n00".to_owned()]);
+    assert_eq!(forgets_of(&decide(&v), "n00"), 0, "{:?}", decide(&v));
+    // Once n01 took over, nobody follows n00: it is forgotten on every node that knows it.
+    let replica = node(&mut v, "v-0-1");
+    (replica.role, replica.owns_slots, replica.primary) = (Role::Primary, true, None);
+    assert_eq!(forgets_of(&decide(&v), "n00"), 4, "{:?}", decide(&v));
+}
+
 #[test]
 fn after_a_failover_the_shard_is_found_by_its_slots_not_its_node_index() {
     let mut v = formed(1, 2);

@@ -124,7 +124,7 @@ impl LocalMap {
         let listed = self.nodes.get(&glance.id)?;
         let primary = listed.primary.as_ref();
         let same_primary =
-            glance.role != Role::Replica || primary.map(|(_, ip)| ip) == glance.primary_ip.as_ref();
+            glance.role != Role::Replica || primary.map(|(_, at)| at) == glance.primary_ip.as_ref();
         let agrees = listed.ip == ip
             && !listed.failed
             && listed.role == glance.role

@@ -651,13 +651,20 @@ pub fn readdress(via: &Seat, nodes: &[(&Seat, &ClusterNode)]) -> Vec<Step> {
 }
 
 /// A node marked failed whose id no pod has any more is a replaced pod's old identity: every node
-/// that knows it forgets it (all in one round, within Valkey's 60 s ban on re-learning it).
+/// that knows it forgets it (all in one round, within Valkey's 60 s ban on re-learning it) — but
+/// never while an answering replica still follows it. A node met after that primary died never
+/// heard it claim its slots, so its own view lists it as forgettable; forgotten by the other
+/// primaries, it leaves its replica with no vote to win, and the shard with no primary for good.
 fn forget(nodes: &[(&Seat, &ClusterNode)]) -> Vec<Step> {
     let current: HashSet<&str> = nodes.iter().map(|(_, n)| n.id.as_str()).collect();
+    let followed: HashSet<&str> = nodes
+        .iter()
+        .filter_map(|(_, n)| n.primary.as_deref())
+        .collect();
     let stale: BTreeSet<&str> = nodes
         .iter()
         .flat_map(|(_, n)| n.failed.iter().map(String::as_str))
-        .filter(|id| !current.contains(id))
+        .filter(|id| !current.contains(id) && !followed.contains(id))
         .collect();
     let mut steps = Vec::new();
     for id in stale {
