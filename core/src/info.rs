@@ -25,6 +25,13 @@ impl Info {
         Info { fields }
     }
 
+    /// One field of INFO-style text (`key:value` lines), found without building a map of them
+    /// all: for a reply read for one or two fields.
+    pub fn field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix(key)?.strip_prefix(':'))
+    }
+
     /// The raw value of `key`.
     pub fn get(&self, key: &str) -> Option<&str> {
         self.fields.get(key).map(String::as_str)

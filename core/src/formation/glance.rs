@@ -19,6 +19,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use super::{ClusterNode, Listing, forgettable};
+use crate::info::Info;
 use crate::observation::{Role, role_reply};
 use crate::reply::Reply;
 use crate::shards::{NodeHealth, Shard};
@@ -57,10 +58,10 @@ impl Glance {
         let [role, persistence, cluster_info, my_id, shard_id] = replies else {
             return None;
         };
-        if field(persistence.as_text()?, "loading")? != "0" {
+        if Info::field(persistence.as_text()?, "loading")? != "0" {
             return None;
         }
-        let known_nodes = field(cluster_info.as_text()?, "cluster_known_nodes")?;
+        let known_nodes = Info::field(cluster_info.as_text()?, "cluster_known_nodes")?;
         let role_now = role_reply(role)?;
         let from = || role.as_array()?.get(1)?.as_text().map(str::to_owned);
         Some(Glance {
@@ -71,12 +72,6 @@ impl Glance {
             known_nodes: known_nodes.parse().ok()?,
         })
     }
-}
-
-/// One `key:value` field of INFO-style text, found without building a map of them all.
-fn field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
-    text.lines()
-        .find_map(|l| l.trim().strip_prefix(key)?.strip_prefix(':'))
 }
 
 /// One node as the local map lists it.
