@@ -2,9 +2,9 @@
 # The benchmark command: builds the release agent, runs every benchmark and the chaos tests on
 # the local control plane, and regenerates docs/benchmarks.md (headline summary first, the
 # figures that got worse since the previous report last), its plots (docs/plots/*.svg) and the
-# README's seven rows of the summary, docs/scale.md and docs/planner.md (reports of their own).
-# About 175 minutes on 2 cores, and about 60 more for scale; BENCH_* variables shorten it (see each
-# section's command).
+# README's seven rows of the summary, docs/scale.md, docs/planner.md and docs/followers.md
+# (reports of their own). About 175 minutes on 2 cores, about 60 more for scale and 40 for
+# followers; BENCH_* variables shorten it (see each section's command).
 #
 # Resumable: each section keeps its output under target/bench-run/<commit>/ and a run at the same
 # clean commit skips the sections already done, so an interrupted run loses only the section it
@@ -53,8 +53,9 @@ sections=(probes labels api handover failover partition chaos)
 # Sections with a report of their own, written as soon as they finish, so each can be measured
 # again without the others: `scale` (about 40 minutes) goes to docs/scale.md, `planner` (the
 # rules' cost up to 10,000 shards and the probes while they run; a few minutes) to
-# docs/planner.md.
-own=(scale planner)
+# docs/planner.md, `followers` (a watch on each Lease against polling it; about 40 minutes) to
+# docs/followers.md.
+own=(scale planner followers)
 
 probes() {
   echo "## Probes and footprint"
@@ -116,6 +117,14 @@ scale() {
   # the control plane), each measured once: settle time, the coordinator's rounds and memory,
   # every agent's memory, requests per minute, a hand-over and a drain of every node.
   BENCH_SCALE_SHARDS="${BENCH_SCALE_SHARDS:-10 25 50}" target/release/bench scale
+}
+
+followers() {
+  echo "## Followers: a watch on each Lease against a read every retry period"
+  echo
+  # Four chart installs (both modes, watch and polling), each with a 60 s steady window and the
+  # holder's node cut 10 times at the chart's 15 s lease.
+  BENCH_TAKEOVERS="${BENCH_TAKEOVERS:-10}" target/release/bench followers
 }
 
 # The chaos tests' rows go to the fault table (rendered when the report is assembled, with the

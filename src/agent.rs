@@ -383,6 +383,7 @@ fn keeper(
         cluster: co.cluster.clone(),
         selector: co.pod_selector.clone(),
         timings: co.timings,
+        lease_watch: co.lease_watch,
         clock: shared.clock,
         bounds: config.bounds,
         state: shared.state.clone(),
@@ -430,6 +431,7 @@ fn coordinator_tasks(
     // Who takes over first, named by the coordinator and carried on the Lease.
     let successors = SuccessorCell::default();
     let lease = lease
+        .watching(co.lease_watch)
         .naming(successors.clone())
         .remembering(formed.clone())
         .asked(requests.clone())

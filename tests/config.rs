@@ -200,6 +200,7 @@ fn bad_coordinator_settings() {
         ("SIDECAR_ROLL", "1"),
         ("SIDECAR_COORDINATION", "operators"),
         ("SIDECAR_OPERATOR_RESOURCE", "Not A Name"),
+        ("SIDECAR_LEASE_WATCH", "poll"),
     ];
     // Coordinator on without a cluster name; a lease shorter than its renew deadline.
     let env: Vec<_> = base.iter().chain(bad.iter()).copied().collect();
@@ -213,6 +214,7 @@ fn bad_coordinator_settings() {
             "SIDECAR_ROLL",
             "SIDECAR_COORDINATION",
             "SIDECAR_OPERATOR_RESOURCE",
+            "SIDECAR_LEASE_WATCH",
         ],
     );
     let env: Vec<_> = base
@@ -230,6 +232,7 @@ fn bad_coordinator_settings() {
             "SIDECAR_ROLL",
             "SIDECAR_COORDINATION",
             "SIDECAR_OPERATOR_RESOURCE",
+            "SIDECAR_LEASE_WATCH",
         ],
     );
 }

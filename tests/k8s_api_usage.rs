@@ -1,7 +1,8 @@
 //! API usage per agent in steady state, from the apiserver's own records (its audit log): a
 //! follower writes nothing and follows the Lease through a watch (no read every retry period),
 //! the Lease holder writes nothing but its Lease renewals; in replication mode the same holds for
-//! the shard record, which its holder renews and the others watch.
+//! the shard record, which its holder renews and the others watch. With the watches off
+//! (`SIDECAR_LEASE_WATCH=false`) followers read each Lease every retry period instead.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, SystemTime};
@@ -168,5 +169,47 @@ async fn in_replication_mode_followers_watch_both_leases_and_the_holders_only_re
             let all = usage.total(&who(p));
             assert!(all <= 2, "follower {p} sent {all} requests");
         }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_lease_watch_off_followers_read_each_lease_every_retry_period() {
+    let o = StageOptions::replication("api-usage-poll", 2).env("SIDECAR_LEASE_WATCH", "false");
+    let (s, coordinator) = coordinated_stage(o).await;
+    wait_steady(&s).await;
+    let primary = record(&s, "0")
+        .await
+        .and_then(|r| r.holder)
+        .expect("a record holder");
+    let from = SystemTime::now();
+    tokio::time::sleep(WINDOW).await;
+    let to = SystemTime::now();
+    assert_eq!(holder(&s).await.as_deref(), Some(coordinator.as_str()));
+    tokio::time::sleep(SECOND).await;
+    let usage = s.plane.audit_log().unwrap().usage(from, to).unwrap();
+    let who = |pod: &str| pod_identity(&s.namespace, pod);
+    let agents: Vec<(String, String)> = s.pods.iter().map(|p| (p.clone(), who(p))).collect();
+    println!(
+        "coordinator {coordinator}, record holder {primary}; requests per minute over {WINDOW:?}:\n{}",
+        usage.detail_table(&agents)
+    );
+    let expected = WINDOW.as_secs_f64() / RETRY_PERIOD.as_secs_f64();
+    for p in &s.pods {
+        let watches = usage.get(&who(p), "watch", "leases") + usage.get(&who(p), "list", "leases");
+        assert_eq!(
+            watches, 0,
+            "{p} watched a Lease with SIDECAR_LEASE_WATCH=false"
+        );
+        if *p == coordinator {
+            // The coordinator also reads the shard records in its rounds: not counted here.
+            continue;
+        }
+        // What the watch replaces: a read of each Lease the pod does not hold every retry period.
+        let followed = if *p == primary { 1.0 } else { 2.0 };
+        let reads = usage.get(&who(p), "get", "leases") as f64;
+        assert!(
+            reads >= 0.5 * followed * expected && reads <= 1.5 * followed * expected,
+            "{p} read the Leases {reads} times in {WINDOW:?}, following {followed}"
+        );
     }
 }

@@ -192,6 +192,10 @@ pub struct RawConfig {
     /// How often the Lease is renewed or retried.
     #[arg(long, env = "SIDECAR_LEASE_RETRY_PERIOD", default_value = "2s")]
     pub lease_retry_period: String,
+    /// Followers learn of the Leases they follow (the coordinator's, a shard record) from a
+    /// watch on each; `false`: they read each one every retry period instead.
+    #[arg(long, env = "SIDECAR_LEASE_WATCH", default_value = "true")]
+    pub lease_watch: String,
     /// Fail primaries back to their preferred zone once the shard is steady.
     #[arg(long, env = "SIDECAR_FAILBACK", default_value = "false")]
     pub failback: String,
@@ -324,6 +328,9 @@ pub struct CoordinatorConfig {
     pub lease_name: String,
     pub pod_selector: String,
     pub timings: LeaseTimings,
+    /// Followers watch the Leases they follow (`SIDECAR_LEASE_WATCH`); `false`: they poll them
+    /// every retry period, as before the watch (for an apiserver path that does not hold watches).
+    pub lease_watch: bool,
     pub policy: Policy,
     pub handover_timeout: Duration,
     /// Cluster mode: the shard count to form (`SIDECAR_CLUSTER_SHARDS`); `None`: no formation.
@@ -561,6 +568,11 @@ impl RawConfig {
         }
         // Every coordinator variable is checked before giving up on a missing cluster name.
         let timings = self.timings(c);
+        let watch = c.check(
+            "SIDECAR_LEASE_WATCH",
+            &self.lease_watch,
+            parse_bool(&self.lease_watch),
+        );
         let policy = self.planner_policy(c);
         let handover = c.check(
             "SIDECAR_HANDOVER_TIMEOUT",
@@ -587,6 +599,7 @@ impl RawConfig {
                 .clone()
                 .unwrap_or_else(|| format!("valkey.io/cluster={cluster}")),
             timings: timings?,
+            lease_watch: watch?,
             policy: policy?,
             handover_timeout: handover?,
             formation_shards: shards,

@@ -241,6 +241,12 @@ impl LeaseClient {
         self
     }
 
+    /// Whether followers watch the Lease (`SIDECAR_LEASE_WATCH`; [`LeaseObject::set_watch`]).
+    pub fn watching(mut self, watch: bool) -> LeaseClient {
+        self.lease.set_watch(watch);
+        self
+    }
+
     /// Shares the formation marker with the coordinator.
     pub fn remembering(mut self, formed: FormedMarker) -> LeaseClient {
         self.formed = formed;

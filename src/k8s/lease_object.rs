@@ -28,6 +28,8 @@ pub struct LeaseObject {
     kind: &'static str,
     owner: Option<LeaseOwner>,
     notice: FormatNotice,
+    /// Whether [`LeaseObject::changes`] watches (`SIDECAR_LEASE_WATCH`).
+    watch: bool,
 }
 
 impl LeaseObject {
@@ -45,7 +47,14 @@ impl LeaseObject {
             kind,
             owner: None,
             notice: FormatNotice::default(),
+            watch: true,
         }
+    }
+
+    /// `false`: [`LeaseObject::changes`] never delivers anything, so its followers read the Lease
+    /// every retry period, as they do while a watch is broken.
+    pub fn set_watch(&mut self, watch: bool) {
+        self.watch = watch;
     }
 
     pub fn set_notice(&mut self, notice: FormatNotice) {
@@ -88,6 +97,9 @@ impl LeaseObject {
     /// apiserver a watch, not a read every retry period), re-established with backoff; errors
     /// are items, so the caller knows when it is not watching.
     pub fn changes(&self) -> BoxStream<'static, Result<watcher::Event<Lease>, watcher::Error>> {
+        if !self.watch {
+            return futures::stream::pending().boxed();
+        }
         let config = super::watch_config().fields(&format!("metadata.name={}", self.name));
         watcher(self.api.clone(), config).default_backoff().boxed()
     }

@@ -52,6 +52,12 @@ impl RecordClient {
         self
     }
 
+    /// Whether [`RecordClient::watch`] watches (`SIDECAR_LEASE_WATCH`; [`LeaseObject::set_watch`]).
+    pub fn watching(mut self, watch: bool) -> RecordClient {
+        self.lease.set_watch(watch);
+        self
+    }
+
     /// The owner to put on the Lease.
     pub fn owned_by(mut self, owner: Option<LeaseOwner>) -> RecordClient {
         self.lease.set_owner(owner);

@@ -49,6 +49,8 @@ pub struct Keeper {
     /// Selects the cluster's pods (to look for a master with data before bootstrapping).
     pub selector: String,
     pub timings: LeaseTimings,
+    /// Whether the record is followed through a watch (`SIDECAR_LEASE_WATCH`).
+    pub lease_watch: bool,
     pub clock: Clock,
     pub bounds: Bounds,
     pub state: watch::Receiver<HealthState>,
@@ -148,7 +150,8 @@ impl Keeper {
             lease,
         )
         .owned_by(self.owner.clone())
-        .telling(self.format_notice());
+        .telling(self.format_notice())
+        .watching(self.lease_watch);
         tracing::info!(shard = %seat.shard, lease = %name, "replication keeper started");
         let mut session = Session::new(self.connector.clone());
         let mut memory = KeeperMemory::default();

@@ -860,8 +860,14 @@ impl Stage {
     /// primary over and released on its way out) shows here, where polling missed it once in CI.
     /// Abort the returned task when done.
     pub fn watch_coordinator_holders(&self) -> (HolderWatch, tokio::task::JoinHandle<()>) {
+        self.watch_lease_holders(&format!("{}-coordinator", self.cluster))
+    }
+
+    /// Every holder of the Lease `name` in the stage's namespace in turn (a shard record:
+    /// `<cluster>-<shard>-primary`), from a watch on it. Abort the returned task when done.
+    pub fn watch_lease_holders(&self, name: &str) -> (HolderWatch, tokio::task::JoinHandle<()>) {
         let leases: Api<Lease> = Api::namespaced(self.plane.client(), &self.namespace);
-        let name = format!("metadata.name={}-coordinator", self.cluster);
+        let name = format!("metadata.name={name}");
         HolderWatch::start(leases, watcher::Config::default().fields(&name))
     }
 
@@ -1243,10 +1249,11 @@ fn kill(pid: u32, signal: &str) -> Result<()> {
 }
 
 /// Every version of the coordinator Lease a watch delivered: who held it (`None`: released)
-/// and whom it named to take over first (`valkey.io/successors`), in order.
+/// and whom it named to take over first (`valkey.io/successors`), in order, each with when it
+/// arrived.
 #[derive(Clone, Default)]
 pub struct HolderWatch {
-    seen: Arc<Mutex<Vec<LeaseVersion>>>,
+    seen: Arc<Mutex<Vec<(Instant, LeaseVersion)>>>,
 }
 
 /// A version of the coordinator Lease: its holder's pod (`None`: released) and its successors.
@@ -1266,20 +1273,23 @@ impl HolderWatch {
                 let Ok(lease) = event else { continue };
                 let version = (lease_holder(&lease), lease_successors(&lease));
                 if let Ok(mut seen) = sink.lock()
-                    && seen.last() != Some(&version)
+                    && seen.last().map(|(_, v)| v) != Some(&version)
                 {
-                    seen.push(version);
+                    seen.push((Instant::now(), version));
                 }
             }
         });
         (watch, task)
     }
 
+    fn versions(&self) -> Vec<(Instant, LeaseVersion)> {
+        self.seen.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
     /// The holders seen so far, in order (releases left out).
     pub fn holders(&self) -> Vec<String> {
-        let seen = self.seen.lock().map(|s| s.clone()).unwrap_or_default();
         let mut holders: Vec<String> = Vec::new();
-        for holder in seen.into_iter().filter_map(|(h, _)| h) {
+        for holder in self.versions().into_iter().filter_map(|(_, (h, _))| h) {
             if holders.last() != Some(&holder) {
                 holders.push(holder);
             }
@@ -1290,15 +1300,21 @@ impl HolderWatch {
     /// The first holder after `gone`, and the successors the Lease named when it took over: the
     /// list of `gone`'s last renewal (or release). `None` if nobody took over.
     pub fn successor_of(&self, gone: &str) -> Option<(String, Vec<String>)> {
-        let seen = self.seen.lock().map(|s| s.clone()).unwrap_or_default();
         let mut named = Vec::new();
-        for (holder, successors) in seen {
+        for (_, (holder, successors)) in self.versions() {
             match holder {
                 Some(h) if h != gone => return Some((h, named)),
                 _ => named = successors,
             }
         }
         None
+    }
+
+    /// The first version naming a holder other than `gone`, and when the watch delivered it.
+    pub fn taken_over(&self, gone: &str) -> Option<(String, Instant)> {
+        self.versions()
+            .into_iter()
+            .find_map(|(at, (holder, _))| holder.filter(|h| h != gone).map(|h| (h, at)))
     }
 }
 

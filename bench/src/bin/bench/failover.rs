@@ -49,6 +49,8 @@ pub const SHORT_LEASES: [(&str, [(&str, &str); 3]); 2] = [
 
 /// What one unplanned failover measured.
 pub struct Run {
+    /// A watch on the shard record delivered another holder (`None`: it missed it).
+    pub held: Option<Duration>,
     pub writable: Duration,
     pub labelled: Duration,
     pub acked: usize,
@@ -68,10 +70,11 @@ pub enum Fault {
 }
 
 /// The chart's replication mode (one shard of three pods, its Valkey settings) with `env` for the
-/// agents.
-pub async fn stage(bin: &Path, env: &[(&str, &str)]) -> Result<Stage> {
+/// agents, the apiserver's audit log on with `audit`.
+pub async fn stage(bin: &Path, env: &[(&str, &str)], audit: bool) -> Result<Stage> {
     let mut o = StageOptions::replication("valkey", 2);
     o.kubelet = o.kubelet.sidecar_bin(bin);
+    o.plane.audit = audit;
     for (k, v) in env {
         o = o.env(k, v);
     }
@@ -93,12 +96,18 @@ pub async fn run(s: &Stage, fault: Fault) -> Result<Run> {
     let writer = writer(s)?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let node = s.node_of(&old).await?;
+    let (records, watching) = s.watch_lease_holders(&format!("{}-0-primary", s.cluster));
     let at = Instant::now();
     match fault {
         Fault::KillValkey => s.kubelet.crash_container(&s.namespace, &old, "valkey")?,
         Fault::CutNode => s.kubelet.power_off(&node)?,
     }
-    let (primary, writable, labelled) = replaced(s, &old, at).await?;
+    let replacement = replaced(s, &old, at).await;
+    watching.abort();
+    let (primary, writable, labelled) = replacement?;
+    let held = records
+        .taken_over(&old)
+        .map(|(_, seen)| seen.duration_since(at));
     tokio::time::sleep(Duration::from_secs(1)).await;
     if let Fault::CutNode = fault {
         s.kubelet.power_on(&node)?;
@@ -116,6 +125,7 @@ pub async fn run(s: &Stage, fault: Fault) -> Result<Run> {
         s.recycle(&old, Duration::from_secs(120)).await?;
     }
     Ok(Run {
+        held,
         writable,
         labelled,
         acked: written.acked.len(),

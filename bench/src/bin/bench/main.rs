@@ -1,7 +1,7 @@
 //! Benchmarks of the agent against real Valkey; prints Markdown for `docs/benchmarks.md` and
 //! writes its plots (`$BENCH_PLOTS_DIR`, default `docs/plots`).
 //!
-//! `bench [probes|footprint|labels|api|handover|failover|switchover|partition|sentinel|planner|scale|all]` runs
+//! `bench [probes|footprint|labels|api|handover|failover|switchover|partition|sentinel|planner|scale|followers|all]` runs
 //! sections; `bench faults <log>` prints the fault table, `bench summary <log>` the headline block,
 //! `bench summary-readme <log>` its README shape (seven rows), `bench readme <block> <readme>`
 //! copies a block into the README, and
@@ -9,7 +9,7 @@
 //! `scripts/bench.sh`, which builds the release binary, runs every section and the chaos tests,
 //! and regenerates the report. Needs `VALKEY_SIDECAR_BIN` (the agent; not for `sentinel`,
 //! `planner` or the report commands) and a valkey-server (see `scripts/valkey-bin.sh`);
-//! `footprint`, `labels`, `api`, `handover`, `failover`, `switchover` and `partition` also need the Kubernetes binaries
+//! `footprint`, `labels`, `api`, `handover`, `failover`, `switchover`, `partition`, `scale` and `followers` also need the Kubernetes binaries
 //! and helm (`scripts/k8s-bins.sh`, `scripts/helm-bin.sh`). With `VALKEY_TESTKIT_FAULT_LOG` set,
 //! each configuration's runs are also logged as rows of the fault table; with
 //! `BENCH_SUMMARY_LOG` set, the headline figures as rows of the summary.
@@ -32,6 +32,7 @@ mod api;
 mod compare;
 mod failover;
 mod faults;
+mod followers;
 mod footprint;
 mod handover;
 mod labels;
@@ -48,7 +49,7 @@ mod summary;
 
 /// The sections `bench` knows (`faults`, `summary`, `summary-readme`, `readme` and `compare` take
 /// paths too).
-const SECTIONS: [&str; 17] = [
+const SECTIONS: [&str; 18] = [
     "probes",
     "footprint",
     "labels",
@@ -60,6 +61,7 @@ const SECTIONS: [&str; 17] = [
     "sentinel",
     "planner",
     "scale",
+    "followers",
     "faults",
     "summary",
     "summary-readme",
@@ -143,6 +145,11 @@ fn with_agent(what: &str, bin: &Path) -> Result<()> {
     if what == "scale" {
         runtime()?.block_on(scale::run(bin))?;
     }
+    // Not in `all` either: four installs, each holder's node cut 10 times (about 40 minutes).
+    if what == "followers" {
+        let runs = env_count("BENCH_TAKEOVERS", 10);
+        runtime()?.block_on(followers::run(bin, runs))?;
+    }
     if all {
         planner::run()?;
     }
@@ -199,7 +206,7 @@ async fn agent_runs(
     fault: failover::Fault,
     runs: usize,
 ) -> Result<Vec<failover::Run>> {
-    let stage = failover::stage(bin, env).await?;
+    let stage = failover::stage(bin, env, false).await?;
     let mut results = Vec::new();
     for i in 0..runs {
         stage.flush_primaries()?;
@@ -221,7 +228,7 @@ async fn agent_runs(
 /// Planned moves in replication mode: the agents' switchover (node cordoned) against Valkey's
 /// own `FAILOVER TO`, `runs` each.
 async fn switchovers(bin: &Path, runs: usize) -> Result<()> {
-    let stage = failover::stage(bin, &[]).await?;
+    let stage = failover::stage(bin, &[], false).await?;
     let mut ours = Vec::new();
     for i in 0..runs {
         let m = failover::switchover(&stage).await?;
