@@ -9,9 +9,9 @@ use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
-use valkey_sidecar_testkit::k8s::Stage;
 use valkey_sidecar_testkit::k8s::audit::{Usage, pod_identity};
 use valkey_sidecar_testkit::k8s::shard;
+use valkey_sidecar_testkit::k8s::{Stage, poll_until};
 
 use crate::api::all_requests;
 use crate::failover::{self, Fault};
@@ -45,7 +45,8 @@ struct Takeover {
     held: Duration,
     acting: Duration,
     labelled: Option<Duration>,
-    lost: usize,
+    /// Acknowledged writes lost (replication mode, which runs a writer).
+    lost: Option<usize>,
 }
 
 /// Requests per minute in the steady window.
@@ -116,40 +117,41 @@ async fn coordinator_loss(s: &Stage) -> Result<Takeover> {
     .await;
     let at = Instant::now();
     s.kubelet.power_off(&node)?;
-    let taken = loop {
-        if let Some(taken) = watch.taken_over(&old) {
-            break taken;
-        }
-        if at.elapsed() > Duration::from_secs(120) {
-            watching.abort();
-            bail!("nobody took the Lease over within 120 s of {old}'s node losing power");
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let what = format!("another holder of the Lease after {old}'s node lost power");
+    let waited = poll_until(
+        &what,
+        Duration::from_secs(120),
+        Duration::from_millis(10),
+        || async { Ok(watch.taken_over(&old).is_some()) },
+    )
+    .await;
     watching.abort();
-    let (new, seen) = taken;
+    waited?;
+    let (new, seen) = watch.taken_over(&old).context("the new holder")?;
     let acting = coordinating(s, &new, at).await?;
     s.kubelet.power_on(&node)?;
     Ok(Takeover {
         held: seen.duration_since(at),
         acting,
         labelled: None,
-        lost: 0,
+        lost: None,
     })
 }
 
 /// Polls `pod`'s `/metrics` until it reports coordinating; the time since `at`.
 async fn coordinating(s: &Stage, pod: &str, at: Instant) -> Result<Duration> {
-    while at.elapsed() < Duration::from_secs(120) {
-        let leader = s
-            .agent_counter(pod, "valkey_sidecar_coordinator_leader")
-            .await;
-        if leader.is_ok_and(|v| v == 1) {
-            return Ok(at.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    bail!("{pod} holds the Lease but did not report coordinating within 120 s")
+    let what = format!("{pod}, holding the Lease, reporting coordinating");
+    poll_until(
+        &what,
+        Duration::from_secs(120),
+        Duration::from_millis(10),
+        || async {
+            let leader = s.agent_counter(pod, "valkey_sidecar_coordinator_leader");
+            Ok(leader.await.is_ok_and(|v| v == 1))
+        },
+    )
+    .await?;
+    Ok(at.elapsed())
 }
 
 /// Replication mode, one shard of 3: the primary's node powered off `runs` times (the failover
@@ -180,7 +182,7 @@ async fn replication(
             held: r.held.context("the record's new holder was not seen")?,
             acting: r.writable,
             labelled: Some(r.labelled),
-            lost: r.lost,
+            lost: Some(r.lost),
         });
     }
     Ok(Measured {
@@ -287,15 +289,12 @@ fn print_takeovers(measured: &[Measured]) {
         let held = pick(|t| Some(t.held));
         let acting = pick(|t| Some(t.acting));
         let labelled = pick(|t| t.labelled);
-        let lost: usize = m.runs.iter().map(|t| t.lost).sum();
+        let lost: Option<usize> = m.runs.iter().map(|t| t.lost).sum();
         let labelled = match labelled.is_empty() {
             true => "–".to_owned(),
             false => p50_p99(&labelled),
         };
-        let lost = match m.mode.starts_with("cluster") {
-            true => "–".to_owned(),
-            false => lost.to_string(),
-        };
+        let lost = lost.map_or_else(|| "–".to_owned(), |n| n.to_string());
         println!(
             "| {} | {} | {} | {} | {} | {labelled} | {lost} |",
             m.mode,
